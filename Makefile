@@ -1,0 +1,49 @@
+# Featureline: `make demo` runs the main job end to end; `make test` runs the test suite.
+# Both create .venv and install the pinned dependencies on first use; re-runs reuse it
+# until pyproject.toml changes.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_DIR ?= data/demo
+DEMO_EVENTS ?= 200000
+
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
+export SPARK_LOCAL_IP ?= 127.0.0.1
+
+.PHONY: help venv java test lint demo bench clean
+
+help:
+	@echo "make demo   generate sample logs and run the ETL job end to end (embedded defaults)"
+	@echo "make test   run the test suite (creates .venv on first use)"
+	@echo "make lint   ruff check"
+	@echo "make bench  run the benchmarks (BENCH_ARGS=... to pass options)"
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+java:
+	@scripts/check_java.sh
+
+test: venv java
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check .
+
+demo: venv java
+	$(BIN)/featureline demo --out $(DEMO_DIR) --events $(DEMO_EVENTS)
+
+bench: venv java
+	$(BIN)/python benchmarks/bench_etl.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) data .pytest_cache spark-warehouse

@@ -1,0 +1,273 @@
+"""Synthetic interaction logs in the canonical raw-log schema (DESIGN.md).
+
+Vectorised numpy, deterministic for a seed: Zipf item popularity and user activity,
+sessions, daily and weekly cycles, a view → click → add_to_cart → purchase funnel,
+per-item price and category, a device per session, and optionally malformed rows of every
+kind the validator rejects (plus exact duplicates, which it removes and counts).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+FUNNEL = ("view", "click", "add_to_cart", "purchase")
+# P(click | view), P(add_to_cart | click), P(purchase | add_to_cart), scaled by item appeal.
+FUNNEL_RATES = (0.12, 0.3, 0.5)
+# Mean seconds from one funnel step to the next.
+FUNNEL_DELAYS = (5.0, 20.0, 60.0)
+DEVICES = ("mobile", "desktop", "tablet")
+DEVICE_WEIGHTS = (0.62, 0.31, 0.07)
+# Activity by hour of day (UTC): quiet nights, a lunch bump and an evening peak.
+HOUR_WEIGHTS = np.array([2, 1, 1, 1, 1, 2, 3, 5, 6, 6, 6, 7, 8, 7, 6, 6, 7, 8, 10, 12, 12, 10, 7, 4],
+                        dtype=float)
+# Activity by day of week, Monday first: busier weekends.
+WEEKDAY_WEIGHTS = np.array([1.0, 0.95, 0.95, 1.0, 1.1, 1.35, 1.3])
+VIEWS_PER_SESSION = 6.0
+SECONDS_BETWEEN_VIEWS = 40.0
+MISSING_VALUE_RATE = 0.03
+DEFAULT_START = datetime(2026, 1, 5, tzinfo=timezone.utc)
+
+Format = Literal["jsonl", "csv", "parquet"]
+COLUMNS = ("user_id", "item_id", "event_type", "ts", "value", "price", "category", "device")
+
+# Every kind of bad row, named by the quarantine reason the validator gives it.
+BAD_KINDS_TEXT = (
+    "malformed_record",
+    "missing_user_id",
+    "missing_item_id",
+    "missing_event_type",
+    "missing_ts",
+    "bad_timestamp",
+    "timestamp_out_of_window",
+    "unknown_event_type",
+    "bad_number",
+    "non_finite_number",
+    "duplicate",
+)
+# A typed Parquet file cannot hold an unparseable line or a non-numeric value.
+BAD_KINDS_PARQUET = tuple(k for k in BAD_KINDS_TEXT if k not in {"malformed_record", "bad_number"})
+
+
+@dataclass(frozen=True)
+class GeneratedLog:
+    path: Path
+    rows: int
+    bad_rows: dict[str, int]
+
+
+def zipf_probabilities(n: int, alpha: float) -> np.ndarray:
+    weights = 1.0 / np.arange(1, n + 1, dtype=float) ** alpha
+    return weights / weights.sum()
+
+
+def generate_events(
+    events: int,
+    users: int,
+    items: int,
+    days: int,
+    seed: int = 0,
+    start: datetime = DEFAULT_START,
+) -> pd.DataFrame:
+    """``events`` well-formed events sorted by time, as a DataFrame of the canonical columns."""
+    if min(events, users, items, days) < 1:
+        raise ValueError("events, users, items and days must all be at least 1")
+    rng = np.random.default_rng(seed)
+    events_per_view = 1 + np.cumprod(FUNNEL_RATES).sum()
+    views = int(events / events_per_view * 1.1) + 16
+
+    # Sessions: a Zipf-active user, a start time drawn from the weekly and daily cycles.
+    lengths = rng.geometric(1 / VIEWS_PER_SESSION, size=int(views / VIEWS_PER_SESSION * 1.3) + 16)
+    sessions = int(np.searchsorted(np.cumsum(lengths), views)) + 1
+    lengths = lengths[:sessions]
+    views = int(lengths.sum())
+    user_rank = rng.choice(users, size=sessions, p=zipf_probabilities(users, 1.05))
+    session_user = rng.permutation(users)[user_rank]
+    day_weights = WEEKDAY_WEIGHTS[(np.arange(days) + start.weekday()) % 7]
+    session_day = rng.choice(days, size=sessions, p=day_weights / day_weights.sum())
+    session_hour = rng.choice(24, size=sessions, p=HOUR_WEIGHTS / HOUR_WEIGHTS.sum())
+    session_start = (start.timestamp() + session_day * 86400.0 + session_hour * 3600.0
+                     + rng.uniform(0, 3600, size=sessions))
+    session_device = rng.choice(len(DEVICES), size=sessions, p=DEVICE_WEIGHTS)
+
+    # Views: Zipf-popular items at exponential gaps inside each session.
+    session_of_view = np.repeat(np.arange(sessions), lengths)
+    gaps = rng.exponential(SECONDS_BETWEEN_VIEWS, size=views)
+    first_view = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    gaps[first_view] = 0.0
+    elapsed = np.cumsum(gaps)
+    view_ts = session_start[session_of_view] + elapsed - elapsed[first_view][session_of_view]
+    item_rank = rng.choice(items, size=views, p=zipf_probabilities(items, 1.2))
+    view_item = rng.permutation(items)[item_rank]
+
+    # Items: a category (itself Zipf-popular), a lognormal price and an appeal factor.
+    categories = max(4, min(64, items // 25))
+    item_category = rng.choice(categories, size=items, p=zipf_probabilities(categories, 0.8))
+    item_price = np.round(rng.lognormal(3.0, 1.0, size=items), 2)
+    item_appeal = np.clip(rng.lognormal(0.0, 0.5, size=items), 0.2, 3.0)
+
+    # The funnel: each step happens with its rate times the item's appeal, a little later.
+    step_mask = np.ones(views, dtype=bool)
+    step_ts = view_ts
+    parts_ts, parts_view, parts_type = [view_ts], [np.arange(views)], [np.zeros(views, np.int8)]
+    for step, (rate, delay) in enumerate(zip(FUNNEL_RATES, FUNNEL_DELAYS, strict=True), start=1):
+        step_mask = step_mask & (rng.random(views) < np.minimum(rate * item_appeal[view_item], 0.95))
+        step_ts = step_ts + rng.exponential(delay, size=views)
+        parts_ts.append(step_ts[step_mask])
+        parts_view.append(np.flatnonzero(step_mask))
+        parts_type.append(np.full(int(step_mask.sum()), step, np.int8))
+
+    ts = np.concatenate(parts_ts)
+    view_index = np.concatenate(parts_view)
+    event_type = np.concatenate(parts_type)
+    order = np.argsort(ts, kind="stable")[:events]
+    ts, view_index, event_type = ts[order], view_index[order], event_type[order]
+    item = view_item[view_index]
+    session = session_of_view[view_index]
+
+    dwell = np.round(rng.lognormal(2.8, 0.9, size=len(ts)), 3)
+    dwell[rng.random(len(ts)) < MISSING_VALUE_RATE] = np.nan
+    ts_text = np.datetime_as_string((ts * 1000).astype("datetime64[ms]"), unit="ms")
+    return pd.DataFrame({
+        "user_id": np.char.add("u", session_user[session].astype(str)),
+        "item_id": np.char.add("i", item.astype(str)),
+        "event_type": np.array(FUNNEL)[event_type],
+        "ts": np.char.add(ts_text.astype(str), "Z"),
+        "value": dwell,
+        "price": item_price[item],
+        "category": np.char.add("c", item_category[item].astype(str)),
+        "device": np.array(DEVICES)[session_device[session]],
+    })
+
+
+def _corrupt(record: dict[str, Any], kind: str, fmt: Format) -> dict[str, Any]:
+    """One good record made bad in exactly the way ``kind`` names."""
+    bad = dict(record)
+    if kind.startswith("missing_"):
+        bad[kind.removeprefix("missing_")] = None
+    elif kind == "bad_timestamp":
+        bad["ts"] = "yesterday at noon"
+    elif kind == "timestamp_out_of_window":
+        bad["ts"] = "1999-12-31T23:59:59Z"
+    elif kind == "unknown_event_type":
+        bad["event_type"] = "hover"
+    elif kind == "bad_number":
+        bad["value"] = "twelve"
+    elif kind == "non_finite_number":
+        bad["value"] = float("inf") if fmt == "parquet" else "Infinity"
+    return bad
+
+
+def _bad_rows(
+    good: pd.DataFrame, count: int, fmt: Format, rng: np.random.Generator
+) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
+    kinds = BAD_KINDS_PARQUET if fmt == "parquet" else BAD_KINDS_TEXT
+    chosen = [kinds[i % len(kinds)] for i in range(count)]
+    sources = good.iloc[rng.integers(0, len(good), size=count)].to_dict("records")
+    records = [_corrupt(record, kind, fmt) for record, kind in zip(sources, chosen, strict=True)]
+    tally: dict[str, int] = {}
+    for kind in chosen:
+        tally[kind] = tally.get(kind, 0) + 1
+    return records, chosen, tally
+
+
+def _json_line(record: dict[str, Any]) -> str:
+    clean = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in record.items()}
+    return json.dumps({k: v for k, v in clean.items() if v is not None}, separators=(",", ":"))
+
+
+def _csv_line(record: dict[str, Any]) -> str:
+    buffer = io.StringIO()
+    row = ["" if v is None or (isinstance(v, float) and np.isnan(v)) else v
+           for v in (record[c] for c in COLUMNS)]
+    csv.writer(buffer, lineterminator="").writerow(row)
+    return buffer.getvalue()
+
+
+def _interleave(lines: list[str], extra: list[str], rng: np.random.Generator) -> list[str]:
+    positions = np.sort(rng.integers(0, len(lines) + 1, size=len(extra)))
+    out: list[str] = []
+    previous = 0
+    for position, line in zip(positions, extra, strict=True):
+        out.extend(lines[previous:position])
+        out.append(line)
+        previous = int(position)
+    out.extend(lines[previous:])
+    return out
+
+
+def _text_lines(good: pd.DataFrame, bad: list[dict[str, Any]], kinds: list[str], fmt: Format,
+                rng: np.random.Generator) -> str:
+    encode: Callable[[dict[str, Any]], str]
+    if fmt == "jsonl":
+        body = good.to_json(orient="records", lines=True, double_precision=10)
+        encode = _json_line
+    else:
+        body = good.to_csv(index=False, header=False, lineterminator="\n")
+        encode = _csv_line
+    bad_lines = []
+    for record, kind in zip(bad, kinds, strict=True):
+        line = encode(record)
+        if kind == "malformed_record":
+            # A line cut in half: unparseable JSON, or an unterminated quote in CSV.
+            line = line[: len(line) // 2] if fmt == "jsonl" else f'"{line[: len(line) // 2]}'
+        bad_lines.append(line)
+    lines = _interleave(body.splitlines(), bad_lines, rng)
+    header = [",".join(COLUMNS)] if fmt == "csv" else []
+    return "\n".join(header + lines) + "\n"
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(handle)
+    try:
+        write(Path(temporary))
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_log(
+    out: str | Path,
+    *,
+    events: int,
+    users: int,
+    items: int,
+    days: int,
+    seed: int = 0,
+    bad_fraction: float = 0.0,
+    fmt: Format = "jsonl",
+    start: datetime = DEFAULT_START,
+) -> GeneratedLog:
+    """Write ``events`` log rows to ``out``; ``bad_fraction`` of them are bad rows."""
+    if not 0.0 <= bad_fraction <= 1.0:
+        raise ValueError(f"bad_fraction must be within [0, 1], got {bad_fraction}")
+    bad_count = round(events * bad_fraction)
+    good = generate_events(events - bad_count, users, items, days, seed=seed, start=start)
+    rng = np.random.default_rng(seed + 1)
+    bad, kinds, tally = _bad_rows(good, bad_count, fmt, rng) if bad_count else ([], [], {})
+    path = Path(out)
+    if fmt == "parquet":
+        rows = pd.concat([good, pd.DataFrame(bad, columns=list(COLUMNS))], ignore_index=True)
+        rows = rows.iloc[rng.permutation(len(rows))] if bad else rows
+        table = pa.Table.from_pandas(rows, preserve_index=False)
+        _atomic_write(path, lambda p: pq.write_table(table, p))
+    else:
+        text = _text_lines(good, bad, kinds, fmt, rng)
+        _atomic_write(path, lambda p: p.write_text(text))
+    return GeneratedLog(path=path, rows=events, bad_rows=tally)

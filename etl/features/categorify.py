@@ -1,0 +1,67 @@
+"""categorify: contiguous int64 ids by descending training-split frequency.
+
+NVTabular's convention: 0 is padding, 1 is out-of-vocabulary (unseen, null, or rarer than
+``freq_threshold``); known values get 2, 3, … in order of descending count, ties by value.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from etl.features.base import Artifacts, FeatureOp, FeatureSpec
+
+PADDING_ID = 0
+OOV_ID = 1
+FIRST_ID = 2
+
+
+def encoded_name(column: str) -> str:
+    return f"{column}_cat"
+
+
+class Categorify(FeatureOp):
+    name = "categorify"
+
+    def __init__(self, columns: list[str], freq_threshold: int = 1) -> None:
+        self.columns = columns
+        self.freq_threshold = freq_threshold
+        self.vocabularies: dict[str, DataFrame] = {}
+        self.sizes: dict[str, int] = {}
+
+    def fit(self, train: DataFrame) -> None:
+        for column in self.columns:
+            counts = (train.where(F.col(column).isNotNull()).groupBy(column).count()
+                      .where(F.col("count") >= self.freq_threshold))
+            order = Window.orderBy(F.desc("count"), F.asc(column))
+            vocabulary = counts.select(
+                F.col(column).alias("value"),
+                (F.row_number().over(order) + (FIRST_ID - 1)).cast("long").alias("id"),
+                F.col("count").cast("long").alias("count"),
+            ).persist()
+            self.sizes[column] = vocabulary.count()
+            self.vocabularies[column] = vocabulary
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        for column in self.columns:
+            vocabulary = self.vocabularies[column].select(
+                F.col("value").alias(column), F.col("id").alias(encoded_name(column)))
+            events = (events.join(vocabulary, on=column, how="left")
+                      .fillna({encoded_name(column): OOV_ID}))
+        return events
+
+    def cardinality(self, column: str) -> int:
+        """Rows the embedding table of ``column`` needs: the vocabulary plus padding and OOV."""
+        return self.sizes[column] + FIRST_ID
+
+    def features(self) -> list[FeatureSpec]:
+        return [FeatureSpec(encoded_name(c), "categorical", "int64", self.cardinality(c))
+                for c in self.columns]
+
+    def artifacts(self) -> Artifacts:
+        return Artifacts(
+            tables={f"categorify/{c}": v.orderBy("id") for c, v in self.vocabularies.items()},
+            stats={c: {"vocabulary_size": self.sizes[c], "cardinality": self.cardinality(c),
+                       "freq_threshold": self.freq_threshold, "padding_id": PADDING_ID,
+                       "oov_id": OOV_ID} for c in self.columns},
+        )

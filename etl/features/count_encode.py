@@ -1,0 +1,40 @@
+"""count_encode: how often a value occurs in the training split (0 when unseen)."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from etl.features.base import Artifacts, FeatureOp, FeatureSpec
+
+
+def encoded_name(column: str) -> str:
+    return f"{column}_count"
+
+
+class CountEncode(FeatureOp):
+    name = "count_encode"
+
+    def __init__(self, columns: list[str]) -> None:
+        self.columns = columns
+        self.counts: dict[str, DataFrame] = {}
+
+    def fit(self, train: DataFrame) -> None:
+        for column in self.columns:
+            self.counts[column] = (train.where(F.col(column).isNotNull()).groupBy(column)
+                                   .agg(F.count(F.lit(1)).cast("double").alias("count"))
+                                   .persist())
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        for column in self.columns:
+            counts = self.counts[column].withColumnRenamed("count", encoded_name(column))
+            events = events.join(counts, on=column, how="left").fillna({encoded_name(column): 0.0})
+        return events
+
+    def features(self) -> list[FeatureSpec]:
+        return [FeatureSpec(encoded_name(c), "continuous", "float32") for c in self.columns]
+
+    def artifacts(self) -> Artifacts:
+        return Artifacts(tables={
+            f"count_encode/{c}": t.withColumnRenamed(c, "value").orderBy("value")
+            for c, t in self.counts.items()})

@@ -1,0 +1,28 @@
+"""cyclic_time: hour of day (UTC) and day of week (Monday = 0) as points on a circle."""
+
+from __future__ import annotations
+
+import math
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from etl.features.base import FeatureOp, FeatureSpec
+
+PERIODS = {"hour": (F.hour, 24), "dow": (F.weekday, 7)}
+
+
+class CyclicTime(FeatureOp):
+    name = "cyclic_time"
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        columns = {}
+        for name, (extract, period) in PERIODS.items():
+            angle = extract(F.col("ts")) * (2 * math.pi / period)
+            columns[f"{name}_sin"] = F.sin(angle)
+            columns[f"{name}_cos"] = F.cos(angle)
+        return events.withColumns(columns)
+
+    def features(self) -> list[FeatureSpec]:
+        return [FeatureSpec(f"{name}_{fn}", "continuous", "float32")
+                for name in PERIODS for fn in ("sin", "cos")]

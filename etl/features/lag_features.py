@@ -1,0 +1,62 @@
+"""lag_features: recency and activity per user and per user–item, strictly before each event.
+
+For scope ``user`` (and ``ui``, the user–item pair): seconds since the previous event (-1 for
+the first), the number of events in each trailing window ``[t - w, t)``, and for users the
+previous item's id. Events at the very same instant are not "before" one another.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+
+from etl.config import duration_seconds
+from etl.features.base import TS_MICROS, FeatureOp, FeatureSpec
+from etl.features.categorify import PADDING_ID
+
+MICROS = 1_000_000
+SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
+NO_PREVIOUS_EVENT = -1.0
+
+
+def window_name(window: str) -> str:
+    return window.lower()
+
+
+class LagFeatures(FeatureOp):
+    name = "lag_features"
+
+    def __init__(self, windows: list[str], item_column: str = "item_id_cat") -> None:
+        self.windows = windows
+        self.item_column = item_column
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        for scope, keys in SCOPES.items():
+            by_time = Window.partitionBy(*keys).orderBy(TS_MICROS)
+            before = by_time.rangeBetween(Window.unboundedPreceding, -1)
+            previous_ts = F.max(TS_MICROS).over(before)
+            columns = {
+                f"{scope}_secs_since_prev": F.coalesce(
+                    (F.col(TS_MICROS) - previous_ts) / MICROS, F.lit(NO_PREVIOUS_EVENT)),
+            }
+            for window in self.windows:
+                span = duration_seconds(window) * MICROS
+                columns[f"{scope}_events_{window_name(window)}"] = F.count(F.lit(1)).over(
+                    by_time.rangeBetween(-span, -1)).cast("double")
+            if scope == "user":
+                # The latest earlier event; on a tie in time, the larger id, so reruns agree.
+                latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
+                columns["user_prev_item"] = F.coalesce(latest[self.item_column],
+                                                       F.lit(PADDING_ID).cast("long"))
+            events = events.withColumns(columns)
+        return events
+
+    def features(self) -> list[FeatureSpec]:
+        specs = []
+        for scope in SCOPES:
+            specs.append(FeatureSpec(f"{scope}_secs_since_prev", "continuous", "float32"))
+            specs += [FeatureSpec(f"{scope}_events_{window_name(w)}", "continuous", "float32")
+                      for w in self.windows]
+        specs.append(FeatureSpec("user_prev_item", "categorical", "int64",
+                                 shares=self.item_column))
+        return specs

@@ -1,0 +1,57 @@
+"""normalize: fill missing values, optionally log1p, standardise with training statistics."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from etl.features.base import Artifacts, FeatureOp, FeatureSpec
+
+
+def encoded_name(column: str) -> str:
+    return f"{column}_norm"
+
+
+class Normalize(FeatureOp):
+    name = "normalize"
+
+    def __init__(self, columns: list[str], fill: str = "mean", log1p: bool = True) -> None:
+        self.columns = columns
+        self.fill = fill
+        self.log1p = log1p
+        self.stats: dict[str, dict[str, float]] = {}
+
+    def _shaped(self, column: Column, fill: float) -> Column:
+        filled = F.coalesce(column.cast("double"), F.lit(fill))
+        # log1p of a negative number below -1 is undefined; such values count as 0.
+        return F.log1p(F.greatest(filled, F.lit(0.0))) if self.log1p else filled
+
+    def fit(self, train: DataFrame) -> None:
+        fills = {"mean": F.mean, "median": F.median}
+        if self.fill in fills:
+            row = train.agg(*[fills[self.fill](c).alias(c) for c in self.columns]).first()
+            fill_values = {c: float(row[c]) if row[c] is not None else 0.0 for c in self.columns}
+        else:
+            fill_values = dict.fromkeys(self.columns, 0.0)
+        shaped = [self._shaped(F.col(c), fill_values[c]) for c in self.columns]
+        row = train.agg(*[x for c, s in zip(self.columns, shaped, strict=True)
+                          for x in (F.mean(s).alias(f"{c}_mean"),
+                                    F.stddev_pop(s).alias(f"{c}_std"))]).first()
+        for column in self.columns:
+            mean = row[f"{column}_mean"] or 0.0
+            std = row[f"{column}_std"] or 0.0
+            self.stats[column] = {"fill": fill_values[column], "mean": mean,
+                                  "std": std if std > 0 else 1.0}
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        return events.withColumns({
+            encoded_name(c): (self._shaped(F.col(c), s["fill"]) - s["mean"]) / s["std"]
+            for c, s in self.stats.items()
+        })
+
+    def features(self) -> list[FeatureSpec]:
+        return [FeatureSpec(encoded_name(c), "continuous", "float32") for c in self.columns]
+
+    def artifacts(self) -> Artifacts:
+        return Artifacts(stats={"log1p": self.log1p, "fill_strategy": self.fill,
+                                "columns": self.stats})

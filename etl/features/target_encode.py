@@ -1,0 +1,101 @@
+"""target_encode: smoothed mean label per value, out-of-fold on the training split.
+
+A training row's encoding comes from the other k-1 folds only (its fold is a hash of the
+event), prior included, so it never sees its own label:
+
+    encoding = (sum_oof + prior_oof * smoothing) / (count_oof + smoothing)
+
+Validation rows (and serving) use the whole training split; unseen values get the prior.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from etl.features.base import LABEL, SPLIT, TRAIN, TS_MICROS, Artifacts, FeatureOp, FeatureSpec
+
+FOLD = "_fold"
+# The columns that identify an event (exact duplicates are removed before features).
+EVENT_KEY = ("user_id", "item_id", "event_type", TS_MICROS)
+
+
+def encoded_name(column: str) -> str:
+    return f"{column}_te"
+
+
+def fold_of_event(folds: int) -> Column:
+    """The fold of an event: a stable hash of its identity, so reruns agree."""
+    return F.pmod(F.xxhash64(*EVENT_KEY), F.lit(folds)).cast("int")
+
+
+def _smoothed(total: Column, count: Column, prior: Column, smoothing: float) -> Column:
+    denominator = count + F.lit(smoothing)
+    return F.when(denominator > 0, (total + prior * smoothing) / denominator).otherwise(prior)
+
+
+class TargetEncode(FeatureOp):
+    name = "target_encode"
+
+    def __init__(self, columns: list[str], folds: int = 5, smoothing: float = 20.0) -> None:
+        self.columns = columns
+        self.folds = folds
+        self.smoothing = smoothing
+        self.prior = 0.0
+        self.fold_priors: dict[int, float] = {}
+        self.by_value: dict[str, DataFrame] = {}
+        self.by_value_fold: dict[str, DataFrame] = {}
+
+    def fit(self, train: DataFrame) -> None:
+        train = train.withColumn(FOLD, fold_of_event(self.folds))
+        per_fold = {row[FOLD]: (row["s"], row["n"]) for row in
+                    train.groupBy(FOLD).agg(F.sum(LABEL).alias("s"), F.count(F.lit(1)).alias("n"))
+                    .collect()}
+        total = sum(s for s, _ in per_fold.values())
+        count = sum(n for _, n in per_fold.values())
+        self.prior = total / count if count else 0.0
+        for fold in range(self.folds):
+            s, n = per_fold.get(fold, (0, 0))
+            self.fold_priors[fold] = (total - s) / (count - n) if count > n else self.prior
+        for column in self.columns:
+            stats = [F.sum(LABEL).cast("double").alias("s"), F.count(F.lit(1)).alias("n")]
+            self.by_value[column] = (train.where(F.col(column).isNotNull()).groupBy(column)
+                                     .agg(*stats).persist())
+            self.by_value_fold[column] = (train.where(F.col(column).isNotNull())
+                                          .groupBy(column, FOLD).agg(*stats).persist())
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        events = events.withColumn(FOLD, fold_of_event(self.folds))
+        fold_prior = F.create_map(*[F.lit(x) for f, p in self.fold_priors.items() for x in (f, p)])
+        is_train = F.col(SPLIT) == TRAIN
+        for column in self.columns:
+            full = self.by_value[column].select(column, F.col("s").alias("_s"),
+                                                F.col("n").alias("_n"))
+            in_fold = self.by_value_fold[column].select(column, FOLD, F.col("s").alias("_sf"),
+                                                        F.col("n").alias("_nf"))
+            joined = (events.join(full, on=column, how="left")
+                      .join(in_fold, on=[column, FOLD], how="left")
+                      .fillna({"_s": 0.0, "_n": 0, "_sf": 0.0, "_nf": 0}))
+            out_of_fold = _smoothed(F.col("_s") - F.col("_sf"), F.col("_n") - F.col("_nf"),
+                                    fold_prior[F.col(FOLD)], self.smoothing)
+            whole = _smoothed(F.col("_s"), F.col("_n"), F.lit(self.prior), self.smoothing)
+            events = (joined.withColumn(encoded_name(column),
+                                        F.when(is_train, out_of_fold).otherwise(whole))
+                      .drop("_s", "_n", "_sf", "_nf"))
+        return events.drop(FOLD)
+
+    def features(self) -> list[FeatureSpec]:
+        return [FeatureSpec(encoded_name(c), "continuous", "float32") for c in self.columns]
+
+    def artifacts(self) -> Artifacts:
+        prior = F.lit(self.prior)
+        tables = {
+            f"target_encode/{c}": t.select(
+                F.col(c).alias("value"), F.col("s").alias("label_sum"),
+                F.col("n").alias("count"),
+                _smoothed(F.col("s"), F.col("n"), prior, self.smoothing).alias("encoding"),
+            ).orderBy("value")
+            for c, t in self.by_value.items()
+        }
+        stats = {"prior": self.prior, "smoothing": self.smoothing, "folds": self.folds}
+        return Artifacts(tables=tables, stats=stats)

@@ -1,0 +1,194 @@
+"""The ETL job: ingest → validate → label and split → features → write, timed per stage."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from etl import __version__, ingest
+from etl.config import EtlConfig, LabelRule, categorical_columns
+from etl.embedding_plan import embedding_plan
+from etl.entities import ENTITIES, EVENT_TIMESTAMP, entity_snapshots
+from etl.errors import ConfigError, NoInputError
+from etl.features import LABEL, LABEL_SHORT_NAME, SPLIT, FeaturePipeline
+from etl.features.base import TRAIN, VALID, FeatureSpec
+from etl.features.categorify import Categorify
+from etl.outputs import local_path, staged_directory, write_json, write_parquet
+
+logger = logging.getLogger("featureline.etl")
+
+KEYS = ("user_id", "item_id", "ts")
+SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array<long>"}
+METADATA = "metadata.json"
+
+
+@dataclass(frozen=True)
+class JobResult:
+    output: Path
+    metadata: dict[str, Any]
+
+
+class StageTimer:
+    def __init__(self, progress: Callable[[str], None]) -> None:
+        self.seconds: dict[str, float] = {}
+        self.progress = progress
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        self.progress(f"{stage} ...")
+        start = time.perf_counter()
+        yield
+        self.seconds[stage] = round(time.perf_counter() - start, 3)
+        self.progress(f"{stage} done in {self.seconds[stage]:.1f}s")
+
+
+def _as_text(value: str | float) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def label_column(rule: LabelRule, config: EtlConfig) -> Column:
+    """1 where the event matches the rule, else 0 (a missing value never matches)."""
+    column = F.col(rule.column)
+    categorical = rule.column in categorical_columns(config)
+    values = rule.value if isinstance(rule.value, list) else [rule.value]
+    literals = [_as_text(v) if categorical else float(v) if not isinstance(v, str) else v
+                for v in values]
+    comparisons = {">=": column.__ge__, ">": column.__gt__, "<=": column.__le__,
+                   "<": column.__lt__, "==": column.__eq__, "!=": column.__ne__}
+    matches = column.isin(literals) if rule.op == "in" else comparisons[rule.op](literals[0])
+    return F.coalesce(matches, F.lit(False)).cast("long")
+
+
+def _valid_from(events: DataFrame, valid_days: int) -> datetime:
+    last = events.agg(F.max("ts").alias("last")).first()["last"]
+    last_day = last.replace(tzinfo=timezone.utc) if last.tzinfo is None else last
+    start = last_day.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    return start - timedelta(days=valid_days - 1)
+
+
+def _account(validated: DataFrame) -> dict[str | None, int]:
+    return {row[ingest.REASON]: row["count"]
+            for row in validated.groupBy(ingest.REASON).count().collect()}
+
+
+def _schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
+    types = dict(frame.dtypes)
+    return [{"name": c, "dtype": types[c]} for c in columns]
+
+
+def run(config: EtlConfig, spark: SparkSession,
+        progress: Callable[[str], None] = logger.info) -> JobResult:
+    """Run the whole job; the output folder is replaced only if every stage succeeds."""
+    output = local_path(config.output.path)
+    timer = StageTimer(progress)
+    started = time.perf_counter()
+    with staged_directory(output) as staging:
+        with timer("ingest"):
+            validated = ingest.validate(ingest.read_raw(spark, config.source), config)
+            validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
+            counts = _account(validated)
+            read = sum(counts.values())
+            if read == 0:
+                raise NoInputError(f"{config.source.path}: the source holds no rows")
+            write_parquet(ingest.quarantined(validated), staging / "quarantine")
+            valid_rows = counts.pop(None, 0)
+            events = ingest.accepted(validated, config).dropDuplicates()
+            events = events.withColumn(LABEL, label_column(config.label, config))
+            events = events.persist(StorageLevel.MEMORY_AND_DISK)
+            accepted = events.count()
+            validated.unpersist()
+            if accepted == 0:
+                raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
+        rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
+                "quarantined": {reason: counts.get(reason, 0) for reason in ingest.REASONS}}
+
+        with timer("split"):
+            valid_from = _valid_from(events, config.split.valid_days)
+            is_valid = F.col("ts") >= F.lit(valid_from)
+            events = events.withColumn(SPLIT, F.when(is_valid, VALID).otherwise(TRAIN))
+            events = events.persist(StorageLevel.MEMORY_AND_DISK)
+            split_rows = {TRAIN: 0, VALID: 0} | {
+                row[SPLIT]: row["count"] for row in events.groupBy(SPLIT).count().collect()}
+            if split_rows[TRAIN] == 0:
+                raise ConfigError("etl.split.valid_days",
+                                  f"all events fall in the last {config.split.valid_days} day(s) "
+                                  f"(from {valid_from:%Y-%m-%d}); no training split is left")
+
+        with timer("features"):
+            pipeline = FeaturePipeline(config)
+            featured = pipeline.fit_transform(events)
+            specs = pipeline.features()
+
+        with timer("write_examples"):
+            columns = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind]) for s in specs),
+                       F.col(LABEL).cast("long"), SPLIT]
+            examples = (featured.select(*columns)
+                        .repartitionByRange(config.output.examples_files, *KEYS)
+                        .sortWithinPartitions(*KEYS))
+            write_parquet(examples, staging / "examples", files=None, partition_by=SPLIT)
+
+        with timer("entities"):
+            categorify = pipeline.op(Categorify)
+            entities = {}
+            for entity, key in ENTITIES.items():
+                vocabulary = (categorify.vocabularies.get(key)
+                              if isinstance(categorify, Categorify) else None)
+                table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary)
+                write_parquet(table.frame.orderBy(EVENT_TIMESTAMP, key),
+                              staging / "entities" / entity, files=None)
+                entities[entity] = {
+                    "path": f"entities/{entity}", "join_key": key,
+                    "timestamp_field": EVENT_TIMESTAMP,
+                    "features": _schema(table.frame, table.feature_columns),
+                }
+
+        with timer("artifacts"):
+            stats: dict[str, Any] = {}
+            for op in pipeline.ops:
+                artifacts = op.artifacts()
+                for name, table in artifacts.tables.items():
+                    write_parquet(table, staging / "artifacts" / name)
+                if artifacts.stats:
+                    stats[op.name] = artifacts.stats
+            write_json(stats, staging / "artifacts" / "stats.json")
+
+        metadata = _metadata(config, rows, valid_from, split_rows, specs, entities, stats,
+                             timer.seconds, time.perf_counter() - started)
+        write_json(metadata, staging / METADATA)
+        events.unpersist()
+    progress(f"wrote {output}")
+    return JobResult(output, metadata)
+
+
+def _metadata(config: EtlConfig, rows: dict[str, Any], valid_from: datetime,
+              split_rows: dict[str, int], specs: list[FeatureSpec], entities: dict[str, Any],
+              stats: dict[str, Any], timings: dict[str, float], total: float) -> dict[str, Any]:
+    return {
+        "featureline_version": __version__,
+        "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config_hash": config.hash(),
+        "source": {"path": config.source.path, "format": config.source.format},
+        "rows": rows,
+        "split": {"column": SPLIT, "valid_days": config.split.valid_days,
+                  "valid_from": valid_from.isoformat(), "rows": split_rows},
+        "keys": list(KEYS),
+        "label": {"name": LABEL, "short_name": LABEL_SHORT_NAME, "dtype": "int64",
+                  "rule": str(config.label)},
+        "features": [s.to_json() for s in specs],
+        "embedding_plan": embedding_plan(specs, config.embeddings),
+        "entities": entities,
+        "outputs": {"examples": "examples", "quarantine": "quarantine",
+                    "artifacts": "artifacts", "entities": "entities"},
+        "artifacts": stats,
+        "timings_s": {**timings, "total": round(total, 3)},
+    }
