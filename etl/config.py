@@ -93,7 +93,7 @@ class ValidationConfig(_Model):
         return self
 
 
-_COMPARISON = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
+_COMPARISON = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([^<>=!\s].*?)\s*$")
 _MEMBERSHIP = re.compile(r"^\s*(\w+)\s+in\s*[(\[](.*)[)\]]\s*$", re.IGNORECASE)
 
 
@@ -266,7 +266,12 @@ class EtlConfig(_Model):
     @field_validator("label", mode="before")
     @classmethod
     def _label_from_text(cls, value: Any) -> Any:
-        return LabelRule.parse(value) if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        try:
+            return LabelRule.parse(value)
+        except LabelRuleError as exc:
+            raise ValueError(exc.message) from None
 
     @model_validator(mode="after")
     def _features_refer_to_known_columns(self) -> EtlConfig:
@@ -419,7 +424,10 @@ def with_overrides(
     if profile is not None:
         data["spark"]["profile"] = profile
     if label is not None:
-        data["label"] = LabelRule.parse(label).model_dump(mode="json")
+        try:
+            data["label"] = LabelRule.parse(label).model_dump(mode="json")
+        except LabelRuleError as exc:
+            raise LabelRuleError("--label", exc.message) from None
     if categorical is not None:
         data["source"]["categorical"] = categorical
     if continuous is not None:

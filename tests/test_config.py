@@ -1,0 +1,111 @@
+from pathlib import Path
+
+import pytest
+
+from etl.config import (
+    EtlConfig,
+    FeaturelineConfig,
+    LabelRule,
+    expand_columns,
+    load_config,
+    parse_config,
+    with_overrides,
+)
+from etl.errors import ConfigError, LabelRuleError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_repository_default_config_is_valid_and_matches_embedded_defaults():
+    config = load_config(REPO / "featureline.yaml")
+    assert config.etl.source.format == "jsonl"
+    assert str(config.etl.label) == "event_type in (click, purchase)"
+    assert [op.op for op in config.etl.features][:2] == ["categorify", "count_encode"]
+
+
+@pytest.mark.parametrize(
+    ("expression", "column", "op", "value"),
+    [
+        ("value >= 4", "value", ">=", 4.0),
+        ("rating<3.5", "rating", "<", 3.5),
+        ("event_type in (click, purchase)", "event_type", "in", ["click", "purchase"]),
+        ("event_type IN ['click']", "event_type", "in", ["click"]),
+        ("device == 'mobile'", "device", "==", "mobile"),
+    ],
+)
+def test_label_rules_parse(expression, column, op, value):
+    rule = LabelRule.parse(expression)
+    assert (rule.column, rule.op, rule.value) == (column, op, value)
+
+
+@pytest.mark.parametrize("expression", ["value >>= 4", "in (a)", "value", "event_type in ()"])
+def test_bad_label_rule_names_the_key(expression):
+    with pytest.raises(LabelRuleError) as info:
+        LabelRule.parse(expression)
+    assert info.value.key == "label"
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "fragment"),
+    [
+        ({"etl": {"source": {"pth": "x"}}}, "etl.source.pth", "Extra inputs"),
+        ({"etl": {"source": {"format": "xml"}}}, "etl.source.format", "jsonl"),
+        ({"etl": {"features": [{"op": "categorify", "columns": ["genre"]}]}},
+         "etl.features[0].columns", "unknown column 'genre'"),
+        ({"etl": {"features": [{"op": "normalize", "columns": ["device"]}]}},
+         "etl.features[0].columns", "not a valid input of normalize"),
+        ({"etl": {"features": [{"op": "count_encode", "columns": ["event_type"]}]}},
+         "etl.features[0].columns", "leak the label"),
+        ({"etl": {"features": [{"op": "history"}]}}, "etl.features[0]",
+         "needs a categorify of item_id"),
+        ({"etl": {"features": [{"op": "lag_features", "windows": ["7 days"]}]}},
+         "etl.features[0].windows", "not a duration"),
+        ({"etl": {"features": [{"op": "cyclic_time", "short_names": {"hour_sin": "toolong"}}]}},
+         "etl.features[0].short_names", "1-3 characters"),
+        ({"etl": {"split": {"valid_days": 0}}}, "etl.split.valid_days", "greater than"),
+        ({"etl": {"validation": {"ts_min": "2030-01-01", "ts_max": "2020-01-01"}}},
+         "etl.validation", "ts_min must be before ts_max"),
+        ({"etl": {"label": "rating > 3"}}, "etl.label", "unknown column 'rating'"),
+        ({"etl": {"label": "rating >> 3"}}, "etl.label", "cannot parse"),
+    ],
+)
+def test_config_errors_name_the_key(data, key, fragment):
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert info.value.key == key, str(info.value)
+    assert fragment in str(info.value)
+
+
+def test_missing_and_broken_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "nope.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("etl: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+
+
+def test_selectors_follow_the_declared_columns_and_skip_the_label():
+    config = EtlConfig()
+    assert expand_columns(config, ["user_id", "@categorical"]) == ["user_id", "category",
+                                                                   "device"]
+    assert expand_columns(config, ["@continuous"]) == ["value", "price"]
+    by_value = with_overrides(config, label="value >= 4", categorical=["genre"],
+                              continuous=["price", "duration"])
+    assert expand_columns(by_value, ["@continuous"]) == ["price", "duration"]
+    assert expand_columns(by_value, ["@categorical"]) == ["genre"]
+
+
+def test_flags_override_the_file():
+    config = with_overrides(FeaturelineConfig().etl, input_path="logs/*.csv", output="out",
+                            profile="gpu")
+    assert (config.source.path, config.source.format) == ("logs/*.csv", "csv")
+    assert (config.output.path, config.spark.profile) == ("out", "gpu")
+    with pytest.raises(ConfigError) as info:
+        with_overrides(config, label="genre in (a, b)")
+    assert info.value.key == "etl.label"
+
+
+def test_config_hash_is_stable_and_sensitive():
+    assert EtlConfig().hash() == EtlConfig().hash()
+    assert EtlConfig().hash() != with_overrides(EtlConfig(), label="value >= 4").hash()

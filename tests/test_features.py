@@ -1,0 +1,207 @@
+"""Each feature op against a small hand-computed example: values, not shapes."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+import pytest
+import xxhash
+from pyspark.sql import functions as F
+
+from etl.config import EtlConfig
+from etl.features import FeaturePipeline
+from etl.features.base import TS_MICROS
+from etl.features.categorify import Categorify
+from etl.features.count_encode import CountEncode
+from etl.features.cyclic_time import CyclicTime
+from etl.features.hashed_cross import HashedCross
+from etl.features.history import History
+from etl.features.lag_features import LagFeatures
+from etl.features.normalize import Normalize
+from etl.features.target_encode import FOLD, TargetEncode, fold_of_event
+
+T0 = datetime(2026, 1, 5, 0, 0, 0)  # a Monday, UTC
+SCHEMA = ("user_id string, item_id string, event_type string, ts timestamp, value double, "
+          "category string, label long, split string")
+
+
+def frame(spark, rows):
+    """rows: (user, item, seconds after T0, label, split[, value, category])."""
+    data = []
+    for row in rows:
+        user, item, seconds, label, split = row[:5]
+        value = row[5] if len(row) > 5 else None
+        category = row[6] if len(row) > 6 else "c"
+        data.append((user, item, "view", T0 + timedelta(seconds=seconds), value, category,
+                     label, split))
+    return spark.createDataFrame(data, SCHEMA).withColumn(TS_MICROS, F.unix_micros("ts"))
+
+
+def fit_transform(op, events):
+    op.fit(events.where(F.col("split") == "train"))
+    return op.transform(events)
+
+
+def test_categorify_ids_by_frequency_threshold_and_train_only(spark):
+    rows = [("u", i, n, 0, "train") for n, i in enumerate("aaabbccd")]
+    rows += [("u", "e", 100, 0, "valid")] + [("u", "z", 101 + n, 0, "valid") for n in range(9)]
+    rows += [("u", None, 200, 0, "train")]
+    op = Categorify(["item_id"], freq_threshold=2)
+    out = fit_transform(op, frame(spark, rows))
+    ids = {r["item_id"]: r["item_id_cat"] for r in out.select("item_id", "item_id_cat")
+           .distinct().collect()}
+    # a is most frequent; b and c tie and are ordered by value; d is below the threshold.
+    assert ids == {"a": 2, "b": 3, "c": 4, "d": 1, "e": 1, "z": 1, None: 1}
+    assert op.cardinality("item_id") == 5
+    vocabulary = [tuple(r) for r in op.vocabularies["item_id"].orderBy("id").collect()]
+    assert vocabulary == [("a", 2, 3), ("b", 3, 2), ("c", 4, 2)]
+
+
+def test_count_encode_uses_training_counts(spark):
+    rows = [("u", "a", 1, 0, "train"), ("u", "a", 2, 0, "train"), ("u", "b", 3, 0, "train"),
+            ("u", "a", 4, 0, "valid"), ("u", "q", 5, 0, "valid")]
+    out = fit_transform(CountEncode(["item_id"]), frame(spark, rows))
+    assert sorted((r["item_id"], r["item_id_count"]) for r in out.collect()) == [
+        ("a", 2.0), ("a", 2.0), ("a", 2.0), ("b", 1.0), ("q", 0.0)]
+
+
+def _expected_target_encoding(rows, folds, smoothing):
+    """Plain-Python out-of-fold smoothed means, from the fold each row was assigned."""
+    train = [r for r in rows if r["split"] == "train"]
+    expected = {}
+    total = sum(r["label"] for r in train)
+    count = len(train)
+    for row in rows:
+        if row["split"] == "train":
+            others = [r for r in train if r[FOLD] != row[FOLD]]
+        else:
+            others = train
+        prior = sum(r["label"] for r in others) / len(others)
+        same = [r for r in others if r["item_id"] == row["item_id"]]
+        expected[row["_ts_us"]] = ((sum(r["label"] for r in same) + prior * smoothing)
+                                   / (len(same) + smoothing))
+    assert count and total is not None
+    return expected
+
+
+def test_target_encode_is_out_of_fold_and_smoothed(spark):
+    labels = [1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0, 1]
+    rows = [("u", "ab"[n % 2], n, y, "train") for n, y in enumerate(labels)]
+    rows += [("u", "a", 50, 1, "valid"), ("u", "zz", 51, 0, "valid")]
+    events = frame(spark, rows)
+    op = TargetEncode(["item_id"], folds=3, smoothing=2.0)
+    out = fit_transform(op, events)
+    with_folds = events.withColumn(FOLD, fold_of_event(3)).collect()
+    assert len({r[FOLD] for r in with_folds}) == 3
+    expected = _expected_target_encoding(with_folds, 3, 2.0)
+    got = {r["_ts_us"]: r["item_id_te"] for r in out.collect()}
+    assert got == pytest.approx(expected)
+    assert op.prior == pytest.approx(sum(labels) / len(labels))
+
+
+def test_target_encode_never_sees_its_own_label(spark):
+    labels = [1, 0, 1, 1, 0, 1, 0, 0, 1, 1]
+    rows = [("u", "a", n, y, "train") for n, y in enumerate(labels)]
+    flipped = list(rows)
+    flipped[4] = ("u", "a", 4, 1, "train")
+    encode = lambda rs: {r["_ts_us"]: r["item_id_te"] for r in fit_transform(  # noqa: E731
+        TargetEncode(["item_id"], folds=4, smoothing=1.0), frame(spark, rs)).collect()}
+    before, after = encode(rows), encode(flipped)
+    row_4 = frame(spark, rows[4:5]).first()["_ts_us"]
+    assert before[row_4] == after[row_4]
+    assert any(before[k] != after[k] for k in before if k != row_4)
+
+
+def test_lag_features_strictly_before(spark):
+    # u1: items 5 and 7 at the same instant; (t, item) in seconds.
+    rows = [("u1", "5", 0, 0, "train"), ("u1", "5", 10, 0, "train"), ("u1", "7", 10, 0, "train"),
+            ("u1", "5", 3500, 0, "train"), ("u1", "9", 90000, 0, "train"),
+            ("u2", "5", 10, 0, "train")]
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    out = LagFeatures(["1h", "24h", "7d"]).transform(events)
+    got = sorted((r["user_id"], r["_ts_us"] // 1_000_000, r["item_id"], r["user_secs_since_prev"],
+                  r["user_events_1h"], r["user_events_24h"], r["user_events_7d"],
+                  r["user_prev_item"], r["ui_secs_since_prev"], r["ui_events_1h"])
+                 for r in out.collect())
+    base = min(g[1] for g in got)
+    got = [(g[0], g[1] - base, *g[2:]) for g in got]
+    assert got == [
+        ("u1", 0, "5", -1.0, 0.0, 0.0, 0.0, 0, -1.0, 0.0),
+        ("u1", 10, "5", 10.0, 1.0, 1.0, 1.0, 5, 10.0, 1.0),
+        ("u1", 10, "7", 10.0, 1.0, 1.0, 1.0, 5, -1.0, 0.0),
+        ("u1", 3500, "5", 3490.0, 3.0, 3.0, 3.0, 7, 3490.0, 2.0),
+        ("u1", 90000, "9", 86500.0, 0.0, 0.0, 4.0, 5, -1.0, 0.0),
+        ("u2", 10, "5", -1.0, 0.0, 0.0, 0.0, 0, -1.0, 0.0),
+    ]
+
+
+def test_history_last_k_items_before_the_event(spark):
+    rows = [("u", "2", 0, 0, "train"), ("u", "3", 1, 0, "train"), ("u", "4", 1, 0, "train"),
+            ("u", "5", 2, 0, "train"), ("u", "6", 3, 0, "train"), ("v", "9", 0, 0, "train")]
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    out = History(k=3).transform(events)
+    got = {(r["user_id"], r["item_id"]): r["user_hist_items"] for r in out.collect()}
+    assert got == {("u", "2"): [0, 0, 0], ("u", "3"): [2, 0, 0], ("u", "4"): [2, 0, 0],
+                   ("u", "5"): [4, 3, 2], ("u", "6"): [5, 4, 3], ("v", "9"): [0, 0, 0]}
+
+
+def test_cyclic_time(spark):
+    rows = [("u", "a", 6 * 3600, 0, "train"), ("u", "b", 5 * 86400 + 18 * 3600, 0, "train")]
+    out = {r["item_id"]: r for r in CyclicTime().transform(frame(spark, rows)).collect()}
+    assert out["a"]["hour_sin"] == pytest.approx(1.0)
+    assert out["a"]["hour_cos"] == pytest.approx(0.0, abs=1e-12)
+    assert (out["a"]["dow_sin"], out["a"]["dow_cos"]) == pytest.approx((0.0, 1.0))
+    assert out["b"]["hour_sin"] == pytest.approx(-1.0)  # 18:00
+    assert out["b"]["dow_sin"] == pytest.approx(math.sin(2 * math.pi * 5 / 7))  # Saturday
+
+
+def _spark_xxhash64(*values: str) -> int:
+    seed = 42
+    for value in values:
+        seed = xxhash.xxh64_intdigest(value.encode(), seed=seed)
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+def test_hashed_cross_matches_an_independent_xxhash64(spark):
+    rows = [("u1", "a", 0, 0, "train", None, "c1"), ("u2", "b", 1, 0, "train", None, "c2")]
+    out = HashedCross([["user_id", "category"]], buckets=1000).transform(frame(spark, rows))
+    got = {r["user_id"]: r["user_id_x_category"] for r in out.collect()}
+    assert got == {u: _spark_xxhash64(u, c) % 1000 + 2 for u, c in (("u1", "c1"), ("u2", "c2"))}
+
+
+def test_normalize_fill_log1p_and_standardise(spark):
+    rows = [("u", "a", 0, 0, "train", 1.0), ("u", "b", 1, 0, "train", 3.0),
+            ("u", "c", 2, 0, "train", None), ("u", "d", 3, 0, "valid", 7.0)]
+    plain = {r["item_id"]: r["value_norm"] for r in
+             fit_transform(Normalize(["value"], "mean", log1p=False), frame(spark, rows))
+             .collect()}
+    std = math.sqrt(2 / 3)  # of 1, 3 and the filled 2
+    assert plain == pytest.approx({"a": -1 / std, "b": 1 / std, "c": 0.0, "d": 5 / std})
+    logged = {r["item_id"]: r["value_norm"] for r in
+              fit_transform(Normalize(["value"], "zero", log1p=True), frame(spark, rows))
+              .collect()}
+    xs = [math.log1p(1.0), math.log1p(3.0), 0.0]
+    mean = sum(xs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / 3)
+    assert logged["d"] == pytest.approx((math.log1p(7.0) - mean) / sd)
+
+
+def _plan(frame_) -> str:
+    return frame_._jdf.queryExecution().executedPlan().toString()
+
+
+def test_feature_plans_have_no_row_at_a_time_python(spark):
+    rows = [("u", i, n, n % 2, "train" if n < 8 else "valid", float(n), "c") for n, i in
+            enumerate("abcabcabcab")]
+    events = frame(spark, rows).drop(TS_MICROS).withColumn("price", F.lit(1.0)).withColumn(
+        "device", F.lit("d"))
+    featured = FeaturePipeline(EtlConfig()).fit_transform(events)
+    featured.collect()
+    plan = _plan(featured)
+    assert "Window" in plan
+    for python_node in ("BatchEvalPython", "ArrowEvalPython", "PythonUDF"):
+        assert python_node not in plan
+    # The check can fail: a Python UDF does show up as BatchEvalPython.
+    with_udf = events.withColumn("x", F.udf(lambda s: s, "string")("user_id"))
+    assert "BatchEvalPython" in _plan(with_udf)

@@ -1,0 +1,142 @@
+"""Validation and quarantine on hand-made logs in every format: exact reasons and counts."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.sql import functions as F
+
+from etl import ingest
+from etl.config import EtlConfig, with_overrides
+from etl.errors import NoInputError, RawLogSchemaError
+
+GOOD = {"user_id": "u1", "item_id": "i1", "event_type": "view", "ts": "2026-01-05T10:00:00Z",
+        "value": 3.5, "price": 9.99, "category": "c1", "device": "mobile"}
+
+# (record changes, expected reason or None for a good row)
+CASES = [
+    ({}, None),
+    ({"ts": 1767607200}, None),                       # epoch seconds
+    ({"ts": 1767607200123}, None),                    # epoch milliseconds
+    ({"ts": "2026-01-05 11:00:00"}, None),
+    ({"value": None}, None),                          # value is optional
+    ({"user_id": None}, "missing_user_id"),
+    ({"item_id": "  "}, "missing_item_id"),
+    ({"event_type": ""}, "missing_event_type"),
+    ({"ts": None}, "missing_ts"),
+    ({"ts": "next tuesday"}, "bad_timestamp"),
+    ({"ts": "1999-12-31T23:59:59Z"}, "timestamp_out_of_window"),
+    ({"ts": 4102444800}, "timestamp_out_of_window"),  # 2100-01-01, the exclusive upper bound
+    ({"event_type": "hover"}, "unknown_event_type"),
+    ({"value": "lots"}, "bad_number"),
+    ({"price": "9,99"}, "bad_number"),
+    ({"value": "NaN"}, "non_finite_number"),
+    ({"price": "-Infinity"}, "non_finite_number"),
+    ({"user_id": None, "ts": "garbage"}, "missing_user_id"),  # the first failing check wins
+]
+
+
+def _record(changes):
+    record = dict(GOOD, **changes)
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def _config(path, fmt):
+    return with_overrides(EtlConfig(), input_path=str(path), input_format=fmt)
+
+
+def _validated(spark, config):
+    return ingest.validate(ingest.read_raw(spark, config.source), config)
+
+
+def _reasons(frame):
+    return sorted((r["reason"] or "", r["record"]) for r in frame.collect())
+
+
+def test_jsonl_every_reason_and_the_record_text(spark, tmp_path):
+    lines = [json.dumps(_record(changes)) for changes, _ in CASES]
+    lines += ['{"user_id": "u1", "item_id": ', "[1, 2, 3]", "   "]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rows = _validated(spark, _config(path, "jsonl")).collect()
+    assert len(rows) == len(lines)
+    by_record = {row["record"]: row for row in rows}
+    for (_, reason), line in zip(CASES, lines, strict=False):
+        assert by_record[line]["reason"] == reason, line
+    for line in lines[len(CASES):]:
+        assert by_record[line]["reason"] == "malformed_record"
+    assert by_record[lines[14]]["field"] == "price"
+    good = [r for r in rows if r["reason"] is None]
+    assert {r["ts"].isoformat() for r in good[:3]} >= {"2026-01-05T10:00:00"}
+    millis = by_record[lines[2]]
+    assert millis["ts"].isoformat() == "2026-01-05T10:00:00.123000"
+    assert by_record[lines[3]]["ts"].isoformat() == "2026-01-05T11:00:00"
+    assert by_record[lines[4]]["value"] is None
+
+
+def test_csv_reasons_field_counts_and_header(spark, tmp_path):
+    header = "user_id,item_id,event_type,ts,value,price,category,device"
+    lines = [header,
+             "u1,i1,view,2026-01-05T10:00:00Z,3.5,9.99,c1,mobile",
+             "u2,i1,click,1767607200,,9.99,c1,desktop",
+             '"u3,i1,view,2026-01-05T10:00:00Z,1,1,c1,mobile',   # unterminated quote
+             "u4,i1,view,2026-01-05T10:00:00Z",                  # too few fields
+             "u5,i1,view,2026-01-05T10:00:00Z,1,1,c1,mobile,x",  # too many fields
+             ",i1,view,2026-01-05T10:00:00Z,1,1,c1,mobile",
+             "u6,i1,view,2026-01-05T10:00:00Z,Infinity,1,c1,mobile"]
+    path = tmp_path / "events.csv"
+    path.write_text("\n".join(lines) + "\n")
+    rows = {r["record"]: r["reason"] for r in _validated(spark, _config(path, "csv")).collect()}
+    assert rows == {lines[1]: None, lines[2]: None, lines[3]: "malformed_record",
+                    lines[4]: "malformed_record", lines[5]: "malformed_record",
+                    lines[6]: "missing_user_id", lines[7]: "non_finite_number"}
+
+
+def test_csv_without_a_mapped_column_is_a_schema_error(spark, tmp_path):
+    path = tmp_path / "events.csv"
+    path.write_text("user,item_id,event_type,ts\nu1,i1,view,2026-01-05T10:00:00Z\n")
+    with pytest.raises(RawLogSchemaError, match="'user_id' not found"):
+        _validated(spark, _config(path, "csv"))
+
+
+def test_parquet_typed_columns(spark, tmp_path):
+    table = pa.table({
+        "user_id": ["u1", None, "u3", "u4"],
+        "item_id": ["i1", "i2", "i3", "i4"],
+        "event_type": ["view", "view", "view", "buy"],
+        "ts": pa.array([1767607200, 1767607200, 1767607200, 1767607200], pa.int64()),
+        "value": [1.0, 2.0, float("nan"), 1.0],
+        "price": [1.0, 1.0, 1.0, 1.0],
+        "category": ["c", "c", "c", "c"],
+        "device": ["d", "d", "d", "d"],
+    })
+    path = tmp_path / "events.parquet"
+    pq.write_table(table, path)
+    rows = _validated(spark, _config(path, "parquet")).orderBy("record").collect()
+    reasons = {json.loads(r["record"]).get("user_id"): r["reason"] for r in rows}
+    assert reasons == {"u1": None, None: "missing_user_id", "u3": "non_finite_number",
+                       "u4": "unknown_event_type"}
+    with pytest.raises(RawLogSchemaError):
+        _validated(spark, with_overrides(EtlConfig(), input_path=str(path),
+                                         categorical=["genre"]))
+
+
+def test_no_input(spark, tmp_path):
+    with pytest.raises(NoInputError, match="no file matches"):
+        _validated(spark, _config(tmp_path / "missing-*.jsonl", "jsonl"))
+
+
+def test_column_mapping_onto_roles(spark, tmp_path):
+    path = tmp_path / "ratings.jsonl"
+    path.write_text('{"uid": 7, "movie": 42, "kind": "rate", "time": 1767607200, "stars": 4}\n')
+    data = EtlConfig().model_dump(mode="json")
+    data["source"].update(path=str(path), categorical=[], continuous=[],
+                          columns={"user_id": "uid", "item_id": "movie", "event_type": "kind",
+                                   "ts": "time", "value": "stars"})
+    data["validation"]["event_types"] = ["rate"]
+    data["label"] = "value >= 4"
+    data["features"] = [{"op": "categorify", "columns": ["user_id", "item_id"]}]
+    config = EtlConfig.model_validate(data)
+    row = _validated(spark, config).where(F.col("reason").isNull()).first()
+    assert (row["user_id"], row["item_id"], row["value"]) == ("7", "42", 4.0)
