@@ -34,6 +34,7 @@ java:
 	@scripts/check_java.sh
 
 test: venv java
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv

@@ -279,8 +279,13 @@ class EtlConfig(_Model):
         return self
 
     def hash(self) -> str:
-        """A stable digest of the effective configuration, recorded in metadata.json."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        """A stable digest of the settings that decide the output values, for metadata.json.
+
+        Where the output goes and how Spark runs (``output``, ``spark``) do not change values,
+        so they are left out: the same input and features give the same hash anywhere.
+        """
+        settings = self.model_dump(mode="json", exclude={"output", "spark"})
+        canonical = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -332,17 +337,20 @@ def check_features(config: EtlConfig) -> None:
         key = f"features[{index}]"
         for short in op.short_names.values():
             if not SHORT_NAME_PATTERN.match(short):
-                raise ValueError(f"{key}.short_names: {short!r} must be 1-3 characters [A-Za-z0-9_]")
+                raise ValueError(
+                    f"{key}.short_names: {short!r} must be 1-3 characters [A-Za-z0-9_]")
         wanted_kind = {"normalize": continuous}.get(op.op, categorical)
         inputs = _op_inputs(config, op)
         for column in inputs:
             if column not in known:
-                raise ValueError(f"{key}.columns: unknown column {column!r} (known: {sorted(known)})")
+                raise ValueError(
+                    f"{key}.columns: unknown column {column!r} (known: {sorted(known)})")
             if column not in wanted_kind:
                 raise ValueError(f"{key}.columns: {column!r} is not a valid input of {op.op}")
             if column == label_column:
                 raise ValueError(
-                    f"{key}.columns: {column!r} is the label's column; using it would leak the label"
+                    f"{key}.columns: {column!r} is the label's column; "
+                    "using it would leak the label"
                 )
         if isinstance(op, CategorifyOp):
             categorified.update(inputs)

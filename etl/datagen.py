@@ -32,8 +32,8 @@ FUNNEL_DELAYS = (5.0, 20.0, 60.0)
 DEVICES = ("mobile", "desktop", "tablet")
 DEVICE_WEIGHTS = (0.62, 0.31, 0.07)
 # Activity by hour of day (UTC): quiet nights, a lunch bump and an evening peak.
-HOUR_WEIGHTS = np.array([2, 1, 1, 1, 1, 2, 3, 5, 6, 6, 6, 7, 8, 7, 6, 6, 7, 8, 10, 12, 12, 10, 7, 4],
-                        dtype=float)
+HOUR_WEIGHTS = np.array(
+    [2, 1, 1, 1, 1, 2, 3, 5, 6, 6, 6, 7, 8, 7, 6, 6, 7, 8, 10, 12, 12, 10, 7, 4], dtype=float)
 # Activity by day of week, Monday first: busier weekends.
 WEEKDAY_WEIGHTS = np.array([1.0, 0.95, 0.95, 1.0, 1.1, 1.35, 1.3])
 VIEWS_PER_SESSION = 6.0
@@ -124,7 +124,8 @@ def generate_events(
     step_ts = view_ts
     parts_ts, parts_view, parts_type = [view_ts], [np.arange(views)], [np.zeros(views, np.int8)]
     for step, (rate, delay) in enumerate(zip(FUNNEL_RATES, FUNNEL_DELAYS, strict=True), start=1):
-        step_mask = step_mask & (rng.random(views) < np.minimum(rate * item_appeal[view_item], 0.95))
+        chance = np.minimum(rate * item_appeal[view_item], 0.95)
+        step_mask = step_mask & (rng.random(views) < chance)
         step_ts = step_ts + rng.exponential(delay, size=views)
         parts_ts.append(step_ts[step_mask])
         parts_view.append(np.flatnonzero(step_mask))

@@ -165,6 +165,7 @@ def run(config: EtlConfig, spark: SparkSession,
         metadata = _metadata(config, rows, valid_from, split_rows, specs, entities, stats,
                              timer.seconds, time.perf_counter() - started)
         write_json(metadata, staging / METADATA)
+        pipeline.release()
         events.unpersist()
     progress(f"wrote {output}")
     return JobResult(output, metadata)

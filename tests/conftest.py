@@ -4,6 +4,8 @@ that several test modules read."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,18 +15,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from etl.config import EtlConfig, SparkSettings, with_overrides  # noqa: E402
-
-TEST_SPARK = SparkSettings(
-    master="local[2]",
-    properties={
-        "spark.sql.shuffle.partitions": "2",
-        "spark.default.parallelism": "2",
-        "spark.ui.enabled": "false",
-        "spark.driver.memory": "2g",
-        "spark.sql.adaptive.enabled": "true",
-    },
-)
+from tests.job_config import TEST_SPARK, make_config
 
 
 @pytest.fixture(scope="session")
@@ -34,16 +25,6 @@ def spark():
     session = build_session(TEST_SPARK)
     yield session
     session.stop()
-
-
-def make_config(tmp_path: Path, source: Path, **overrides) -> EtlConfig:
-    """The embedded defaults pointed at ``source`` and writing under ``tmp_path``."""
-    config = with_overrides(EtlConfig(), input_path=str(source), output=str(tmp_path / "out"))
-    data = config.model_dump(mode="json")
-    data["spark"] = TEST_SPARK.model_dump(mode="json")
-    for key, value in overrides.items():
-        data[key] = value
-    return EtlConfig.model_validate(data)
 
 
 @pytest.fixture(scope="session")
@@ -59,5 +40,19 @@ def small_log(tmp_path_factory) -> Path:
 def job_output(spark, small_log, tmp_path_factory):
     from etl import job
 
-    config = test_config(tmp_path_factory.mktemp("job"), small_log)
+    config = make_config(tmp_path_factory.mktemp("job"), small_log)
     return job.run(config, spark, progress=lambda _: None)
+
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="needs an NVIDIA GPU (and RAPIDS_JAR for Spark)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -70,18 +70,13 @@ def _expected_target_encoding(rows, folds, smoothing):
     """Plain-Python out-of-fold smoothed means, from the fold each row was assigned."""
     train = [r for r in rows if r["split"] == "train"]
     expected = {}
-    total = sum(r["label"] for r in train)
-    count = len(train)
     for row in rows:
-        if row["split"] == "train":
-            others = [r for r in train if r[FOLD] != row[FOLD]]
-        else:
-            others = train
+        # A training row sees the other folds; a validation row sees the whole split.
+        others = [r for r in train if r[FOLD] != row[FOLD]] if row["split"] == "train" else train
         prior = sum(r["label"] for r in others) / len(others)
         same = [r for r in others if r["item_id"] == row["item_id"]]
         expected[row["_ts_us"]] = ((sum(r["label"] for r in same) + prior * smoothing)
                                    / (len(same) + smoothing))
-    assert count and total is not None
     return expected
 
 

@@ -82,6 +82,11 @@ class FeaturePipeline:
                             cardinality.get(s.shares) if s.shares else s.cardinality,
                             s.shares, s.width, shorts[s.name]) for s in specs]
 
+    def release(self) -> None:
+        """Free the statistics the ops cached for their transforms."""
+        for op in self.ops:
+            op.release()
+
     def op(self, kind: type[FeatureOp]) -> FeatureOp | None:
         return next((op for op in self.ops if isinstance(op, kind)), None)
 

@@ -72,3 +72,12 @@ class FeatureOp(ABC):
 
     def artifacts(self) -> Artifacts:
         return Artifacts()
+
+    def keep(self, frame: DataFrame) -> DataFrame:
+        """Cache a fitted statistic for the transforms; ``release`` frees it."""
+        self.__dict__.setdefault("_kept", []).append(frame.persist())
+        return frame
+
+    def release(self) -> None:
+        for frame in self.__dict__.pop("_kept", []):
+            frame.unpersist()

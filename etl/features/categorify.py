@@ -34,11 +34,11 @@ class Categorify(FeatureOp):
             counts = (train.where(F.col(column).isNotNull()).groupBy(column).count()
                       .where(F.col("count") >= self.freq_threshold))
             order = Window.orderBy(F.desc("count"), F.asc(column))
-            vocabulary = counts.select(
+            vocabulary = self.keep(counts.select(
                 F.col(column).alias("value"),
                 (F.row_number().over(order) + (FIRST_ID - 1)).cast("long").alias("id"),
                 F.col("count").cast("long").alias("count"),
-            ).persist()
+            ))
             self.sizes[column] = vocabulary.count()
             self.vocabularies[column] = vocabulary
 

@@ -21,9 +21,9 @@ class CountEncode(FeatureOp):
 
     def fit(self, train: DataFrame) -> None:
         for column in self.columns:
-            self.counts[column] = (train.where(F.col(column).isNotNull()).groupBy(column)
-                                   .agg(F.count(F.lit(1)).cast("double").alias("count"))
-                                   .persist())
+            self.counts[column] = self.keep(
+                train.where(F.col(column).isNotNull()).groupBy(column)
+                .agg(F.count(F.lit(1)).cast("double").alias("count")))
 
     def transform(self, events: DataFrame) -> DataFrame:
         for column in self.columns:

@@ -59,10 +59,9 @@ class TargetEncode(FeatureOp):
             self.fold_priors[fold] = (total - s) / (count - n) if count > n else self.prior
         for column in self.columns:
             stats = [F.sum(LABEL).cast("double").alias("s"), F.count(F.lit(1)).alias("n")]
-            self.by_value[column] = (train.where(F.col(column).isNotNull()).groupBy(column)
-                                     .agg(*stats).persist())
-            self.by_value_fold[column] = (train.where(F.col(column).isNotNull())
-                                          .groupBy(column, FOLD).agg(*stats).persist())
+            known = train.where(F.col(column).isNotNull())
+            self.by_value[column] = self.keep(known.groupBy(column).agg(*stats))
+            self.by_value_fold[column] = self.keep(known.groupBy(column, FOLD).agg(*stats))
 
     def transform(self, events: DataFrame) -> DataFrame:
         events = events.withColumn(FOLD, fold_of_event(self.folds))

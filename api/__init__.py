@@ -1,0 +1,1 @@
+"""FastAPI ranking API: online features and embedding lookups (DESIGN.md, api/)."""

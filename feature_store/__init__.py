@@ -1,0 +1,1 @@
+"""Feast feature store over the ETL's entities/ tables (DESIGN.md, feature_store/)."""

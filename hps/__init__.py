@@ -1,0 +1,1 @@
+"""Hierarchical embedding parameter server: GPU/CPU cache → volatile store → RocksDB."""

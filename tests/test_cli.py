@@ -1,0 +1,87 @@
+"""The command line: flags that retarget the job, clear errors, and the spark-submit path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from etl.cli import main
+
+BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_flags_point_the_job_at_another_log(spark, small_log, tmp_path):
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, [
+        "etl", "run", "--input", str(small_log), "--output", str(out),
+        "--label", "value >= 20", "--categorical", "device", "--continuous", "price",
+    ], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "rows: read 6,000" in result.output
+    metadata = json.loads((out / "metadata.json").read_text())
+    names = {f["name"] for f in metadata["features"]}
+    assert metadata["label"]["rule"] == "value >= 20.0"
+    assert {"device_cat", "price_norm"} <= names
+    # The label's column is not a feature, and the undeclared context column is not read.
+    assert "value_norm" not in names and "category_cat" not in names
+    examples = pq.read_table(out / "examples").to_pandas()
+    assert 0 < examples["label"].mean() < 1
+
+
+def _featureline(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "featureline"), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def test_config_errors_stop_before_spark_with_the_key(tmp_path):
+    bad_label = _featureline("etl", "run", "--label", "value >>= 4", "--output", str(tmp_path))
+    assert bad_label.returncode == 2
+    assert "--label: cannot parse 'value >>= 4'" in bad_label.stderr
+    config = tmp_path / "featureline.yaml"
+    config.write_text("etl:\n  features:\n    - op: categorify\n      columns: [genre]\n")
+    bad_column = _featureline("etl", "run", "--config", str(config))
+    assert bad_column.returncode == 2
+    assert "etl.features[0].columns: unknown column 'genre'" in bad_column.stderr
+    assert "Spark" not in bad_column.stderr  # no session was started
+
+
+def test_gpu_profile_without_the_rapids_jar_is_a_clear_error(tmp_path):
+    env_without_jar = {k: v for k, v in os.environ.items() if k != "RAPIDS_JAR"}
+    result = subprocess.run([str(BIN / "featureline"), "etl", "run", "--profile", "gpu",
+                             "--output", str(tmp_path / "out")], capture_output=True, text=True,
+                            cwd=REPO, env=env_without_jar, timeout=120)
+    assert result.returncode == 2
+    assert "etl.spark.rapids_jar" in result.stderr and "RAPIDS_JAR" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_datagen_command(tmp_path):
+    result = _featureline("datagen", "--events", "500", "--users", "20", "--items", "30",
+                          "--days", "2", "--out", str(tmp_path / "e.csv"), "--format", "csv",
+                          "--bad-fraction", "0.1")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["rows"] == 500 and sum(report["bad_rows"].values()) == 50
+    assert len((tmp_path / "e.csv").read_text().splitlines()) == 501
+
+
+def test_spark_submit_runs_the_same_job(small_log, tmp_path):
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1")
+    result = subprocess.run(
+        [str(BIN / "spark-submit"), "--properties-file", "spark_conf/cpu.conf",
+         "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=2",
+         "--conf", "spark.driver.memory=1g", "etl/main.py",
+         "--input", str(small_log), "--output", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rows: read 6,000" in result.stdout
+    metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
+    assert metadata["rows"]["read"] == 6000

@@ -1,0 +1,180 @@
+"""The whole job on a small generated log: accounting, outputs, point-in-time entities,
+idempotence, atomic failure."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from etl import job
+from etl.datagen import BAD_KINDS_TEXT
+from etl.errors import ConfigError, NoInputError
+from tests.job_config import make_config
+
+
+def _table(path: Path) -> pd.DataFrame:
+    return ds.dataset(path, format="parquet", partitioning="hive").to_table().to_pandas()
+
+
+def test_rows_add_up_exactly(job_output):
+    rows = job_output.metadata["rows"]
+    assert rows["read"] == 6000
+    assert rows["read"] == rows["accepted"] + rows["duplicates"] + sum(
+        rows["quarantined"].values())
+    # datagen made 120 bad rows, one kind after another (11 kinds → 11 or 10 of each).
+    expected = {kind: 120 // len(BAD_KINDS_TEXT) + (i < 120 % len(BAD_KINDS_TEXT))
+                for i, kind in enumerate(BAD_KINDS_TEXT)}
+    assert rows["duplicates"] == expected.pop("duplicate")
+    assert {k: v for k, v in rows["quarantined"].items() if v} == expected
+    quarantine = _table(job_output.output / "quarantine")
+    assert len(quarantine) == sum(expected.values())
+    assert quarantine.groupby("reason").size().to_dict() == expected
+    assert quarantine["record"].str.len().min() > 0
+
+
+def test_examples_match_metadata(job_output):
+    metadata = job_output.metadata
+    examples = _table(job_output.output / "examples")
+    assert len(examples) == metadata["rows"]["accepted"]
+    assert examples.groupby("split").size().to_dict() == metadata["split"]["rows"]
+    schema = pq.read_schema(next((job_output.output / "examples" / "split=train")
+                                 .glob("*.parquet")))
+    for feature in metadata["features"]:
+        field = schema.field(feature["name"])
+        if feature["kind"] == "multi_hot":
+            assert str(field.type.value_type) == "int64"
+            assert examples[feature["name"]].map(len).eq(feature["width"]).all()
+        else:
+            assert str(field.type) == {"int64": "int64", "float32": "float"}[feature["dtype"]]
+        if feature["kind"] == "categorical":
+            values = examples[feature["name"]]
+            assert values.min() >= 0 and values.max() < feature["cardinality"]
+    assert set(examples["label"]) == {0, 1}
+    valid_from = pd.Timestamp(metadata["split"]["valid_from"]).tz_localize(None)
+    assert (examples.loc[examples.split == "valid", "ts"] >= valid_from).all()
+    assert (examples.loc[examples.split == "train", "ts"] < valid_from).all()
+    shorts = [f["short_name"] for f in metadata["features"]] + [metadata["label"]["short_name"]]
+    assert len(set(shorts)) == len(shorts) and all(1 <= len(s) <= 3 for s in shorts)
+
+
+def test_label_rule_applied(job_output, small_log):
+    kinds: dict[tuple[str, str, pd.Timestamp], set[str]] = {}
+    for line in small_log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            key = (record["user_id"], record["item_id"],
+                   pd.Timestamp(record["ts"]).tz_localize(None))
+        except (ValueError, KeyError, TypeError):
+            continue
+        kinds.setdefault(key, set()).add(record.get("event_type"))
+    examples = _table(job_output.output / "examples")
+    checked = 0
+    for row in examples.itertuples():
+        types = kinds[(row.user_id, row.item_id, row.ts)]
+        if len(types) == 1:
+            assert row.label == int(types.pop() in {"click", "purchase"})
+            checked += 1
+    assert checked > 0.99 * len(examples)
+    assert 0 < examples["label"].mean() < 0.5
+
+
+def test_embedding_plan(job_output):
+    plan = job_output.metadata["embedding_plan"]
+    features = plan["features"]
+    assert features["user_prev_item"]["shares"] == "item_id_cat"
+    assert features["user_hist_items"]["row_offset"] == features["item_id_cat"]["row_offset"]
+    for table in plan["fused_tables"].values():
+        assert table["width"] * 4 % 16 == 0
+        offset = 0
+        for member in table["features"]:
+            assert member["row_offset"] == offset
+            offset += member["rows"]
+        assert table["rows"] == offset
+
+
+def test_artifacts_readable_with_pyarrow_alone(job_output):
+    artifacts = job_output.output / "artifacts"
+    vocabulary = pq.read_table(artifacts / "categorify" / "item_id").to_pandas()
+    assert vocabulary["id"].tolist() == list(range(2, len(vocabulary) + 2))
+    assert vocabulary["count"].is_monotonic_decreasing
+    examples = _table(job_output.output / "examples")
+    train = examples[examples.split == "train"]
+    # The same ids the examples carry: a (raw id, encoded id) pair maps one to one.
+    pairs = train[["item_id", "item_id_cat"]].drop_duplicates()
+    lookup = dict(zip(vocabulary["value"], vocabulary["id"], strict=True))
+    assert (pairs["item_id"].map(lookup) == pairs["item_id_cat"]).all()
+    stats = json.loads((artifacts / "stats.json").read_text())
+    assert 0 < stats["target_encode"]["prior"] < 1
+    assert set(stats["normalize"]["columns"]) == {"value", "price"}
+
+
+def test_entity_snapshots_are_point_in_time_correct(job_output):
+    examples = _table(job_output.output / "examples")
+    users = _table(job_output.output / "entities" / "user")
+    items = _table(job_output.output / "entities" / "item")
+    assert users["event_timestamp"].dt.hour.eq(0).all()
+    for entities, key, prefix in ((users, "user_id", "user"), (items, "item_id", "item")):
+        sample = entities.sample(n=min(25, len(entities)), random_state=0)
+        for snapshot in sample.itertuples():
+            at = snapshot.event_timestamp
+            before = examples[(examples[key] == getattr(snapshot, key)) & (examples.ts < at)]
+            recent = before[before.ts >= at - timedelta(days=7)]
+            assert getattr(snapshot, f"{prefix}_events") == len(before)
+            assert getattr(snapshot, f"{prefix}_events_7d") == len(recent)
+            assert getattr(snapshot, f"{prefix}_positives") == before["label"].sum()
+            assert getattr(snapshot, f"{prefix}_positive_rate") == pytest.approx(
+                before["label"].mean())
+    described = job_output.metadata["entities"]["user"]
+    assert described["join_key"] == "user_id"
+    assert [f["name"] for f in described["features"]] == [
+        c for c in users.columns if c not in {"user_id", "event_timestamp"}]
+
+
+def test_two_runs_give_identical_values(spark, small_log, tmp_path, job_output):
+    again = job.run(make_config(tmp_path, small_log), spark, progress=lambda _: None)
+    for table in ("examples", "entities/user", "entities/item", "quarantine"):
+        first, second = _table(job_output.output / table), _table(again.output / table)
+        order = [c for c in first.columns if c != "user_hist_items"]
+        first = first.sort_values(order).reset_index(drop=True)
+        second = second.sort_values(order).reset_index(drop=True)
+        pd.testing.assert_frame_equal(first, second, check_exact=False, rtol=1e-12)
+    assert again.metadata["config_hash"] == job_output.metadata["config_hash"]
+    assert again.metadata["features"] == job_output.metadata["features"]
+
+
+def test_failed_job_leaves_no_partial_output(spark, small_log, tmp_path, monkeypatch):
+    config = make_config(tmp_path, small_log)
+    first = job.run(config, spark, progress=lambda _: None)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(job, "entity_snapshots", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        job.run(config, spark, progress=lambda _: None)
+    # The previous output is untouched and no staging folder is left behind.
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert json.loads((first.output / "metadata.json").read_text())["rows"]["read"] == 6000
+
+
+def test_failure_on_fresh_output_leaves_nothing(spark, tmp_path):
+    log = tmp_path / "all-bad.jsonl"
+    log.write_text('{"user_id": "u1"}\nnot json\n')
+    with pytest.raises(NoInputError, match="every row was quarantined"):
+        job.run(make_config(tmp_path, log), spark, progress=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["all-bad.jsonl"]
+
+
+def test_a_log_shorter_than_the_validation_window_is_a_config_error(spark, tmp_path):
+    log = tmp_path / "one-day.jsonl"
+    log.write_text('{"user_id":"u","item_id":"i","event_type":"view","ts":"2026-01-05T01:00:00Z"}\n')
+    with pytest.raises(ConfigError) as info:
+        job.run(make_config(tmp_path, log), spark, progress=lambda _: None)
+    assert info.value.key == "etl.split.valid_days"
