@@ -149,41 +149,53 @@ def _is_infinite(column: Column) -> Column:
     return F.abs(column) == F.lit(float("inf"))
 
 
+def _typed(raw: DataFrame, config: EtlConfig, numeric: list[str]) -> DataFrame:
+    """Each field parsed once, next to its text; the checks then read plain columns."""
+    text = [F.trim(F.col(role)).alias(role) for role in REQUIRED_ROLES]
+    numbers = [_unquoted(F.col(n)).alias(f"_{n}_text") for n in numeric]
+    return raw.select(
+        RECORD, SOURCE_FILE, _MALFORMED, *text, *numbers,
+        *(F.trim(F.col(c)).alias(c) for c in config.source.categorical),
+    ).select(
+        "*",
+        _timestamp(F.col("ts"), config.validation).alias("_ts"),
+        *(F.col(f"_{n}_text").try_cast("double").alias(n) for n in numeric),
+    )
+
+
 def validate(raw: DataFrame, config: EtlConfig) -> DataFrame:
     """Typed columns plus ``reason`` / ``field``: null for a good row, else why it is rejected."""
     numeric = ["value"] if config.source.columns.value else []
     numeric += config.source.continuous
-    text = {name: F.trim(F.col(name)) for name in REQUIRED_ROLES}
-    ts = _timestamp(text["ts"], config.validation)
-    numbers = {name: _unquoted(F.col(name)) for name in numeric}
-    parsed = {name: numbers[name].try_cast("double") for name in numeric}
+    typed = _typed(raw, config, numeric)
+    ts = F.col("_ts")
 
     checks: list[tuple[Column, str, str | None]] = [(F.col(_MALFORMED), "malformed_record", None)]
-    checks += [((text[role].isNull()) | (text[role] == ""), f"missing_{role}", role)
+    checks += [(F.col(role).isNull() | (F.col(role) == ""), f"missing_{role}", role)
                for role in REQUIRED_ROLES]
     window = (F.lit(config.validation.ts_min), F.lit(config.validation.ts_max))
     checks += [
         (ts.isNull(), "bad_timestamp", "ts"),
         ((ts < window[0]) | (ts >= window[1]), "timestamp_out_of_window", "ts"),
-        (~text["event_type"].isin(config.validation.event_types), "unknown_event_type",
+        (~F.col("event_type").isin(config.validation.event_types), "unknown_event_type",
          "event_type"),
     ]
-    checks += [((numbers[n] != "") & parsed[n].isNull(), "bad_number", n) for n in numeric]
-    checks += [(F.isnan(parsed[n]) | _is_infinite(parsed[n]), "non_finite_number", n)
+    checks += [((F.col(f"_{n}_text") != "") & F.col(n).isNull(), "bad_number", n)
                for n in numeric]
+    checks += [(F.isnan(n) | _is_infinite(F.col(n)), "non_finite_number", n) for n in numeric]
 
-    reason: Column = F.lit(None).cast("string")
-    field: Column = F.lit(None).cast("string")
+    # One chain, so each row stops at its first failing check.
+    verdict: Column = F.lit(None).cast("struct<reason:string,field:string>")
     for condition, code, name in reversed(checks):
-        reason = F.when(condition, F.lit(code)).otherwise(reason)
-        field = F.when(condition, F.lit(name)).otherwise(field)
+        outcome = F.struct(F.lit(code).alias(REASON), F.lit(name).cast("string").alias(FIELD))
+        verdict = F.when(condition, outcome).otherwise(verdict)
 
-    typed = [text["user_id"].alias("user_id"), text["item_id"].alias("item_id"),
-             text["event_type"].alias("event_type"), ts.alias("ts")]
-    typed += [parsed[n].alias(n) for n in numeric]
-    typed += [F.trim(F.col(c)).alias(c) for c in config.source.categorical]
-    return raw.select(F.col(RECORD), F.col(SOURCE_FILE), reason.alias(REASON),
-                      field.alias(FIELD), *typed)
+    return typed.withColumn("_verdict", verdict).select(
+        F.col(RECORD), F.col(SOURCE_FILE), F.col(f"_verdict.{REASON}").alias(REASON),
+        F.col(f"_verdict.{FIELD}").alias(FIELD),
+        "user_id", "item_id", "event_type", ts.alias("ts"), *numeric,
+        *config.source.categorical,
+    )
 
 
 def event_columns(config: EtlConfig) -> list[str]:

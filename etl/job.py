@@ -133,7 +133,7 @@ def run(config: EtlConfig, spark: SparkSession,
             columns = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind]) for s in specs),
                        F.col(LABEL).cast("long"), SPLIT]
             examples = (featured.select(*columns)
-                        .repartitionByRange(config.output.examples_files, *KEYS)
+                        .repartition(config.output.examples_files, *KEYS)
                         .sortWithinPartitions(*KEYS))
             write_parquet(examples, staging / "examples", files=None, partition_by=SPLIT)
 

@@ -39,10 +39,15 @@ class LagFeatures(FeatureOp):
                 f"{scope}_secs_since_prev": F.coalesce(
                     (F.col(TS_MICROS) - previous_ts) / MICROS, F.lit(NO_PREVIOUS_EVENT)),
             }
+            # Events in [t - w, t) = events before t - events before t - w. Frames that start
+            # at the partition's beginning grow incrementally; a sliding frame would
+            # re-aggregate its whole width for every row.
+            earlier = F.count(F.lit(1)).over(before)
             for window in self.windows:
                 span = duration_seconds(window) * MICROS
-                columns[f"{scope}_events_{window_name(window)}"] = F.count(F.lit(1)).over(
-                    by_time.rangeBetween(-span, -1)).cast("double")
+                older = F.count(F.lit(1)).over(
+                    by_time.rangeBetween(Window.unboundedPreceding, -span - 1))
+                columns[f"{scope}_events_{window_name(window)}"] = (earlier - older).cast("double")
             if scope == "user":
                 # The latest earlier event; on a tie in time, the larger id, so reruns agree.
                 latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
