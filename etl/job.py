@@ -86,102 +86,132 @@ def _schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
     return [{"name": c, "dtype": types[c]} for c in columns]
 
 
+def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
+            cached: list[DataFrame]) -> tuple[DataFrame, dict[str, Any]]:
+    """Validate, write the quarantine, de-duplicate and label; the events come back cached."""
+    validated = ingest.validate(ingest.read_raw(spark, config.source), config)
+    # Parse once; keep the record text of rejected rows only (the rest never need it).
+    kept_record = F.when(F.col(ingest.REASON).isNotNull(), F.col(ingest.RECORD))
+    validated = validated.withColumn(ingest.RECORD, kept_record)
+    validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(validated)
+    counts = _account(validated)
+    read = sum(counts.values())
+    if read == 0:
+        raise NoInputError(f"{config.source.path}: the source holds no rows")
+    write_parquet(ingest.quarantined(validated), staging / "quarantine")
+    valid_rows = counts.pop(None, 0)
+    events = ingest.accepted(validated, config).dropDuplicates()
+    events = events.withColumn(LABEL, label_column(config.label, config))
+    events = events.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(events)
+    accepted = events.count()
+    validated.unpersist()
+    if accepted == 0:
+        raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
+    rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
+            "quarantined": {reason: counts.get(reason, 0) for reason in ingest.REASONS}}
+    return events, rows
+
+
+def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, Any]]:
+    """Tag the last ``valid_days`` days as the validation split."""
+    valid_from = _valid_from(events, config.split.valid_days)
+    is_valid = F.col("ts") >= F.lit(valid_from)
+    events = events.withColumn(SPLIT, F.when(is_valid, VALID).otherwise(TRAIN))
+    split_rows = {TRAIN: 0, VALID: 0} | {
+        row[SPLIT]: row["count"] for row in events.groupBy(SPLIT).count().collect()}
+    if split_rows[TRAIN] == 0:
+        raise ConfigError("etl.split.valid_days",
+                          f"all events fall in the last {config.split.valid_days} day(s) "
+                          f"(from {valid_from:%Y-%m-%d}); no training split is left")
+    return events, {"column": SPLIT, "valid_days": config.split.valid_days,
+                    "valid_from": valid_from.isoformat(), "rows": split_rows}
+
+
+def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
+                    path: Path) -> None:
+    columns = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind]) for s in specs),
+               F.col(LABEL).cast("long"), SPLIT]
+    # Hash-partitioned and sorted by the keys: the same rows land in the same files each run.
+    examples = (featured.select(*columns)
+                .repartition(config.output.examples_files, *KEYS)
+                .sortWithinPartitions(*KEYS))
+    write_parquet(examples, path, files=None, partition_by=SPLIT)
+
+
+def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
+                    path: Path) -> dict[str, Any]:
+    categorify = pipeline.op(Categorify)
+    entities = {}
+    for entity, key in ENTITIES.items():
+        vocabulary = (categorify.vocabularies.get(key)
+                      if isinstance(categorify, Categorify) else None)
+        table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary)
+        write_parquet(table.frame.orderBy(EVENT_TIMESTAMP, key), path / entity, files=None)
+        entities[entity] = {
+            "path": f"entities/{entity}", "join_key": key, "timestamp_field": EVENT_TIMESTAMP,
+            "features": _schema(table.frame, table.feature_columns),
+        }
+    return entities
+
+
+def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:
+    stats: dict[str, Any] = {}
+    for op in pipeline.ops:
+        artifacts = op.artifacts()
+        for name, table in artifacts.tables.items():
+            write_parquet(table, path / name)
+        if artifacts.stats:
+            stats[op.name] = artifacts.stats
+    write_json(stats, path / "stats.json")
+    return stats
+
+
 def run(config: EtlConfig, spark: SparkSession,
         progress: Callable[[str], None] = logger.info) -> JobResult:
     """Run the whole job; the output folder is replaced only if every stage succeeds."""
     output = local_path(config.output.path)
     timer = StageTimer(progress)
     started = time.perf_counter()
-    with staged_directory(output) as staging:
-        with timer("ingest"):
-            validated = ingest.validate(ingest.read_raw(spark, config.source), config)
-            validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
-            counts = _account(validated)
-            read = sum(counts.values())
-            if read == 0:
-                raise NoInputError(f"{config.source.path}: the source holds no rows")
-            write_parquet(ingest.quarantined(validated), staging / "quarantine")
-            valid_rows = counts.pop(None, 0)
-            events = ingest.accepted(validated, config).dropDuplicates()
-            events = events.withColumn(LABEL, label_column(config.label, config))
-            events = events.persist(StorageLevel.MEMORY_AND_DISK)
-            accepted = events.count()
-            validated.unpersist()
-            if accepted == 0:
-                raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
-        rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
-                "quarantined": {reason: counts.get(reason, 0) for reason in ingest.REASONS}}
-
-        with timer("split"):
-            valid_from = _valid_from(events, config.split.valid_days)
-            is_valid = F.col("ts") >= F.lit(valid_from)
-            events = events.withColumn(SPLIT, F.when(is_valid, VALID).otherwise(TRAIN))
-            events = events.persist(StorageLevel.MEMORY_AND_DISK)
-            split_rows = {TRAIN: 0, VALID: 0} | {
-                row[SPLIT]: row["count"] for row in events.groupBy(SPLIT).count().collect()}
-            if split_rows[TRAIN] == 0:
-                raise ConfigError("etl.split.valid_days",
-                                  f"all events fall in the last {config.split.valid_days} day(s) "
-                                  f"(from {valid_from:%Y-%m-%d}); no training split is left")
-
-        with timer("features"):
-            pipeline = FeaturePipeline(config)
-            featured = pipeline.fit_transform(events)
-            specs = pipeline.features()
-
-        with timer("write_examples"):
-            columns = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind]) for s in specs),
-                       F.col(LABEL).cast("long"), SPLIT]
-            examples = (featured.select(*columns)
-                        .repartition(config.output.examples_files, *KEYS)
-                        .sortWithinPartitions(*KEYS))
-            write_parquet(examples, staging / "examples", files=None, partition_by=SPLIT)
-
-        with timer("entities"):
-            categorify = pipeline.op(Categorify)
-            entities = {}
-            for entity, key in ENTITIES.items():
-                vocabulary = (categorify.vocabularies.get(key)
-                              if isinstance(categorify, Categorify) else None)
-                table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary)
-                write_parquet(table.frame.orderBy(EVENT_TIMESTAMP, key),
-                              staging / "entities" / entity, files=None)
-                entities[entity] = {
-                    "path": f"entities/{entity}", "join_key": key,
-                    "timestamp_field": EVENT_TIMESTAMP,
-                    "features": _schema(table.frame, table.feature_columns),
-                }
-
-        with timer("artifacts"):
-            stats: dict[str, Any] = {}
-            for op in pipeline.ops:
-                artifacts = op.artifacts()
-                for name, table in artifacts.tables.items():
-                    write_parquet(table, staging / "artifacts" / name)
-                if artifacts.stats:
-                    stats[op.name] = artifacts.stats
-            write_json(stats, staging / "artifacts" / "stats.json")
-
-        metadata = _metadata(config, rows, valid_from, split_rows, specs, entities, stats,
-                             timer.seconds, time.perf_counter() - started)
-        write_json(metadata, staging / METADATA)
+    cached: list[DataFrame] = []
+    pipeline = FeaturePipeline(config)
+    try:
+        with staged_directory(output) as staging:
+            with timer("ingest"):
+                events, rows = _ingest(spark, config, staging, cached)
+            with timer("split"):
+                events, split = _split(events, config)
+            with timer("features"):
+                featured = pipeline.fit_transform(events)
+                specs = pipeline.features()
+            with timer("write_examples"):
+                _write_examples(featured, specs, config, staging / "examples")
+            with timer("entities"):
+                entities = _write_entities(events, pipeline, config, staging / "entities")
+            with timer("artifacts"):
+                stats = _write_artifacts(pipeline, staging / "artifacts")
+            metadata = _metadata(config, rows, split, specs, entities, stats, timer.seconds,
+                                 time.perf_counter() - started)
+            write_json(metadata, staging / METADATA)
+    finally:
         pipeline.release()
-        events.unpersist()
+        for frame in cached:
+            frame.unpersist()
     progress(f"wrote {output}")
     return JobResult(output, metadata)
 
 
-def _metadata(config: EtlConfig, rows: dict[str, Any], valid_from: datetime,
-              split_rows: dict[str, int], specs: list[FeatureSpec], entities: dict[str, Any],
-              stats: dict[str, Any], timings: dict[str, float], total: float) -> dict[str, Any]:
+def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
+              specs: list[FeatureSpec], entities: dict[str, Any], stats: dict[str, Any],
+              timings: dict[str, float], total: float) -> dict[str, Any]:
     return {
         "featureline_version": __version__,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config_hash": config.hash(),
         "source": {"path": config.source.path, "format": config.source.format},
         "rows": rows,
-        "split": {"column": SPLIT, "valid_days": config.split.valid_days,
-                  "valid_from": valid_from.isoformat(), "rows": split_rows},
+        "split": split,
         "keys": list(KEYS),
         "label": {"name": LABEL, "short_name": LABEL_SHORT_NAME, "dtype": "int64",
                   "rule": str(config.label)},
