@@ -25,6 +25,7 @@ _MALFORMED = "_malformed"
 _CORRUPT = "_corrupt_record"
 # Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
 _MILLIS_THRESHOLD = 1e11
+_EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?$"
 
 # Reason codes, in the order the checks run; metadata.json counts rows by these.
 REASONS = (
@@ -128,12 +129,13 @@ def read_raw(spark: SparkSession, source: SourceConfig) -> DataFrame:
 
 def _unquoted(column: Column) -> Column:
     # A bare NaN/Infinity token in JSON reaches us as its raw text, quotes included.
-    return F.regexp_replace(F.trim(column), r'^"(.*)"$', "$1")
+    return F.btrim(F.trim(column), F.lit('"'))
 
 
 def _timestamp(text: Column, validation: ValidationConfig) -> Column:
     """ISO-8601 text or epoch seconds / milliseconds → timestamp; null when unparseable."""
-    number = text.try_cast("double")
+    # Gate the numeric parse: a failed cast costs far more than the pattern test.
+    number = F.when(text.rlike(_EPOCH_PATTERN), text.try_cast("double"))
     if validation.ts_unit == "ms":
         seconds = number / 1000
     elif validation.ts_unit == "s":

@@ -1,7 +1,9 @@
 """history: the user's last K items strictly before the event, most recent first, 0-padded.
 
-The window looks at the 2K preceding rows of the user, so a history is short of K only
-where more than K of the user's events share one instant: never does it leak the present.
+The user's events in (time, item) order; the item ids of the 2K rows before an event are
+collected, less the rows that share its instant (those are not "before" it). A history is
+short of K only where more than K of a user's events share one instant; it never includes
+the present or the future.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ class History(FeatureOp):
         self.item_column = item_column
 
     def transform(self, events: DataFrame) -> DataFrame:
-        rows = (Window.partitionBy("user_id").orderBy(TS_MICROS, self.item_column)
-                .rowsBetween(-2 * self.k, -1))
-        recent = F.collect_list(F.struct(F.col(TS_MICROS).alias("t"),
-                                         F.col(self.item_column).alias("i"))).over(rows)
-        earlier = F.filter(recent, lambda e: e["t"] < F.col(TS_MICROS))
-        latest_first = F.slice(F.sort_array(earlier, asc=False), 1, self.k)
-        items = F.transform(latest_first, lambda e: e["i"])
+        in_order = Window.partitionBy("user_id").orderBy(TS_MICROS, self.item_column)
+        by_time = Window.partitionBy("user_id").orderBy(TS_MICROS)
+        # Plain id lists and positions: far cheaper than collecting (time, item) structs.
+        recent = F.collect_list(self.item_column).over(in_order.rowsBetween(-2 * self.k, -1))
+        same_instant_before = F.row_number().over(in_order) - F.rank().over(by_time)
+        earlier = F.slice(recent, 1, F.greatest(F.size(recent) - same_instant_before, F.lit(0)))
+        items = F.slice(F.reverse(earlier), 1, self.k)
         padding = F.array_repeat(F.lit(PADDING_ID).cast("long"), F.lit(self.k) - F.size(items))
         return events.withColumn(HISTORY, F.concat(items, padding))
 
