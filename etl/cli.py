@@ -61,9 +61,15 @@ def etl() -> None:
     """The Spark ETL job."""
 
 
-def _run_job(config_path: str | None, input_path: str | None, input_format: str | None,
-             output: str | None, profile: str | None, label: str | None,
-             categorical: str | None, continuous: str | None, *, submitted: bool) -> dict:
+def run_job(config_path: str | None = None, input_path: str | None = None,
+            input_format: str | None = None, output: str | None = None,
+            profile: str | None = None, label: str | None = None,
+            categorical: str | None = None, continuous: str | None = None, *,
+            submitted: bool = False) -> dict:
+    """Load the configuration, apply the flags, start Spark and run the job; its metadata.
+
+    ``submitted``: running under spark-submit, which has applied the properties file.
+    """
     from etl.config import load_config, with_overrides
 
     if config_path is None and Path(DEFAULT_CONFIG).is_file():
@@ -127,7 +133,7 @@ def summary(metadata: dict) -> str:
 @job_options
 def etl_run(**options: str | None) -> None:
     """Run the ETL job (Spark local[*] by default)."""
-    metadata = _run_job(**options, submitted=False)  # type: ignore[arg-type]
+    metadata = run_job(**options, submitted=False)  # type: ignore[arg-type]
     click.echo(summary(metadata))
 
 
@@ -145,17 +151,17 @@ def demo(out: str, events: int, seed: int) -> None:
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=14, seed=seed, bad_fraction=0.01)
     _progress("[2/2] etl: local Spark job")
-    metadata = _run_job(None, str(raw), "jsonl", str(Path(out) / "output"), None, None, None,
-                        None, submitted=False)
+    metadata = run_job(input_path=str(raw), input_format="jsonl",
+                       output=str(Path(out) / "output"))
     click.echo(summary(metadata))
     click.echo(f"output: {Path(out) / 'output'}  (metadata.json describes every table)")
     click.echo(f"demo finished in {time.perf_counter() - started:.1f}s")
 
 
-def run() -> None:
-    """Console-script entry: typed Featureline errors become one clear line and exit code 2."""
+def run_command(command: click.Command) -> None:
+    """Run a click command; typed Featureline errors become one clear line and exit code 2."""
     try:
-        main(standalone_mode=False)
+        command(standalone_mode=False)
     except click.exceptions.Abort:
         sys.exit(1)
     except click.ClickException as exc:
@@ -164,3 +170,8 @@ def run() -> None:
     except FeaturelineError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+
+
+def run() -> None:
+    """The ``featureline`` console script."""
+    run_command(main)

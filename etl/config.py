@@ -247,6 +247,7 @@ def _default_features() -> list[Any]:
         TargetEncodeOp(op="target_encode", columns=["item_id"]),
         LagFeaturesOp(op="lag_features"),
         CyclicTimeOp(op="cyclic_time"),
+        HashedCrossOp(op="hashed_cross", crosses=[[CATEGORICAL_SELECTOR]], buckets=10_000),
         NormalizeOp(op="normalize", columns=[CONTINUOUS_SELECTOR]),
         HistoryOp(op="history"),
     ]

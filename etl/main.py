@@ -7,27 +7,17 @@ spark-submit has already applied the properties file, so the profile file is not
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from etl.cli import _run_job, job_options, summary
-from etl.errors import FeaturelineError
+from etl.cli import job_options, run_command, run_job, summary
 
 
 @click.command()
 @job_options
 def submit(**options: str | None) -> None:
     """Run the ETL job inside spark-submit."""
-    click.echo(summary(_run_job(**options, submitted=True)))  # type: ignore[arg-type]
+    click.echo(summary(run_job(**options, submitted=True)))  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":
-    try:
-        submit(standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except FeaturelineError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    run_command(submit)

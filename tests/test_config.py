@@ -18,6 +18,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_repository_default_config_is_valid_and_matches_embedded_defaults():
     config = load_config(REPO / "featureline.yaml")
+    # The file users edit and the embedded defaults say the same thing.
+    assert config == FeaturelineConfig()
     assert config.etl.source.format == "jsonl"
     assert str(config.etl.label) == "event_type in (click, purchase)"
     assert [op.op for op in config.etl.features][:2] == ["categorify", "count_encode"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from pyspark.sql import DataFrame
@@ -32,6 +33,21 @@ from etl.short_names import assign_short_names
 
 LABEL_SHORT_NAME = "y"
 
+logger = logging.getLogger("featureline.etl")
+
+
+def _crosses(config: EtlConfig, op: HashedCrossOp) -> list[list[str]]:
+    """The crosses with selectors expanded; one left with fewer than two columns is skipped."""
+    crosses = []
+    for cross in op.crosses:
+        columns = expand_columns(config, cross)
+        if len(columns) < 2:
+            logger.warning("hashed_cross %s skipped: it expands to %s", cross, columns)
+        else:
+            crosses.append(columns)
+    return crosses
+
+
 # One line per op: its config type → how to build it (selectors expanded).
 OPS: dict[type, Callable[[EtlConfig, object], FeatureOp]] = {
     CategorifyOp: lambda c, op: Categorify(expand_columns(c, op.columns), op.freq_threshold),
@@ -40,9 +56,7 @@ OPS: dict[type, Callable[[EtlConfig, object], FeatureOp]] = {
                                                op.smoothing),
     LagFeaturesOp: lambda c, op: LagFeatures(op.windows),
     CyclicTimeOp: lambda c, op: CyclicTime(),
-    HashedCrossOp: lambda c, op: HashedCross(
-        [cols for cols in (expand_columns(c, x) for x in op.crosses) if len(cols) >= 2],
-        op.buckets),
+    HashedCrossOp: lambda c, op: HashedCross(_crosses(c, op), op.buckets),
     NormalizeOp: lambda c, op: Normalize(expand_columns(c, op.columns), op.fill, op.log1p),
     HistoryOp: lambda c, op: History(op.k),
 }
