@@ -97,4 +97,12 @@ def build_session(settings: SparkSettings, *, from_profile: bool = True) -> Spar
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")
+    _quiet_expected_warnings(session)
     return session
+
+
+def _quiet_expected_warnings(session: SparkSession) -> None:
+    """Ranking a vocabulary is one global sort by design; Spark warns about it on every run."""
+    log4j = session.sparkContext._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+    log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.sql.execution.window.WindowExec", log4j.Level.ERROR)
