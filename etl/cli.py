@@ -122,8 +122,12 @@ def summary(metadata: dict) -> str:
     lines += [f"  {name}: {entry['cardinality']:,} x {entry['width']}"
               + (f" (shares {entry['shares']})" if "shares" in entry else "")
               for name, entry in plan.items()]
-    lines.append(f"features: {len(metadata['features'])}; tables: examples/, entities/"
-                 f"{{{','.join(metadata['entities'])}}}, artifacts/, quarantine/, metadata.json")
+    tables = ", ".join(f"{name}/" for name in metadata["outputs"])
+    lines.append(f"features: {len(metadata['features'])}; tables: {tables}, metadata.json")
+    if "tfrecord" in metadata:
+        section = metadata["tfrecord"]
+        lines.append(f"tfrecord: {len(section['files'])} files, prebatch "
+                     f"{section['prebatch_size']}, groups {', '.join(section['groups'])}")
     timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata["timings_s"].items())
     lines.append(f"time: {timings}")
     return "\n".join(lines)

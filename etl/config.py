@@ -13,7 +13,7 @@ import json
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -231,6 +231,15 @@ class OutputConfig(_Model):
     examples_files: int = Field(default=4, ge=1)
 
 
+class TFRecordConfig(_Model):
+    enabled: bool = True
+    # Rows per tf.train.Example; 1 writes plain per-example records.
+    prebatch_size: int = Field(default=4096, ge=1)
+    group_types: bool = True
+    short_names: bool = True
+    compression: Literal["none", "gzip"] = "none"
+
+
 class SparkSettings(_Model):
     profile: Literal["cpu", "gpu", "k8s-gpu"] = "cpu"
     master: str | None = None
@@ -262,6 +271,7 @@ class EtlConfig(_Model):
     embeddings: EmbeddingPlanConfig = EmbeddingPlanConfig()
     entities: EntitiesConfig = EntitiesConfig()
     output: OutputConfig = OutputConfig()
+    tfrecord: TFRecordConfig = TFRecordConfig()
     spark: SparkSettings = SparkSettings()
 
     @field_validator("label", mode="before")
@@ -365,14 +375,19 @@ def _op_inputs(config: EtlConfig, op: Any) -> list[str]:
     return expand_columns(config, getattr(op, "columns", []))
 
 
+_OP_NAMES = {
+    get_args(op.model_fields["op"].annotation)[0]
+    for op in get_args(get_args(FeatureOpConfig)[0])
+}
+
+
 def _location(error: dict[str, Any]) -> str:
     parts: list[str] = []
     for part in error["loc"]:
         if isinstance(part, int):
             parts.append(f"[{part}]")
-        elif part in {"categorify", "count_encode", "target_encode", "lag_features", "cyclic_time",
-                      "hashed_cross", "normalize", "history"}:
-            continue
+        elif part in _OP_NAMES:
+            continue  # pydantic's tag of the discriminated union, not a key in the file
         else:
             parts.append(f".{part}" if parts else str(part))
     return "".join(parts) or "(root)"

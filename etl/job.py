@@ -24,6 +24,8 @@ from etl.features import LABEL, LABEL_SHORT_NAME, SPLIT, FeaturePipeline
 from etl.features.base import TRAIN, VALID, FeatureSpec
 from etl.features.categorify import Categorify
 from etl.outputs import local_path, staged_directory, write_json, write_parquet
+from etl.tfrecord.layout import build_layout
+from etl.tfrecord.writer import write_split
 
 logger = logging.getLogger("featureline.etl")
 
@@ -140,6 +142,28 @@ def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlCo
     write_parquet(examples, path, files=None, partition_by=SPLIT)
 
 
+def _label_json() -> dict[str, Any]:
+    return {"name": LABEL, "short_name": LABEL_SHORT_NAME, "dtype": "int64"}
+
+
+def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlConfig,
+                     staging: Path) -> dict[str, Any]:
+    """Encode the examples just written into prebatched TFRecords, one file per task."""
+    options = config.tfrecord
+    compression = "GZIP" if options.compression == "gzip" else ""
+    groups = build_layout([s.to_json() for s in specs], _label_json(),
+                          group_types=options.group_types, short_names=options.short_names)
+    files = []
+    for split in (TRAIN, VALID):
+        source = staging / "examples" / f"{SPLIT}={split}"
+        if source.is_dir():
+            files += write_split(spark.read.parquet(str(source)), str(staging / "tfrecord"),
+                                 split, groups, options.prebatch_size, compression, list(KEYS))
+    return {"prebatch_size": options.prebatch_size, "compression": compression,
+            "groups": {g.name: g.to_json() for g in groups},
+            "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}
+
+
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
                     path: Path) -> dict[str, Any]:
     categorify = pipeline.op(Categorify)
@@ -187,12 +211,19 @@ def run(config: EtlConfig, spark: SparkSession,
                 specs = pipeline.features()
             with timer("write_examples"):
                 _write_examples(featured, specs, config, staging / "examples")
+            tfrecord = None
+            if config.tfrecord.enabled:
+                with timer("write_tfrecord"):
+                    tfrecord = _write_tfrecords(spark, specs, config, staging)
             with timer("entities"):
                 entities = _write_entities(events, pipeline, config, staging / "entities")
             with timer("artifacts"):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             metadata = _metadata(config, rows, split, specs, entities, stats, timer.seconds,
                                  time.perf_counter() - started)
+            if tfrecord is not None:
+                metadata["tfrecord"] = tfrecord
+                metadata["outputs"]["tfrecord"] = "tfrecord"
             write_json(metadata, staging / METADATA)
     finally:
         pipeline.release()
@@ -213,8 +244,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
         "rows": rows,
         "split": split,
         "keys": list(KEYS),
-        "label": {"name": LABEL, "short_name": LABEL_SHORT_NAME, "dtype": "int64",
-                  "rule": str(config.label)},
+        "label": {**_label_json(), "rule": str(config.label)},
         "features": [s.to_json() for s in specs],
         "embedding_plan": embedding_plan(specs, config.embeddings),
         "entities": entities,

@@ -1,0 +1,9 @@
+"""TFRecord feature tables: prebatched, short field names, grouped types.
+
+``dataset(...)`` reads them in tf.data, ``read_numpy(...)`` without TensorFlow.
+"""
+
+from etl.tfrecord.reader import dataset, files, read_numpy
+from etl.tfrecord.records import TFRecordCorruptError
+
+__all__ = ["TFRecordCorruptError", "dataset", "files", "read_numpy"]

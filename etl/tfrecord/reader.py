@@ -1,0 +1,93 @@
+"""Read the job's TFRecords: into numpy (no TensorFlow needed) or as a ``tf.data.Dataset``.
+
+Both take the job's output folder, its ``metadata.json``, or that file's parsed dict, and
+give columns under their original long names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from etl.tfrecord.layout import Group
+from etl.tfrecord.records import read_file
+
+METADATA = "metadata.json"
+
+
+def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    if isinstance(path_or_metadata, dict):
+        root = Path(path_or_metadata.get("output", "."))
+        return root, path_or_metadata
+    path = Path(path_or_metadata)
+    if path.is_dir():
+        path = path / METADATA
+    metadata = json.loads(path.read_text())
+    metadata.setdefault("output", str(path.parent))
+    return path.parent, metadata
+
+
+def layout(metadata: dict[str, Any]) -> tuple[list[Group], dict[str, Any]]:
+    section = metadata.get("tfrecord")
+    if not section:
+        raise KeyError("metadata.json has no 'tfrecord' section: the job ran with "
+                       "etl.tfrecord.enabled: false")
+    groups = [Group.from_json(name, spec) for name, spec in section["groups"].items()]
+    return groups, section
+
+
+def files(path_or_metadata: str | Path | dict[str, Any], split: str = "train") -> list[Path]:
+    root, metadata = _metadata(path_or_metadata)
+    _, section = layout(metadata)
+    return [root / f["path"] for f in section["files"] if f["split"] == split]
+
+
+def read_numpy(path_or_metadata: str | Path | dict[str, Any], split: str = "train"
+               ) -> dict[str, np.ndarray]:
+    """Every row of a split: long name → [rows] (or [rows, K] for multi-hot lists)."""
+    _, metadata = _metadata(path_or_metadata)
+    groups, section = layout(metadata)
+    parts = [read_file(path, groups, section["compression"])
+             for path in files(metadata, split)]
+    names = [c for g in groups for c in g.columns]
+    if not parts:
+        return {name: np.zeros(0) for name in names}
+    return {name: np.concatenate([p[name] for p in parts]) for name in names}
+
+
+def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 65536,
+            split: str = "train", parallel_reads: int | None = None) -> Any:
+    """A ``tf.data.Dataset`` of dicts of dense tensors (long names), ``batch_size`` rows each.
+
+    Records hold ``prebatch_size`` rows, so a batch is ``batch_size // prebatch_size`` records
+    parsed at once; the last, smaller record of a file is handled. Needs the ``[tf]`` extra.
+    """
+    import tensorflow as tf
+
+    _, metadata = _metadata(path_or_metadata)
+    groups, section = layout(metadata)
+    paths = [str(p) for p in files(metadata, split)]
+    spec = {g.name: tf.io.RaggedFeature(tf.float32 if g.dtype == "float32" else tf.int64,
+                                        row_splits_dtype=tf.int64) for g in groups}
+    records_per_batch = max(1, batch_size // section["prebatch_size"])
+
+    def to_columns(serialized: Any) -> dict[str, Any]:
+        parsed = tf.io.parse_example(serialized, spec)
+        columns = {}
+        for group in groups:
+            values = tf.reshape(parsed[group.name].flat_values, [-1, group.width])
+            for index, column in enumerate(group.columns):
+                start = index * group.column_width
+                block = values[:, start:start + group.column_width]
+                columns[column] = block[:, 0] if group.column_width == 1 else block
+        return columns
+
+    reads = parallel_reads if parallel_reads is not None else tf.data.AUTOTUNE
+    records = tf.data.TFRecordDataset(paths, compression_type=section["compression"],
+                                      num_parallel_reads=reads)
+    return (records.batch(records_per_batch)
+            .map(to_columns, num_parallel_calls=tf.data.AUTOTUNE)
+            .prefetch(tf.data.AUTOTUNE))

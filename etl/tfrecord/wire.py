@@ -1,0 +1,126 @@
+"""The TFRecord container and the protobuf wire format of ``tf.train.Example``, in numpy.
+
+A TFRecord file is a sequence of records::
+
+    uint64 length (little-endian) | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)
+
+and each record's data here is a serialized ``tf.train.Example`` whose features are packed
+``int64_list`` / ``float_list`` values. Whole columns are encoded at once (packed varints
+and float32 bytes); only the few header bytes of each record are assembled per record.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+import numpy as np
+
+_MASK_DELTA = 0xA282EAD8
+_LENGTH = struct.Struct("<Q")
+_CRC = struct.Struct("<I")
+# Field tags (field number << 3 | wire type 2) of the messages in example.proto.
+TAG_EXAMPLE_FEATURES = 0x0A  # Example.features
+TAG_FEATURES_ENTRY = 0x0A  # Features.feature (map entry)
+TAG_ENTRY_KEY = 0x0A
+TAG_ENTRY_VALUE = 0x12
+TAG_FLOAT_LIST = 0x12  # Feature.float_list
+TAG_INT64_LIST = 0x1A  # Feature.int64_list
+TAG_PACKED_VALUE = 0x0A  # FloatList.value / Int64List.value, packed
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame(data: bytes) -> bytes:
+    """One TFRecord record around ``data``."""
+    length = _LENGTH.pack(len(data))
+    return b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
+
+
+def varint(value: int) -> bytes:
+    """One unsigned varint (the header lengths)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Varint bytes of every int64 (two's complement, as protobuf does) and each one's length."""
+    unsigned = values.astype(np.int64, copy=False).view(np.uint64).ravel()
+    lengths = np.ones(unsigned.shape, dtype=np.int64)
+    for shift in range(7, 64, 7):
+        lengths += unsigned >= (np.uint64(1) << np.uint64(shift))
+    total = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    out = np.empty(total, dtype=np.uint8)
+    # Byte k of every value that has one: its 7-bit group, with the continuation bit set
+    # unless it is the value's last byte.
+    for k in range(int(lengths.max(initial=1))):
+        has = lengths > k
+        group = (unsigned[has] >> np.uint64(7 * k)) & np.uint64(0x7F)
+        more = (lengths[has] > k + 1).astype(np.uint64) << np.uint64(7)
+        out[starts[has] + k] = (group | more).astype(np.uint8)
+    return out, lengths
+
+
+def decode_varints(data: np.ndarray, where: str = "") -> np.ndarray:
+    """All varints packed in ``data`` (uint8) → int64 values."""
+    if data.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    last = (data & 0x80) == 0
+    if not last[-1]:
+        raise ValueError(f"{where}: truncated varint")
+    ends = np.flatnonzero(last)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts + 1
+    if lengths.max() > 10:
+        raise ValueError(f"{where}: varint longer than 10 bytes")
+    owner = np.repeat(np.arange(ends.size), lengths)
+    position = np.arange(data.size) - starts[owner]
+    parts = (data & 0x7F).astype(np.uint64) << (np.uint64(7) * position.astype(np.uint64))
+    return np.add.reduceat(parts, starts).view(np.int64)
+
+
+def group_payloads(values: np.ndarray, rows_per_record: np.ndarray, width: int
+                   ) -> tuple[memoryview, np.ndarray]:
+    """The packed bytes of one feature group for all records at once, and record offsets.
+
+    ``values``: [rows, width] int64 or float32, row-major; record r holds the next
+    ``rows_per_record[r]`` rows. Returns the byte buffer and, per record, its [start, end).
+    """
+    counts = rows_per_record * width
+    if values.dtype == np.float32:
+        buffer = np.ascontiguousarray(values, dtype="<f4").tobytes()
+        byte_counts = counts * 4
+    else:
+        encoded, lengths = encode_varints(values)
+        buffer = encoded.tobytes()
+        value_ends = np.cumsum(counts)
+        cumulative = np.concatenate(([0], np.cumsum(lengths)))
+        byte_counts = np.diff(np.concatenate(([0], cumulative[value_ends])))
+    offsets = np.concatenate(([0], np.cumsum(byte_counts)))
+    return memoryview(buffer), offsets
+
+
+def feature_entry(key: bytes, payload: memoryview, is_float: bool) -> list[bytes | memoryview]:
+    """The pieces of one ``Features.feature`` map entry holding a packed list."""
+    packed = [bytes([TAG_PACKED_VALUE]), varint(len(payload))]
+    packed_size = 1 + len(packed[1]) + len(payload)
+    kind = bytes([TAG_FLOAT_LIST if is_float else TAG_INT64_LIST]), varint(packed_size)
+    feature_size = 1 + len(kind[1]) + packed_size
+    head = [bytes([TAG_ENTRY_KEY]), varint(len(key)), key, bytes([TAG_ENTRY_VALUE]),
+            varint(feature_size)]
+    entry_size = sum(len(p) for p in head) + feature_size
+    return [bytes([TAG_FEATURES_ENTRY]), varint(entry_size), *head, *kind, *packed, payload]
+
+
+def example(entries: list[list[bytes | memoryview]]) -> bytes:
+    body = b"".join(piece for entry in entries for piece in entry)
+    return b"".join((bytes([TAG_EXAMPLE_FEATURES]), varint(len(body)), body))

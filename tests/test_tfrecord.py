@@ -1,0 +1,174 @@
+"""TFRecords: TensorFlow reads every file written and the values equal the examples/ rows."""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+
+from etl import tfrecord  # noqa: E402
+from etl.job import KEYS, _label_json  # noqa: E402
+from etl.tfrecord import wire  # noqa: E402
+from etl.tfrecord.layout import Group, build_layout  # noqa: E402
+from etl.tfrecord.records import TFRecordCorruptError, read_file  # noqa: E402
+from etl.tfrecord.writer import write_split  # noqa: E402
+
+
+def _examples(job_output, split="train") -> pd.DataFrame:
+    return pq.read_table(job_output.output / "examples" / f"split={split}").to_pandas()
+
+
+def _tf_rows(paths: list[Path], groups: list[Group], compression: str) -> pd.DataFrame:
+    """Read with TensorFlow alone, from the group description metadata.json gives."""
+    spec = {g.name: tf.io.VarLenFeature(tf.float32 if g.dtype == "float32" else tf.int64)
+            for g in groups}
+    columns: dict[str, list] = {}
+    dataset = tf.data.TFRecordDataset([str(p) for p in paths], compression_type=compression)
+    for serialized in dataset.batch(7):
+        parsed = tf.io.parse_example(serialized, spec)
+        for group in groups:
+            # A SparseTensor's values run record by record, in order.
+            block = parsed[group.name].values.numpy().reshape(-1, group.width)
+            for index, column in enumerate(group.columns):
+                part = block[:, index * group.column_width:(index + 1) * group.column_width]
+                columns.setdefault(column, []).extend(
+                    part[:, 0] if group.column_width == 1 else [tuple(r) for r in part])
+    return pd.DataFrame(columns)
+
+
+def _comparable(frame: pd.DataFrame, metadata: dict) -> pd.DataFrame:
+    frame = frame.copy()
+    for feature in metadata["features"]:
+        name = feature["name"]
+        if feature["kind"] == "continuous":
+            frame[name] = frame[name].astype(np.float32)
+        elif feature["kind"] == "multi_hot":
+            frame[name] = frame[name].map(tuple)
+    return frame.sort_values(list(frame.columns)).reset_index(drop=True)
+
+
+def test_job_writes_tfrecords_tensorflow_reads(job_output):
+    metadata = job_output.metadata
+    section = metadata["tfrecord"]
+    groups = [Group.from_json(n, g) for n, g in section["groups"].items()]
+    assert [g.name for g in groups] == ["c", "f", "h", "y"]
+    for split in ("train", "valid"):
+        files = [job_output.output / f["path"] for f in section["files"] if f["split"] == split]
+        assert sum(f["rows"] for f in section["files"] if f["split"] == split) == \
+            metadata["split"]["rows"][split]
+        got = _tf_rows(files, groups, section["compression"])
+        expected = _examples(job_output, split)[list(got.columns)]
+        pd.testing.assert_frame_equal(_comparable(got, metadata),
+                                      _comparable(expected, metadata), check_dtype=False)
+    assert not list((job_output.output / "tfrecord").glob("_temporary*"))
+
+
+LAYOUTS = [
+    pytest.param(64, True, True, "", id="prebatch64-grouped-short"),
+    pytest.param(64, False, True, "", id="prebatch64-per-column-short"),
+    pytest.param(64, True, False, "GZIP", id="prebatch64-grouped-long-gzip"),
+    pytest.param(1, False, False, "", id="per-example-long"),
+    pytest.param(1000, True, True, "GZIP", id="prebatch1000-grouped-gzip"),
+]
+
+
+@pytest.mark.parametrize(("prebatch", "grouped", "short", "compression"), LAYOUTS)
+def test_every_layout(spark, job_output, tmp_path, prebatch, grouped, short, compression):
+    metadata = job_output.metadata
+    groups = build_layout(metadata["features"], _label_json(), group_types=grouped,
+                          short_names=short)
+    names = [g.name for g in groups]
+    if short:
+        assert all(1 <= len(n) <= 3 for n in names)
+    else:
+        assert ("categorical" if grouped else "user_id_cat") in names
+    source = spark.read.parquet(str(job_output.output / "examples" / "split=train"))
+    files = write_split(source, str(tmp_path), "train", groups, prebatch, compression, list(KEYS))
+    paths = [tmp_path / f["path"] for f in files]
+    got = _tf_rows(paths, groups, compression)
+    expected = _examples(job_output)[list(got.columns)]
+    pd.testing.assert_frame_equal(_comparable(got, metadata), _comparable(expected, metadata),
+                                  check_dtype=False)
+    # Records of `prebatch` rows, the last one of each file smaller: no row lost.
+    for entry, path in zip(files, paths, strict=True):
+        counts = [len(r) for r in tf.data.TFRecordDataset(str(path), compression).map(
+            lambda s, g=groups[-1]: tf.io.parse_single_example(
+                s, {g.name: tf.io.VarLenFeature(tf.int64)})[g.name].values)]
+        full, rest = divmod(entry["rows"], prebatch)
+        assert counts == [prebatch] * full + ([rest] if rest else [])
+    # The numpy reader agrees with TensorFlow, without it.
+    decoded = pd.DataFrame({k: (list(map(tuple, v)) if v.ndim == 2 else v) for k, v in
+                            _read_all(paths, groups, compression).items()})
+    pd.testing.assert_frame_equal(_comparable(decoded, metadata)[list(got.columns)],
+                                  _comparable(got, metadata), check_dtype=False)
+    if compression == "GZIP":
+        with gzip.open(paths[0]) as handle:
+            assert handle.read(1)  # a real gzip stream
+
+
+def _read_all(paths, groups, compression):
+    parts = [read_file(p, groups, compression) for p in paths]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def test_dataset_gives_dense_batches_under_long_names(job_output):
+    batches = list(tfrecord.dataset(job_output.output, batch_size=4096, split="train",
+                                    parallel_reads=1))
+    rows = job_output.metadata["split"]["rows"]["train"]
+    assert sum(int(b["label"].shape[0]) for b in batches) == rows
+    first = batches[0]
+    assert first["user_hist_items"].shape[1] == 10
+    assert first["item_id_te"].dtype == tf.float32 and first["user_id_cat"].dtype == tf.int64
+    numpy_rows = tfrecord.read_numpy(job_output.output, split="train")
+    assert np.array_equal(np.concatenate([b["item_id_cat"].numpy() for b in batches]),
+                          numpy_rows["item_id_cat"])
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 300, 2**35, 2**63 - 1, -1, -(2**63)])
+def test_varints_round_trip(value):
+    encoded, lengths = wire.encode_varints(np.array([value, 5], dtype=np.int64))
+    assert wire.decode_varints(encoded).tolist() == [value, 5]
+    assert lengths[0] == (10 if value < 0 else max(1, (value.bit_length() + 6) // 7))
+
+
+def _one_file(job_output) -> tuple[Path, list[Group]]:
+    section = job_output.metadata["tfrecord"]
+    groups = [Group.from_json(n, g) for n, g in section["groups"].items()]
+    return job_output.output / section["files"][0]["path"], groups
+
+
+def test_corrupt_and_truncated_files_name_file_and_offset(job_output, tmp_path):
+    path, groups = _one_file(job_output)
+    data = bytearray(path.read_bytes())
+    flipped = tmp_path / "flipped.tfrecord"
+    data[100] ^= 0xFF
+    flipped.write_bytes(bytes(data))
+    with pytest.raises(TFRecordCorruptError, match=r"flipped.tfrecord: corrupt .* at byte 0: "
+                                                   r"data CRC mismatch"):
+        read_file(flipped, groups)
+    truncated = tmp_path / "truncated.tfrecord"
+    truncated.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(TFRecordCorruptError, match="truncated record"):
+        read_file(truncated, groups)
+    # TensorFlow agrees that both are damaged.
+    for bad in (flipped, truncated):
+        with pytest.raises(tf.errors.DataLossError):
+            list(tf.data.TFRecordDataset(str(bad)))
+
+
+def test_failed_write_leaves_no_stray_files(spark, tmp_path):
+    frame = spark.createDataFrame([(str(i), "i", i, "not-a-number") for i in range(50)],
+                                  "user_id string, item_id string, ts long, bad string")
+    groups = [Group("c", "int64", ("bad",), 1)]
+    with pytest.raises(Exception, match=r"not-a-number|invalid literal|could not convert"):
+        write_split(frame, str(tmp_path / "out"), "train", groups, 8, "", ["user_id"])
+    leftovers = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
+    assert leftovers == []
