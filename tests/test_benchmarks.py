@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
@@ -29,3 +31,15 @@ def test_bench_etl_smoke(spark):
         assert entry["events_per_s"] > 0 and entry["job_vs_read_baseline"] > 0
         assert set(entry["stages_s"]) >= {"ingest", "features", "write_examples", "total"}
     assert first["cost_per_event_vs_smallest"] == 1.0
+
+
+def test_bench_tfrecord_smoke():
+    pytest.importorskip("tensorflow")
+    report = _load("bench_tfrecord").run(rows=3000, tf_rows=300)
+    json.dumps(report)
+    write, read = report["write"], report["read"]
+    assert write["tensorflow per-row path"]["rows_per_s"] > 0
+    # Prebatching and grouping shrink the files: fewer headers, no repeated long names.
+    assert (read["prebatched+grouped+short"]["bytes_per_row"]
+            < read["per example, per column, long names"]["bytes_per_row"])
+    assert write["ours_vs_tensorflow"] > 0 and read["full_vs_per_example_long_names"] > 0

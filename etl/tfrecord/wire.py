@@ -50,24 +50,24 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+_VARINT_THRESHOLDS = np.array([1 << shift for shift in range(7, 64, 7)], dtype=np.uint64)
+
+
 def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Varint bytes of every int64 (two's complement, as protobuf does) and each one's length."""
     unsigned = values.astype(np.int64, copy=False).view(np.uint64).ravel()
-    lengths = np.ones(unsigned.shape, dtype=np.int64)
-    for shift in range(7, 64, 7):
-        lengths += unsigned >= (np.uint64(1) << np.uint64(shift))
-    total = int(lengths.sum())
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    out = np.empty(total, dtype=np.uint8)
-    # Byte k of every value that has one: its 7-bit group, with the continuation bit set
-    # unless it is the value's last byte.
-    for k in range(int(lengths.max(initial=1))):
-        has = lengths > k
-        group = (unsigned[has] >> np.uint64(7 * k)) & np.uint64(0x7F)
-        more = (lengths[has] > k + 1).astype(np.uint64) << np.uint64(7)
-        out[starts[has] + k] = (group | more).astype(np.uint8)
-    return out, lengths
+    lengths = (np.searchsorted(_VARINT_THRESHOLDS, unsigned, side="right") + 1).astype(np.uint8)
+    width = int(lengths.max(initial=1))
+    if width <= 4:
+        unsigned = unsigned.astype(np.uint32)  # below 2**28: half-width arithmetic is faster
+    # Every value's bytes side by side, continuation bit set below its last byte; the bytes
+    # past a value's length are dropped by one boolean selection, which keeps stream order.
+    matrix = np.empty((unsigned.size, width), dtype=np.uint8)
+    for k in range(width):
+        group = ((unsigned >> (7 * k)) & 0x7F).astype(np.uint8)
+        matrix[:, k] = group | ((lengths > k + 1).view(np.uint8) << 7)
+    keep = lengths[:, None] > np.arange(width, dtype=np.uint8)[None, :]
+    return matrix[keep], lengths.astype(np.int64)
 
 
 def decode_varints(data: np.ndarray, where: str = "") -> np.ndarray:
@@ -102,9 +102,8 @@ def group_payloads(values: np.ndarray, rows_per_record: np.ndarray, width: int
     else:
         encoded, lengths = encode_varints(values)
         buffer = encoded.tobytes()
-        value_ends = np.cumsum(counts)
-        cumulative = np.concatenate(([0], np.cumsum(lengths)))
-        byte_counts = np.diff(np.concatenate(([0], cumulative[value_ends])))
+        record_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        byte_counts = np.add.reduceat(lengths, record_starts)
     offsets = np.concatenate(([0], np.cumsum(byte_counts)))
     return memoryview(buffer), offsets
 
