@@ -25,9 +25,9 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from etl.tfrecord import dataset  # noqa: E402
-from etl.tfrecord.layout import Group, build_layout  # noqa: E402
-from etl.tfrecord.records import encode  # noqa: E402
+from etl.tfrecord import dataset
+from etl.tfrecord.layout import Group, build_layout
+from etl.tfrecord.records import encode
 
 LABEL = {"name": "label", "short_name": "y", "dtype": "int64"}
 N_CATEGORICAL, N_CONTINUOUS, HISTORY = 6, 17, 10

@@ -142,7 +142,8 @@ def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlCo
     write_parquet(examples, path, files=None, partition_by=SPLIT)
 
 
-def _label_json() -> dict[str, Any]:
+def label_spec() -> dict[str, Any]:
+    """The label column as metadata.json and the TFRecord layout describe it."""
     return {"name": LABEL, "short_name": LABEL_SHORT_NAME, "dtype": "int64"}
 
 
@@ -151,7 +152,7 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
     """Encode the examples just written into prebatched TFRecords, one file per task."""
     options = config.tfrecord
     compression = "GZIP" if options.compression == "gzip" else ""
-    groups = build_layout([s.to_json() for s in specs], _label_json(),
+    groups = build_layout([s.to_json() for s in specs], label_spec(),
                           group_types=options.group_types, short_names=options.short_names)
     files = []
     for split in (TRAIN, VALID):
@@ -244,7 +245,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
         "rows": rows,
         "split": split,
         "keys": list(KEYS),
-        "label": {**_label_json(), "rule": str(config.label)},
+        "label": {**label_spec(), "rule": str(config.label)},
         "features": [s.to_json() for s in specs],
         "embedding_plan": embedding_plan(specs, config.embeddings),
         "entities": entities,

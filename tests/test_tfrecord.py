@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
 from etl import tfrecord  # noqa: E402
-from etl.job import KEYS, _label_json  # noqa: E402
+from etl.job import KEYS, label_spec  # noqa: E402
 from etl.tfrecord import wire  # noqa: E402
 from etl.tfrecord.layout import Group, build_layout  # noqa: E402
 from etl.tfrecord.records import TFRecordCorruptError, read_file  # noqa: E402
@@ -83,7 +83,7 @@ LAYOUTS = [
 @pytest.mark.parametrize(("prebatch", "grouped", "short", "compression"), LAYOUTS)
 def test_every_layout(spark, job_output, tmp_path, prebatch, grouped, short, compression):
     metadata = job_output.metadata
-    groups = build_layout(metadata["features"], _label_json(), group_types=grouped,
+    groups = build_layout(metadata["features"], label_spec(), group_types=grouped,
                           short_names=short)
     names = [g.name for g in groups]
     if short:
