@@ -103,7 +103,11 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
         raise NoInputError(f"{config.source.path}: the source holds no rows")
     write_parquet(ingest.quarantined(validated), staging / "quarantine")
     valid_rows = counts.pop(None, 0)
-    events = ingest.accepted(validated, config).dropDuplicates()
+    # Partition by user before removing duplicates: the user-scoped windows of the features
+    # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    events = (ingest.accepted(validated, config).repartition(partitions, "user_id")
+              .dropDuplicates())
     events = events.withColumn(LABEL, label_column(config.label, config))
     events = events.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(events)
