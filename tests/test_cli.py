@@ -85,3 +85,30 @@ def test_spark_submit_runs_the_same_job(small_log, tmp_path):
     assert "rows: read 6,000" in result.stdout
     metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
     assert metadata["rows"]["read"] == 6000
+
+
+def test_demo_command_runs_end_to_end(spark, tmp_path):
+    result = CliRunner().invoke(main, ["demo", "--out", str(tmp_path), "--events", "4000"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "rows: read 4,000 = accepted" in result.output
+    assert "tfrecord:" in result.output and "demo finished" in result.output
+    metadata = json.loads((tmp_path / "output" / "metadata.json").read_text())
+    assert sum(metadata["rows"]["quarantined"].values()) == 40 - metadata["rows"]["duplicates"]
+
+
+def test_csv_and_parquet_logs_through_the_whole_job(spark, tmp_path):
+    from etl.datagen import write_log
+
+    for fmt in ("csv", "parquet"):
+        log = write_log(tmp_path / f"events.{fmt}", events=3000, users=80, items=60, days=4,
+                        seed=5, bad_fraction=0.03, fmt=fmt)
+        out = tmp_path / f"out-{fmt}"
+        result = CliRunner().invoke(main, ["etl", "run", "--input", str(log.path),
+                                           "--output", str(out)], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        rows = json.loads((out / "metadata.json").read_text())["rows"]
+        bad = dict(log.bad_rows)
+        assert rows["duplicates"] == bad.pop("duplicate")
+        assert {k: v for k, v in rows["quarantined"].items() if v} == bad
+        assert rows["accepted"] == 3000 - sum(log.bad_rows.values())
