@@ -172,3 +172,41 @@ def test_failed_write_leaves_no_stray_files(spark, tmp_path):
         write_split(frame, str(tmp_path / "out"), "train", groups, 8, "", ["user_id"])
     leftovers = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert leftovers == []
+
+
+class _Attempt:
+    def __init__(self, attempt: int) -> None:
+        self.attempt = attempt
+
+    def partitionId(self) -> int:  # pyspark's TaskContext API
+        return 0
+
+    def attemptNumber(self) -> int:
+        return self.attempt
+
+
+def test_a_retried_task_leaves_one_file(tmp_path, monkeypatch):
+    """Attempt 0 dies half-way through its file; attempt 1 succeeds; only its file lands."""
+    import pyarrow as pa
+
+    from etl.tfrecord import writer as tfwriter
+
+    groups = [Group("c", "int64", ("x",), 1), Group("y", "int64", ("label",), 1)]
+    batch = pa.RecordBatch.from_pydict({"x": list(range(100)), "label": [1] * 100})
+    task = tfwriter.TaskWriter(str(tmp_path), "train", "job1", groups, 16, "")
+
+    def failing():
+        yield batch
+        raise RuntimeError("executor lost")
+
+    monkeypatch.setattr(tfwriter.TaskContext, "get", staticmethod(lambda: _Attempt(0)))
+    with pytest.raises(RuntimeError):
+        list(task(failing()))
+    monkeypatch.setattr(tfwriter.TaskContext, "get", staticmethod(lambda: _Attempt(1)))
+    results = [r for out in task(iter([batch])) for r in out.to_pylist()]
+    assert [r["path"].rsplit("-", 1)[-1] for r in results] == ["1.tfrecord"]
+    files = tfwriter.commit(str(tmp_path), "train", results, "")
+    tfwriter.abort(str(tmp_path), "job1")
+    on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert on_disk == ["train/part-00000.tfrecord"] == [f["path"] for f in files]
+    assert read_file(tmp_path / files[0]["path"], groups)["x"].tolist() == list(range(100))

@@ -117,23 +117,36 @@ def write_split(frame: DataFrame, root: str, split: str, groups: list[Group],
     so one prebatched record mixes users and items as a training batch should.
     """
     job_id = job_id or uuid.uuid4().hex[:12]
-    filesystem, base = _filesystem(root)
     writer = TaskWriter(root, split, job_id, groups, prebatch_size, compression)
     columns = [c for g in groups for c in g.columns]
     ordered = frame.sortWithinPartitions(F.xxhash64(*shuffle_keys)).select(*columns)
     try:
         results = ordered.mapInArrow(writer, RESULT_SCHEMA).collect()
-        filesystem.create_dir(f"{base}/{split}", recursive=True)
-        files = []
-        for result in sorted(results, key=lambda r: r["partition"]):
-            name = f"{split}/part-{result['partition']:05d}{file_suffix(compression)}"
-            filesystem.move(result["path"], f"{base}/{name}")
-            files.append({"path": name, "split": split, "rows": result["rows"]})
-        return files
+        return commit(root, split, [r.asDict() for r in results], compression)
     finally:
-        filesystem.delete_dir_contents(f"{base}/{TEMPORARY}/{job_id}", missing_dir_ok=True)
-        _remove_if_empty(filesystem, f"{base}/{TEMPORARY}/{job_id}")
-        _remove_if_empty(filesystem, f"{base}/{TEMPORARY}")
+        abort(root, job_id)
+
+
+def commit(root: str, split: str, results: list[dict[str, Any]], compression: str
+           ) -> list[dict[str, Any]]:
+    """Move the files of the attempts Spark returned into place; any other attempt's file
+    (a failed or speculative duplicate) stays in ``_temporary`` for :func:`abort`."""
+    filesystem, base = _filesystem(root)
+    filesystem.create_dir(f"{base}/{split}", recursive=True)
+    files = []
+    for result in sorted(results, key=lambda r: r["partition"]):
+        name = f"{split}/part-{result['partition']:05d}{file_suffix(compression)}"
+        filesystem.move(result["path"], f"{base}/{name}")
+        files.append({"path": name, "split": split, "rows": result["rows"]})
+    return files
+
+
+def abort(root: str, job_id: str) -> None:
+    """Remove what the job's tasks left in ``_temporary``."""
+    filesystem, base = _filesystem(root)
+    filesystem.delete_dir_contents(f"{base}/{TEMPORARY}/{job_id}", missing_dir_ok=True)
+    _remove_if_empty(filesystem, f"{base}/{TEMPORARY}/{job_id}")
+    _remove_if_empty(filesystem, f"{base}/{TEMPORARY}")
 
 
 def _remove_if_empty(filesystem: pafs.FileSystem, path: str) -> None:
