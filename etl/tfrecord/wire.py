@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 
 import crc32c
+import numba
 import numpy as np
 
 _MASK_DELTA = 0xA282EAD8
@@ -50,24 +51,43 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-_VARINT_THRESHOLDS = np.array([1 << shift for shift in range(7, 64, 7)], dtype=np.uint64)
+@numba.njit(cache=True, nogil=True)
+def _varint_lengths(unsigned: np.ndarray) -> np.ndarray:
+    lengths = np.empty(unsigned.size, dtype=np.int64)
+    for i in range(unsigned.size):
+        value = unsigned[i]
+        length = 1
+        while value >= 0x80:
+            value >>= np.uint64(7)
+            length += 1
+        lengths[i] = length
+    return lengths
+
+
+@numba.njit(cache=True, nogil=True)
+def _write_varints(unsigned: np.ndarray, total: int) -> np.ndarray:
+    out = np.empty(total, dtype=np.uint8)
+    position = 0
+    for i in range(unsigned.size):
+        value = unsigned[i]
+        while value >= 0x80:
+            out[position] = np.uint8((value & np.uint64(0x7F)) | np.uint64(0x80))
+            value >>= np.uint64(7)
+            position += 1
+        out[position] = np.uint8(value)
+        position += 1
+    return out
 
 
 def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Varint bytes of every int64 (two's complement, as protobuf does) and each one's length."""
-    unsigned = values.astype(np.int64, copy=False).view(np.uint64).ravel()
-    lengths = (np.searchsorted(_VARINT_THRESHOLDS, unsigned, side="right") + 1).astype(np.uint8)
-    width = int(lengths.max(initial=1))
-    if width <= 4:
-        unsigned = unsigned.astype(np.uint32)  # below 2**28: half-width arithmetic is faster
-    # Every value's bytes side by side, continuation bit set below its last byte; the bytes
-    # past a value's length are dropped by one boolean selection, which keeps stream order.
-    matrix = np.empty((unsigned.size, width), dtype=np.uint8)
-    for k in range(width):
-        group = ((unsigned >> (7 * k)) & 0x7F).astype(np.uint8)
-        matrix[:, k] = group | ((lengths > k + 1).view(np.uint8) << 7)
-    keep = lengths[:, None] > np.arange(width, dtype=np.uint8)[None, :]
-    return matrix[keep], lengths.astype(np.int64)
+    """Varint bytes of every int64 (two's complement, as protobuf does) and each one's length.
+
+    Compiled with numba: a byte loop per value, which numpy can only express as several
+    passes over the whole array.
+    """
+    unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64).ravel()
+    lengths = _varint_lengths(unsigned)
+    return _write_varints(unsigned, int(lengths.sum())), lengths
 
 
 def decode_varints(data: np.ndarray, where: str = "") -> np.ndarray:
