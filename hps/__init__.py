@@ -1,1 +1,6 @@
-"""Hierarchical embedding parameter server: GPU/CPU cache → volatile store → RocksDB."""
+"""Hierarchical embedding parameter server: L1 cache (GPU via CuPy, or numpy) → L2 volatile
+store (in-process hash map) → L3 persistent store (RocksDB) → the table's default vector."""
+
+from hps.server import ParameterServer
+
+__all__ = ["ParameterServer"]

@@ -1,0 +1,99 @@
+"""The embedding cache (L1): a fixed share of a table in GPU memory (CuPy), or host memory.
+
+``EmbeddingCache`` is the interface. ``HostCache`` keeps vectors in numpy; ``GpuCache`` in
+CuPy device memory (imported only when asked for, so machines without a GPU never load
+it). ``make_cache(device="auto")`` picks the GPU when CuPy sees one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Literal
+
+import numpy as np
+
+from hps.slots import SlotIndex
+
+Device = Literal["auto", "cpu", "gpu"]
+
+
+class EmbeddingCache(ABC):
+    device: str
+
+    def __init__(self, capacity: int, dim: int) -> None:
+        self.capacity = capacity
+        self.dim = dim
+        self.index = SlotIndex(capacity, "evict_least_used")
+
+    @abstractmethod
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(hit mask, host vectors) for unique ``keys``; rows of misses are zeros."""
+
+    @abstractmethod
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Cache unique ``keys`` (evicting the least used when full)."""
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+class HostCache(EmbeddingCache):
+    device = "cpu"
+
+    def __init__(self, capacity: int, dim: int) -> None:
+        super().__init__(capacity, dim)
+        self._vectors = np.zeros((capacity, dim), dtype=np.float32)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        slots = self.index.find(keys)
+        hit = slots >= 0
+        vectors = np.zeros((len(keys), self.dim), dtype=np.float32)
+        vectors[hit] = self._vectors[slots[hit]]
+        return hit, vectors
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        slots = self.index.assign(keys)
+        placed = slots >= 0
+        self._vectors[slots[placed]] = vectors[placed]
+
+
+class GpuCache(EmbeddingCache):
+    device = "gpu"
+
+    def __init__(self, capacity: int, dim: int) -> None:
+        import cupy
+
+        super().__init__(capacity, dim)
+        self._cupy: Any = cupy
+        self._vectors = cupy.zeros((capacity, dim), dtype=cupy.float32)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        slots = self.index.find(keys)
+        hit = slots >= 0
+        vectors = np.zeros((len(keys), self.dim), dtype=np.float32)
+        if hit.any():
+            gathered = self._vectors[self._cupy.asarray(slots[hit])]
+            vectors[hit] = self._cupy.asnumpy(gathered)
+        return hit, vectors
+
+    def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        slots = self.index.assign(keys)
+        placed = slots >= 0
+        if placed.any():
+            self._vectors[self._cupy.asarray(slots[placed])] = self._cupy.asarray(
+                vectors[placed])
+
+
+def gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device: all mean "no GPU here"
+        return False
+
+
+def make_cache(capacity: int, dim: int, device: Device = "auto") -> EmbeddingCache:
+    if device == "gpu" or (device == "auto" and gpu_available()):
+        return GpuCache(capacity, dim)
+    return HostCache(capacity, dim)

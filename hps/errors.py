@@ -1,0 +1,32 @@
+"""Typed errors of the parameter server; each names the model, table or file at fault."""
+
+from __future__ import annotations
+
+from etl.errors import FeaturelineError
+
+
+class TableFileError(FeaturelineError):
+    """An embedding file that cannot be imported: wrong size, wrong dim, duplicates, empty."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {reason}")
+
+
+class UnknownModelError(FeaturelineError, KeyError):
+    def __init__(self, model: str, known: list[str]) -> None:
+        self.model = model
+        super().__init__(f"unknown model {model!r} (models: {', '.join(known) or 'none'})")
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class UnknownTableError(FeaturelineError, KeyError):
+    def __init__(self, model: str, table: str, known: list[str]) -> None:
+        self.model = model
+        self.table = table
+        super().__init__(f"model {model!r} has no table {table!r} (tables: {', '.join(known)})")
+
+    def __str__(self) -> str:
+        return self.args[0]

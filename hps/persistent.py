@@ -1,0 +1,102 @@
+"""The persistent database (L3): every key of every table, on disk.
+
+``PersistentStore`` is the interface; ``RocksDBStore`` (rocksdict) keeps one column family
+per ``model/table``, int64 keys as 8 big-endian bytes, vectors as raw float32 bytes.
+"""
+
+from __future__ import annotations
+
+import gc
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import numpy as np
+from rocksdict import Options, Rdict, WriteBatch
+
+WRITE_BATCH_ROWS = 100_000
+
+
+class PersistentStore(ABC):
+    @abstractmethod
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Insert or overwrite ``keys``."""
+
+    @abstractmethod
+    def lookup(self, table: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        """(found mask, vectors) for ``keys``; rows of missing keys are zeros."""
+
+    @abstractmethod
+    def size(self, table: str) -> int:
+        """Keys stored for ``table``."""
+
+    def close(self) -> None:  # noqa: B027 - stores without resources need nothing
+        """Release files and handles."""
+
+
+def _key_bytes(keys: np.ndarray) -> list[bytes]:
+    raw = np.ascontiguousarray(keys, dtype=">i8").tobytes()
+    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+
+class RocksDBStore(PersistentStore):
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        existing = Rdict.list_cf(str(self.path), options) if (self.path / "CURRENT").exists() \
+            else ["default"]
+        families = {name: Options(raw_mode=True) for name in existing if name != "default"}
+        self._db = Rdict(str(self.path), options=options, column_families=families or None)
+        self._families = {name: self._db.get_column_family(name) for name in families}
+        self._sizes: dict[str, int] = {}
+
+    def _family(self, table: str) -> Rdict:
+        if table not in self._families:
+            self._db.create_column_family(table, Options(raw_mode=True))
+            self._families[table] = self._db.get_column_family(table)
+        return self._families[table]
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        self._family(table)
+        handle = self._db.get_column_family_handle(table)
+        values = np.ascontiguousarray(vectors, dtype="<f4")
+        row_bytes = values.shape[1] * 4
+        for start in range(0, len(keys), WRITE_BATCH_ROWS):
+            stop = min(start + WRITE_BATCH_ROWS, len(keys))
+            raw = values[start:stop].tobytes()
+            batch = WriteBatch(raw_mode=True)
+            for index, key in enumerate(_key_bytes(keys[start:stop])):
+                batch.put(key, raw[index * row_bytes:(index + 1) * row_bytes], handle)
+            self._db.write(batch)
+        self._sizes.pop(table, None)
+
+    def lookup(self, table: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        found = np.zeros(len(keys), dtype=bool)
+        vectors = np.zeros((len(keys), dim), dtype=np.float32)
+        if table not in self._families or not len(keys):
+            return found, vectors
+        for index, value in enumerate(self._families[table].get(_key_bytes(keys))):
+            if value is not None:
+                found[index] = True
+                vectors[index] = np.frombuffer(value, dtype="<f4")
+        return found, vectors
+
+    def size(self, table: str) -> int:
+        if table not in self._families:
+            return 0
+        if table not in self._sizes:
+            iterator = self._families[table].iter()
+            iterator.seek_to_first()
+            count = 0
+            while iterator.valid():
+                count += 1
+                iterator.next()
+            del iterator
+            self._sizes[table] = count
+        return self._sizes[table]
+
+    def close(self) -> None:
+        self._families.clear()
+        gc.collect()  # column-family objects hold the database lock until collected
+        self._db.close()

@@ -1,0 +1,157 @@
+"""``ParameterServer``: lookups that cascade L1 cache → L2 volatile → L3 persistent → default.
+
+Missed keys found lower down are inserted into the tiers above them before the lookup
+returns. Lookups of one table are serialised by a lock, so a reader never sees a vector
+half-written by an insertion.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hps.cache import EmbeddingCache, make_cache
+from hps.config import HpsConfig, TableConfig, load_hps_config
+from hps.errors import UnknownModelError, UnknownTableError
+from hps.formats import read_table
+from hps.persistent import PersistentStore, RocksDBStore
+from hps.volatile import HashMapStore, VolatileStore
+
+TIERS = ("l1", "l2", "l3", "default")
+# Upper bounds (seconds) of the lookup latency histogram buckets, Prometheus style.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                   0.25, 1.0, math.inf)
+
+
+@dataclass
+class TableStats:
+    """Keys answered by each tier, and the lookup latency histogram."""
+
+    answered: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
+    latency_counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
+    lookups: int = 0
+
+    def hit_rate(self, tier: str = "l1") -> float:
+        total = sum(self.answered.values())
+        return self.answered[tier] / total if total else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lookups": self.lookups, "keys_by_tier": dict(self.answered),
+                "l1_hit_rate": self.hit_rate("l1"),
+                "latency_buckets_s": [str(b) for b in LATENCY_BUCKETS],
+                "latency_counts": list(self.latency_counts)}
+
+
+@dataclass
+class Table:
+    model: str
+    config: TableConfig
+    cache: EmbeddingCache
+    size: int
+    stats: TableStats = field(default_factory=TableStats)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.config.name}"
+
+
+class ParameterServer:
+    def __init__(self, config: HpsConfig, persistent: PersistentStore | None = None,
+                 volatile: VolatileStore | None = None) -> None:
+        self.config = config
+        self.persistent = persistent or RocksDBStore(config.persistent_db.path)
+        self.volatile = volatile or HashMapStore(config.volatile_db.capacity,
+                                                 config.volatile_db.overflow_policy)
+        self.tables: dict[str, dict[str, Table]] = {}
+        for model in config.models:
+            self.tables[model.name] = {}
+            for table_config in model.tables:
+                self.tables[model.name][table_config.name] = self._load(
+                    model.name, table_config, model.cache_fraction)
+
+    @classmethod
+    def from_config(cls, path: str | Path) -> ParameterServer:
+        return cls(load_hps_config(path))
+
+    def _load(self, model: str, config: TableConfig, cache_fraction: float) -> Table:
+        key = f"{model}/{config.name}"
+        if config.source is not None and self.persistent.size(key) == 0:
+            keys, vectors = read_table(config.source, config.format, config.dim)
+            self.persistent.insert(key, keys, vectors)
+            warm = int(len(keys) * self.config.volatile_db.initial_cache_rate)
+            if warm:
+                self.volatile.insert(key, keys[:warm], vectors[:warm])
+        size = self.persistent.size(key)
+        capacity = max(1, math.ceil(size * cache_fraction))
+        cache = make_cache(capacity, config.dim, self.config.cache_device)
+        return Table(model, config, cache, size)
+
+    def table(self, model: str, table: str) -> Table:
+        if model not in self.tables:
+            raise UnknownModelError(model, list(self.tables))
+        if table not in self.tables[model]:
+            raise UnknownTableError(model, table, list(self.tables[model]))
+        return self.tables[model][table]
+
+    def lookup(self, model: str, table: str, keys: np.ndarray | list[int]) -> np.ndarray:
+        """Vectors of ``keys`` in request order, shape ``[len(keys), dim]``; duplicates and
+        unknown keys allowed (unknown ones get the table's default vector)."""
+        entry = self.table(model, table)
+        started = time.perf_counter()
+        keys = np.asarray(keys, dtype=np.int64).ravel()
+        unique, inverse = np.unique(keys, return_inverse=True)
+        dim = entry.config.dim
+        with entry.lock:
+            vectors = np.full((len(unique), dim), entry.config.default_value, dtype=np.float32)
+            hit1, from_cache = entry.cache.lookup(unique)
+            vectors[hit1] = from_cache[hit1]
+            missing = ~hit1
+            found2 = np.zeros(len(unique), dtype=bool)
+            found3 = np.zeros(len(unique), dtype=bool)
+            if missing.any():
+                want = unique[missing]
+                hit2, from_volatile = self.volatile.lookup(entry.key, want, dim)
+                found2[missing] = hit2
+                vectors[found2] = from_volatile[hit2]
+                still = missing & ~found2
+                if still.any():
+                    hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
+                    found3[still] = hit3
+                    vectors[found3] = from_disk[hit3]
+                    if hit3.any():
+                        self.volatile.insert(entry.key, unique[found3], vectors[found3])
+                upper = found2 | found3
+                if upper.any():
+                    entry.cache.insert(unique[upper], vectors[upper])
+            self._record(entry.stats, keys, inverse, hit1, found2, found3,
+                         time.perf_counter() - started)
+        return vectors[inverse]
+
+    @staticmethod
+    def _record(stats: TableStats, keys: np.ndarray, inverse: np.ndarray, hit1: np.ndarray,
+                found2: np.ndarray, found3: np.ndarray, seconds: float) -> None:
+        per_key = np.select([hit1, found2, found3], [0, 1, 2], default=3)[inverse]
+        counts = np.bincount(per_key, minlength=4)
+        for tier, count in zip(TIERS, counts, strict=True):
+            stats.answered[tier] += int(count)
+        stats.lookups += 1
+        bucket = next(i for i, bound in enumerate(LATENCY_BUCKETS) if seconds <= bound)
+        stats.latency_counts[bucket] += 1
+
+    def stats(self) -> dict[str, Any]:
+        return {model: {name: {"dim": t.config.dim, "keys": t.size,
+                               "cache": {"device": t.cache.device, "capacity": t.cache.capacity,
+                                         "held": len(t.cache)},
+                               **t.stats.to_json()}
+                        for name, t in tables.items()}
+                for model, tables in self.tables.items()}
+
+    def close(self) -> None:
+        self.persistent.close()

@@ -1,0 +1,200 @@
+"""The parameter server on real RocksDB: exactness, the cascade, eviction, files."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from hps import ParameterServer
+from hps.cache import GpuCache, HostCache, gpu_available
+from hps.config import HpsConfig, load_hps_config
+from hps.errors import TableFileError, UnknownModelError, UnknownTableError
+from hps.formats import read_hugectr, read_npy, read_parquet, write_hugectr
+from hps.slots import SlotIndex
+
+DIM = 8
+
+
+def _table(n: int = 1000, dim: int = DIM, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(10**12, size=n, replace=False).astype(np.int64)
+    return keys, rng.standard_normal((n, dim)).astype(np.float32)
+
+
+def _server(tmp_path, keys, vectors, **overrides) -> ParameterServer:
+    write_hugectr(tmp_path / "model" / "items", keys, vectors)
+    model = {"name": "ranker", "cache_fraction": overrides.pop("cache_fraction", 0.5),
+             "tables": [{"name": "items", "dim": DIM, "source": str(tmp_path / "model" / "items"),
+                         "default_value": 0.5}]}
+    config = {"models": [model], "persistent_db": {"path": str(tmp_path / "rocks")},
+              "cache_device": "cpu", **overrides}
+    return ParameterServer(HpsConfig.model_validate(config))
+
+
+def test_every_vector_equals_its_source_row_and_unknown_keys_get_the_default(tmp_path):
+    keys, vectors = _table()
+    server = _server(tmp_path, keys, vectors)
+    order = np.random.default_rng(1).permutation(len(keys))
+    request = np.concatenate([keys[order], keys[:10], [-5, 7]])  # duplicates and unknowns
+    for _ in range(2):  # cold (from RocksDB), then warm (from the caches)
+        got = server.lookup("ranker", "items", request)
+        np.testing.assert_array_equal(got[: len(keys)], vectors[order])
+        np.testing.assert_array_equal(got[len(keys):-2], vectors[:10])
+        assert (got[-2:] == 0.5).all()
+    server.close()
+
+
+def test_the_cascade_with_small_tiers(tmp_path):
+    keys, vectors = _table(n=400)
+    server = _server(tmp_path, keys, vectors, cache_fraction=0.05,
+                     volatile_db={"capacity": 100, "overflow_policy": "evict_oldest"})
+    table = server.table("ranker", "items")
+    assert table.cache.capacity == 20
+    first = keys[:20]
+    server.lookup("ranker", "items", first)
+    assert table.stats.answered == {"l1": 0, "l2": 0, "l3": 20, "default": 0}
+    server.lookup("ranker", "items", first)
+    assert table.stats.answered["l1"] == 20
+    # 200 more keys: the cache and the hash map overflow, the answers stay exact.
+    got = server.lookup("ranker", "items", keys[20:220])
+    np.testing.assert_array_equal(got, vectors[20:220])
+    assert len(table.cache) == 20 and server.volatile.size(table.key) == 100
+    # The first keys were evicted from L1 and L2 (oldest first): back from RocksDB.
+    before = table.stats.answered["l3"]
+    np.testing.assert_array_equal(server.lookup("ranker", "items", first), vectors[:20])
+    assert table.stats.answered["l3"] == before + 20
+    stats = server.stats()["ranker"]["items"]
+    assert stats["keys"] == 400 and sum(stats["latency_counts"]) == stats["lookups"] == 4
+    server.close()
+
+
+def test_initial_cache_rate_fills_the_volatile_store(tmp_path):
+    keys, vectors = _table(n=100)
+    server = _server(tmp_path, keys, vectors, volatile_db={"initial_cache_rate": 0.3})
+    table = server.table("ranker", "items")
+    assert server.volatile.size(table.key) == 30
+    server.lookup("ranker", "items", keys[:30])
+    assert table.stats.answered["l2"] == 30
+    server.close()
+
+
+def test_rocksdb_keeps_the_tables_across_restarts(tmp_path):
+    keys, vectors = _table(n=50)
+    _server(tmp_path, keys, vectors).close()
+    config = HpsConfig.model_validate({
+        "models": [{"name": "ranker", "tables": [{"name": "items", "dim": DIM}]}],
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"})
+    server = ParameterServer(config)
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys), vectors)
+    server.close()
+
+
+def test_unknown_model_and_table(tmp_path):
+    keys, vectors = _table(n=10)
+    server = _server(tmp_path, keys, vectors)
+    with pytest.raises(UnknownModelError, match="'nope'"):
+        server.lookup("nope", "items", keys)
+    with pytest.raises(UnknownTableError, match="no table 'users'"):
+        server.lookup("ranker", "users", keys)
+    server.close()
+
+
+def test_concurrent_lookups_never_mix_vectors(tmp_path):
+    keys, vectors = _table(n=2000)
+    server = _server(tmp_path, keys, vectors, cache_fraction=0.05,
+                     volatile_db={"capacity": 300})
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(30):
+            pick = rng.integers(0, len(keys), 256)
+            if not np.array_equal(server.lookup("ranker", "items", keys[pick]), vectors[pick]):
+                errors.append(f"thread {seed}")
+
+    threads = [threading.Thread(target=reader, args=(s,)) for s in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    server.close()
+
+
+def test_hugectr_round_trip_and_other_formats(tmp_path):
+    keys, vectors = _table(n=30)
+    write_hugectr(tmp_path / "sparse", keys, vectors)
+    assert (tmp_path / "sparse" / "key").stat().st_size == 30 * 8
+    got_keys, got_vectors = read_hugectr(tmp_path / "sparse", DIM)
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_vectors, vectors)
+    np.save(tmp_path / "k.npy", keys)
+    np.save(tmp_path / "v.npy", vectors)
+    np.testing.assert_array_equal(read_npy(tmp_path / "k.npy", tmp_path / "v.npy", DIM)[1],
+                                  vectors)
+    pq.write_table(pa.table({"key": keys, "vector": list(vectors)}), tmp_path / "t.parquet")
+    np.testing.assert_array_equal(read_parquet(tmp_path / "t.parquet", DIM)[0], keys)
+
+
+def test_bad_files_name_the_file(tmp_path):
+    keys, vectors = _table(n=10)
+    folder = tmp_path / "sparse"
+    write_hugectr(folder, keys, vectors)
+    with pytest.raises(TableFileError, match=r"emb_vector: .* is not a whole number"):
+        read_hugectr(folder, 7)
+    with pytest.raises(TableFileError, match="10 keys but 5 vectors"):
+        read_hugectr(folder, 16)
+    (folder / "key").write_bytes((folder / "key").read_bytes()[:-3])
+    with pytest.raises(TableFileError, match="key: 77 bytes"):
+        read_hugectr(folder, DIM)
+    write_hugectr(folder, np.array([1, 1, 2]), np.zeros((3, DIM), np.float32))
+    with pytest.raises(TableFileError, match=r"duplicate keys, e.g. \[1\]"):
+        read_hugectr(folder, DIM)
+    write_hugectr(folder, np.array([], np.int64), np.zeros((0, DIM), np.float32))
+    with pytest.raises(TableFileError, match="empty"):
+        read_hugectr(folder, DIM)
+    with pytest.raises(TableFileError, match="missing"):
+        read_hugectr(tmp_path / "nowhere", DIM)
+
+
+@pytest.mark.parametrize(("policy", "survivor"), [("evict_oldest", 3), ("evict_least_used", 1)])
+def test_overflow_policies(policy, survivor):
+    index = SlotIndex(3, policy)
+    index.assign(np.array([1, 2, 3]))
+    for _ in range(3):
+        index.find(np.array([1]))  # key 1 is the most used
+    index.assign(np.array([4, 5]))  # two must go
+    held = {k for k in (1, 2, 3, 4, 5) if index.find(np.array([k]))[0] >= 0}
+    assert {4, 5} <= held and survivor in held and len(held) == 3
+
+
+def test_config_file_and_errors(tmp_path):
+    path = tmp_path / "hps.yaml"
+    path.write_text("hps:\n  models:\n    - name: m\n      tables: [{name: t, dim: 4}]\n")
+    assert load_hps_config(path).models[0].tables[0].dim == 4
+    path.write_text("hps:\n  models:\n    - name: m\n      tables: [{name: t, dim: 0}]\n")
+    with pytest.raises(Exception, match=r"hps.models.0.tables.0.dim"):
+        load_hps_config(path)
+
+
+def test_host_cache_is_the_fallback_without_a_gpu():
+    assert isinstance(HostCache(4, 2), HostCache)
+    if not gpu_available():
+        from hps.cache import make_cache
+
+        assert make_cache(4, 2).device == "cpu"
+
+
+@pytest.mark.gpu
+def test_gpu_cache_matches_host_cache():
+    keys, vectors = _table(n=500)
+    gpu, host = GpuCache(200, DIM), HostCache(200, DIM)
+    for cache in (gpu, host):
+        cache.insert(keys[:300], vectors[:300])
+    for (hit_a, got_a), (hit_b, got_b) in [(gpu.lookup(keys), host.lookup(keys))]:
+        np.testing.assert_array_equal(hit_a, hit_b)
+        np.testing.assert_array_equal(got_a, got_b)
