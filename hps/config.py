@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +35,9 @@ class ModelConfig(_Model):
     tables: list[TableConfig] = Field(min_length=1)
     # Share of each table the L1 cache holds (HugeCTR's gpucacheper).
     cache_fraction: float = Field(default=0.5, gt=0, le=1)
+    # Below this running L1 hit rate, missed keys are inserted into the upper tiers before
+    # the lookup returns; above it, in the background (HugeCTR's hit_rate_threshold).
+    hit_rate_threshold: float = Field(default=0.9, ge=0, le=1)
 
 
 class VolatileDbConfig(_Model):
@@ -56,15 +61,102 @@ class HpsConfig(_Model):
 
 
 def load_hps_config(path: str | Path) -> HpsConfig:
-    """A YAML file holding the HPS settings, at its top level or under ``hps:``."""
+    """Our YAML (settings at the top level or under ``hps:``), or HugeCTR's ``ps.json``."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError("hps", f"no such file: {path}")
+    if path.suffix == ".json":
+        return from_hugectr(json.loads(path.read_text()), origin=str(path))
     data = yaml.safe_load(path.read_text()) or {}
     data = data.get("hps", data) if isinstance(data, dict) else data
+    return _validated(data, path)
+
+
+def _validated(data: Any, path: Path | str) -> HpsConfig:
     try:
         return HpsConfig.model_validate(data)
     except ValidationError as exc:
         error = exc.errors()[0]
         key = ".".join(str(p) for p in ("hps", *error["loc"]))
         raise ConfigError(key, f"{error['msg']} (in {path})") from None
+
+
+logger = logging.getLogger("featureline.hps")
+
+# HugeCTR ps.json fields that configure its inference engine, not the parameter server.
+_HUGECTR_ENGINE_FIELDS = {
+    "dense_file", "network_file", "num_of_worker_buffer_in_pool", "deployed_device_list",
+    "max_batch_size", "maxnum_catfeature_query_per_table_per_sample", "gpucache",
+    "maxnum_des_feature_per_sample", "embedding_cache_type", "use_context_stream", "label_dim",
+    "slot_num", "cat_feature_num", "i64_input_key", "use_static_table", "freeze_sparse",
+}
+_HUGECTR_MODEL_FIELDS = {"model", "sparse_files", "embedding_table_names",
+                         "embedding_vecsize_per_table", "default_value_for_each_table",
+                         "gpucacheper", "hit_rate_threshold"}
+_HUGECTR_VOLATILE = {"hash_map": "hash_map", "parallel_hash_map": "hash_map"}
+_HUGECTR_POLICIES = {"evict_oldest": "evict_oldest", "evict_random": "evict_random",
+                     "evict_least_used": "evict_least_used"}
+
+
+def _ignored(fields: set[str], where: str) -> None:
+    for name in sorted(fields):
+        if name in _HUGECTR_ENGINE_FIELDS:
+            logger.warning("%s.%s: configures HugeCTR's inference engine; ignored", where, name)
+        else:
+            logger.warning("%s.%s: unknown field; ignored", where, name)
+
+
+def from_hugectr(data: dict[str, Any], origin: str = "ps.json") -> HpsConfig:
+    """HugeCTR HPS's ``ps.json``, for the fields this server supports.
+
+    Inference-engine fields are ignored with a warning naming them; a setting this server
+    cannot honour (a Redis cluster volatile database, say) is a :class:`ConfigError`.
+    """
+    models = []
+    for index, model in enumerate(data.get("models", [])):
+        where = f"models[{index}]"
+        _ignored(set(model) - _HUGECTR_MODEL_FIELDS, where)
+        files = model.get("sparse_files", [])
+        names = model.get("embedding_table_names") or [f"sparse_embedding{i}"
+                                                       for i in range(len(files))]
+        dims = model.get("embedding_vecsize_per_table", [])
+        defaults = model.get("default_value_for_each_table", [0.0] * len(files))
+        if not (len(files) == len(names) == len(dims) == len(defaults)):
+            raise ConfigError(f"{where}.sparse_files", "sparse_files, embedding_table_names, "
+                              "embedding_vecsize_per_table and default_value_for_each_table "
+                              f"must have one entry per table (in {origin})")
+        models.append({
+            "name": model.get("model"),
+            "cache_fraction": model.get("gpucacheper", 0.5),
+            "hit_rate_threshold": model.get("hit_rate_threshold", 0.9),
+            "tables": [{"name": n, "dim": d, "source": f, "format": "hugectr",
+                        "default_value": v}
+                       for f, n, d, v in zip(files, names, dims, defaults, strict=True)],
+        })
+    config: dict[str, Any] = {"models": models}
+    volatile = data.get("volatile_db")
+    if volatile:
+        kind = volatile.get("type", "hash_map")
+        if kind not in _HUGECTR_VOLATILE:
+            raise ConfigError("volatile_db.type", f"{kind!r} is not supported yet (supported: "
+                              f"{', '.join(_HUGECTR_VOLATILE)}) (in {origin})")
+        policy = volatile.get("overflow_policy", "evict_oldest")
+        config["volatile_db"] = {
+            "type": _HUGECTR_VOLATILE[kind],
+            "overflow_policy": _HUGECTR_POLICIES.get(policy, policy),
+            "initial_cache_rate": volatile.get("initial_cache_rate", 0.0),
+            **({"capacity": volatile["overflow_margin"]} if "overflow_margin" in volatile
+               else {}),
+        }
+        _ignored(set(volatile) - {"type", "overflow_policy", "initial_cache_rate",
+                                  "overflow_margin"}, "volatile_db")
+    persistent = data.get("persistent_db")
+    if persistent:
+        if persistent.get("type", "rocks_db") not in {"rocks_db", "rocksdb"}:
+            raise ConfigError("persistent_db.type", f"{persistent['type']!r} is not supported "
+                              f"(supported: rocks_db) (in {origin})")
+        config["persistent_db"] = {"type": "rocksdb", **(
+            {"path": persistent["path"]} if "path" in persistent else {})}
+        _ignored(set(persistent) - {"type", "path"}, "persistent_db")
+    _ignored(set(data) - {"models", "volatile_db", "persistent_db", "supportlonglong"}, "ps.json")
+    return _validated(config, origin)

@@ -1,15 +1,19 @@
 """``ParameterServer``: lookups that cascade L1 cache → L2 volatile → L3 persistent → default.
 
-Missed keys found lower down are inserted into the tiers above them before the lookup
-returns. Lookups of one table are serialised by a lock, so a reader never sees a vector
+Missed keys found lower down are inserted into the tiers above them — before the lookup
+returns while the table's running L1 hit rate is below ``hit_rate_threshold``, in a
+background thread above it (HugeCTR's policy: a warm cache answers at once). Lookups and
+insertions of one table are serialised by a lock, so a reader never sees a vector
 half-written by an insertion.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,19 +27,27 @@ from hps.formats import read_table
 from hps.persistent import PersistentStore, RocksDBStore
 from hps.volatile import HashMapStore, VolatileStore
 
+logger = logging.getLogger("featureline.hps")
+
 TIERS = ("l1", "l2", "l3", "default")
 # Upper bounds (seconds) of the lookup latency histogram buckets, Prometheus style.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                    0.25, 1.0, math.inf)
 
 
+# Weight of the newest lookup in the running L1 hit rate.
+HIT_RATE_SMOOTHING = 0.1
+
+
 @dataclass
 class TableStats:
-    """Keys answered by each tier, and the lookup latency histogram."""
+    """Keys answered by each tier, insertions by mode, and the lookup latency histogram."""
 
     answered: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     latency_counts: list[int] = field(default_factory=lambda: [0] * len(LATENCY_BUCKETS))
     lookups: int = 0
+    running_hit_rate: float = 0.0
+    insertions: dict[str, int] = field(default_factory=lambda: {"sync": 0, "async": 0})
 
     def hit_rate(self, tier: str = "l1") -> float:
         total = sum(self.answered.values())
@@ -43,7 +55,8 @@ class TableStats:
 
     def to_json(self) -> dict[str, Any]:
         return {"lookups": self.lookups, "keys_by_tier": dict(self.answered),
-                "l1_hit_rate": self.hit_rate("l1"),
+                "l1_hit_rate": self.hit_rate("l1"), "running_l1_hit_rate": self.running_hit_rate,
+                "insertions": dict(self.insertions),
                 "latency_buckets_s": [str(b) for b in LATENCY_BUCKETS],
                 "latency_counts": list(self.latency_counts)}
 
@@ -54,6 +67,7 @@ class Table:
     config: TableConfig
     cache: EmbeddingCache
     size: int
+    hit_rate_threshold: float
     stats: TableStats = field(default_factory=TableStats)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -74,13 +88,16 @@ class ParameterServer:
             self.tables[model.name] = {}
             for table_config in model.tables:
                 self.tables[model.name][table_config.name] = self._load(
-                    model.name, table_config, model.cache_fraction)
+                    model.name, table_config, model.cache_fraction, model.hit_rate_threshold)
+        self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-insert")
+        self._pending: list[Future[None]] = []
 
     @classmethod
     def from_config(cls, path: str | Path) -> ParameterServer:
         return cls(load_hps_config(path))
 
-    def _load(self, model: str, config: TableConfig, cache_fraction: float) -> Table:
+    def _load(self, model: str, config: TableConfig, cache_fraction: float,
+              hit_rate_threshold: float) -> Table:
         key = f"{model}/{config.name}"
         if config.source is not None and self.persistent.size(key) == 0:
             keys, vectors = read_table(config.source, config.format, config.dim)
@@ -91,7 +108,7 @@ class ParameterServer:
         size = self.persistent.size(key)
         capacity = max(1, math.ceil(size * cache_fraction))
         cache = make_cache(capacity, config.dim, self.config.cache_device)
-        return Table(model, config, cache, size)
+        return Table(model, config, cache, size, hit_rate_threshold)
 
     def table(self, model: str, table: str) -> Table:
         if model not in self.tables:
@@ -125,17 +142,48 @@ class ParameterServer:
                     hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
                     found3[still] = hit3
                     vectors[found3] = from_disk[hit3]
-                    if hit3.any():
-                        self.volatile.insert(entry.key, unique[found3], vectors[found3])
-                upper = found2 | found3
-                if upper.any():
-                    entry.cache.insert(unique[upper], vectors[upper])
-            self._record(entry.stats, keys, inverse, hit1, found2, found3,
-                         time.perf_counter() - started)
+            stats = entry.stats
+            stats.running_hit_rate += HIT_RATE_SMOOTHING * (hit1.mean() - stats.running_hit_rate)
+            upper = found2 | found3
+            if upper.any():
+                insertion = (unique[upper], vectors[upper].copy(), unique[found3],
+                             vectors[found3].copy())
+                if stats.running_hit_rate < entry.hit_rate_threshold:
+                    self._insert(entry, *insertion)
+                    stats.insertions["sync"] += 1
+                else:
+                    self._queue(self._background.submit(self._insert_locked, entry, *insertion))
+                    stats.insertions["async"] += 1
+            self._record(stats, inverse, hit1, found2, found3, time.perf_counter() - started)
         return vectors[inverse]
 
+    def _insert(self, entry: Table, cache_keys: np.ndarray, cache_vectors: np.ndarray,
+                volatile_keys: np.ndarray, volatile_vectors: np.ndarray) -> None:
+        if len(volatile_keys):
+            self.volatile.insert(entry.key, volatile_keys, volatile_vectors)
+        entry.cache.insert(cache_keys, cache_vectors)
+
+    def _insert_locked(self, entry: Table, *insertion: np.ndarray) -> None:
+        with entry.lock:
+            self._insert(entry, *insertion)
+
+    def _queue(self, future: Future[None]) -> None:
+        still_running = []
+        for queued in self._pending:
+            if not queued.done():
+                still_running.append(queued)
+            elif queued.exception() is not None:
+                logger.error("background insertion failed: %s", queued.exception())
+        self._pending = [*still_running, future]
+
+    def wait_for_insertions(self) -> None:
+        """Block until the background insertions queued so far are done."""
+        pending, self._pending = self._pending, []
+        for future in pending:
+            future.result()
+
     @staticmethod
-    def _record(stats: TableStats, keys: np.ndarray, inverse: np.ndarray, hit1: np.ndarray,
+    def _record(stats: TableStats, inverse: np.ndarray, hit1: np.ndarray,
                 found2: np.ndarray, found3: np.ndarray, seconds: float) -> None:
         per_key = np.select([hit1, found2, found3], [0, 1, 2], default=3)[inverse]
         counts = np.bincount(per_key, minlength=4)
@@ -154,4 +202,6 @@ class ParameterServer:
                 for model, tables in self.tables.items()}
 
     def close(self) -> None:
+        self.wait_for_insertions()
+        self._background.shutdown()
         self.persistent.close()

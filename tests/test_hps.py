@@ -198,3 +198,60 @@ def test_gpu_cache_matches_host_cache():
     for (hit_a, got_a), (hit_b, got_b) in [(gpu.lookup(keys), host.lookup(keys))]:
         np.testing.assert_array_equal(hit_a, hit_b)
         np.testing.assert_array_equal(got_a, got_b)
+
+
+@pytest.mark.parametrize(("threshold", "mode"), [(1.0, "sync"), (0.0, "async")])
+def test_sync_and_async_insertion(tmp_path, threshold, mode):
+    keys, vectors = _table(n=100)
+    write_hugectr(tmp_path / "items", keys, vectors)
+    server = ParameterServer(HpsConfig.model_validate({
+        "models": [{"name": "m", "hit_rate_threshold": threshold,
+                    "tables": [{"name": "items", "dim": DIM, "source": str(tmp_path / "items")}]}],
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"}))
+    table = server.table("m", "items")
+    # The request is answered from RocksDB either way; only when the upper tiers fill differs.
+    np.testing.assert_array_equal(server.lookup("m", "items", keys[:10]), vectors[:10])
+    assert table.stats.insertions == {"sync": int(mode == "sync"), "async": int(mode == "async")}
+    server.wait_for_insertions()
+    np.testing.assert_array_equal(server.lookup("m", "items", keys[:10]), vectors[:10])
+    assert table.stats.answered["l1"] == 10
+    server.close()
+
+
+def test_hugectr_ps_json(tmp_path, caplog):
+    import json
+
+    from etl.errors import ConfigError
+
+    keys, vectors = _table(n=20)
+    write_hugectr(tmp_path / "wdl0_sparse_2000.model", keys, vectors)
+    ps = {
+        "supportlonglong": True,
+        "volatile_db": {"type": "parallel_hash_map", "initial_cache_rate": 0.5,
+                        "overflow_policy": "evict_random", "num_partitions": 8},
+        "persistent_db": {"type": "rocks_db", "path": str(tmp_path / "rocks")},
+        "models": [{"model": "wdl", "sparse_files": [str(tmp_path / "wdl0_sparse_2000.model")],
+                    "embedding_table_names": ["sparse_embedding1"],
+                    "embedding_vecsize_per_table": [DIM], "default_value_for_each_table": [0.25],
+                    "gpucacheper": 0.3, "hit_rate_threshold": 0.8, "max_batch_size": 64,
+                    "deployed_device_list": [0]}],
+    }
+    path = tmp_path / "ps.json"
+    path.write_text(json.dumps(ps))
+    with caplog.at_level("WARNING", logger="featureline.hps"):
+        config = load_hps_config(path)
+    assert "models[0].max_batch_size: configures HugeCTR's inference engine" in caplog.text
+    assert "volatile_db.num_partitions: unknown field" in caplog.text
+    model = config.models[0]
+    assert (model.name, model.cache_fraction, model.hit_rate_threshold) == ("wdl", 0.3, 0.8)
+    assert config.volatile_db.overflow_policy == "evict_random"
+    server = ParameterServer(config)
+    got = server.lookup("wdl", "sparse_embedding1", [keys[3], 12345])
+    np.testing.assert_array_equal(got[0], vectors[3])
+    assert (got[1] == 0.25).all()
+    server.close()
+    ps["volatile_db"]["type"] = "redis_cluster"
+    path.write_text(json.dumps(ps))
+    with pytest.raises(ConfigError) as info:
+        load_hps_config(path)
+    assert info.value.key == "volatile_db.type"
