@@ -41,7 +41,9 @@ class ModelConfig(_Model):
 
 
 class VolatileDbConfig(_Model):
-    type: Literal["hash_map"] = "hash_map"
+    type: Literal["hash_map", "redis"] = "hash_map"
+    # For type redis; REDIS_URL overrides it.
+    url: str | None = None
     capacity: int = Field(default=10_000_000, ge=1)
     overflow_policy: OverflowPolicy = "evict_oldest"
     # Share of each table copied into L2 when it is loaded.
@@ -93,7 +95,8 @@ _HUGECTR_ENGINE_FIELDS = {
 _HUGECTR_MODEL_FIELDS = {"model", "sparse_files", "embedding_table_names",
                          "embedding_vecsize_per_table", "default_value_for_each_table",
                          "gpucacheper", "hit_rate_threshold"}
-_HUGECTR_VOLATILE = {"hash_map": "hash_map", "parallel_hash_map": "hash_map"}
+_HUGECTR_VOLATILE = {"hash_map": "hash_map", "parallel_hash_map": "hash_map",
+                     "redis": "redis"}
 _HUGECTR_POLICIES = {"evict_oldest": "evict_oldest", "evict_random": "evict_random",
                      "evict_least_used": "evict_least_used"}
 
@@ -143,12 +146,13 @@ def from_hugectr(data: dict[str, Any], origin: str = "ps.json") -> HpsConfig:
         policy = volatile.get("overflow_policy", "evict_oldest")
         config["volatile_db"] = {
             "type": _HUGECTR_VOLATILE[kind],
+            **({"url": f"redis://{volatile['address']}"} if "address" in volatile else {}),
             "overflow_policy": _HUGECTR_POLICIES.get(policy, policy),
             "initial_cache_rate": volatile.get("initial_cache_rate", 0.0),
             **({"capacity": volatile["overflow_margin"]} if "overflow_margin" in volatile
                else {}),
         }
-        _ignored(set(volatile) - {"type", "overflow_policy", "initial_cache_rate",
+        _ignored(set(volatile) - {"type", "address", "overflow_policy", "initial_cache_rate",
                                   "overflow_margin"}, "volatile_db")
     persistent = data.get("persistent_db")
     if persistent:

