@@ -33,6 +33,10 @@ class EmbeddingCache(ABC):
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Cache unique ``keys`` (evicting the least used when full)."""
 
+    @abstractmethod
+    def refresh(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Overwrite the vectors of those unique ``keys`` the cache holds; add none."""
+
     def __len__(self) -> int:
         return len(self.index)
 
@@ -55,6 +59,11 @@ class HostCache(EmbeddingCache):
         slots = self.index.assign(keys)
         placed = slots >= 0
         self._vectors[slots[placed]] = vectors[placed]
+
+    def refresh(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        slots = self.index.find(keys)
+        held = slots >= 0
+        self._vectors[slots[held]] = vectors[held]
 
 
 class GpuCache(EmbeddingCache):
@@ -82,6 +91,12 @@ class GpuCache(EmbeddingCache):
         if placed.any():
             self._vectors[self._cupy.asarray(slots[placed])] = self._cupy.asarray(
                 vectors[placed])
+
+    def refresh(self, keys: np.ndarray, vectors: np.ndarray) -> None:
+        slots = self.index.find(keys)
+        held = slots >= 0
+        if held.any():
+            self._vectors[self._cupy.asarray(slots[held])] = self._cupy.asarray(vectors[held])
 
 
 def gpu_available() -> bool:

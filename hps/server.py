@@ -178,6 +178,23 @@ class ParameterServer:
         with entry.lock:
             self._insert(entry, *insertion)
 
+    def apply_update(self, model: str, table: str, keys: np.ndarray,
+                     vectors: np.ndarray) -> None:
+        """New values for ``keys``: written to L3 and L2, refreshed where L1 holds them."""
+        entry = self.table(model, table)
+        keys = np.asarray(keys, dtype=np.int64).ravel()
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.shape != (len(keys), entry.config.dim):
+            raise ValueError(f"{entry.key}: update of shape {vectors.shape}, expected "
+                             f"({len(keys)}, {entry.config.dim})")
+        # The last value of a key repeated within one update wins.
+        unique, last = np.unique(keys[::-1], return_index=True)
+        rows = vectors[::-1][last]
+        with entry.lock:
+            self.persistent.insert(entry.key, unique, rows)
+            self.volatile.insert(entry.key, unique, rows)
+            entry.cache.refresh(unique, rows)
+
     def _queue(self, future: Future[None]) -> None:
         still_running = []
         for queued in self._pending:

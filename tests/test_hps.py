@@ -300,3 +300,119 @@ def test_redis_down_falls_through_to_rocksdb(tmp_path):
     np.testing.assert_array_equal(server.lookup("m", "items", keys[100:110]), vectors[100:110])
     assert server.volatile.unavailable > 0
     server.close()
+
+
+def _updatable_server(tmp_path, n=200):
+    keys, vectors = _table(n=n)
+    write_hugectr(tmp_path / "items", keys, vectors)
+    config = HpsConfig.model_validate({
+        "models": [{"name": "m", "cache_fraction": 0.5,
+                    "tables": [{"name": "items", "dim": DIM, "source": str(tmp_path / "items")}]}],
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"})
+    return keys, vectors, ParameterServer(config)
+
+
+def test_published_updates_reach_every_tier(tmp_path, redis_server):
+    from hps.updates import UpdateConsumer, publish
+
+    keys, vectors, server = _updatable_server(tmp_path)
+    model = f"m-{tmp_path.name}"
+    server.tables[model] = server.tables.pop("m")  # a stream of its own for this test
+    server.lookup(model, "items", keys[:50])  # cached in L1 and L2 now
+    consumer = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
+    fresh = np.full((5, DIM), 7.0, dtype=np.float32)
+    publish(model, "items", keys[:5], fresh, url=redis_server.url)
+    new_key = np.array([123456789], dtype=np.int64)
+    publish(model, "items", new_key, np.ones((1, DIM), np.float32), url=redis_server.url)
+    assert consumer.poll() == 0  # the backlog of this consumer is empty
+    assert consumer.poll() == 2
+    got = server.lookup(model, "items", np.concatenate([keys[:6], new_key]))
+    np.testing.assert_array_equal(got[:5], fresh)  # refreshed in L1
+    np.testing.assert_array_equal(got[5], vectors[5])
+    np.testing.assert_array_equal(got[6], np.ones(DIM))
+    found, from_disk = server.persistent.lookup(server.table(model, "items").key, keys[:5], DIM)
+    assert found.all() and (from_disk == 7.0).all()
+    server.close()
+
+
+def test_a_restarted_consumer_resumes_after_its_last_acknowledged_message(
+        tmp_path, redis_server, monkeypatch):
+    from hps.updates import UpdateConsumer, publish
+
+    keys, vectors, server = _updatable_server(tmp_path)
+    model = f"m-{tmp_path.name}"
+    server.tables[model] = server.tables.pop("m")
+    first = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
+    publish(model, "items", keys[:1], np.full((1, DIM), 1.0, np.float32), url=redis_server.url)
+    first.poll()
+    first.poll()
+    assert first.applied == 1
+    # The next message crashes the consumer half-way: read, not applied, not acknowledged.
+    publish(model, "items", keys[1:2], np.full((1, DIM), 2.0, np.float32), url=redis_server.url)
+    original = server.apply_update
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(server, "apply_update", crash)
+    with pytest.raises(RuntimeError):
+        first.poll()
+    monkeypatch.setattr(server, "apply_update", original)
+    publish(model, "items", keys[2:3], np.full((1, DIM), 3.0, np.float32), url=redis_server.url)
+    # A new consumer under the same name: the unacknowledged message first, then the new one;
+    # the first, acknowledged message is not applied again.
+    second = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
+    applied = []
+    monkeypatch.setattr(server, "apply_update",
+                        lambda m, t, k, v: (applied.append(float(v[0, 0])), original(m, t, k, v)))
+    while second.poll():
+        pass
+    second.poll()
+    assert applied == [2.0, 3.0]
+    np.testing.assert_array_equal(server.lookup(model, "items", keys[:3])[:, 0], [1.0, 2.0, 3.0])
+    server.close()
+
+
+def test_lookups_while_updates_apply_never_see_a_mixed_vector(tmp_path):
+    keys, vectors, server = _updatable_server(tmp_path, n=500)
+    stop = threading.Event()
+    bad: list[int] = []
+
+    def writer() -> None:
+        version = 1.0
+        while not stop.is_set():
+            server.apply_update("m", "items", keys, np.full((len(keys), DIM), version, np.float32))
+            version += 1.0
+
+    def reader() -> None:
+        for _ in range(200):
+            got = server.lookup("m", "items", keys[:64])
+            # Every row is one whole vector: the original, or all elements of one version.
+            for row, original in zip(got, vectors[:64], strict=True):
+                if not (np.array_equal(row, original) or (row == row[0]).all()):
+                    bad.append(1)
+
+    threads = [threading.Thread(target=writer)] + [threading.Thread(target=reader)
+                                                    for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads[1:]:
+        thread.join()
+    stop.set()
+    threads[0].join()
+    assert bad == []
+    server.close()
+
+
+def test_update_messages_round_trip_and_reject_garbage():
+    from hps.updates import UpdateFormatError, decode_update, encode_update
+
+    keys, vectors = _table(n=3)
+    update = decode_update(encode_update("items", keys, vectors))
+    assert update.table == "items"
+    np.testing.assert_array_equal(update.keys, keys)
+    np.testing.assert_array_equal(update.vectors, vectors)
+    with pytest.raises(UpdateFormatError):
+        decode_update(b"nonsense")
+    with pytest.raises(UpdateFormatError):
+        decode_update(encode_update("items", keys, vectors)[:-5])

@@ -1,0 +1,156 @@
+"""Online updates: training jobs publish changed rows to a Redis stream per model; each
+parameter server consumes its stream and applies them to L3 and L2 and refreshes L1.
+
+A message is one compact binary value: ``HPU1``, the table name, N, dim, then N int64 keys
+and N × dim float32 values (little-endian). Delivery is at least once through a consumer
+group — a message is acknowledged only after it has been applied, and a consumer that
+restarts under the same name first re-reads what it had not acknowledged — and applying a
+message twice leaves the same values, so redelivery is harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import redis
+
+from etl.errors import ConfigError
+from hps.errors import UnknownModelError
+from hps.server import ParameterServer
+
+logger = logging.getLogger("featureline.hps")
+
+MAGIC = b"HPU1"
+_HEADER = struct.Struct("<4sH")
+_SIZES = struct.Struct("<II")
+FIELD = b"u"
+
+
+class UpdateFormatError(ValueError):
+    """A stream message that is not an update this server can decode."""
+
+
+@dataclass(frozen=True)
+class Update:
+    table: str
+    keys: np.ndarray
+    vectors: np.ndarray
+
+
+def stream_name(model: str) -> str:
+    return f"hps:updates:{model}"
+
+
+def encode_update(table: str, keys: np.ndarray, vectors: np.ndarray) -> bytes:
+    keys = np.ascontiguousarray(keys, dtype="<i8").ravel()
+    vectors = np.ascontiguousarray(vectors, dtype="<f4")
+    if vectors.ndim != 2 or len(vectors) != len(keys):
+        raise ValueError(f"need [len(keys), dim] vectors, got {vectors.shape} for {len(keys)} keys")
+    name = table.encode()
+    return b"".join((_HEADER.pack(MAGIC, len(name)), name,
+                     _SIZES.pack(len(keys), vectors.shape[1]), keys.tobytes(), vectors.tobytes()))
+
+
+def decode_update(payload: bytes) -> Update:
+    try:
+        magic, name_length = _HEADER.unpack_from(payload, 0)
+        if magic != MAGIC:
+            raise UpdateFormatError(f"not an HPS update (starts with {magic!r})")
+        offset = _HEADER.size
+        table = payload[offset:offset + name_length].decode()
+        offset += name_length
+        count, dim = _SIZES.unpack_from(payload, offset)
+        offset += _SIZES.size
+        keys = np.frombuffer(payload, dtype="<i8", count=count, offset=offset)
+        offset += 8 * count
+        vectors = np.frombuffer(payload, dtype="<f4", count=count * dim, offset=offset)
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise UpdateFormatError(f"malformed update: {exc}") from None
+    return Update(table, keys.astype(np.int64), vectors.reshape(count, dim).copy())
+
+
+def _client(url: str | None) -> redis.Redis:
+    url = url or os.environ.get("REDIS_URL")
+    if not url:
+        raise ConfigError("REDIS_URL", "online updates need a Redis URL (REDIS_URL or url=)")
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+
+
+def publish(model: str, table: str, keys: np.ndarray, vectors: np.ndarray,
+            url: str | None = None) -> str:
+    """Append one update to the model's stream (the producer API for training jobs)."""
+    message_id = _client(url).xadd(stream_name(model), {FIELD: encode_update(table, keys,
+                                                                              vectors)})
+    return message_id.decode()
+
+
+class UpdateConsumer:
+    """Applies one model's stream to a server; ``poll()`` once, or ``start()`` a thread."""
+
+    def __init__(self, server: ParameterServer, model: str, url: str | None = None,
+                 group: str = "hps", name: str = "hps-0", block_ms: int = 1000) -> None:
+        if model not in server.tables:
+            raise UnknownModelError(model, list(server.tables))
+        self.server = server
+        self.model = model
+        self.client = _client(url)
+        self.group = group
+        self.name = name
+        self.block_ms = block_ms
+        self.applied = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._backlog = True  # first re-read what this consumer had not acknowledged
+        try:
+            self.client.xgroup_create(stream_name(model), group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def poll(self, count: int = 100) -> int:
+        """Apply the available messages (waiting up to ``block_ms`` for one); how many."""
+        start_id = "0" if self._backlog else ">"
+        response = self.client.xreadgroup(self.group, self.name, {stream_name(self.model):
+                                                                  start_id},
+                                          count=count, block=None if self._backlog
+                                          else self.block_ms)
+        messages = response[0][1] if response else []
+        if self._backlog and not messages:
+            self._backlog = False
+        done = 0
+        for message_id, fields in messages:
+            payload = fields.get(FIELD)
+            try:
+                update = decode_update(payload or b"")
+                self.server.apply_update(self.model, update.table, update.keys, update.vectors)
+            except (UpdateFormatError, KeyError) as exc:
+                # A message that can never apply is logged and acknowledged, not retried forever.
+                logger.error("update %s on %s skipped: %s", message_id, self.model, exc)
+            self.client.xack(stream_name(self.model), self.group, message_id)
+            done += 1
+        self.applied += done
+        return done
+
+    def start(self) -> UpdateConsumer:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.poll()
+                except redis.ConnectionError as exc:
+                    logger.warning("update stream unavailable: %s", exc)
+                    self._stop.wait(1.0)
+
+        self._thread = threading.Thread(target=loop, name=f"hps-updates-{self.model}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.block_ms / 1000 + 5)
