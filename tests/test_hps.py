@@ -339,7 +339,7 @@ def test_a_restarted_consumer_resumes_after_its_last_acknowledged_message(
         tmp_path, redis_server, monkeypatch):
     from hps.updates import UpdateConsumer, publish
 
-    keys, vectors, server = _updatable_server(tmp_path)
+    keys, _, server = _updatable_server(tmp_path)
     model = f"m-{tmp_path.name}"
     server.tables[model] = server.tables.pop("m")
     first = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
