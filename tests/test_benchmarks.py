@@ -43,3 +43,11 @@ def test_bench_tfrecord_smoke():
     assert (read["prebatched+grouped+short"]["bytes_per_row"]
             < read["per example, per column, long names"]["bytes_per_row"])
     assert write["ours_vs_tensorflow"] > 0 and read["full_vs_per_example_long_names"] > 0
+
+
+def test_bench_hps_smoke(redis_server):
+    report = _load("bench_hps").run(keys_n=2000, dim=8, batch_sizes=[64], repeats=3, alpha=1.2)
+    json.dumps(report)
+    entry = report["batches"]["64"]
+    for path in ("numpy_gather", "python_dict", "redis_mget", "l1_hit", "l2", "l3"):
+        assert entry[path]["keys_per_s"] > 0 and entry[path]["p99_ms"] >= entry[path]["p50_ms"]

@@ -1,0 +1,134 @@
+"""Parameter-server lookup speed per path, against baselines measured in the same run.
+
+A table of ``--keys`` int64 keys × ``--dim`` float32, Zipf (α = ``--alpha``) key streams,
+batches of each ``--batches`` size. Paths: all keys in L1 (``l1_hit``), L1 too small so L2
+answers (``l2``), L1 and L2 too small so RocksDB answers (``l3``). Baselines: a numpy gather
+of the same rows from a dense array by position (the CPU memory bound), a Python dict of
+key → vector, and Redis MGET of the same keys on a local server.
+
+    python benchmarks/bench_hps.py --keys 1000000 --dim 64
+    python benchmarks/bench_hps.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import redis
+
+from feature_store.redis_server import EmbeddedRedis
+from hps import ParameterServer
+from hps.config import HpsConfig
+from hps.formats import write_hugectr
+
+
+def zipf_positions(n: int, size: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
+    ranks = np.arange(1, n + 1, dtype=np.float64)
+    weights = ranks**-alpha
+    return rng.choice(n, size=size, p=weights / weights.sum())
+
+
+def timed(fn: Callable[[np.ndarray], Any], batches: list[np.ndarray]) -> dict[str, float]:
+    fn(batches[0])  # warm-up
+    seconds = []
+    for batch in batches:
+        start = time.perf_counter()
+        fn(batch)
+        seconds.append(time.perf_counter() - start)
+    keys = sum(len(b) for b in batches)
+    return {"keys_per_s": round(keys / sum(seconds)),
+            "p50_ms": round(float(np.percentile(seconds, 50)) * 1000, 3),
+            "p99_ms": round(float(np.percentile(seconds, 99)) * 1000, 3)}
+
+
+def _server(root: Path, name: str, source: Path, dim: int, fraction: float, capacity: int,
+            ) -> ParameterServer:
+    return ParameterServer(HpsConfig.model_validate({
+        "models": [{"name": "m", "cache_fraction": fraction, "hit_rate_threshold": 1.0,
+                    "tables": [{"name": "t", "dim": dim, "source": str(source)}]}],
+        "volatile_db": {"capacity": capacity},
+        "persistent_db": {"path": str(root / name)}, "cache_device": "cpu"}))
+
+
+def run(keys_n: int, dim: int, batch_sizes: list[int], repeats: int, alpha: float
+        ) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    keys = rng.choice(2**40, size=keys_n, replace=False).astype(np.int64)
+    vectors = rng.standard_normal((keys_n, dim)).astype(np.float32)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-hps-") as tmp:
+        root = Path(tmp)
+        write_hugectr(root / "table", keys, vectors)
+        load_start = time.perf_counter()
+        hot = _server(root, "rocks-hot", root / "table", dim, 1.0, keys_n)
+        load_s = time.perf_counter() - load_start
+        hot.lookup("m", "t", keys)  # everything into L1 and L2
+        warm_l2 = _server(root, "rocks-l2", root / "table", dim, 1 / keys_n, keys_n)
+        warm_l2.lookup("m", "t", keys)
+        cold = _server(root, "rocks-l3", root / "table", dim, 1 / keys_n, 1)
+        lookup_of = {name: (lambda s: lambda b: s.lookup("m", "t", b))(server)
+                     for name, server in (("l1_hit", hot), ("l2", warm_l2), ("l3", cold))}
+        dense = vectors.copy()
+        by_key = {int(k): vectors[i] for i, k in enumerate(keys)}
+        position_of = {int(k): i for i, k in enumerate(keys)}
+        with EmbeddedRedis(root / "redis") as server:
+            client = redis.Redis.from_url(server.url)
+            names = [k.tobytes() for k in keys.astype(">i8")]
+            pipe = client.pipeline(transaction=False)
+            for start in range(0, keys_n, 10_000):
+                pipe.mset({n: vectors[start + i].tobytes()
+                           for i, n in enumerate(names[start:start + 10_000])})
+            pipe.execute()
+            for size in batch_sizes:
+                positions = [zipf_positions(keys_n, size, alpha, rng) for _ in range(repeats)]
+                batches = [keys[p] for p in positions]
+                entry: dict[str, Any] = {"numpy_gather": timed(lambda p: dense[p], positions)}
+                entry["python_dict"] = timed(
+                    lambda b: np.stack([by_key[k] for k in b.tolist()]), batches)
+                entry["redis_mget"] = timed(
+                    lambda b: np.frombuffer(b"".join(client.mget([names[position_of[k]]
+                                                                  for k in b.tolist()])),
+                                            dtype=np.float32).reshape(-1, dim), batches)
+                for name, lookup in lookup_of.items():
+                    entry[name] = timed(lookup, batches)
+                gather = entry["numpy_gather"]["keys_per_s"]
+                entry["l1_hit_vs_numpy_gather"] = round(entry["l1_hit"]["keys_per_s"] / gather, 3)
+                entry["l1_hit_vs_dict"] = round(
+                    entry["l1_hit"]["keys_per_s"] / entry["python_dict"]["keys_per_s"], 2)
+                results[str(size)] = entry
+        for server in (hot, warm_l2, cold):
+            server.close()
+    return {"benchmark": "hps", "keys": keys_n, "dim": dim, "zipf_alpha": alpha,
+            "repeats": repeats, "load_s": round(load_s, 2),
+            "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+            "batches": results}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--batches", default="1024,16384,131072")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--alpha", type=float, default=1.2)
+    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        report = run(2000, 16, [64, 256], 3, args.alpha)
+    else:
+        report = run(args.keys, args.dim, [int(b) for b in args.batches.split(",")],
+                     args.repeats, args.alpha)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
