@@ -45,7 +45,7 @@ def test_bench_tfrecord_smoke():
     assert write["ours_vs_tensorflow"] > 0 and read["full_vs_per_example_long_names"] > 0
 
 
-def test_bench_hps_smoke(redis_server):
+def test_bench_hps_smoke():
     report = _load("bench_hps").run(keys_n=2000, dim=8, batch_sizes=[64], repeats=3, alpha=1.2)
     json.dumps(report)
     entry = report["batches"]["64"]
