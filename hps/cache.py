@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hps.slots import SlotIndex
+from hps.hash_index import HashIndex
 
 Device = Literal["auto", "cpu", "gpu"]
 
@@ -23,7 +23,7 @@ class EmbeddingCache(ABC):
     def __init__(self, capacity: int, dim: int) -> None:
         self.capacity = capacity
         self.dim = dim
-        self.index = SlotIndex(capacity, "evict_least_used")
+        self.index = HashIndex(capacity)
 
     @abstractmethod
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -416,3 +416,35 @@ def test_update_messages_round_trip_and_reject_garbage():
         decode_update(b"nonsense")
     with pytest.raises(UpdateFormatError):
         decode_update(encode_update("items", keys, vectors)[:-5])
+
+
+def test_hash_index_agrees_with_a_dict_through_many_evictions():
+    from hps.hash_index import HashIndex
+
+    rng = np.random.default_rng(3)
+    index = HashIndex(64)
+    model: dict[int, int] = {}
+    for _ in range(300):  # thousands of insertions into 64 slots: tombstones and rebuilds
+        batch = np.unique(rng.integers(-500, 500, rng.integers(1, 40)))
+        slots = index.assign(batch)
+        assert (slots >= 0).all() and len(set(slots.tolist())) == len(batch)
+        for key, slot in zip(batch.tolist(), slots.tolist(), strict=True):
+            model = {k: s for k, s in model.items() if s != slot}  # the slot's old key is gone
+            model[key] = slot
+        probe = np.arange(-500, 500)
+        found = index.find(probe)
+        expected = np.array([model.get(k, -1) for k in probe.tolist()])
+        np.testing.assert_array_equal(found, expected)
+        assert len(index) == len(model) <= 64
+
+
+def test_hash_index_evicts_the_least_used():
+    from hps.hash_index import HashIndex
+
+    index = HashIndex(4)
+    index.assign(np.array([1, 2, 3, 4]))
+    for _ in range(3):
+        index.find(np.array([1, 3]))
+    index.assign(np.array([5, 6]))
+    held = {k for k in range(1, 7) if index.find(np.array([k]))[0] >= 0}
+    assert held == {1, 3, 5, 6}

@@ -1,0 +1,124 @@
+"""A compiled key → slot index for the L1 cache: open addressing with linear probing (numba).
+
+Lookups of a whole batch run in one compiled loop, so a cache hit costs a hash, a probe or
+two and the gather — no Python step per key. When the cache is full, the least used slots
+(outside the batch being inserted) are evicted.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+EMPTY, FULL, DELETED = 0, 1, 2
+
+
+@numba.njit(cache=True, inline="always")
+def _hash(key: np.int64, mask: np.uint64) -> np.uint64:
+    # splitmix64's finaliser: every key bit reaches every hash bit.
+    z = np.uint64(key) + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return (z ^ (z >> np.uint64(31))) & mask
+
+
+@numba.njit(cache=True, nogil=True)
+def _find(keys, state, table_keys, table_slots, uses, count_uses):
+    mask = np.uint64(len(state) - 1)
+    out = np.full(len(keys), -1, dtype=np.int64)
+    for i in range(len(keys)):
+        position = _hash(keys[i], mask)
+        while state[position] != EMPTY:
+            if state[position] == FULL and table_keys[position] == keys[i]:
+                slot = table_slots[position]
+                out[i] = slot
+                if count_uses:
+                    uses[slot] += 1
+                break
+            position = (position + np.uint64(1)) & mask
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _insert(keys, slots, state, table_keys, table_slots):
+    mask = np.uint64(len(state) - 1)
+    for i in range(len(keys)):
+        position = _hash(keys[i], mask)
+        while state[position] == FULL:
+            position = (position + np.uint64(1)) & mask
+        state[position] = FULL
+        table_keys[position] = keys[i]
+        table_slots[position] = slots[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _delete(keys, state, table_keys):
+    mask = np.uint64(len(state) - 1)
+    deleted = 0
+    for i in range(len(keys)):
+        position = _hash(keys[i], mask)
+        while state[position] != EMPTY:
+            if state[position] == FULL and table_keys[position] == keys[i]:
+                state[position] = DELETED
+                deleted += 1
+                break
+            position = (position + np.uint64(1)) & mask
+    return deleted
+
+
+class HashIndex:
+    """``find`` / ``assign`` like :class:`hps.slots.SlotIndex`, least-used eviction."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        size = 1 << max(4, int(2 * capacity - 1).bit_length())  # load factor <= 1/2
+        self._state = np.zeros(size, dtype=np.uint8)
+        self._keys = np.zeros(size, dtype=np.int64)
+        self._slots = np.zeros(size, dtype=np.int64)
+        self._slot_key = np.zeros(capacity, dtype=np.int64)
+        self._slot_used = np.zeros(capacity, dtype=bool)
+        self._uses = np.zeros(capacity, dtype=np.int64)
+        self._deleted = 0
+
+    def __len__(self) -> int:
+        return int(self._slot_used.sum())
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        return _find(keys, self._state, self._keys, self._slots, self._uses, True)
+
+    def assign(self, keys: np.ndarray) -> np.ndarray:
+        """Slots for unique ``keys``, evicting the least used others; at most ``capacity``
+        keys are placed — the rest get -1."""
+        requested = len(keys)
+        keys = np.ascontiguousarray(keys, dtype=np.int64)[: self.capacity]
+        slots = _find(keys, self._state, self._keys, self._slots, self._uses, False)
+        new = slots < 0
+        free = np.flatnonzero(~self._slot_used)
+        shortfall = int(new.sum()) - len(free)
+        if shortfall > 0:
+            uses = self._uses.astype(np.float64)
+            uses[slots[~new]] = np.inf  # never evict what this batch needs
+            uses[free] = np.inf  # nor a slot that is free already
+            victims = np.argpartition(uses, shortfall - 1)[:shortfall]
+            self._deleted += _delete(self._slot_key[victims], self._state, self._keys)
+            self._slot_used[victims] = False
+            self._uses[victims] = 0
+            free = np.flatnonzero(~self._slot_used)
+            if self._deleted > len(self._state) // 4:
+                self._rebuild()
+        chosen = free[: int(new.sum())]
+        slots[new] = chosen
+        self._slot_used[chosen] = True
+        self._slot_key[chosen] = keys[new]
+        _insert(keys[new], chosen, self._state, self._keys, self._slots)
+        return np.concatenate([slots, np.full(requested - len(slots), -1, dtype=np.int64)])
+
+    def _rebuild(self) -> None:
+        """Drop the tombstones that deletions leave, so probes stay short."""
+        held = np.flatnonzero(self._slot_used)
+        self._state[:] = EMPTY
+        self._deleted = 0
+        _insert(self._slot_key[held], held, self._state, self._keys, self._slots)
