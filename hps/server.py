@@ -134,39 +134,38 @@ class ParameterServer:
         entry = self.table(model, table)
         started = time.perf_counter()
         keys = np.asarray(keys, dtype=np.int64).ravel()
-        unique, inverse = np.unique(keys, return_inverse=True)
         dim = entry.config.dim
         with entry.lock:
-            vectors = np.full((len(unique), dim), entry.config.default_value, dtype=np.float32)
-            hit1, from_cache = entry.cache.lookup(unique)
-            vectors[hit1] = from_cache[hit1]
-            missing = ~hit1
+            # L1 answers duplicates as they come; only its misses are de-duplicated.
+            hit1, vectors = entry.cache.lookup(keys)
+            unique, inverse = np.unique(keys[~hit1], return_inverse=True)
+            below = np.full((len(unique), dim), entry.config.default_value, dtype=np.float32)
             found2 = np.zeros(len(unique), dtype=bool)
             found3 = np.zeros(len(unique), dtype=bool)
-            if missing.any():
-                want = unique[missing]
-                hit2, from_volatile = self.volatile.lookup(entry.key, want, dim)
-                found2[missing] = hit2
-                vectors[found2] = from_volatile[hit2]
-                still = missing & ~found2
+            if len(unique):
+                found2, from_volatile = self.volatile.lookup(entry.key, unique, dim)
+                below[found2] = from_volatile[found2]
+                still = ~found2
                 if still.any():
                     hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
                     found3[still] = hit3
-                    vectors[found3] = from_disk[hit3]
+                    below[found3] = from_disk[hit3]
+                vectors[~hit1] = below[inverse]
             stats = entry.stats
-            stats.running_hit_rate += HIT_RATE_SMOOTHING * (hit1.mean() - stats.running_hit_rate)
+            rate = hit1.mean() if len(keys) else 1.0
+            stats.running_hit_rate += HIT_RATE_SMOOTHING * (rate - stats.running_hit_rate)
             upper = found2 | found3
             if upper.any():
-                insertion = (unique[upper], vectors[upper].copy(), unique[found3],
-                             vectors[found3].copy())
+                insertion = (unique[upper], below[upper], unique[found3], below[found3])
                 if stats.running_hit_rate < entry.hit_rate_threshold:
                     self._insert(entry, *insertion)
                     stats.insertions["sync"] += 1
                 else:
                     self._queue(self._background.submit(self._insert_locked, entry, *insertion))
                     stats.insertions["async"] += 1
-            self._record(stats, inverse, hit1, found2, found3, time.perf_counter() - started)
-        return vectors[inverse]
+            self._record(stats, int(hit1.sum()), inverse, found2, found3,
+                         time.perf_counter() - started)
+        return vectors
 
     def _insert(self, entry: Table, cache_keys: np.ndarray, cache_vectors: np.ndarray,
                 volatile_keys: np.ndarray, volatile_vectors: np.ndarray) -> None:
@@ -211,10 +210,12 @@ class ParameterServer:
             future.result()
 
     @staticmethod
-    def _record(stats: TableStats, inverse: np.ndarray, hit1: np.ndarray,
-                found2: np.ndarray, found3: np.ndarray, seconds: float) -> None:
-        per_key = np.select([hit1, found2, found3], [0, 1, 2], default=3)[inverse]
-        counts = np.bincount(per_key, minlength=4)
+    def _record(stats: TableStats, l1_hits: int, inverse: np.ndarray, found2: np.ndarray,
+                found3: np.ndarray, seconds: float) -> None:
+        """Count each requested key under the tier that answered it."""
+        below = np.select([found2, found3], [1, 2], default=3)[inverse]
+        counts = np.bincount(below, minlength=4)
+        counts[0] = l1_hits
         for tier, count in zip(TIERS, counts, strict=True):
             stats.answered[tier] += int(count)
         stats.lookups += 1
