@@ -224,11 +224,8 @@ def run(config: EtlConfig, spark: SparkSession,
                 entities = _write_entities(events, pipeline, config, staging / "entities")
             with timer("artifacts"):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
-            metadata = _metadata(config, rows, split, specs, entities, stats, timer.seconds,
-                                 time.perf_counter() - started)
-            if tfrecord is not None:
-                metadata["tfrecord"] = tfrecord
-                metadata["outputs"]["tfrecord"] = "tfrecord"
+            metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
+                                 timer.seconds, time.perf_counter() - started)
             write_json(metadata, staging / METADATA)
     finally:
         pipeline.release()
@@ -240,7 +237,10 @@ def run(config: EtlConfig, spark: SparkSession,
 
 def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
               specs: list[FeatureSpec], entities: dict[str, Any], stats: dict[str, Any],
-              timings: dict[str, float], total: float) -> dict[str, Any]:
+              tfrecord: dict[str, Any] | None, timings: dict[str, float], total: float
+              ) -> dict[str, Any]:
+    outputs = ["examples", "quarantine", "artifacts", "entities"]
+    outputs += ["tfrecord"] if tfrecord is not None else []
     return {
         "featureline_version": __version__,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -253,8 +253,8 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
         "features": [s.to_json() for s in specs],
         "embedding_plan": embedding_plan(specs, config.embeddings),
         "entities": entities,
-        "outputs": {"examples": "examples", "quarantine": "quarantine",
-                    "artifacts": "artifacts", "entities": "entities"},
+        "outputs": {name: name for name in outputs},
         "artifacts": stats,
         "timings_s": {**timings, "total": round(total, 3)},
+        **({"tfrecord": tfrecord} if tfrecord is not None else {}),
     }

@@ -18,16 +18,16 @@ from etl.tfrecord.records import read_file
 METADATA = "metadata.json"
 
 
-def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """The parsed metadata.json; its ``"output"`` is the folder the file paths are under."""
     if isinstance(path_or_metadata, dict):
-        root = Path(path_or_metadata.get("output", "."))
-        return root, path_or_metadata
+        return path_or_metadata
     path = Path(path_or_metadata)
     if path.is_dir():
         path = path / METADATA
     metadata = json.loads(path.read_text())
     metadata.setdefault("output", str(path.parent))
-    return path.parent, metadata
+    return metadata
 
 
 def layout(metadata: dict[str, Any]) -> tuple[list[Group], dict[str, Any]]:
@@ -40,15 +40,16 @@ def layout(metadata: dict[str, Any]) -> tuple[list[Group], dict[str, Any]]:
 
 
 def files(path_or_metadata: str | Path | dict[str, Any], split: str = "train") -> list[Path]:
-    root, metadata = _metadata(path_or_metadata)
+    metadata = _metadata(path_or_metadata)
     _, section = layout(metadata)
+    root = Path(metadata.get("output", "."))
     return [root / f["path"] for f in section["files"] if f["split"] == split]
 
 
 def read_numpy(path_or_metadata: str | Path | dict[str, Any], split: str = "train"
                ) -> dict[str, np.ndarray]:
     """Every row of a split: long name → [rows] (or [rows, K] for multi-hot lists)."""
-    _, metadata = _metadata(path_or_metadata)
+    metadata = _metadata(path_or_metadata)
     groups, section = layout(metadata)
     parts = [read_file(path, groups, section["compression"])
              for path in files(metadata, split)]
@@ -67,7 +68,7 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
     """
     import tensorflow as tf
 
-    _, metadata = _metadata(path_or_metadata)
+    metadata = _metadata(path_or_metadata)
     groups, section = layout(metadata)
     paths = [str(p) for p in files(metadata, split)]
     spec = {g.name: tf.io.RaggedFeature(tf.float32 if g.dtype == "float32" else tf.int64,

@@ -26,6 +26,8 @@ from etl.tfrecord.records import encode
 
 TEMPORARY = "_temporary"
 RESULT_SCHEMA = "partition int, path string, rows long"
+_RESULT_ARROW = pa.schema([("partition", pa.int32()), ("path", pa.string()),
+                           ("rows", pa.int64())])
 
 
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -54,6 +56,27 @@ def _group_arrays(batch: pa.RecordBatch, groups: list[Group]) -> dict[str, np.nd
     return arrays
 
 
+def _prebatched(batches: Iterator[pa.RecordBatch], groups: list[Group], prebatch_size: int
+                ) -> Iterator[dict[str, np.ndarray]]:
+    """Group arrays in chunks of whole records; the rows left at the end come last, so
+    only the final record of a file is smaller than ``prebatch_size``."""
+    pending: list[dict[str, np.ndarray]] = []
+    pending_rows = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        pending.append(_group_arrays(batch, groups))
+        pending_rows += batch.num_rows
+        if pending_rows >= prebatch_size:
+            arrays = {g.name: np.concatenate([p[g.name] for p in pending]) for g in groups}
+            whole = pending_rows - pending_rows % prebatch_size
+            yield {name: values[:whole] for name, values in arrays.items()}
+            pending = [{name: values[whole:] for name, values in arrays.items()}]
+            pending_rows -= whole
+    if pending_rows:
+        yield {g.name: np.concatenate([p[g.name] for p in pending]) for g in groups}
+
+
 @dataclass(frozen=True)
 class TaskWriter:
     """The function ``mapInArrow`` runs in each task (pickled to the executors)."""
@@ -74,38 +97,17 @@ class TaskWriter:
                 f"part-{partition:05d}-attempt-{attempt}{file_suffix(self.compression)}")
         filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
         rows = 0
-        pending: list[dict[str, np.ndarray]] = []
-        pending_rows = 0
         codec = "gzip" if self.compression == "GZIP" else None
         with filesystem.open_output_stream(path, compression=codec) as stream:
-            for batch in batches:
-                if batch.num_rows == 0:
-                    continue
-                pending.append(_group_arrays(batch, self.groups))
-                pending_rows += batch.num_rows
-                if pending_rows >= self.prebatch_size:
-                    arrays = {g.name: np.concatenate([p[g.name] for p in pending])
-                              for g in self.groups}
-                    whole = pending_rows - pending_rows % self.prebatch_size
-                    for record in encode({k: v[:whole] for k, v in arrays.items()}, self.groups,
-                                         self.prebatch_size):
-                        stream.write(record)
-                    rows += whole
-                    pending = [{k: v[whole:] for k, v in arrays.items()}]
-                    pending_rows -= whole
-            if pending_rows:
-                arrays = {g.name: np.concatenate([p[g.name] for p in pending])
-                          for g in self.groups}
+            for arrays in _prebatched(batches, self.groups, self.prebatch_size):
                 for record in encode(arrays, self.groups, self.prebatch_size):
                     stream.write(record)
-                rows += pending_rows
+                rows += len(arrays[self.groups[0].name])
         if rows == 0:
             filesystem.delete_file(path)
             return
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition], "path": [path], "rows": [rows]},
-            schema=pa.schema([("partition", pa.int32()), ("path", pa.string()),
-                              ("rows", pa.int64())]))
+            {"partition": [partition], "path": [path], "rows": [rows]}, schema=_RESULT_ARROW)
 
 
 def write_split(frame: DataFrame, root: str, split: str, groups: list[Group],
