@@ -22,6 +22,13 @@ KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
 
 
+def key_bytes(keys: np.ndarray) -> list[bytes]:
+    """Each int64 key as 8 big-endian bytes: the key of the key-value stores (RocksDB, Redis),
+    whose byte order then matches numeric order for non-negative keys."""
+    raw = np.ascontiguousarray(keys, dtype=">i8").tobytes()
+    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
+
+
 def _checked(keys: np.ndarray, vectors: np.ndarray, dim: int, where: str
              ) -> tuple[np.ndarray, np.ndarray]:
     if keys.size == 0:

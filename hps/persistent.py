@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
+from hps.formats import key_bytes
+
 WRITE_BATCH_ROWS = 100_000
 
 
@@ -31,11 +33,6 @@ class PersistentStore(ABC):
 
     def close(self) -> None:  # noqa: B027 - stores without resources need nothing
         """Release files and handles."""
-
-
-def _key_bytes(keys: np.ndarray) -> list[bytes]:
-    raw = np.ascontiguousarray(keys, dtype=">i8").tobytes()
-    return [raw[i:i + 8] for i in range(0, len(raw), 8)]
 
 
 class RocksDBStore(PersistentStore):
@@ -66,7 +63,7 @@ class RocksDBStore(PersistentStore):
             stop = min(start + WRITE_BATCH_ROWS, len(keys))
             raw = values[start:stop].tobytes()
             batch = WriteBatch(raw_mode=True)
-            for index, key in enumerate(_key_bytes(keys[start:stop])):
+            for index, key in enumerate(key_bytes(keys[start:stop])):
                 batch.put(key, raw[index * row_bytes:(index + 1) * row_bytes], handle)
             self._db.write(batch)
         self._sizes.pop(table, None)
@@ -76,7 +73,7 @@ class RocksDBStore(PersistentStore):
         vectors = np.zeros((len(keys), dim), dtype=np.float32)
         if table not in self._families or not len(keys):
             return found, vectors
-        for index, value in enumerate(self._families[table].get(_key_bytes(keys))):
+        for index, value in enumerate(self._families[table].get(key_bytes(keys))):
             if value is not None:
                 found[index] = True
                 vectors[index] = np.frombuffer(value, dtype="<f4")

@@ -63,6 +63,11 @@ class TableStats:
                 "latency_counts": list(self.latency_counts)}
 
 
+def table_key(model: str, table: str) -> str:
+    """How the stores name a table: its namespace in Redis, its column family in RocksDB."""
+    return f"{model}/{table}"
+
+
 @dataclass
 class Table:
     model: str
@@ -75,7 +80,7 @@ class Table:
 
     @property
     def key(self) -> str:
-        return f"{self.model}/{self.config.name}"
+        return table_key(self.model, self.config.name)
 
 
 def volatile_store(config: VolatileDbConfig) -> VolatileStore:
@@ -109,14 +114,15 @@ class ParameterServer:
 
     def _load(self, model: str, config: TableConfig, cache_fraction: float,
               hit_rate_threshold: float) -> Table:
-        key = f"{model}/{config.name}"
-        if config.source is not None and self.persistent.size(key) == 0:
+        key = table_key(model, config.name)
+        size = self.persistent.size(key)
+        if config.source is not None and size == 0:
             keys, vectors = read_table(config.source, config.format, config.dim)
             self.persistent.insert(key, keys, vectors)
-            warm = int(len(keys) * self.config.volatile_db.initial_cache_rate)
+            size = len(keys)  # read_table rejects duplicate keys
+            warm = int(size * self.config.volatile_db.initial_cache_rate)
             if warm:
                 self.volatile.insert(key, keys[:warm], vectors[:warm])
-        size = self.persistent.size(key)
         capacity = max(1, math.ceil(size * cache_fraction))
         cache = make_cache(capacity, config.dim, self.config.cache_device)
         return Table(model, config, cache, size, hit_rate_threshold)

@@ -1,7 +1,8 @@
-"""A fixed-capacity key → slot index with an overflow policy, shared by the in-memory tiers.
+"""The key → slot index of the in-process hash map (L2), with its overflow policy.
 
-The vectors live wherever the tier keeps them (numpy, CuPy); this only decides which slot
-holds which key and which keys leave when the tier is full.
+The vectors live in the store's array; this only decides which slot holds which key and
+which keys leave when the store is full. (The L1 cache uses the compiled
+:class:`hps.hash_index.HashIndex`.)
 """
 
 from __future__ import annotations
@@ -66,10 +67,3 @@ class SlotIndex:
         slots = np.full(len(keys), -1, dtype=np.int64)
         slots[: len(keys_list)] = [self._slots[k] for k in keys_list]
         return slots
-
-    def remove(self, keys: np.ndarray) -> None:
-        for key in keys.tolist():
-            slot = self._slots.pop(key, None)
-            if slot is not None:
-                self._uses[slot] = 0
-                self._free.append(slot)

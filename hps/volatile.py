@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from hps.formats import key_bytes
 from hps.slots import OverflowPolicy, SlotIndex
 
 logger = logging.getLogger("featureline.hps")
@@ -90,8 +91,7 @@ class RedisStore(VolatileStore):
 
     def _keys(self, table: str, keys: np.ndarray) -> list[bytes]:
         prefix = self._prefix(table)
-        raw = np.ascontiguousarray(keys, dtype=">i8").tobytes()
-        return [prefix + raw[i:i + 8] for i in range(0, len(raw), 8)]
+        return [prefix + key for key in key_bytes(keys)]
 
     def _meta(self, table: str, name: str) -> bytes:
         # '#' where data keys have ':', so no 8-byte key can collide with these.
