@@ -162,6 +162,16 @@ def demo(out: str, events: int, seed: int) -> None:
     click.echo(f"demo finished in {time.perf_counter() - started:.1f}s")
 
 
+def _register_feature_store_commands() -> None:
+    from feature_store.cli import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register_feature_store_commands()
+
+
 def run_command(command: click.Command) -> None:
     """Run a click command; typed Featureline errors become one clear line and exit code 2."""
     try:

@@ -300,10 +300,32 @@ class EtlConfig(_Model):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+class FeatureStoreConfig(_Model):
+    """How Feast publishes the ETL's entity tables (``feature_store/``)."""
+
+    # The Feast repository: feature_store.yaml and the definitions derived from metadata.json.
+    repo: str = "feature_store"
+    # How long an entity's latest snapshot stands in point-in-time joins.
+    ttl: str = "30d"
+    # redis | redis_cluster; REDIS_URL names the server (a cluster: any one of its nodes).
+    redis_type: Literal["redis", "redis_cluster"] = "redis"
+    # With REDIS_URL unset, a private redis-server keeps its data here.
+    redis_dir: str = "data/redis"
+    # duckdb (embedded, in-process) | spark (Feast's Spark offline store, for scale).
+    offline_store: Literal["duckdb", "spark"] = "duckdb"
+
+    @field_validator("ttl")
+    @classmethod
+    def _ttl_is_a_duration(cls, value: str) -> str:
+        duration_seconds(value)
+        return value
+
+
 class FeaturelineConfig(_Model):
     """The whole ``featureline.yaml``: one section per stage."""
 
     etl: EtlConfig = Field(default_factory=lambda: EtlConfig())
+    feature_store: FeatureStoreConfig = FeatureStoreConfig()
 
 
 def categorical_columns(config: EtlConfig) -> list[str]:

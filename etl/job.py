@@ -180,6 +180,7 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
         write_parquet(table.frame.orderBy(EVENT_TIMESTAMP, key), path / entity, files=None)
         entities[entity] = {
             "path": f"entities/{entity}", "join_key": key, "timestamp_field": EVENT_TIMESTAMP,
+            "join_key_dtype": dict(table.frame.dtypes)[key],
             "features": _schema(table.frame, table.feature_columns),
         }
     return entities

