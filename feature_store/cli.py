@@ -39,7 +39,8 @@ data_option = click.option("--data", type=click.Path(file_okay=False),
 @config_option
 @data_option
 @click.option("--full", is_flag=True, help="Materialize every snapshot again, not only new ones.")
-@click.option("--end", type=click.DateTime(), help="Materialize up to this UTC time (default: now).")
+@click.option("--end", type=click.DateTime(),
+              help="Materialize up to this UTC time (default: now).")
 def publish(config_path: str | None, data: str | None, full: bool, end: datetime | None) -> None:
     """Register the feature views with Feast and materialize them into Redis."""
     from feature_store.publish import publish as run_publish

@@ -20,7 +20,7 @@ import yaml
 from feast import FeatureStore
 from feast.repo_config import RepoConfig
 
-from etl.config import FeatureStoreConfig, FeaturelineConfig, load_config
+from etl.config import FeaturelineConfig, FeatureStoreConfig, load_config
 from etl.errors import ConfigError
 from feature_store.definitions import Definitions, build
 from feature_store.errors import OnlineStoreUnavailableError

@@ -1,0 +1,293 @@
+"""Feast over the ETL's entity tables, with a real Redis server and real Feast (DuckDB offline
+store): apply, materialize, online reads, point-in-time training sets, Feast's own CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import redis
+from click.testing import CliRunner
+
+from etl.cli import main
+from etl.config import FeaturelineConfig, parse_config
+from etl.errors import ConfigError
+from feature_store.errors import (
+    EntityRowsError,
+    MetadataNotFoundError,
+    OnlineStoreUnavailableError,
+    UnknownFeatureServiceError,
+)
+from feature_store.publish import publish
+from feature_store.redis_server import free_port
+from feature_store.repo import feast_connection_string, open_repo
+from feature_store.training_set import training_set
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+REPO_FILES = ("feature_store.yaml", "feature_store.spark.yaml", "featureline_repo.py",
+              ".feastignore")
+
+# Hand-made snapshots: (key, snapshot time, events). A snapshot at D counts events before D.
+USER_SNAPSHOTS = [("u1", "2026-01-02", 1), ("u1", "2026-01-05", 3), ("u1", "2026-01-10", 7),
+                  ("u2", "2026-01-03", 2)]
+ITEM_SNAPSHOTS = [("i1", "2026-01-02", 5), ("i2", "2026-01-06", 9)]
+
+
+def _utc(text: str) -> datetime:
+    return pd.Timestamp(text, tz="UTC").to_pydatetime()
+
+
+def _write_entity(output: Path, entity: str, rows: list[tuple[str, str, int]]) -> dict:
+    key = f"{entity}_id"
+    table = pa.table({
+        key: [r[0] for r in rows],
+        "event_timestamp": pa.array([pd.Timestamp(r[1]) for r in rows], pa.timestamp("us")),
+        f"{key}_cat": pa.array([2 + int(r[0][1:]) for r in rows], pa.int64()),
+        f"{entity}_events": pa.array([r[2] for r in rows], pa.int64()),
+        f"{entity}_positive_rate": pa.array([r[2] / 10 for r in rows], pa.float64()),
+    })
+    (output / "entities" / entity).mkdir(parents=True)
+    pq.write_table(table, output / "entities" / entity / "part-00000.parquet")
+    return {"path": f"entities/{entity}", "join_key": key, "join_key_dtype": "string",
+            "timestamp_field": "event_timestamp",
+            "features": [{"name": f"{key}_cat", "dtype": "bigint"},
+                         {"name": f"{entity}_events", "dtype": "bigint"},
+                         {"name": f"{entity}_positive_rate", "dtype": "double"}]}
+
+
+@pytest.fixture
+def handmade_output(tmp_path) -> Path:
+    """An ETL output folder written by hand: metadata.json and entities/ only."""
+    output = tmp_path / "output"
+    entities = {"user": _write_entity(output, "user", USER_SNAPSHOTS),
+                "item": _write_entity(output, "item", ITEM_SNAPSHOTS)}
+    (output / "metadata.json").write_text(json.dumps({"entities": entities,
+                                                      "config_hash": "test"}))
+    return output
+
+
+def _project(tmp_path: Path, ttl: str = "3d") -> FeaturelineConfig:
+    """A copy of the Feast repository under tmp_path (its registry lands there too)."""
+    repo = tmp_path / "project" / "feature_store"
+    repo.mkdir(parents=True)
+    for name in REPO_FILES:
+        shutil.copy(REPO / "feature_store" / name, repo / name)
+    return parse_config({"feature_store": {"repo": str(repo), "ttl": ttl,
+                                           "redis_dir": str(tmp_path / "redis")}})
+
+
+def _fresh_db(server, db: int) -> str:
+    """A Redis database of the shared test server, emptied: each test its own."""
+    url = server.url.rsplit("/", 1)[0] + f"/{db}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def online_url(redis_server) -> str:
+    return _fresh_db(redis_server, 3)
+
+
+def _online(repo, rows: list[dict]) -> dict:
+    service = repo.store.get_feature_service("ranking")
+    return repo.store.get_online_features(features=service, entity_rows=rows).to_dict()
+
+
+def _redis_dump(url: str) -> dict:
+    client = redis.Redis.from_url(url)
+    return {key: client.hgetall(key) for key in client.scan_iter()}
+
+
+def test_publish_then_online_values_are_the_latest_snapshots(tmp_path, handmade_output,
+                                                              online_url):
+    repo = open_repo(_project(tmp_path), output=handmade_output, url=online_url)
+    summary = publish(repo, progress=lambda _: None)
+    assert {v.name: v.keys for v in summary.views} == {"user_features": 2, "item_features": 2}
+    values = _online(repo, [{"user_id": "u1", "item_id": "i2"},
+                            {"user_id": "u2", "item_id": "i1"},
+                            {"user_id": "nobody", "item_id": "nothing"}])
+    assert values["user_events"] == [7, 2, None]
+    assert values["user_id_cat"] == [3, 4, None]
+    assert values["user_positive_rate"] == [0.7, 0.2, None]
+    assert values["item_events"] == [9, 5, None]
+    assert values["item_id_cat"] == [4, 3, None]
+
+
+def test_materialization_is_incremental_and_idempotent(tmp_path, handmade_output, online_url):
+    repo = open_repo(_project(tmp_path), output=handmade_output, url=online_url)
+    first = publish(repo, end=_utc("2026-01-06"), progress=lambda _: None)
+    assert first.keys == 2 + 2
+    assert _online(repo, [{"user_id": "u1", "item_id": "i2"}])["user_events"] == [3]
+    second = publish(repo, progress=lambda _: None)
+    # Only what was stamped after the first run's end: u1's 01-10 snapshot (i2's 01-06
+    # snapshot lies on the boundary, which both ranges include).
+    assert {v.name: v.start for v in second.views} == {
+        "user_features": _utc("2026-01-06"), "item_features": _utc("2026-01-06")}
+    assert {v.name: v.keys for v in second.views} == {"user_features": 1, "item_features": 1}
+    assert _online(repo, [{"user_id": "u1", "item_id": "i2"}])["user_events"] == [7]
+    before = _redis_dump(online_url)
+    publish(repo, full=True, progress=lambda _: None)
+    publish(repo, progress=lambda _: None)
+    assert _redis_dump(online_url) == before
+
+
+def test_publish_the_real_etl_output(tmp_path, job_output, redis_server):
+    url = _fresh_db(redis_server, 4)
+    repo = open_repo(_project(tmp_path, ttl="30d"), output=job_output.output, url=url)
+    summary = publish(repo, progress=lambda _: None)
+    for entity, view in (("user", "user_features"), ("item", "item_features")):
+        snapshots = pq.read_table(job_output.output / "entities" / entity).to_pandas()
+        key = f"{entity}_id"
+        latest = snapshots.sort_values("event_timestamp").groupby(key).tail(1).set_index(key)
+        assert {v.name: v.keys for v in summary.views}[view] == len(latest)
+        sample = latest.index[:25].tolist()
+        values = repo.store.get_online_features(
+            features=[f"{view}:{c}" for c in latest.columns if c != "event_timestamp"],
+            entity_rows=[{key: k} for k in sample]).to_dict()
+        for column in latest.columns.drop("event_timestamp"):
+            assert values[column] == pytest.approx(latest.loc[sample, column].tolist()), column
+
+
+def test_training_set_is_point_in_time_correct_and_keeps_every_row(tmp_path, handmade_output,
+                                                                   online_url):
+    repo = open_repo(_project(tmp_path, ttl="3d"), output=handmade_output, url=online_url)
+    publish(repo, progress=lambda _: None)
+    times = ["2026-01-01", "2026-01-02", "2026-01-04 23:59", "2026-01-05", "2026-01-09 12:00",
+             "2026-01-10", "2026-01-05", "2026-01-05"]
+    users = ["u1", "u1", "u1", "u1", "u1", "u1", "nobody", "u1"]
+    rows = pd.DataFrame({"user_id": users, "item_id": ["i1"] * len(users),
+                         "event_timestamp": pd.to_datetime(times, utc=True, format="ISO8601"),
+                         "label": range(len(users))})
+    rows.to_parquet(tmp_path / "rows.parquet")
+    summary = training_set(repo, tmp_path / "rows.parquet", "training", tmp_path / "ts.parquet")
+    result = pq.read_table(tmp_path / "ts.parquet")
+    assert summary.rows == result.num_rows == len(rows)
+    assert result["label"].to_pylist() == list(range(len(users)))  # input order
+    assert result.schema.field("user_events").type == pa.int64()
+    # before any snapshot; exactly at one; just before the next; at the next; 4.5 days after
+    # the latest (beyond the 3-day ttl); at the newest; unknown user; a duplicate row.
+    assert result["user_events"].to_pylist() == [None, 1, 1, 3, None, 7, None, 3]
+    # i1's only snapshot (01-02) is within 3 days of 01-02 .. 01-05 only.
+    assert result["item_events"].to_pylist() == [None, 5, 5, 5, None, None, 5, 5]
+    assert summary.coverage["user_events"] == pytest.approx(5 / 8)
+
+
+def test_training_set_errors_name_the_problem(tmp_path, handmade_output, online_url):
+    repo = open_repo(_project(tmp_path), output=handmade_output, url=online_url)
+    publish(repo, progress=lambda _: None)
+    pd.DataFrame({"user_id": ["u1"], "event_timestamp": [pd.Timestamp("2026-01-05", tz="UTC")]}
+                 ).to_parquet(tmp_path / "no_item.parquet")
+    with pytest.raises(EntityRowsError, match=r"missing column.*item_id"):
+        training_set(repo, tmp_path / "no_item.parquet", "training", tmp_path / "out.parquet")
+    with pytest.raises(UnknownFeatureServiceError, match=r"'scoring'.*ranking, training"):
+        training_set(repo, tmp_path / "no_item.parquet", "scoring", tmp_path / "out.parquet")
+    with pytest.raises(EntityRowsError, match="no such file"):
+        training_set(repo, tmp_path / "absent.parquet", "training", tmp_path / "out.parquet")
+    assert not (tmp_path / "out.parquet").exists()
+
+
+def test_redis_down_is_a_clear_error(tmp_path, handmade_output):
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    repo = open_repo(_project(tmp_path), output=handmade_output, url=url)
+    with pytest.raises(OnlineStoreUnavailableError, match=f"{url} is unreachable"):
+        publish(repo, progress=lambda _: None)
+
+
+def test_no_etl_output_is_a_clear_error(tmp_path):
+    with pytest.raises(MetadataNotFoundError, match="featureline etl run"):
+        open_repo(_project(tmp_path), output=tmp_path / "nothing", url="redis://127.0.0.1:1/0")
+
+
+def test_connection_string_and_config_checks():
+    assert feast_connection_string("redis://127.0.0.1:6390/2").startswith("127.0.0.1:6390,db=2,")
+    secure = feast_connection_string("rediss://app:s%40cret@cache.internal:6380/0")
+    assert secure.startswith("cache.internal:6380,db=0,username=app,password=s@cret,ssl=true")
+    cluster = feast_connection_string("redis://node-1:7000/0", "redis_cluster")
+    assert cluster.startswith("node-1:7000,socket")  # a cluster has no db index
+    with pytest.raises(ConfigError, match="REDIS_URL"):
+        feast_connection_string("localhost:6379")
+    with pytest.raises(ConfigError, match=r"feature_store\.ttl"):
+        parse_config({"feature_store": {"ttl": "forever"}})
+    with pytest.raises(ConfigError, match=r"feature_store\.redis_type"):
+        parse_config({"feature_store": {"redis_type": "memcached"}})
+
+
+def test_feast_imports_only_the_definitions_file():
+    from feast.repo_operations import get_repo_files
+
+    files = get_repo_files(REPO / "feature_store")
+    assert [f.name for f in files] == ["featureline_repo.py"]
+
+
+def test_feast_cli_apply_and_materialize(tmp_path, handmade_output, redis_server):
+    """`cd feature_store && feast apply`, then a first load and an increment, as a Feast user.
+
+    (Feast's materialize-incremental on a never-materialized view starts at end - ttl, so a
+    first load names its range.)"""
+    config = _project(tmp_path)
+    repo = Path(config.feature_store.repo)
+    url = _fresh_db(redis_server, 5)
+    env = {**os.environ, "FEATURELINE_OUTPUT": str(handmade_output),
+           "FEAST_REDIS_CONNECTION": feast_connection_string(url)}
+    for command in (["apply"], ["materialize", "2026-01-01T00:00:00", "2026-01-06T00:00:00"],
+                    ["materialize-incremental", "2026-02-01T00:00:00"]):
+        done = subprocess.run([str(BIN / "feast"), *command], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (repo / "data" / "registry.db").is_file()
+    # What the CLI registered and materialized is what our own code reads back.
+    feature_repo = open_repo(config, output=handmade_output, url=url)
+    assert _online(feature_repo, [{"user_id": "u1", "item_id": "i1"}])["user_events"] == [7]
+
+
+def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, redis_server):
+    config = _project(tmp_path)
+    config_file = tmp_path / "featureline.yaml"
+    config_file.write_text(json.dumps(config.model_dump(mode="json")))
+    runner = CliRunner()
+    url = _fresh_db(redis_server, 6)
+    published = runner.invoke(main, ["publish", "--config", str(config_file), "--data",
+                                     str(handmade_output)], env={"REDIS_URL": url})
+    assert published.exit_code == 0, published.output
+    assert json.loads(published.stdout.splitlines()[-1])["keys_written"] == 4
+    pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["i1", "i9"],
+                  "event_timestamp": pd.to_datetime(["2026-01-05", "2026-01-04"], utc=True)}
+                 ).to_parquet(tmp_path / "rows.parquet")
+    made = runner.invoke(main, ["training-set", "--config", str(config_file), "--data",
+                                str(handmade_output), "--entities", str(tmp_path / "rows.parquet"),
+                                "--out", str(tmp_path / "ts.parquet")], env={"REDIS_URL": url})
+    assert made.exit_code == 0, made.output
+    assert pq.read_table(tmp_path / "ts.parquet")["user_events"].to_pylist() == [3, 2]
+
+    # The embedded daemon: start (twice: found running), status, env, stop.
+    env = {"REDIS_URL": ""}
+    started = runner.invoke(main, ["redis", "start", "--config", str(config_file)], env=env)
+    assert started.exit_code == 0, started.output
+    try:
+        daemon = started.stdout.strip()
+        assert redis.Redis.from_url(daemon).ping()
+        again = runner.invoke(main, ["redis", "start", "--config", str(config_file)], env=env)
+        assert again.stdout.strip() == daemon
+        status = runner.invoke(main, ["redis", "status", "--config", str(config_file)], env=env)
+        assert json.loads(status.stdout)["url"] == daemon
+        exports = runner.invoke(main, ["redis", "env", "--config", str(config_file)], env=env)
+        port = daemon.rsplit(":", 1)[1].split("/")[0]
+        assert f"export FEAST_REDIS_CONNECTION='127.0.0.1:{port},db=0," in exports.stdout
+    finally:
+        stopped = runner.invoke(main, ["redis", "stop", "--config", str(config_file)], env=env)
+    assert stopped.stdout.strip() == "stopped"
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis.from_url(daemon, socket_connect_timeout=1).ping()
+    status = runner.invoke(main, ["redis", "status", "--config", str(config_file)], env=env)
+    assert status.exit_code == 1 and json.loads(status.stdout) == {"running": False}
+
