@@ -8,6 +8,8 @@ earliest snapshot, so the first publish loads everything.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,7 +93,9 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             keys = _keys_between(snapshots, table["join_key"], table["timestamp_field"],
                                  start, end)
             view_started = time.perf_counter()
-            store.materialize(start, end, feature_views=[view.name])
+            # Feast prints its own progress on stdout, where our commands print results.
+            with contextlib.redirect_stdout(sys.stderr):
+                store.materialize(start, end, feature_views=[view.name])
             done = ViewPublished(view.name, start, end, keys, time.perf_counter() - view_started)
             progress(f"materialized {view.name}: {keys:,} keys from {start:%Y-%m-%d %H:%M} "
                      f"to {end:%Y-%m-%d %H:%M} in {done.seconds:.1f}s")

@@ -16,6 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 from feast import FeatureService
+from feast.errors import FeatureServiceNotFoundException
 from feast.type_map import feast_value_type_to_pa
 
 from feature_store.errors import EntityRowsError, FeatureStoreError, UnknownFeatureServiceError
@@ -39,10 +40,14 @@ class TrainingSetSummary:
 
 
 def feature_service(repo: FeatureRepo, name: str) -> FeatureService:
-    services = repo.definitions.services
-    if name not in services:
-        raise UnknownFeatureServiceError(name, sorted(services))
-    return services[name]
+    """The service as registered (what Feast queries), by a name the definitions hold."""
+    if name not in repo.definitions.services:
+        raise UnknownFeatureServiceError(name, sorted(repo.definitions.services))
+    try:
+        return repo.store.get_feature_service(name)
+    except FeatureServiceNotFoundException:
+        raise FeatureStoreError(f"feature service {name!r} is not registered yet; run "
+                                "`featureline publish` first") from None
 
 
 def _entity_rows(repo: FeatureRepo, service: FeatureService, path: Path) -> pd.DataFrame:

@@ -51,3 +51,16 @@ def test_bench_hps_smoke():
     entry = report["batches"]["64"]
     for path in ("numpy_gather", "python_dict", "redis_mget", "l1_hit", "l2", "l3"):
         assert entry[path]["keys_per_s"] > 0 and entry[path]["p99_ms"] >= entry[path]["p50_ms"]
+
+
+def test_bench_feast_smoke():
+    report = _load("bench_feast").run([300], requests=3)
+    json.dumps(report)
+    (materialized,) = report["materialize"]
+    assert materialized["entities"] == 300
+    assert materialized["feast_keys_per_s"] > 0 and materialized["raw_hset_keys_per_s"] > 0
+    one, hundred = report["online"][0]["latency"]
+    assert (one["rows"], hundred["rows"]) == (1, 100)
+    assert one["features_per_row"] == 10
+    for entry in (one, hundred):
+        assert entry["feast_sdk"]["p99_ms"] >= entry["feast_sdk"]["p50_ms"] > 0

@@ -291,3 +291,35 @@ def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, 
     status = runner.invoke(main, ["redis", "status", "--config", str(config_file)], env=env)
     assert status.exit_code == 1 and json.loads(status.stdout) == {"running": False}
 
+
+
+def test_spark_offline_store_gives_the_same_training_set(spark, tmp_path, handmade_output,
+                                                          online_url):
+    """Feast's Spark offline store (the one for scale) on the shared local session."""
+    duckdb_repo = open_repo(_project(tmp_path / "duckdb"), output=handmade_output, url=online_url)
+    config = _project(tmp_path / "spark")
+    config = parse_config({"feature_store": {**config.feature_store.model_dump(),
+                                             "offline_store": "spark"}})
+    spark_repo = open_repo(config, output=handmade_output, url=online_url)
+    rows = pd.DataFrame({"user_id": ["u1", "u1", "u2", "nobody", "u1"],
+                         "item_id": ["i1", "i2", "i1", "i2", "i2"],
+                         "event_timestamp": pd.to_datetime(
+                             ["2026-01-02", "2026-01-07", "2026-01-04", "2026-01-07",
+                              "2026-01-30"], utc=True),
+                         "label": [1, 0, 1, 0, 1]})
+    rows.to_parquet(tmp_path / "rows.parquet")
+    try:
+        for repo in (duckdb_repo, spark_repo):
+            repo.store.apply(repo.definitions.objects())
+            training_set(repo, tmp_path / "rows.parquet", "training",
+                         tmp_path / f"{repo.settings.offline_store}.parquet")
+    finally:
+        # Feast's Spark store switches this on in the session it borrows; the ETL tests
+        # share that session.
+        spark.conf.unset("spark.sql.parser.quotedRegexColumnNames")
+    by_duckdb = pq.read_table(tmp_path / "duckdb.parquet")
+    by_spark = pq.read_table(tmp_path / "spark.parquet")
+    assert by_spark.num_rows == len(rows)
+    assert by_spark["user_events"].to_pylist() == [1, 3, 2, None, None]
+    for column in by_duckdb.column_names:
+        assert by_spark[column].to_pylist() == by_duckdb[column].to_pylist(), column
