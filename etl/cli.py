@@ -145,7 +145,9 @@ def etl_run(**options: str | None) -> None:
 @click.option("--out", default="data/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
-def demo(out: str, events: int, seed: int) -> None:
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help=f"YAML configuration of the publish step (default: ./{DEFAULT_CONFIG})")
+def demo(out: str, events: int, seed: int, config_path: str | None) -> None:
     """Generate a sample log and run the whole pipeline on embedded defaults."""
     from etl.datagen import write_log
 
@@ -160,11 +162,11 @@ def demo(out: str, events: int, seed: int) -> None:
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     _progress("[3/3] publish: Feast apply + materialize into Redis")
-    click.echo(_publish_demo(output))
+    click.echo(_publish_demo(output, config_path))
     click.echo(f"demo finished in {time.perf_counter() - started:.1f}s")
 
 
-def _publish_demo(output: Path, sample: int = 3) -> str:
+def _publish_demo(output: Path, config_path: str | None, sample: int = 3) -> str:
     """Publish the demo's output and show a few rows as the online store now serves them."""
     import pandas as pd
     import pyarrow.parquet as pq
@@ -173,8 +175,9 @@ def _publish_demo(output: Path, sample: int = 3) -> str:
     from feature_store.publish import publish
     from feature_store.repo import open_repo
 
-    repo = open_repo(load_config(DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None),
-                     output=output)
+    if config_path is None and Path(DEFAULT_CONFIG).is_file():
+        config_path = DEFAULT_CONFIG
+    repo = open_repo(load_config(config_path), output=output)
     published = publish(repo, full=True, progress=_progress)
     keys = {entity: pq.read_table(repo.definitions.snapshot_path(entity),
                                   columns=[table["join_key"]]).column(0).unique()[:sample]

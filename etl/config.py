@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from api.settings import ApiConfig
 from etl.errors import ConfigError, LabelRuleError
 
 ROLES = ("user_id", "item_id", "event_type", "ts", "value")
@@ -326,6 +327,7 @@ class FeaturelineConfig(_Model):
 
     etl: EtlConfig = Field(default_factory=lambda: EtlConfig())
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
+    api: ApiConfig = ApiConfig()
 
 
 def categorical_columns(config: EtlConfig) -> list[str]:

@@ -200,6 +200,25 @@ class ParameterServer:
             self.volatile.insert(entry.key, unique, rows)
             entry.cache.refresh(unique, rows)
 
+    def reload(self, model: str) -> dict[str, int]:
+        """Read the model's table sources again and apply them as an update (L3, L2, L1).
+
+        Keys that left a source stay in L3; a table without a source is left as it is.
+        Returns the rows read per table.
+        """
+        if model not in self.tables:
+            raise UnknownModelError(model, list(self.tables))
+        rows = {}
+        for name, entry in self.tables[model].items():
+            if entry.config.source is None:
+                continue
+            keys, vectors = read_table(entry.config.source, entry.config.format,
+                                       entry.config.dim)
+            self.apply_update(model, name, keys, vectors)
+            entry.size = self.persistent.size(entry.key)
+            rows[name] = len(keys)
+        return rows
+
     def _queue(self, future: Future[None]) -> None:
         still_running = []
         for queued in self._pending:

@@ -1,0 +1,90 @@
+"""The FastAPI application: ``create_app(config)``; ``featureline serve`` runs it in uvicorn."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api import errors
+from api.routes import admin, embeddings, features, health, ranking
+from api.services import Services, open_services
+from etl import __version__
+from etl.config import FeaturelineConfig, load_config
+
+CONFIG_ENV = "FEATURELINE_CONFIG"
+
+
+def create_app(config: FeaturelineConfig | None = None, *, output: str | Path | None = None,
+               redis_url: str | None = None) -> FastAPI:
+    """The application; its services (Redis, vocabularies, HPS) open when it starts."""
+    config = config or FeaturelineConfig()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = open_services(config, output=output, redis_url=redis_url)
+        app.state.services = services
+        try:
+            yield
+        finally:
+            services.close()
+
+    app = FastAPI(title="Featureline ranking API", version=__version__, lifespan=lifespan,
+                  description="Online features, embedding lookups, and both in one call.")
+    for module in (features, embeddings, ranking, admin, health):
+        app.include_router(module.router)
+    limits = config.api.limits
+
+    def count_error(kind: str) -> None:
+        services: Services | None = getattr(app.state, "services", None)
+        if services is not None:
+            services.metrics.count_error(kind)
+
+    errors.install(app, config.api.retry_after_s, count_error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
+                405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
+        count_error(kind)
+        return JSONResponse({"error": kind, "message": str(exc.detail)}, exc.status_code,
+                            headers=exc.headers)
+
+    @app.middleware("http")
+    async def body_limit_and_latency(request: Request,
+                                     call_next: Callable[[Request], Awaitable[Response]]
+                                     ) -> Response:
+        started = time.perf_counter()
+        length = request.headers.get("content-length")
+        too_large = length is not None and length.isdigit() and int(length) > limits.max_body_bytes
+        if length is None and request.method in {"POST", "PUT", "PATCH"}:
+            too_large = len(await request.body()) > limits.max_body_bytes
+        if too_large:
+            count_error("LimitExceededError")
+            response: Response = JSONResponse(
+                {"error": "LimitExceededError", "field": "body", "limit": limits.max_body_bytes,
+                 "message": f"body: larger than the limit of {limits.max_body_bytes} bytes"},
+                413)
+        else:
+            response = await call_next(request)
+        route = request.scope.get("route")
+        services: Services | None = getattr(app.state, "services", None)
+        if services is not None:
+            services.metrics.latency.labels(
+                route=getattr(route, "path", "unmatched"), method=request.method,
+                status=str(response.status_code)).observe(time.perf_counter() - started)
+        return response
+
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn's factory: the configuration in ``FEATURELINE_CONFIG`` (set by serve)."""
+    path = os.environ.get(CONFIG_ENV)
+    return create_app(load_config(path) if path else None)

@@ -1,0 +1,43 @@
+"""API keys as bearer tokens, with read and admin scopes (admin includes read)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.settings import Scope
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`")
+_RANK = {"read": 0, "admin": 1}
+
+
+def _scope_of(keys: dict[str, Scope], presented: str) -> Scope | None:
+    # Compare against every key in constant time, so timing says nothing about them.
+    found = None
+    for key, scope in keys.items():
+        if hmac.compare_digest(key.encode(), presented.encode()):
+            found = scope
+    return found
+
+
+def require(scope: Scope) -> Callable[..., None]:
+    """A dependency: 401 without a known key, 403 with a key of a lower scope."""
+
+    def check(request: Request,
+              credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+        services = request.app.state.services
+        if not services.config.api.auth.enabled:
+            return
+        if credentials is None:
+            raise HTTPException(401, "missing API key (Authorization: Bearer <key>)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        granted = _scope_of(services.api_keys, credentials.credentials)
+        if granted is None:
+            raise HTTPException(401, "unknown API key", headers={"WWW-Authenticate": "Bearer"})
+        if _RANK[granted] < _RANK[scope]:
+            raise HTTPException(403, f"this key has the {granted} scope; {scope} is needed")
+
+    return check

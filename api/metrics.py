@@ -1,0 +1,51 @@
+"""Prometheus metrics: latency per route, errors by kind, the HPS hit rate per tier."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class HpsCollector(Collector):
+    """Read at scrape time from the parameter server's own counters."""
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        share = GaugeMetricFamily("featureline_hps_keys_share",
+                                  "Share of looked-up keys answered by each tier",
+                                  labels=["model", "table", "tier"])
+        keys = GaugeMetricFamily("featureline_hps_table_keys", "Keys in each table",
+                                 labels=["model", "table"])
+        for model, tables in self.stats().items():
+            for table, entry in tables.items():
+                answered = entry["keys_by_tier"]
+                total = sum(answered.values()) or 1
+                for tier, count in answered.items():
+                    share.add_metric([model, table, tier], count / total)
+                keys.add_metric([model, table], entry["keys"])
+        yield share
+        yield keys
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.latency = Histogram("featureline_api_request_seconds", "Request latency by route",
+                                 ["route", "method", "status"], buckets=LATENCY_BUCKETS,
+                                 registry=self.registry)
+        self.errors = Counter("featureline_api_errors_total", "Errors by kind", ["kind"],
+                              registry=self.registry)
+
+    def count_error(self, kind: str) -> None:
+        self.errors.labels(kind=kind).inc()
+
+    def watch_hps(self, stats: Callable[[], dict[str, Any]]) -> None:
+        self.registry.register(HpsCollector(stats))

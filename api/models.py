@@ -1,0 +1,124 @@
+"""Request and response bodies: the OpenAPI document built from them is the API's contract."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Status = Literal["present", "not_found", "outside_ttl"]
+EntityId = str | int
+INT64 = Field(ge=-(2**63), le=2**63 - 1)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FeaturesRequest(_Body):
+    """A feature service or a list of ``view:feature`` references, for rows of entity ids."""
+
+    service: str | None = Field(default=None, examples=["ranking"])
+    features: list[str] | None = Field(default=None, min_length=1,
+                                       examples=[["user_features:user_events"]])
+    # Join key (``user_id``) → raw ids, or encoded-id feature (``user_id_cat``) → encoded ids;
+    # every list has one id per row.
+    entities: dict[str, list[EntityId]] = Field(
+        min_length=1, examples=[{"user_id": ["u1", "u2"], "item_id": ["i7", "i9"]}])
+
+    @model_validator(mode="after")
+    def _one_selection_and_equal_rows(self) -> FeaturesRequest:
+        if (self.service is None) == (self.features is None):
+            raise ValueError("give exactly one of service and features")
+        lengths = {key: len(ids) for key, ids in self.entities.items()}
+        if len(set(lengths.values())) != 1 or 0 in lengths.values():
+            raise ValueError(f"entities: every list needs the same, non-zero length "
+                             f"(got {lengths})")
+        return self
+
+
+class FeaturesResponse(BaseModel):
+    names: list[str]
+    # Feature name → one value per row (null when not found).
+    values: dict[str, list[Any]]
+    status: dict[str, list[Status]]
+
+
+class LookupRequest(_Body):
+    model: str = Field(examples=["ranker"])
+    table: str = Field(examples=["item"])
+    keys: list[int] = Field(min_length=1, examples=[[2, 3, 2]])
+
+    @model_validator(mode="after")
+    def _keys_are_int64(self) -> LookupRequest:
+        for index, key in enumerate(self.keys):
+            if not -(2**63) <= key < 2**63:
+                raise ValueError(f"keys[{index}]: {key} is outside int64")
+        return self
+
+
+class LookupResponse(BaseModel):
+    model: str
+    table: str
+    dim: int
+    vectors: list[list[float]]
+
+
+class RankingInputsRequest(_Body):
+    user_id: EntityId = Field(examples=["u1"])
+    item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]])
+
+
+class EntityFeatures(BaseModel):
+    ids: list[EntityId]
+    # Encoded with the ETL's vocabulary (1: out of vocabulary).
+    encoded_ids: list[int]
+    values: dict[str, list[Any]]
+    status: dict[str, list[Status]]
+
+
+class Embeddings(BaseModel):
+    table: str
+    dim: int
+    vectors: list[list[float]]
+
+
+class RankingInputsResponse(BaseModel):
+    user: EntityFeatures
+    items: EntityFeatures
+    # Encoded-id feature (``user_id_cat``) → its vectors, one per id, from the HPS.
+    embeddings: dict[str, Embeddings]
+
+
+class TableInfo(BaseModel):
+    name: str
+    dim: int
+    keys: int
+    cache: dict[str, Any]
+    stats: dict[str, Any]
+
+
+class ModelInfo(BaseModel):
+    name: str
+    tables: list[TableInfo]
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+
+
+class ReloadResponse(BaseModel):
+    model: str
+    rows: dict[str, int]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, bool] = {}
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    field: str | None = None
+    limit: int | None = None

@@ -1,0 +1,18 @@
+"""Administration: reload a model's embedding tables from their sources."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from api.auth import require
+from api.models import ErrorBody, ReloadResponse
+from api.services import Services, get_services
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require("admin"))])
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 503)}
+
+
+@router.post("/models/{name}/reload", response_model=ReloadResponse, responses=ERRORS)
+def reload_model(name: str, services: Services = Depends(get_services)) -> ReloadResponse:
+    """Read the model's table sources again and apply them (L3, L2, refreshed L1)."""
+    return ReloadResponse(model=name, rows=services.parameter_server().reload(name))

@@ -1,0 +1,50 @@
+"""Embedding lookups and the tables the parameter server holds."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from api.auth import require
+from api.models import (
+    ErrorBody,
+    LookupRequest,
+    LookupResponse,
+    ModelInfo,
+    ModelsResponse,
+    TableInfo,
+)
+from api.services import Services, get_services
+
+router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"],
+                   dependencies=[Depends(require("read"))])
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
+OCTET_STREAM = "application/octet-stream"
+
+
+@router.post("/lookup", response_model=LookupResponse, responses={
+    **ERRORS, 200: {"content": {OCTET_STREAM: {}},
+                    "description": "JSON; or with Accept: application/octet-stream, "
+                                   "little-endian float32 [n × dim], shape in X-Shape"}})
+def lookup(body: LookupRequest, request: Request,
+           services: Services = Depends(get_services)) -> LookupResponse | Response:
+    """Vectors of ``keys`` in request order; unknown keys get the table's default vector."""
+    services.check_limit("keys", len(body.keys), services.config.api.limits.max_keys)
+    vectors = services.parameter_server().lookup(body.model, body.table, body.keys)
+    if OCTET_STREAM in request.headers.get("accept", ""):
+        return Response(vectors.astype("<f4", copy=False).tobytes(), media_type=OCTET_STREAM,
+                        headers={"X-Shape": f"{vectors.shape[0]},{vectors.shape[1]}",
+                                 "X-Dtype": "float32-le"})
+    return LookupResponse(model=body.model, table=body.table, dim=vectors.shape[1],
+                          vectors=vectors.tolist())
+
+
+@router.get("/models", response_model=ModelsResponse, responses=ERRORS)
+def models(services: Services = Depends(get_services)) -> ModelsResponse:
+    """Models and tables: dims, sizes, cache occupancy and hit statistics."""
+    stats = services.hps.stats() if services.hps is not None else {}
+    return ModelsResponse(models=[
+        ModelInfo(name=model, tables=[
+            TableInfo(name=name, dim=entry["dim"], keys=entry["keys"], cache=entry["cache"],
+                      stats={k: v for k, v in entry.items() if k not in {"dim", "keys", "cache"}})
+            for name, entry in tables.items()])
+        for model, tables in stats.items()])

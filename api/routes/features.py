@@ -1,0 +1,24 @@
+"""``POST /v1/features``: online features for rows of entity ids."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from api.auth import require
+from api.models import ErrorBody, FeaturesRequest, FeaturesResponse
+from api.services import Services, get_services
+
+router = APIRouter(prefix="/v1", tags=["features"], dependencies=[Depends(require("read"))])
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
+
+
+@router.post("/features", response_model=FeaturesResponse, responses=ERRORS)
+def read_features(body: FeaturesRequest,
+                  services: Services = Depends(get_services)) -> FeaturesResponse:
+    """Each feature's value and status (present / not_found / outside_ttl) per row."""
+    rows = len(next(iter(body.entities.values())))
+    services.check_limit("entities", rows, services.config.api.limits.max_entities)
+    references = services.reader.references(body.service, body.features)
+    result = services.reader.read(references, services.raw_entities(body.entities))
+    return FeaturesResponse(names=result.names, values=result.values,
+                            status={k: [s.value for s in v] for k, v in result.status.items()})

@@ -1,0 +1,58 @@
+"""``POST /v1/ranking-inputs``: everything a ranking request needs, in one call."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from api.auth import require
+from api.models import (
+    Embeddings,
+    EntityFeatures,
+    ErrorBody,
+    RankingInputsRequest,
+    RankingInputsResponse,
+)
+from api.services import Services, get_services
+from feature_store.online import OnlineFeatures
+
+router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
+SERVICE = "ranking"
+
+
+def _section(result: OnlineFeatures, names: list[str], ids: list, encoded: list[int]
+             ) -> EntityFeatures:
+    return EntityFeatures(ids=ids, encoded_ids=encoded,
+                          values={n: result.values[n] for n in names},
+                          status={n: [s.value for s in result.status[n]] for n in names})
+
+
+@router.post("/ranking-inputs", response_model=RankingInputsResponse, responses=ERRORS)
+def ranking_inputs(body: RankingInputsRequest,
+                   services: Services = Depends(get_services)) -> RankingInputsResponse:
+    """The user's and each candidate's features (the ``ranking`` service), their ids encoded
+    with the ETL's vocabularies, and those ids' embeddings from the parameter server."""
+    settings = services.config.api
+    services.check_limit("item_ids", len(body.item_ids), settings.limits.max_entities)
+    user, items = str(body.user_id), [str(i) for i in body.item_ids]
+    reader = services.reader
+    references = reader.references(SERVICE)
+    result = reader.read(references, {"user_id": [user], "item_id": items})
+    encoded = {"user_id": services.vocabularies.encode("user_id", [user]),
+               "item_id": services.vocabularies.encode("item_id", items)}
+    names = {key: [name for view, name in references if reader.views[view].join_key == key]
+             for key in encoded}
+    embeddings = {}
+    if settings.ranking.tables:
+        server = services.parameter_server()
+        for feature, table in settings.ranking.tables.items():
+            column = services.vocabularies.column_of(feature)
+            if column not in encoded:
+                continue
+            vectors = server.lookup(settings.ranking.model, table, encoded[column])
+            embeddings[feature] = Embeddings(table=table, dim=vectors.shape[1],
+                                             vectors=vectors.tolist())
+    return RankingInputsResponse(
+        user=_section(result, names["user_id"], [user], encoded["user_id"]),
+        items=_section(result, names["item_id"], items, encoded["item_id"]),
+        embeddings=embeddings)

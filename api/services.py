@@ -1,0 +1,87 @@
+"""What the routes work with, opened once per process: the online reader, the vocabularies,
+the parameter server, the metrics and the API keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from feast import ValueType
+
+from api.errors import LimitExceededError, UnavailableError
+from api.metrics import Metrics
+from api.settings import Scope, api_keys
+from api.vocabulary import Vocabularies
+from etl.config import FeaturelineConfig
+from feature_store.errors import FeatureStoreError
+from feature_store.online import OnlineReader
+from feature_store.repo import open_repo
+from hps import ParameterServer
+
+
+class UnknownEntityKeyError(FeatureStoreError):
+    def __init__(self, key: str, known: list[str]) -> None:
+        self.join_key = f"entities.{key}"
+        super().__init__(f"entities.{key}: not a join key or encoded id (known: "
+                         f"{', '.join(known)})")
+
+
+@dataclass
+class Services:
+    config: FeaturelineConfig
+    reader: OnlineReader
+    vocabularies: Vocabularies
+    hps: ParameterServer | None
+    metrics: Metrics
+    api_keys: dict[str, Scope]
+
+    def parameter_server(self) -> ParameterServer:
+        if self.hps is None:
+            raise UnavailableError("no parameter server is configured (api.hps)")
+        return self.hps
+
+    def check_limit(self, field: str, got: int, limit: int) -> None:
+        if got > limit:
+            raise LimitExceededError(field, limit, got)
+
+    def raw_entities(self, entities: dict[str, Sequence[Any]]) -> dict[str, list[Any]]:
+        """Join key → ids, decoding encoded ids (``user_id_cat``) with the vocabularies."""
+        join_keys = {layout.join_key: layout.value_type for layout in self.reader.views.values()}
+        raw: dict[str, list[Any]] = {}
+        for key, ids in entities.items():
+            column = self.vocabularies.column_of(key)
+            if key in join_keys:
+                as_text = join_keys[key] == ValueType.STRING
+                raw[key] = [str(i) for i in ids] if as_text else list(ids)
+            elif column in join_keys and all(isinstance(i, int) for i in ids):
+                raw[column] = self.vocabularies.decode(column, ids)  # type: ignore[arg-type]
+            else:
+                known = [*join_keys, *(f"{c}_cat" for c in join_keys
+                                       if c in self.vocabularies.encoding)]
+                raise UnknownEntityKeyError(key, known)
+        return raw
+
+    def close(self) -> None:
+        if self.hps is not None:
+            self.hps.close()
+        self.reader.client.close()
+
+
+def open_services(config: FeaturelineConfig, *, output: str | Path | None = None,
+                  redis_url: str | None = None) -> Services:
+    output = output or config.api.data or config.etl.output.path
+    repo = open_repo(config, output=output, url=redis_url)
+    reader = OnlineReader.from_store(repo.store, repo.redis_url)
+    hps = ParameterServer.from_config(config.api.hps) if config.api.hps else None
+    metrics = Metrics()
+    if hps is not None:
+        metrics.watch_hps(hps.stats)
+    keys = api_keys(config.api.auth)
+    return Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys)
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services

@@ -1,0 +1,78 @@
+"""The ``api`` section of featureline.yaml, and the API keys from the environment or a file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from etl.errors import ConfigError
+
+API_KEYS_ENV = "FEATURELINE_API_KEYS"
+Scope = Literal["read", "admin"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AuthConfig(_Model):
+    # Off only for local use: every request then has the admin scope.
+    enabled: bool = True
+    # A file of "<key> <scope>" lines (a mounted Secret); FEATURELINE_API_KEYS adds
+    # "key:scope,key:scope" pairs.
+    keys_file: str | None = None
+
+
+class LimitsConfig(_Model):
+    # Entity rows per /v1/features request; candidate items per /v1/ranking-inputs.
+    max_entities: int = Field(default=1000, ge=1)
+    # Keys per /v1/embeddings/lookup.
+    max_keys: int = Field(default=100_000, ge=1)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+
+
+class RankingConfig(_Model):
+    # The HPS model whose tables hold the embeddings of the encoded ids.
+    model: str = "ranker"
+    # Encoded-id feature → table of that model, e.g. user_id_cat → user.
+    tables: dict[str, str] = Field(
+        default_factory=lambda: {"user_id_cat": "user", "item_id_cat": "item"})
+
+
+class ApiConfig(_Model):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    # The ETL output whose vocabularies encode raw ids (default: etl.output.path).
+    data: str | None = None
+    # The parameter server's configuration (hps.yaml or HugeCTR's ps.json); None: no tables.
+    hps: str | None = None
+    # Seconds a client should wait after a 503 (Redis unreachable).
+    retry_after_s: int = Field(default=2, ge=1)
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
+    ranking: RankingConfig = RankingConfig()
+
+
+def api_keys(auth: AuthConfig) -> dict[str, Scope]:
+    """key → scope, from ``auth.keys_file`` and ``FEATURELINE_API_KEYS``."""
+    pairs: list[tuple[str, str, str]] = []
+    if auth.keys_file:
+        path = Path(auth.keys_file)
+        if not path.is_file():
+            raise ConfigError("api.auth.keys_file", f"no such file: {path}")
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                key, _, scope = line.strip().partition(" ")
+                pairs.append((key, scope.strip(), f"{path}:{number}"))
+    for item in filter(None, os.environ.get(API_KEYS_ENV, "").split(",")):
+        key, _, scope = item.strip().partition(":")
+        pairs.append((key, scope, API_KEYS_ENV))
+    keys: dict[str, Scope] = {}
+    for key, scope, origin in pairs:
+        if scope not in ("read", "admin") or not key:
+            raise ConfigError(origin, f"expected '<key> read|admin', got scope {scope!r}")
+        keys[key] = scope  # type: ignore[assignment]
+    return keys
