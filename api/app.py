@@ -28,12 +28,16 @@ def create_app(config: FeaturelineConfig | None = None, *, output: str | Path | 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if getattr(app.state, "services", None) is not None:  # started already (a test
+            yield                                              # harness nesting lifespans)
+            return
         services = open_services(config, output=output, redis_url=redis_url)
         app.state.services = services
         try:
             yield
         finally:
             services.close()
+            app.state.services = None
 
     app = FastAPI(title="Featureline ranking API", version=__version__, lifespan=lifespan,
                   description="Online features, embedding lookups, and both in one call.")

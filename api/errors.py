@@ -28,9 +28,16 @@ class UnavailableError(FeaturelineError):
     """A part the request needs is not configured (e.g. no parameter server)."""
 
 
+class UnknownEntityKeyError(FeaturelineError):
+    def __init__(self, key: str, known: list[str]) -> None:
+        self.join_key = f"entities.{key}"
+        super().__init__(f"entities.{key}: not a join key or encoded id (known: "
+                         f"{', '.join(known)})")
+
+
 NOT_FOUND = (UnknownFeatureServiceError, UnknownFeatureError, UnknownModelError,
              UnknownTableError, UnknownVocabularyError)
-UNPROCESSABLE = (MissingEntityError, AmbiguousIdError)
+UNPROCESSABLE = (MissingEntityError, AmbiguousIdError, UnknownEntityKeyError)
 
 
 def _body(kind: str, message: str, **extra: Any) -> dict[str, Any]:

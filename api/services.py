@@ -11,22 +11,14 @@ from typing import Any
 from fastapi import Request
 from feast import ValueType
 
-from api.errors import LimitExceededError, UnavailableError
+from api.errors import LimitExceededError, UnavailableError, UnknownEntityKeyError
 from api.metrics import Metrics
 from api.settings import Scope, api_keys
 from api.vocabulary import Vocabularies
 from etl.config import FeaturelineConfig
-from feature_store.errors import FeatureStoreError
 from feature_store.online import OnlineReader
 from feature_store.repo import open_repo
 from hps import ParameterServer
-
-
-class UnknownEntityKeyError(FeatureStoreError):
-    def __init__(self, key: str, known: list[str]) -> None:
-        self.join_key = f"entities.{key}"
-        super().__init__(f"entities.{key}: not a join key or encoded id (known: "
-                         f"{', '.join(known)})")
 
 
 @dataclass

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from datetime import datetime
@@ -19,7 +18,7 @@ import redis
 from click.testing import CliRunner
 
 from etl.cli import main
-from etl.config import FeaturelineConfig, parse_config
+from etl.config import parse_config
 from etl.errors import ConfigError
 from feature_store.errors import (
     EntityRowsError,
@@ -31,71 +30,23 @@ from feature_store.publish import publish
 from feature_store.redis_server import free_port
 from feature_store.repo import feast_connection_string, open_repo
 from feature_store.training_set import training_set
+from tests.feast_data import REPO, copy_project, fresh_db, write_handmade_output
 
-REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-REPO_FILES = ("feature_store.yaml", "feature_store.spark.yaml", "featureline_repo.py",
-              ".feastignore")
-
-# Hand-made snapshots: (key, snapshot time, events). A snapshot at D counts events before D.
-USER_SNAPSHOTS = [("u1", "2026-01-02", 1), ("u1", "2026-01-05", 3), ("u1", "2026-01-10", 7),
-                  ("u2", "2026-01-03", 2)]
-ITEM_SNAPSHOTS = [("i1", "2026-01-02", 5), ("i2", "2026-01-06", 9)]
 
 
 def _utc(text: str) -> datetime:
     return pd.Timestamp(text, tz="UTC").to_pydatetime()
 
 
-def _write_entity(output: Path, entity: str, rows: list[tuple[str, str, int]]) -> dict:
-    key = f"{entity}_id"
-    table = pa.table({
-        key: [r[0] for r in rows],
-        "event_timestamp": pa.array([pd.Timestamp(r[1]) for r in rows], pa.timestamp("us")),
-        f"{key}_cat": pa.array([2 + int(r[0][1:]) for r in rows], pa.int64()),
-        f"{entity}_events": pa.array([r[2] for r in rows], pa.int64()),
-        f"{entity}_positive_rate": pa.array([r[2] / 10 for r in rows], pa.float64()),
-    })
-    (output / "entities" / entity).mkdir(parents=True)
-    pq.write_table(table, output / "entities" / entity / "part-00000.parquet")
-    return {"path": f"entities/{entity}", "join_key": key, "join_key_dtype": "string",
-            "timestamp_field": "event_timestamp",
-            "features": [{"name": f"{key}_cat", "dtype": "bigint"},
-                         {"name": f"{entity}_events", "dtype": "bigint"},
-                         {"name": f"{entity}_positive_rate", "dtype": "double"}]}
-
-
 @pytest.fixture
 def handmade_output(tmp_path) -> Path:
-    """An ETL output folder written by hand: metadata.json and entities/ only."""
-    output = tmp_path / "output"
-    entities = {"user": _write_entity(output, "user", USER_SNAPSHOTS),
-                "item": _write_entity(output, "item", ITEM_SNAPSHOTS)}
-    (output / "metadata.json").write_text(json.dumps({"entities": entities,
-                                                      "config_hash": "test"}))
-    return output
-
-
-def _project(tmp_path: Path, ttl: str = "3d") -> FeaturelineConfig:
-    """A copy of the Feast repository under tmp_path (its registry lands there too)."""
-    repo = tmp_path / "project" / "feature_store"
-    repo.mkdir(parents=True)
-    for name in REPO_FILES:
-        shutil.copy(REPO / "feature_store" / name, repo / name)
-    return parse_config({"feature_store": {"repo": str(repo), "ttl": ttl,
-                                           "redis_dir": str(tmp_path / "redis")}})
-
-
-def _fresh_db(server, db: int) -> str:
-    """A Redis database of the shared test server, emptied: each test its own."""
-    url = server.url.rsplit("/", 1)[0] + f"/{db}"
-    redis.Redis.from_url(url).flushdb()
-    return url
+    return write_handmade_output(tmp_path / "output")
 
 
 @pytest.fixture
 def online_url(redis_server) -> str:
-    return _fresh_db(redis_server, 3)
+    return fresh_db(redis_server, 3)
 
 
 def _online(repo, rows: list[dict]) -> dict:
@@ -110,7 +61,7 @@ def _redis_dump(url: str) -> dict:
 
 def test_publish_then_online_values_are_the_latest_snapshots(tmp_path, handmade_output,
                                                               online_url):
-    repo = open_repo(_project(tmp_path), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=online_url)
     summary = publish(repo, progress=lambda _: None)
     assert {v.name: v.keys for v in summary.views} == {"user_features": 2, "item_features": 2}
     values = _online(repo, [{"user_id": "u1", "item_id": "i2"},
@@ -124,7 +75,7 @@ def test_publish_then_online_values_are_the_latest_snapshots(tmp_path, handmade_
 
 
 def test_materialization_is_incremental_and_idempotent(tmp_path, handmade_output, online_url):
-    repo = open_repo(_project(tmp_path), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=online_url)
     first = publish(repo, end=_utc("2026-01-06"), progress=lambda _: None)
     assert first.keys == 2 + 2
     assert _online(repo, [{"user_id": "u1", "item_id": "i2"}])["user_events"] == [3]
@@ -142,8 +93,8 @@ def test_materialization_is_incremental_and_idempotent(tmp_path, handmade_output
 
 
 def test_publish_the_real_etl_output(tmp_path, job_output, redis_server):
-    url = _fresh_db(redis_server, 4)
-    repo = open_repo(_project(tmp_path, ttl="30d"), output=job_output.output, url=url)
+    url = fresh_db(redis_server, 4)
+    repo = open_repo(copy_project(tmp_path, ttl="30d"), output=job_output.output, url=url)
     summary = publish(repo, progress=lambda _: None)
     for entity, view in (("user", "user_features"), ("item", "item_features")):
         snapshots = pq.read_table(job_output.output / "entities" / entity).to_pandas()
@@ -160,7 +111,7 @@ def test_publish_the_real_etl_output(tmp_path, job_output, redis_server):
 
 def test_training_set_is_point_in_time_correct_and_keeps_every_row(tmp_path, handmade_output,
                                                                    online_url):
-    repo = open_repo(_project(tmp_path, ttl="3d"), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path, ttl="3d"), output=handmade_output, url=online_url)
     publish(repo, progress=lambda _: None)
     times = ["2026-01-01", "2026-01-02", "2026-01-04 23:59", "2026-01-05", "2026-01-09 12:00",
              "2026-01-10", "2026-01-05", "2026-01-05"]
@@ -183,7 +134,7 @@ def test_training_set_is_point_in_time_correct_and_keeps_every_row(tmp_path, han
 
 
 def test_training_set_errors_name_the_problem(tmp_path, handmade_output, online_url):
-    repo = open_repo(_project(tmp_path), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=online_url)
     publish(repo, progress=lambda _: None)
     pd.DataFrame({"user_id": ["u1"], "event_timestamp": [pd.Timestamp("2026-01-05", tz="UTC")]}
                  ).to_parquet(tmp_path / "no_item.parquet")
@@ -198,14 +149,14 @@ def test_training_set_errors_name_the_problem(tmp_path, handmade_output, online_
 
 def test_redis_down_is_a_clear_error(tmp_path, handmade_output):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    repo = open_repo(_project(tmp_path), output=handmade_output, url=url)
+    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=url)
     with pytest.raises(OnlineStoreUnavailableError, match=f"{url} is unreachable"):
         publish(repo, progress=lambda _: None)
 
 
 def test_no_etl_output_is_a_clear_error(tmp_path):
     with pytest.raises(MetadataNotFoundError, match="featureline etl run"):
-        open_repo(_project(tmp_path), output=tmp_path / "nothing", url="redis://127.0.0.1:1/0")
+        open_repo(copy_project(tmp_path), output=tmp_path / "nothing", url="redis://127.0.0.1:1/0")
 
 
 def test_connection_string_and_config_checks():
@@ -234,9 +185,9 @@ def test_feast_cli_apply_and_materialize(tmp_path, handmade_output, redis_server
 
     (Feast's materialize-incremental on a never-materialized view starts at end - ttl, so a
     first load names its range.)"""
-    config = _project(tmp_path)
+    config = copy_project(tmp_path)
     repo = Path(config.feature_store.repo)
-    url = _fresh_db(redis_server, 5)
+    url = fresh_db(redis_server, 5)
     env = {**os.environ, "FEATURELINE_OUTPUT": str(handmade_output),
            "FEAST_REDIS_CONNECTION": feast_connection_string(url)}
     for command in (["apply"], ["materialize", "2026-01-01T00:00:00", "2026-01-06T00:00:00"],
@@ -251,11 +202,11 @@ def test_feast_cli_apply_and_materialize(tmp_path, handmade_output, redis_server
 
 
 def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, redis_server):
-    config = _project(tmp_path)
+    config = copy_project(tmp_path)
     config_file = tmp_path / "featureline.yaml"
     config_file.write_text(json.dumps(config.model_dump(mode="json")))
     runner = CliRunner()
-    url = _fresh_db(redis_server, 6)
+    url = fresh_db(redis_server, 6)
     published = runner.invoke(main, ["publish", "--config", str(config_file), "--data",
                                      str(handmade_output)], env={"REDIS_URL": url})
     assert published.exit_code == 0, published.output
@@ -296,8 +247,9 @@ def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, 
 def test_spark_offline_store_gives_the_same_training_set(spark, tmp_path, handmade_output,
                                                           online_url):
     """Feast's Spark offline store (the one for scale) on the shared local session."""
-    duckdb_repo = open_repo(_project(tmp_path / "duckdb"), output=handmade_output, url=online_url)
-    config = _project(tmp_path / "spark")
+    duckdb_repo = open_repo(copy_project(tmp_path / "duckdb"), output=handmade_output,
+                            url=online_url)
+    config = copy_project(tmp_path / "spark")
     config = parse_config({"feature_store": {**config.feature_store.model_dump(),
                                              "offline_store": "spark"}})
     spark_repo = open_repo(config, output=handmade_output, url=online_url)

@@ -43,8 +43,8 @@ def ranking_inputs(body: RankingInputsRequest,
     names = {key: [name for view, name in references if reader.views[view].join_key == key]
              for key in encoded}
     embeddings = {}
-    if settings.ranking.tables:
-        server = services.parameter_server()
+    if services.hps is not None:  # without a parameter server: features and ids only
+        server = services.hps
         for feature, table in settings.ranking.tables.items():
             column = services.vocabularies.column_of(feature)
             if column not in encoded:

@@ -1,0 +1,300 @@
+"""The ranking API with a real Redis server, real Feast data, a real parameter server
+(RocksDB) and the ETL's vocabularies; fuzzed through its OpenAPI document."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import schemathesis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+
+from api.app import create_app
+from etl.config import parse_config
+from feature_store.online import OnlineReader
+from feature_store.publish import publish
+from feature_store.redis_server import EmbeddedRedis
+from feature_store.repo import open_repo
+from hps.formats import write_hugectr
+from tests.feast_data import copy_project, encoded_id, fresh_db, write_handmade_output
+
+READ = {"Authorization": "Bearer reader-key"}
+ADMIN = {"Authorization": "Bearer admin-key"}
+DIM = 8
+TABLE_ROWS = 6  # encoded ids 0 .. 5 (padding, out of vocabulary, then the known ids)
+
+
+def table_vectors(table: str) -> np.ndarray:
+    """Row k of table ``table``: recognisable per table and per key."""
+    offset = {"user": 100.0, "item": 200.0}[table]
+    return (offset + np.arange(TABLE_ROWS)[:, None] * 10 + np.arange(DIM)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def api_setup(tmp_path_factory, redis_server):
+    root = tmp_path_factory.mktemp("api")
+    output = write_handmade_output(root / "output")
+    for table in ("user", "item"):
+        write_hugectr(root / "tables" / table, np.arange(TABLE_ROWS, dtype=np.int64),
+                      table_vectors(table))
+    hps_yaml = root / "hps.yaml"
+    hps_yaml.write_text(f"""
+models:
+  - name: ranker
+    cache_fraction: 0.5
+    tables:
+      - {{name: user, dim: {DIM}, source: {root / "tables" / "user"}}}
+      - {{name: item, dim: {DIM}, source: {root / "tables" / "item"}, default_value: -1.0}}
+persistent_db: {{path: {root / "rocksdb"}}}
+cache_device: cpu
+""")
+    keys = root / "api-keys"
+    keys.write_text("# key scope\nreader-key read\nadmin-key admin\n")
+    config = copy_project(root, ttl="3650d", api={
+        "hps": str(hps_yaml), "auth": {"keys_file": str(keys)},
+        "limits": {"max_entities": 5, "max_keys": 50, "max_body_bytes": 4096}})
+    url = fresh_db(redis_server, 8)
+    repo = open_repo(config, output=output, url=url)
+    publish(repo, progress=lambda _: None)
+    return {"config": config, "output": output, "url": url, "repo": repo, "root": root}
+
+
+@pytest.fixture(scope="module")
+def app(api_setup):
+    application = create_app(api_setup["config"], output=api_setup["output"],
+                             redis_url=api_setup["url"])
+    with TestClient(application):  # runs the lifespan: services open
+        yield application
+
+
+@pytest.fixture(scope="module")
+def client(app):
+    return TestClient(app)
+
+
+def test_features_equal_what_feasts_sdk_returns(client, api_setup):
+    users, items = ["u1", "u2", "nobody"], ["i2", "i1", "i1"]
+    response = client.post("/v1/features", headers=READ, json={
+        "service": "ranking", "entities": {"user_id": users, "item_id": items}})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    store = api_setup["repo"].store
+    sdk = store.get_online_features(
+        features=store.get_feature_service("ranking"),
+        entity_rows=[{"user_id": u, "item_id": i} for u, i in zip(users, items, strict=True)],
+    ).to_dict()
+    assert set(body["names"]) == set(sdk) - {"user_id", "item_id"}
+    for name in body["names"]:
+        assert body["values"][name] == sdk[name], name
+    assert body["values"]["user_events"] == [7, 2, None]
+    assert body["status"]["user_events"] == ["present", "present", "not_found"]
+    assert body["status"]["item_events"] == ["present"] * 3
+
+
+def test_features_by_reference_and_by_encoded_id(client):
+    by_raw = client.post("/v1/features", headers=READ, json={
+        "features": ["user_features:user_events"], "entities": {"user_id": ["u2", "u1"]}})
+    by_encoded = client.post("/v1/features", headers=READ, json={
+        "features": ["user_features:user_events"],
+        "entities": {"user_id_cat": [encoded_id("u2"), encoded_id("u1")]}})
+    assert by_raw.status_code == by_encoded.status_code == 200
+    assert by_raw.json() == by_encoded.json()
+    assert by_raw.json()["values"] == {"user_events": [2, 7]}
+
+
+@pytest.mark.parametrize(("body", "status", "says"), [
+    ({"service": "scoring", "entities": {"user_id": ["u1"]}}, 404, "unknown feature service"),
+    ({"features": ["user_features:nope"], "entities": {"user_id": ["u1"]}}, 404,
+     "unknown feature 'user_features:nope'"),
+    ({"service": "ranking", "entities": {"user_id": ["u1"]}}, 422,
+     "entities.item_id is required"),
+    ({"service": "ranking", "entities": {"shop_id": ["s1"]}}, 422, "entities.shop_id"),
+    ({"features": ["user_features:user_events"], "entities": {"user_id_cat": [1]}}, 422,
+     "out-of-vocabulary"),
+    ({"entities": {"user_id": ["u1"]}}, 422, "exactly one of service and features"),
+    ({"service": "ranking", "entities": {"user_id": ["u1"], "item_id": []}}, 422,
+     "same, non-zero length"),
+])
+def test_feature_errors_name_what_to_fix(client, body, status, says):
+    response = client.post("/v1/features", headers=READ, json=body)
+    assert response.status_code == status, response.text
+    assert says in response.json()["message"]
+
+
+def test_embedding_lookup_json_and_binary(client):
+    keys = [3, 0, 3, 999]
+    response = client.post("/v1/embeddings/lookup", headers=READ,
+                           json={"model": "ranker", "table": "item", "keys": keys})
+    assert response.status_code == 200, response.text
+    vectors = np.array(response.json()["vectors"], dtype=np.float32)
+    expected = table_vectors("item")
+    np.testing.assert_array_equal(vectors[:3], expected[[3, 0, 3]])
+    np.testing.assert_array_equal(vectors[3], np.full(DIM, -1.0))  # the table's default
+    binary = client.post("/v1/embeddings/lookup", json={"model": "ranker", "table": "item",
+                                                        "keys": keys},
+                         headers={**READ, "Accept": "application/octet-stream"})
+    assert binary.headers["content-type"] == "application/octet-stream"
+    assert binary.headers["x-shape"] == f"4,{DIM}"
+    np.testing.assert_array_equal(
+        np.frombuffer(binary.content, dtype="<f4").reshape(4, DIM), vectors)
+
+
+@pytest.mark.parametrize(("model", "table", "says"), [
+    ("ranker", "shop", "shop"), ("scorer", "item", "scorer")])
+def test_unknown_model_or_table_is_404(client, model, table, says):
+    response = client.post("/v1/embeddings/lookup", headers=READ,
+                           json={"model": model, "table": table, "keys": [1]})
+    assert response.status_code == 404
+    assert says in response.json()["message"]
+
+
+def test_ranking_inputs_in_one_call(client):
+    response = client.post("/v1/ranking-inputs", headers=READ,
+                           json={"user_id": "u1", "item_ids": ["i2", "i9", "i1"]})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["user"]["encoded_ids"] == [encoded_id("u1")]
+    assert body["items"]["encoded_ids"] == [encoded_id("i2"), 1, encoded_id("i1")]  # i9: OOV
+    assert body["user"]["values"]["user_events"] == [7]
+    assert body["items"]["values"]["item_events"] == [9, None, 5]
+    assert body["items"]["status"]["item_events"] == ["present", "not_found", "present"]
+    # The feature store's copy of the encoded id agrees with the vocabulary's.
+    assert body["items"]["values"]["item_id_cat"] == [encoded_id("i2"), None, encoded_id("i1")]
+    users = np.array(body["embeddings"]["user_id_cat"]["vectors"])
+    items = np.array(body["embeddings"]["item_id_cat"]["vectors"])
+    np.testing.assert_array_equal(users, table_vectors("user")[[encoded_id("u1")]])
+    np.testing.assert_array_equal(items, table_vectors("item")[[4, 1, 3]])
+
+
+def test_models_and_admin_reload(client, api_setup):
+    models = client.get("/v1/embeddings/models", headers=READ).json()["models"]
+    (ranker,) = models
+    assert {t["name"]: (t["dim"], t["keys"]) for t in ranker["tables"]} == {
+        "user": (DIM, TABLE_ROWS), "item": (DIM, TABLE_ROWS)}
+    assert client.post("/v1/admin/models/ranker/reload", headers=READ).status_code == 403
+    # A retrained table: reload serves its new rows.
+    write_hugectr(api_setup["root"] / "tables" / "item", np.arange(TABLE_ROWS, dtype=np.int64),
+                  table_vectors("item") + 0.5)
+    try:
+        reloaded = client.post("/v1/admin/models/ranker/reload", headers=ADMIN)
+        assert reloaded.status_code == 200, reloaded.text
+        assert reloaded.json() == {"model": "ranker", "rows": {"user": TABLE_ROWS,
+                                                               "item": TABLE_ROWS}}
+        vectors = client.post("/v1/embeddings/lookup", headers=READ, json={
+            "model": "ranker", "table": "item", "keys": [2]}).json()["vectors"]
+        np.testing.assert_array_equal(vectors, table_vectors("item")[[2]] + 0.5)
+    finally:
+        write_hugectr(api_setup["root"] / "tables" / "item",
+                      np.arange(TABLE_ROWS, dtype=np.int64), table_vectors("item"))
+        client.post("/v1/admin/models/ranker/reload", headers=ADMIN)
+    assert client.post("/v1/admin/models/scorer/reload", headers=ADMIN).status_code == 404
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
+                                     {"Authorization": "Basic cmVhZGVyLWtleQ=="}])
+def test_requests_without_a_valid_key_are_401(client, headers):
+    response = client.post("/v1/features", headers=headers, json={
+        "service": "ranking", "entities": {"user_id": ["u1"], "item_id": ["i1"]}})
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"] == "Unauthorized"
+
+
+def test_probes_and_metrics_need_no_key(client):
+    assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
+    assert client.get("/readyz").json() == {"status": "ok",
+                                            "checks": {"redis": True, "hps": True}}
+    client.post("/v1/embeddings/lookup", headers=READ,
+                json={"model": "ranker", "table": "user", "keys": [2, 3]})
+    client.post("/v1/embeddings/lookup", headers=READ,
+                json={"model": "nobody", "table": "user", "keys": [2]})
+    text = client.get("/metrics").text
+    assert 'featureline_api_request_seconds_count{method="POST",route="/v1/embeddings/lookup",' \
+           'status="200"}' in text
+    assert 'featureline_api_errors_total{kind="UnknownModelError"}' in text
+    assert 'featureline_hps_keys_share{model="ranker",table="user",tier="l1"}' in text
+
+
+@pytest.mark.parametrize(("path", "body", "field", "limit"), [
+    ("/v1/features", {"service": "ranking",
+                      "entities": {"user_id": ["u1"] * 6, "item_id": ["i1"] * 6}},
+     "entities", 5),
+    ("/v1/ranking-inputs", {"user_id": "u1", "item_ids": ["i1"] * 6}, "item_ids", 5),
+    ("/v1/embeddings/lookup", {"model": "ranker", "table": "item", "keys": [1] * 51},
+     "keys", 50),
+    ("/v1/embeddings/lookup", {"model": "ranker", "table": "item", "keys": [1] * 3000},
+     "body", 4096),
+])
+def test_limits_are_413_naming_the_field(client, path, body, field, limit):
+    response = client.post(path, headers=READ, json=body)
+    assert response.status_code == 413, response.text
+    assert (response.json()["field"], response.json()["limit"]) == (field, limit)
+
+
+def test_malformed_bodies_are_422_naming_the_field(client):
+    response = client.post("/v1/embeddings/lookup", headers=READ,
+                           json={"model": "ranker", "table": "item", "keys": ["x"]})
+    assert response.status_code == 422
+    assert response.json()["field"] == "keys.0"
+    too_big = client.post("/v1/embeddings/lookup", headers=READ,
+                          json={"model": "ranker", "table": "item", "keys": [2**63]})
+    assert too_big.status_code == 422 and "outside int64" in too_big.json()["message"]
+
+
+def test_redis_restart_503_then_recovery(tmp_path, api_setup):
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    repo = open_repo(api_setup["config"], output=api_setup["output"], url=server.url)
+    publish(repo, full=True, progress=lambda _: None)
+    request = {"features": ["user_features:user_events"], "entities": {"user_id": ["u1"]}}
+    # Without the parameter server: the module's app holds its RocksDB.
+    settings = api_setup["config"].model_dump(mode="json")
+    settings["api"]["hps"] = None
+    application = create_app(parse_config(settings), output=api_setup["output"],
+                             redis_url=server.url)
+    try:
+        with TestClient(application) as client:
+            assert client.post("/v1/features", headers=READ, json=request).status_code == 200
+            server.stop()
+            down = client.post("/v1/features", headers=READ, json=request)
+            assert down.status_code == 503
+            assert down.headers["retry-after"] == "2"
+            assert "unreachable" in down.json()["message"]
+            assert client.get("/readyz").status_code == 503
+            server.start()  # same port, empty: the next requests reconnect on their own
+            publish(repo, full=True, progress=lambda _: None)
+            back = client.post("/v1/features", headers=READ, json=request)
+            assert back.status_code == 200
+            assert back.json()["values"] == {"user_events": [7]}
+            assert client.get("/readyz").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_online_reader_marks_values_outside_the_ttl(tmp_path, redis_server):
+    """With a 3-day ttl, January's snapshots are stale now: values come back, flagged."""
+    output = write_handmade_output(tmp_path / "output")
+    url = fresh_db(redis_server, 9)
+    repo = open_repo(copy_project(tmp_path, ttl="3d"), output=output, url=url)
+    publish(repo, progress=lambda _: None)
+    reader = OnlineReader.from_store(repo.store, url)
+    result = reader.read(reader.references("ranking"),
+                         {"user_id": ["u1", "zz"], "item_id": ["i1", "i1"]})
+    assert result.values["user_events"] == [7, None]
+    assert [s.value for s in result.status["user_events"]] == ["outside_ttl", "not_found"]
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@pytest.fixture(scope="module")
+def api_schema(app):
+    return schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+def test_fuzzing_finds_no_server_error(case):
+    """Generated requests (valid and invalid) against every operation: never a 5xx."""
+    headers = ADMIN if case.path.startswith("/v1/admin") else READ
+    case.call_and_validate(headers=headers, checks=[not_a_server_error])
