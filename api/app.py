@@ -16,9 +16,7 @@ from api import errors
 from api.routes import admin, embeddings, features, health, ranking
 from api.services import Services, open_services
 from etl import __version__
-from etl.config import FeaturelineConfig, load_config
-
-CONFIG_ENV = "FEATURELINE_CONFIG"
+from etl.config import CONFIG_ENV, FeaturelineConfig, load_config
 
 
 def create_app(config: FeaturelineConfig | None = None, *, output: str | Path | None = None,

@@ -192,14 +192,15 @@ def _publish_demo(output: Path, config_path: str | None, sample: int = 3) -> str
     return "\n".join(lines)
 
 
-def _register_feature_store_commands() -> None:
+def _register_commands() -> None:
+    from api.cli import serve
     from feature_store.cli import COMMANDS
 
-    for command in COMMANDS:
+    for command in (*COMMANDS, serve):
         main.add_command(command)
 
 
-_register_feature_store_commands()
+_register_commands()
 
 
 def run_command(command: click.Command) -> None:

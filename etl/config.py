@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from api.settings import ApiConfig
 from etl.errors import ConfigError, LabelRuleError
 
+# The configuration file for processes that take no --config: Feast's CLI, API workers.
+CONFIG_ENV = "FEATURELINE_CONFIG"
 ROLES = ("user_id", "item_id", "event_type", "ts", "value")
 REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")
 CATEGORICAL_SELECTOR = "@categorical"

@@ -20,14 +20,13 @@ import yaml
 from feast import FeatureStore
 from feast.repo_config import RepoConfig
 
-from etl.config import FeaturelineConfig, FeatureStoreConfig, load_config
+from etl.config import CONFIG_ENV, FeaturelineConfig, FeatureStoreConfig, load_config
 from etl.errors import ConfigError
 from feature_store.definitions import Definitions, build
 from feature_store.errors import OnlineStoreUnavailableError
 from feature_store.redis_server import REDIS_URL_ENV, redis_url
 
 FEAST_YAML = {"duckdb": "feature_store.yaml", "spark": "feature_store.spark.yaml"}
-CONFIG_ENV = "FEATURELINE_CONFIG"
 CONNECTION_ENV = "FEAST_REDIS_CONNECTION"
 OUTPUT_ENV = "FEATURELINE_OUTPUT"
 # A server that is down or unreachable is an error within seconds, not a hang.
