@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from etl.config import FeaturelineConfig
 from etl.errors import FeaturelineError
 
 DEFAULT_CONFIG = "featureline.yaml"
@@ -146,38 +147,56 @@ def etl_run(**options: str | None) -> None:
 @click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help=f"YAML configuration of the publish step (default: ./{DEFAULT_CONFIG})")
-def demo(out: str, events: int, seed: int, config_path: str | None) -> None:
+              help=f"YAML configuration of the publish and serve steps (default: "
+                   f"./{DEFAULT_CONFIG})")
+@click.option("--serve/--no-serve", default=True, show_default=True,
+              help="End by starting the API in the background and calling each endpoint.")
+def demo(out: str, events: int, seed: int, config_path: str | None, serve: bool) -> None:
     """Generate a sample log and run the whole pipeline on embedded defaults."""
+    from datetime import datetime, timedelta, timezone
+
+    from etl.config import load_config
     from etl.datagen import write_log
 
     started = time.perf_counter()
+    if config_path is None and Path(DEFAULT_CONFIG).is_file():
+        config_path = DEFAULT_CONFIG
+    config = load_config(config_path)
     raw = Path(out) / "raw" / "events.jsonl"
     output = Path(out) / "output"
-    _progress(f"[1/3] datagen: {events:,} events (1% bad rows) → {raw}")
+    steps = 4 if serve else 3
+    # The last 14 days, so that the online store's values are within their ttl today.
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    _progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
-              days=14, seed=seed, bad_fraction=0.01)
-    _progress("[2/3] etl: local Spark job")
+              days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))
+    _progress(f"[2/{steps}] etl: local Spark job")
     metadata = run_job(input_path=str(raw), input_format="jsonl", output=str(output))
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
-    _progress("[3/3] publish: Feast apply + materialize into Redis")
-    click.echo(_publish_demo(output, config_path))
+    _progress(f"[3/{steps}] publish: Feast apply + materialize into Redis")
+    redis_url = _publish_demo(output, config)
+    if serve:
+        from etl.demo import serve_demo
+
+        _progress(f"[4/{steps}] serve: embedding tables (matrix factorisation) → HPS, the API")
+        base = serve_demo(config, output, Path(out), redis_url, click.echo)
+        click.echo(f"the API is running at {base} with authentication OFF (local use only; "
+                   f"{Path(out) / 'featureline.yaml'}: api.auth.enabled: false); "
+                   f"stop it with: kill $(cat {Path(out) / 'api.pid'})")
     click.echo(f"demo finished in {time.perf_counter() - started:.1f}s")
 
 
-def _publish_demo(output: Path, config_path: str | None, sample: int = 3) -> str:
-    """Publish the demo's output and show a few rows as the online store now serves them."""
+def _publish_demo(output: Path, config: FeaturelineConfig, sample: int = 3) -> str:
+    """Publish the demo's output, show a few rows as the online store now serves them;
+    the online store's URL."""
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from etl.config import load_config
     from feature_store.publish import publish
     from feature_store.repo import open_repo
 
-    if config_path is None and Path(DEFAULT_CONFIG).is_file():
-        config_path = DEFAULT_CONFIG
-    repo = open_repo(load_config(config_path), output=output)
+    repo = open_repo(config, output=output)
     published = publish(repo, full=True, progress=_progress)
     keys = {entity: pq.read_table(repo.definitions.snapshot_path(entity),
                                   columns=[table["join_key"]]).column(0).unique()[:sample]
@@ -186,10 +205,10 @@ def _publish_demo(output: Path, config_path: str | None, sample: int = 3) -> str
             zip(keys["user"].to_pylist(), keys["item"].to_pylist(), strict=False)]
     online = repo.store.get_online_features(
         features=repo.store.get_feature_service("ranking"), entity_rows=rows).to_dict()
-    lines = [f"online store {repo.redis_url}: {published.keys:,} keys in "
-             f"{published.seconds:.1f}s; the ranking service reads, e.g.:",
-             pd.DataFrame(online).to_string(index=False)]
-    return "\n".join(lines)
+    click.echo(f"online store {repo.redis_url}: {published.keys:,} keys in "
+               f"{published.seconds:.1f}s; the ranking service reads, e.g.:")
+    click.echo(pd.DataFrame(online).to_string(index=False))
+    return repo.redis_url
 
 
 def _register_commands() -> None:
@@ -220,3 +239,7 @@ def run_command(command: click.Command) -> None:
 def run() -> None:
     """The ``featureline`` console script."""
     run_command(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -9,6 +9,7 @@ Feast's CLI reads the same repository: ``featureline_repo.py`` builds its defini
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ OUTPUT_ENV = "FEATURELINE_OUTPUT"
 # A server that is down or unreachable is an error within seconds, not a hang.
 TIMEOUTS = ("socket_connect_timeout=2", "socket_timeout=10")
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError)
+# ibis, under Feast's DuckDB offline store, calls a method DuckDB 2 deprecates; not ours to fix.
+warnings.filterwarnings("ignore", message="fetch_arrow_table", category=DeprecationWarning)
 
 
 def feast_connection_string(url: str, redis_type: str = "redis") -> str:

@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from etl.cli import main
+from etl.demo import stop_server
+from feature_store.redis_server import free_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -92,12 +94,16 @@ def test_demo_command_runs_end_to_end(spark, tmp_path, redis_server):
     repo = tmp_path / "feature_store"
     repo.mkdir()
     shutil.copy(REPO / "feature_store" / "feature_store.yaml", repo)
-    config = tmp_path / "featureline.yaml"
-    config.write_text(json.dumps({"feature_store": {"repo": str(repo)}}))
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"feature_store": {"repo": str(repo)},
+                                  "api": {"port": free_port()}}))
     url = redis_server.url.rsplit("/", 1)[0] + "/7"
-    result = CliRunner().invoke(main, ["demo", "--out", str(tmp_path), "--events", "4000",
-                                       "--config", str(config)],
-                                env={"REDIS_URL": url}, catch_exceptions=False)
+    try:
+        result = CliRunner().invoke(main, ["demo", "--out", str(tmp_path), "--events", "4000",
+                                           "--config", str(config)],
+                                    env={"REDIS_URL": url}, catch_exceptions=False)
+    finally:
+        stop_server(tmp_path / "api.pid")
     assert result.exit_code == 0, result.output
     assert "rows: read 4,000 = accepted" in result.output
     assert "tfrecord:" in result.output and "demo finished" in result.output
@@ -108,6 +114,10 @@ def test_demo_command_runs_end_to_end(spark, tmp_path, redis_server):
     users = pq.read_table(tmp_path / "output" / "entities" / "user").column("user_id")
     first = users.unique()[0].as_py()
     assert any(line.split()[:1] == [first] for line in result.output.splitlines())
+    # Served: every endpoint answered (the demo stops at the first error) and says how.
+    answers = [line for line in result.output.splitlines() if line.startswith("  → ")]
+    assert len(answers) == 8 and all(a.startswith("  → 200") for a in answers)
+    assert "authentication OFF" in result.output
 
 
 def test_csv_and_parquet_logs_through_the_whole_job(spark, tmp_path):

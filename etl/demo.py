@@ -1,0 +1,186 @@
+"""The end-to-end demo after the ETL: publish to Redis, embedding tables for the parameter
+server (a quick matrix factorisation of the interaction table), the API in the background,
+and one call to each endpoint, printed as curl commands that work."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import yaml
+
+from etl.config import FeaturelineConfig
+from etl.features import LABEL, SPLIT
+from etl.features.categorify import encoded_name
+from feature_store.redis_server import REDIS_URL_ENV, free_port
+from hps.formats import write_hugectr
+
+EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
+START_TIMEOUT_S = 90.0
+
+
+def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
+                           ) -> dict[str, np.ndarray]:
+    """User and item vectors from a rank-k factorisation of log(1 + interactions) on the
+    training split (randomised SVD); rows are encoded ids, so row 0 (padding) and row 1
+    (out of vocabulary) stay as they come out."""
+    metadata = json.loads((output / "metadata.json").read_text())
+    plan = metadata["embedding_plan"]["features"]
+    user, item = encoded_name("user_id"), encoded_name("item_id")
+    table = pq.read_table(output / "examples" / f"{SPLIT}=train", columns=[user, item, LABEL])
+    users, items = plan[user]["cardinality"], plan[item]["cardinality"]
+    weights = 1.0 + table[LABEL].to_numpy()  # a positive counts twice
+    cells = table[user].to_numpy() * items + table[item].to_numpy()
+    matrix = np.log1p(np.bincount(cells, weights=weights, minlength=users * items)
+                      .reshape(users, items))
+    rank = min(max(widths.values()), min(users, items) - 1)
+    rng = np.random.default_rng(seed)
+    basis, _ = np.linalg.qr(matrix @ rng.standard_normal((items, rank + 8)))
+    small_u, values, vt = np.linalg.svd(basis.T @ matrix, full_matrices=False)
+    scale = np.sqrt(values[:rank])
+    factors = {"user_id": (basis @ small_u[:, :rank]) * scale, "item_id": vt[:rank].T * scale}
+    vectors = {}
+    for column, width in widths.items():
+        padded = np.zeros((len(factors[column]), width), dtype=np.float32)
+        padded[:, :min(width, rank)] = factors[column][:, :width]
+        vectors[column] = padded
+    return vectors
+
+
+def write_embedding_tables(output: Path, root: Path) -> Path:
+    """HugeCTR folders for the user and item ids and an ``hps.yaml`` that imports them."""
+    metadata = json.loads((output / "metadata.json").read_text())
+    plan = metadata["embedding_plan"]["features"]
+    widths = {column: plan[encoded_name(column)]["width"] for column in EMBEDDED_TABLES}
+    vectors = interaction_embeddings(output, widths)
+    shutil.rmtree(root, ignore_errors=True)  # a fresh RocksDB imports the new tables
+    tables = []
+    for column, name in EMBEDDED_TABLES.items():
+        keys = np.arange(len(vectors[column]), dtype=np.int64)
+        write_hugectr(root / "tables" / name, keys, vectors[column])
+        tables.append({"name": name, "dim": widths[column],
+                       "source": str((root / "tables" / name).resolve())})
+    config = root / "hps.yaml"
+    config.write_text(yaml.safe_dump({
+        "models": [{"name": "ranker", "cache_fraction": 0.5, "tables": tables}],
+        "persistent_db": {"path": str((root / "rocksdb").resolve())}}, sort_keys=False))
+    return config
+
+
+def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int
+                ) -> dict[str, Any]:
+    settings = config.model_dump(mode="json")
+    settings["api"].update({"data": str(output.resolve()), "hps": str(hps.resolve()),
+                            "port": port, "auth": {"enabled": False, "keys_file": None}})
+    settings["feature_store"]["repo"] = str(Path(settings["feature_store"]["repo"]).resolve())
+    settings["feature_store"]["redis_dir"] = str(
+        Path(settings["feature_store"]["redis_dir"]).resolve())
+    return settings
+
+
+def stop_server(pid_file: Path) -> None:
+    """Stop the API a previous demo left running."""
+    if pid_file.is_file():
+        with contextlib.suppress(ProcessLookupError, ValueError):  # gone already
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        pid_file.unlink()
+
+
+def start_server(config_file: Path, pid_file: Path, redis_url: str, log: Path) -> None:
+    """``featureline serve`` in the background, once it answers /readyz."""
+    settings = yaml.safe_load(config_file.read_text())["api"]
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "etl.cli", "serve", "--config", str(config_file)],
+            env={**os.environ, REDIS_URL_ENV: redis_url}, stdout=sink, stderr=sink,
+            start_new_session=True)
+    pid_file.write_text(str(process.pid))
+    ready = f"http://{settings['host']}:{settings['port']}/readyz"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the API exited: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(ready, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.5)
+    raise RuntimeError(f"the API did not become ready in {START_TIMEOUT_S:.0f}s: {log}")
+
+
+def _call(base: str, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, str]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def sample_calls(base: str, user: str, items: list[str]) -> list[tuple[str, str, Any]]:
+    return [
+        ("GET", "/healthz", None),
+        ("GET", "/readyz", None),
+        ("POST", "/v1/features", {"service": "ranking",
+                                  "entities": {"user_id": [user] * 2, "item_id": items[:2]}}),
+        ("POST", "/v1/embeddings/lookup", {"model": "ranker", "table": "item",
+                                           "keys": [2, 3]}),
+        ("GET", "/v1/embeddings/models", None),
+        ("POST", "/v1/ranking-inputs", {"user_id": user, "item_ids": items}),
+        ("POST", "/v1/admin/models/ranker/reload", None),
+        ("GET", "/metrics", None),
+    ]
+
+
+def run_calls(base: str, user: str, items: list[str], echo: Callable[[str], None]) -> None:
+    """Call every endpoint once and print the curl command for it with a short answer."""
+    for method, path, body in sample_calls(base, user, items):
+        status, text = _call(base, method, path, body)
+        data = f" -H 'Content-Type: application/json' -d '{json.dumps(body)}'" if body else ""
+        verb = "" if method == "GET" else f" -X {method}"
+        echo(f"curl -s{verb} {base}{path}{data}")
+        short = text if len(text) <= 160 else text[:157] + "..."
+        echo(f"  → {status} {short.splitlines()[0] if short else ''}")
+        if status >= 400:
+            raise RuntimeError(f"{method} {path} answered {status}: {text[:500]}")
+
+
+def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: str,
+               echo: Callable[[str], None]) -> str:
+    """Embedding tables, the API in the background, one call per endpoint; its URL."""
+    hps = write_embedding_tables(output, out / "hps")
+    pid_file = out / "api.pid"
+    stop_server(pid_file)
+    port = config.api.port if _port_free(config.api.host, config.api.port) else free_port()
+    settings = demo_config(config, output, hps, port)
+    config_file = out / "featureline.yaml"
+    config_file.write_text(yaml.safe_dump(settings, sort_keys=False))
+    start_server(config_file, pid_file, redis_url, out / "api.log")
+    base = f"http://{settings['api']['host']}:{port}"
+    users = pq.read_table(output / "entities" / "user", columns=["user_id"]).column(0)
+    items = pq.read_table(output / "entities" / "item", columns=["item_id"]).column(0)
+    run_calls(base, users[0].as_py(), [i.as_py() for i in items.slice(0, 3)], echo)
+    return base
+
+
+def _port_free(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        return probe.connect_ex((host, port)) != 0
