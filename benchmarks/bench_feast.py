@@ -46,7 +46,8 @@ FEATURES = (("{e}_id_cat", "bigint"), ("{e}_events", "bigint"), ("{e}_events_7d"
 
 
 def write_output(root: Path, entities: int, seed: int = 0) -> Path:
-    """An ETL-shaped output folder: metadata.json and one snapshot per user and per item."""
+    """An ETL-shaped output folder: metadata.json, one snapshot per user and per item, and
+    the vocabularies of their ids."""
     rng = np.random.default_rng(seed)
     output = root / "output"
     section = {}
@@ -65,6 +66,10 @@ def write_output(root: Path, entities: int, seed: int = 0) -> Path:
         })
         (output / "entities" / entity).mkdir(parents=True)
         pq.write_table(table, output / "entities" / entity / "part-00000.parquet")
+        vocabulary = output / "artifacts" / "categorify" / key
+        vocabulary.mkdir(parents=True)
+        pq.write_table(table.select([key, FEATURES[0][0].format(e=entity)])
+                       .rename_columns(["value", "id"]), vocabulary / "part-00000.parquet")
         section[entity] = {
             "path": f"entities/{entity}", "join_key": key, "join_key_dtype": "string",
             "timestamp_field": "event_timestamp",

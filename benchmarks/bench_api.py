@@ -1,0 +1,210 @@
+"""The ranking API against Feast's own feature server, on the same Redis data, same machine,
+same load generator, in one run.
+
+Entity tables as in ``bench_feast.py`` (published through our Feast repository into an
+embedded Redis server), embedding tables of the same ids in the parameter server. Servers:
+``featureline serve`` and ``feast serve``, one worker each. The load generator is open-loop
+(requests start on a fixed schedule; latency counts from the scheduled start, so a slow
+server cannot slow the load down): for 1 and 100 entities × the ``ranking`` service's
+features, p50/p99 at a fixed rate and the highest rate with p99 under 10 ms; and
+``/v1/ranking-inputs`` for 1 user + 100 items at 200 requests/s.
+
+    python benchmarks/bench_api.py --entities 100000
+    python benchmarks/bench_api.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_feast import SNAPSHOT, write_output
+
+from etl.config import parse_config
+from feature_store.publish import publish
+from feature_store.redis_server import EmbeddedRedis, free_port
+from feature_store.repo import feast_connection_string, open_repo
+from hps.formats import write_hugectr
+
+REPO = Path(__file__).resolve().parent.parent / "feature_store"
+BIN = Path(sys.executable).parent
+P99_BUDGET_MS = 10.0
+DIM = 64
+
+
+def _write_tables(root: Path, entities: int) -> Path:
+    rng = np.random.default_rng(0)
+    tables = []
+    for name in ("user", "item"):
+        keys = np.arange(entities + 2, dtype=np.int64)
+        write_hugectr(root / "tables" / name, keys,
+                      rng.standard_normal((len(keys), DIM)).astype(np.float32))
+        tables.append({"name": name, "dim": DIM, "source": str(root / "tables" / name)})
+    path = root / "hps.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"name": "ranker", "tables": tables}],
+                                    "persistent_db": {"path": str(root / "rocksdb")},
+                                    "cache_device": "cpu"}))
+    return path
+
+
+def _wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} not ready after {timeout}s")
+
+
+async def _open_loop(url: str, bodies: list[dict[str, Any]], rate: float,
+                     seconds: float) -> dict[str, float]:
+    """Send ``rate`` requests/s for ``seconds``; latency from each scheduled start."""
+    count = max(1, int(rate * seconds))
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        await client.post(url, json=bodies[0])  # warm the connection and the server
+        start = time.perf_counter()
+
+        async def one(index: int) -> None:
+            nonlocal errors
+            scheduled = start + index / rate
+            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+            response = await client.post(url, json=bodies[index % len(bodies)])
+            latencies.append(time.perf_counter() - scheduled)
+            errors += response.status_code != 200
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+        elapsed = time.perf_counter() - start
+    ms = np.array(latencies) * 1000
+    return {"rate": rate, "achieved_rps": round(count / elapsed, 1),
+            "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": errors}
+
+
+def measure(url: str, bodies: list[dict[str, Any]], fixed_rate: float, rates: list[float],
+            seconds: float) -> dict[str, Any]:
+    """p50/p99 at ``fixed_rate``; then rising rates until p99 leaves the budget."""
+    result: dict[str, Any] = {"at_fixed_rate": asyncio.run(_open_loop(url, bodies, fixed_rate,
+                                                                      seconds))}
+    best, steps = 0.0, []
+    for rate in rates:
+        step = asyncio.run(_open_loop(url, bodies, rate, seconds))
+        steps.append(step)
+        if step["p99_ms"] > P99_BUDGET_MS or step["errors"]:
+            break
+        best = step["achieved_rps"]
+    result["steps"] = steps
+    result["max_rps_p99_under_10ms"] = best
+    return result
+
+
+def _bodies(entities: int, rows: int, shape: Callable[[list[str], list[str]], dict],
+            rng: np.random.Generator, count: int = 64) -> list[dict[str, Any]]:
+    return [shape([f"u{i}" for i in rng.integers(0, entities, rows)],
+                  [f"i{i}" for i in rng.integers(0, entities, rows)]) for _ in range(count)]
+
+
+def run(entities: int, seconds: float = 5.0, fixed_rate: float = 50.0,
+        rates: list[float] | None = None) -> dict[str, Any]:
+    rates = rates or [50, 100, 200, 400, 800, 1600]
+    rng = np.random.default_rng(0)
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "entities": entities, "seconds_per_step": seconds, "fixed_rate": fixed_rate}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
+        root = Path(tmp)
+        output = write_output(root, entities)
+        repo_dir = root / "feature_store"
+        repo_dir.mkdir()
+        (repo_dir / "feature_store.yaml").write_text((REPO / "feature_store.yaml").read_text())
+        settings = {"feature_store": {"repo": str(repo_dir), "ttl": "3650d"},
+                    "api": {"port": free_port(), "data": str(output),
+                            "hps": str(_write_tables(root, entities)),
+                            "auth": {"enabled": False}}}
+        config = parse_config(settings)
+        publish(open_repo(config, output=output, url=redis.url), end=SNAPSHOT,
+                progress=lambda _: None)
+        config_file = root / "featureline.yaml"
+        config_file.write_text(yaml.safe_dump(settings))
+        feast_port = free_port()
+        env = {**os.environ, "REDIS_URL": redis.url,
+               "FEAST_REDIS_CONNECTION": feast_connection_string(redis.url)}
+        ours = subprocess.Popen([str(BIN / "featureline"), "serve", "--config",
+                                 str(config_file)], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        feast = subprocess.Popen([str(BIN / "feast"), "serve", "-p", str(feast_port),
+                                  "--no-access-log", "-w", "1"], cwd=repo_dir, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            base = f"http://127.0.0.1:{config.api.port}"
+            feast_base = f"http://127.0.0.1:{feast_port}"
+            _wait_ready(f"{base}/readyz", ours)
+            _wait_ready(f"{feast_base}/health", feast)
+            report["features"] = {}
+            for rows in (1, 100):
+                ours_bodies = _bodies(entities, rows, lambda u, i: {
+                    "service": "ranking", "entities": {"user_id": u, "item_id": i}}, rng)
+                feast_bodies = [{"feature_service": "ranking", "entities": b["entities"]}
+                                for b in ours_bodies]
+                # Both answer the same values (the API's test proves it value by value).
+                ours_result = measure(f"{base}/v1/features", ours_bodies, fixed_rate, rates,
+                                      seconds)
+                feast_result = measure(f"{feast_base}/get-online-features", feast_bodies,
+                                       fixed_rate, rates, seconds)
+                report["features"][f"{rows}_entities"] = {
+                    "featureline": ours_result, "feast_serve": feast_result,
+                    "qps_ratio": round(ours_result["max_rps_p99_under_10ms"]
+                                       / max(feast_result["max_rps_p99_under_10ms"], 1e-9), 2),
+                    "p99_ratio_at_fixed_rate": round(
+                        ours_result["at_fixed_rate"]["p99_ms"]
+                        / feast_result["at_fixed_rate"]["p99_ms"], 3)}
+            ranking = [{"user_id": f"u{rng.integers(0, entities)}",
+                        "item_ids": [f"i{i}" for i in rng.integers(0, entities, 100)]}
+                       for _ in range(64)]
+            report["ranking_inputs_1x100_at_200rps"] = asyncio.run(
+                _open_loop(f"{base}/v1/ranking-inputs", ranking, 200.0, seconds))
+        finally:
+            for process in (ours, feast):
+                process.terminate()
+                process.wait(timeout=30)
+    return report
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per load step")
+    parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        report = run(200, seconds=0.5, fixed_rate=10, rates=[10, 20])
+    else:
+        report = run(args.entities, seconds=args.seconds)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
