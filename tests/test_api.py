@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from api.app import create_app
+from api.models import FeaturesResponse, RankingInputsResponse
 from etl.config import parse_config
 from feature_store.online import OnlineReader
 from feature_store.publish import publish
@@ -79,6 +80,7 @@ def test_features_equal_what_feasts_sdk_returns(client, api_setup):
         "service": "ranking", "entities": {"user_id": users, "item_id": items}})
     assert response.status_code == 200, response.text
     body = response.json()
+    FeaturesResponse.model_validate(body)  # the documented shape
     store = api_setup["repo"].store
     sdk = store.get_online_features(
         features=store.get_feature_service("ranking"),
@@ -154,6 +156,7 @@ def test_ranking_inputs_in_one_call(client):
                            json={"user_id": "u1", "item_ids": ["i2", "i9", "i1"]})
     assert response.status_code == 200, response.text
     body = response.json()
+    RankingInputsResponse.model_validate(body)  # the documented shape
     assert body["user"]["encoded_ids"] == [encoded_id("u1")]
     assert body["items"]["encoded_ids"] == [encoded_id("i2"), 1, encoded_id("i1")]  # i9: OOV
     assert body["user"]["values"]["user_events"] == [7]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
 
 from api.auth import require
 from api.models import (
-    Embeddings,
-    EntityFeatures,
     ErrorBody,
     RankingInputsRequest,
     RankingInputsResponse,
@@ -21,15 +22,15 @@ SERVICE = "ranking"
 
 
 def _section(result: OnlineFeatures, names: list[str], ids: list, encoded: list[int]
-             ) -> EntityFeatures:
-    return EntityFeatures(ids=ids, encoded_ids=encoded,
-                          values={n: result.values[n] for n in names},
-                          status={n: [s.value for s in result.status[n]] for n in names})
+             ) -> dict[str, Any]:
+    """An :class:`EntityFeatures`, as plain JSON."""
+    return {"ids": ids, "encoded_ids": encoded, "values": {n: result.values[n] for n in names},
+            "status": {n: result.status[n] for n in names}}
 
 
 @router.post("/ranking-inputs", response_model=RankingInputsResponse, responses=ERRORS)
 def ranking_inputs(body: RankingInputsRequest,
-                   services: Services = Depends(get_services)) -> RankingInputsResponse:
+                   services: Services = Depends(get_services)) -> JSONResponse:
     """The user's and each candidate's features (the ``ranking`` service), their ids encoded
     with the ETL's vocabularies, and those ids' embeddings from the parameter server."""
     settings = services.config.api
@@ -50,9 +51,10 @@ def ranking_inputs(body: RankingInputsRequest,
             if column not in encoded:
                 continue
             vectors = server.lookup(settings.ranking.model, table, encoded[column])
-            embeddings[feature] = Embeddings(table=table, dim=vectors.shape[1],
-                                             vectors=vectors.tolist())
-    return RankingInputsResponse(
-        user=_section(result, names["user_id"], [user], encoded["user_id"]),
-        items=_section(result, names["item_id"], items, encoded["item_id"]),
-        embeddings=embeddings)
+            embeddings[feature] = {"table": table, "dim": vectors.shape[1],
+                                   "vectors": vectors.tolist()}
+    # Built as RankingInputsResponse describes it, without re-validating every float.
+    return JSONResponse({
+        "user": _section(result, names["user_id"], [user], encoded["user_id"]),
+        "items": _section(result, names["item_id"], items, encoded["item_id"]),
+        "embeddings": embeddings})
