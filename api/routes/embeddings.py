@@ -13,6 +13,7 @@ from api.models import (
     ModelsResponse,
     TableInfo,
 )
+from api.responses import FastJSONResponse
 from api.services import Services, get_services
 
 router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"],
@@ -26,7 +27,7 @@ OCTET_STREAM = "application/octet-stream"
                     "description": "JSON; or with Accept: application/octet-stream, "
                                    "little-endian float32 [n × dim], shape in X-Shape"}})
 def lookup(body: LookupRequest, request: Request,
-           services: Services = Depends(get_services)) -> LookupResponse | Response:
+           services: Services = Depends(get_services)) -> Response:
     """Vectors of ``keys`` in request order; unknown keys get the table's default vector."""
     services.check_limit("keys", len(body.keys), services.config.api.limits.max_keys)
     vectors = services.parameter_server().lookup(body.model, body.table, body.keys)
@@ -34,8 +35,8 @@ def lookup(body: LookupRequest, request: Request,
         return Response(vectors.astype("<f4", copy=False).tobytes(), media_type=OCTET_STREAM,
                         headers={"X-Shape": f"{vectors.shape[0]},{vectors.shape[1]}",
                                  "X-Dtype": "float32-le"})
-    return LookupResponse(model=body.model, table=body.table, dim=vectors.shape[1],
-                          vectors=vectors.tolist())
+    return FastJSONResponse({"model": body.model, "table": body.table, "dim": vectors.shape[1],
+                             "vectors": vectors})
 
 
 @router.get("/models", response_model=ModelsResponse, responses=ERRORS)

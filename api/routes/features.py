@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
 
 from api.auth import require
 from api.models import ErrorBody, FeaturesRequest, FeaturesResponse
+from api.responses import FastJSONResponse
 from api.services import Services, get_services
 
 router = APIRouter(prefix="/v1", tags=["features"], dependencies=[Depends(require("read"))])
@@ -15,12 +15,12 @@ ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
 
 @router.post("/features", response_model=FeaturesResponse, responses=ERRORS)
 def read_features(body: FeaturesRequest,
-                  services: Services = Depends(get_services)) -> JSONResponse:
+                  services: Services = Depends(get_services)) -> FastJSONResponse:
     """Each feature's value and status (present / not_found / outside_ttl) per row."""
     rows = len(next(iter(body.entities.values())))
     services.check_limit("entities", rows, services.config.api.limits.max_entities)
     references = services.reader.references(body.service, body.features)
     result = services.reader.read(references, services.raw_entities(body.entities))
     # Built as FeaturesResponse describes it, without re-validating every value.
-    return JSONResponse({"names": result.names, "values": result.values,
+    return FastJSONResponse({"names": result.names, "values": result.values,
                          "status": result.status})

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends
-from fastapi.responses import JSONResponse
 
 from api.auth import require
 from api.models import (
@@ -13,6 +12,7 @@ from api.models import (
     RankingInputsRequest,
     RankingInputsResponse,
 )
+from api.responses import FastJSONResponse
 from api.services import Services, get_services
 from feature_store.online import OnlineFeatures
 
@@ -30,7 +30,7 @@ def _section(result: OnlineFeatures, names: list[str], ids: list, encoded: list[
 
 @router.post("/ranking-inputs", response_model=RankingInputsResponse, responses=ERRORS)
 def ranking_inputs(body: RankingInputsRequest,
-                   services: Services = Depends(get_services)) -> JSONResponse:
+                   services: Services = Depends(get_services)) -> FastJSONResponse:
     """The user's and each candidate's features (the ``ranking`` service), their ids encoded
     with the ETL's vocabularies, and those ids' embeddings from the parameter server."""
     settings = services.config.api
@@ -52,9 +52,9 @@ def ranking_inputs(body: RankingInputsRequest,
                 continue
             vectors = server.lookup(settings.ranking.model, table, encoded[column])
             embeddings[feature] = {"table": table, "dim": vectors.shape[1],
-                                   "vectors": vectors.tolist()}
+                                   "vectors": vectors}
     # Built as RankingInputsResponse describes it, without re-validating every float.
-    return JSONResponse({
+    return FastJSONResponse({
         "user": _section(result, names["user_id"], [user], encoded["user_id"]),
         "items": _section(result, names["item_id"], items, encoded["item_id"]),
         "embeddings": embeddings})
