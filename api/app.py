@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -31,6 +32,9 @@ def create_app(config: FeaturelineConfig | None = None, *, output: str | Path | 
             return
         services = open_services(config, output=output, redis_url=redis_url)
         app.state.services = services
+        # What startup loaded (Feast, vocabularies, tables) stays: keep the collector from
+        # walking it on every full collection, a source of tail latency.
+        gc.freeze()
         try:
             yield
         finally:

@@ -94,7 +94,7 @@ def job_options(command: click.Command) -> click.Command:
         click.option("--format", "input_format", type=click.Choice(["jsonl", "csv", "parquet"]),
                      help="Raw log format (default: from the file suffix)"),
         click.option("--output", help="Output folder (overrides output.path)"),
-        click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-gpu"]),
+        click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
                      help="Spark profile: spark_conf/<profile>.conf"),
         click.option("--label", help="Label rule, e.g. 'value >= 4' or "
                                      "'event_type in (click, purchase)'"),

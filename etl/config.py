@@ -244,7 +244,7 @@ class TFRecordConfig(_Model):
 
 
 class SparkSettings(_Model):
-    profile: Literal["cpu", "gpu", "k8s-gpu"] = "cpu"
+    profile: Literal["cpu", "gpu", "k8s-cpu", "k8s-gpu"] = "cpu"
     master: str | None = None
     app_name: str = "featureline-etl"
     # Path (or Maven coordinates) of the RAPIDS Accelerator jar; RAPIDS_JAR overrides it.

@@ -69,7 +69,7 @@ def spark_properties(settings: SparkSettings, *, from_profile: bool = True) -> d
     if settings.master:
         properties["spark.master"] = settings.master
     plugins = properties.get("spark.plugins", "") or os.environ.get("SPARK_PLUGINS", "")
-    if RAPIDS_PLUGIN in plugins or settings.profile != "cpu":
+    if RAPIDS_PLUGIN in plugins or settings.profile.endswith("gpu"):
         jar = _rapids_jar(settings, properties)
         if jar and jar.endswith(".jar"):
             properties["spark.jars"] = ",".join(filter(None, [properties.get("spark.jars"), jar]))

@@ -3,6 +3,7 @@ that several test modules read."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 from tests.job_config import TEST_SPARK, make_config
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(skip)
 
 
@@ -65,3 +68,30 @@ def redis_server(tmp_path_factory):
 
     with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def demo_run(spark, tmp_path_factory, redis_server):
+    """``featureline demo`` once, small, ending with the API in the background (stopped at
+    the end of the run): its folder, its output and the Redis URL it published to."""
+    from click.testing import CliRunner
+
+    from etl.cli import main
+    from etl.demo import stop_server
+    from feature_store.redis_server import free_port
+
+    out = tmp_path_factory.mktemp("demo")
+    repo = out / "feature_store"
+    repo.mkdir()
+    shutil.copy(REPO / "feature_store" / "feature_store.yaml", repo)
+    config = out / "config.yaml"
+    config.write_text(json.dumps({"feature_store": {"repo": str(repo)},
+                                  "api": {"port": free_port()}}))
+    url = redis_server.url.rsplit("/", 1)[0] + "/7"
+    try:
+        result = CliRunner().invoke(main, ["demo", "--out", str(out), "--events", "4000",
+                                           "--config", str(config)],
+                                    env={"REDIS_URL": url}, catch_exceptions=False)
+        yield out, result, url
+    finally:
+        stop_server(out / "api.pid")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +12,6 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from etl.cli import main
-from etl.demo import stop_server
-from feature_store.redis_server import free_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -90,28 +87,16 @@ def test_spark_submit_runs_the_same_job(small_log, tmp_path):
     assert metadata["rows"]["read"] == 6000
 
 
-def test_demo_command_runs_end_to_end(spark, tmp_path, redis_server):
-    repo = tmp_path / "feature_store"
-    repo.mkdir()
-    shutil.copy(REPO / "feature_store" / "feature_store.yaml", repo)
-    config = tmp_path / "config.yaml"
-    config.write_text(json.dumps({"feature_store": {"repo": str(repo)},
-                                  "api": {"port": free_port()}}))
-    url = redis_server.url.rsplit("/", 1)[0] + "/7"
-    try:
-        result = CliRunner().invoke(main, ["demo", "--out", str(tmp_path), "--events", "4000",
-                                           "--config", str(config)],
-                                    env={"REDIS_URL": url}, catch_exceptions=False)
-    finally:
-        stop_server(tmp_path / "api.pid")
+def test_demo_command_runs_end_to_end(demo_run):
+    out, result, url = demo_run
     assert result.exit_code == 0, result.output
     assert "rows: read 4,000 = accepted" in result.output
     assert "tfrecord:" in result.output and "demo finished" in result.output
-    metadata = json.loads((tmp_path / "output" / "metadata.json").read_text())
+    metadata = json.loads((out / "output" / "metadata.json").read_text())
     assert sum(metadata["rows"]["quarantined"].values()) == 40 - metadata["rows"]["duplicates"]
     # Published: the sample rows it prints are what Redis now serves.
     assert f"online store {url}" in result.output
-    users = pq.read_table(tmp_path / "output" / "entities" / "user").column("user_id")
+    users = pq.read_table(out / "output" / "entities" / "user").column("user_id")
     first = users.unique()[0].as_py()
     assert any(line.split()[:1] == [first] for line in result.output.splitlines())
     # Served: every endpoint answered (the demo stops at the first error) and says how.

@@ -51,7 +51,7 @@ def test_k8s_profile_ships_the_jar_in_the_image():
 
 
 def test_every_profile_file_parses():
-    for name in ("cpu", "gpu", "k8s-gpu"):
+    for name in ("cpu", "gpu", "k8s-cpu", "k8s-gpu"):
         properties = read_properties(spark_conf_dir() / f"{name}.conf")
         assert properties["spark.sql.session.timeZone"] == "UTC"
         assert all(key.startswith("spark.") for key in properties)
