@@ -22,6 +22,7 @@ from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from google.protobuf.timestamp_pb2 import Timestamp
+from redis.cluster import RedisCluster
 
 from feature_store.errors import (
     FeatureStoreError,
@@ -116,7 +117,10 @@ class OnlineReader:
         services = {service.name: [f"{p.name}:{f.name}" for p in service.feature_view_projections
                                    for f in p.features]
                     for service in store.list_feature_services()}
-        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+        cluster = str(getattr(store.config.online_store, "redis_type", "redis")).endswith(
+            "redis_cluster")
+        client_class = RedisCluster if cluster else redis.Redis
+        client = client_class.from_url(url, socket_connect_timeout=2, socket_timeout=5)
         return cls(client, store.project, store.config.entity_key_serialization_version,
                    views, services, url)
 

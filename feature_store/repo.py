@@ -32,7 +32,8 @@ CONNECTION_ENV = "FEAST_REDIS_CONNECTION"
 OUTPUT_ENV = "FEATURELINE_OUTPUT"
 # A server that is down or unreachable is an error within seconds, not a hang.
 TIMEOUTS = ("socket_connect_timeout=2", "socket_timeout=10")
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError)
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError,
+                redis.exceptions.RedisClusterException)
 # ibis, under Feast's DuckDB offline store, calls a method DuckDB 2 deprecates; not ours to fix.
 warnings.filterwarnings("ignore", message="fetch_arrow_table", category=DeprecationWarning)
 

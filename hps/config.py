@@ -41,8 +41,8 @@ class ModelConfig(_Model):
 
 
 class VolatileDbConfig(_Model):
-    type: Literal["hash_map", "redis"] = "hash_map"
-    # For type redis; REDIS_URL overrides it.
+    type: Literal["hash_map", "redis", "redis_cluster"] = "hash_map"
+    # For type redis (redis_cluster: any one node); REDIS_URL overrides it.
     url: str | None = None
     capacity: int = Field(default=10_000_000, ge=1)
     overflow_policy: OverflowPolicy = "evict_oldest"
@@ -96,7 +96,7 @@ _HUGECTR_MODEL_FIELDS = {"model", "sparse_files", "embedding_table_names",
                          "embedding_vecsize_per_table", "default_value_for_each_table",
                          "gpucacheper", "hit_rate_threshold"}
 _HUGECTR_VOLATILE = {"hash_map": "hash_map", "parallel_hash_map": "hash_map",
-                     "redis": "redis"}
+                     "redis": "redis", "redis_cluster": "redis_cluster"}
 _HUGECTR_POLICIES = {"evict_oldest": "evict_oldest", "evict_random": "evict_random",
                      "evict_least_used": "evict_least_used"}
 
@@ -146,7 +146,9 @@ def from_hugectr(data: dict[str, Any], origin: str = "ps.json") -> HpsConfig:
         policy = volatile.get("overflow_policy", "evict_oldest")
         config["volatile_db"] = {
             "type": _HUGECTR_VOLATILE[kind],
-            **({"url": f"redis://{volatile['address']}"} if "address" in volatile else {}),
+            # HugeCTR lists a cluster's nodes, comma-separated; one is enough to discover it.
+            **({"url": f"redis://{volatile['address'].split(',')[0].strip()}"}
+               if "address" in volatile else {}),
             "overflow_policy": _HUGECTR_POLICIES.get(policy, policy),
             "initial_cache_rate": volatile.get("initial_cache_rate", 0.0),
             **({"capacity": volatile["overflow_margin"]} if "overflow_margin" in volatile

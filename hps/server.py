@@ -85,11 +85,13 @@ class Table:
 
 def volatile_store(config: VolatileDbConfig) -> VolatileStore:
     """The L2 store the configuration's ``type`` names."""
-    if config.type == "redis":
+    if config.type in ("redis", "redis_cluster"):
         url = os.environ.get("REDIS_URL") or config.url
         if not url:
-            raise ConfigError("hps.volatile_db.url", "type redis needs a url (or REDIS_URL)")
-        return RedisStore(url, config.capacity, config.overflow_policy)
+            raise ConfigError("hps.volatile_db.url", f"type {config.type} needs a url "
+                              "(or REDIS_URL)")
+        return RedisStore(url, config.capacity, config.overflow_policy,
+                          cluster=config.type == "redis_cluster")
     return HashMapStore(config.capacity, config.overflow_policy)
 
 

@@ -70,16 +70,23 @@ class RedisStore(VolatileStore):
     sorted set per table orders the keys for the overflow policy. When Redis cannot be
     reached the store answers "not here" and drops insertions, so lookups fall through to
     RocksDB instead of failing; each such event is logged.
+
+    ``cluster``: ``url`` names one node of a Redis Cluster; a table's keys spread over every
+    node (no hash tag), and batches are split by slot and sent to the nodes in parallel.
     """
 
     def __init__(self, url: str, capacity: int, policy: OverflowPolicy = "evict_oldest",
                  namespace: str = "hps", batch_size: int = 10_000,
-                 timeout_s: float = 1.0) -> None:
+                 timeout_s: float = 1.0, cluster: bool = False) -> None:
         import redis
+        from redis.cluster import RedisCluster
 
-        self._errors = (redis.ConnectionError, redis.TimeoutError)
-        self.client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                           socket_connect_timeout=timeout_s)
+        self._errors = (redis.ConnectionError, redis.TimeoutError,
+                        redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
+        client_class = RedisCluster if cluster else redis.Redis
+        self.client = client_class.from_url(url, socket_timeout=timeout_s,
+                                            socket_connect_timeout=timeout_s)
+        self.cluster = cluster
         self.capacity = capacity
         self.policy = policy
         self.namespace = namespace
@@ -105,10 +112,7 @@ class RedisStore(VolatileStore):
         vectors = np.zeros((len(keys), dim), dtype=np.float32)
         names = self._keys(table, keys)
         try:
-            pipeline = self.client.pipeline(transaction=False)
-            for start in range(0, len(names), self.batch_size):
-                pipeline.mget(names[start:start + self.batch_size])
-            values = [v for chunk in pipeline.execute() for v in chunk]
+            values = self._mget(names)
         except self._errors as exc:
             self._down("lookup", exc)
             return found, vectors
@@ -119,6 +123,15 @@ class RedisStore(VolatileStore):
         if self.policy == "evict_least_used" and found.any():
             self._count_uses(table, [n for n, hit in zip(names, found, strict=True) if hit])
         return found, vectors
+
+    def _mget(self, names: list[bytes]) -> list[bytes | None]:
+        if self.cluster:
+            return [v for start in range(0, len(names), self.batch_size)
+                    for v in self.client.mget_nonatomic(names[start:start + self.batch_size])]
+        pipeline = self.client.pipeline(transaction=False)
+        for start in range(0, len(names), self.batch_size):
+            pipeline.mget(names[start:start + self.batch_size])
+        return [v for chunk in pipeline.execute() for v in chunk]
 
     def _count_uses(self, table: str, names: list[bytes]) -> None:
         try:
@@ -140,8 +153,12 @@ class RedisStore(VolatileStore):
             pipeline = self.client.pipeline(transaction=False)
             for start in range(0, len(names), self.batch_size):
                 chunk = names[start:start + self.batch_size]
-                pipeline.mset({n: raw[(start + i) * row:(start + i + 1) * row]
-                               for i, n in enumerate(chunk)})
+                values_of = {n: raw[(start + i) * row:(start + i + 1) * row]
+                             for i, n in enumerate(chunk)}
+                if self.cluster:  # keys of many slots: split by slot, sent node by node
+                    self.client.mset_nonatomic(values_of)
+                else:
+                    pipeline.mset(values_of)
                 scores = {n: first + start + i for i, n in enumerate(chunk)}
                 pipeline.zadd(self._order(table), scores,
                               nx=self.policy == "evict_least_used")

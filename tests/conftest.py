@@ -71,6 +71,15 @@ def redis_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A real 3-node Redis Cluster (the same binary) on loopback."""
+    from feature_store.redis_server import EmbeddedRedisCluster
+
+    with EmbeddedRedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def demo_run(spark, tmp_path_factory, redis_server):
     """``featureline demo`` once, small, ending with the API in the background (stopped at
     the end of the run): its folder, its output and the Redis URL it published to."""

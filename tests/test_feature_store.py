@@ -275,3 +275,26 @@ def test_spark_offline_store_gives_the_same_training_set(spark, tmp_path, handma
     assert by_spark["user_events"].to_pylist() == [1, 3, 2, None, None]
     for column in by_duckdb.column_names:
         assert by_spark[column].to_pylist() == by_duckdb[column].to_pylist(), column
+
+
+def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
+    """feature_store.redis_type: redis_cluster — publish and read through a real cluster."""
+    from redis.cluster import RedisCluster
+
+    from feature_store.online import OnlineReader
+
+    RedisCluster.from_url(redis_cluster.url).flushall()
+    config = copy_project(tmp_path)
+    config = parse_config({"feature_store": {**config.feature_store.model_dump(),
+                                             "redis_type": "redis_cluster"}})
+    repo = open_repo(config, output=handmade_output, url=redis_cluster.url)
+    summary = publish(repo, progress=lambda _: None)
+    assert summary.keys == 4
+    rows = {"user_id": ["u1", "u2", "zz"], "item_id": ["i1", "i2", "i2"]}
+    values = _online(repo, [dict(zip(rows, r, strict=True)) for r in zip(*rows.values(),
+                                                                           strict=True)])
+    assert values["user_events"] == [7, 2, None]
+    reader = OnlineReader.from_store(repo.store, redis_cluster.url)
+    result = reader.read(reader.references("ranking"), rows)
+    for name in result.names:
+        assert result.values[name] == values[name], name

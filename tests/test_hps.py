@@ -250,22 +250,51 @@ def test_hugectr_ps_json(tmp_path, caplog):
     np.testing.assert_array_equal(got[0], vectors[3])
     assert (got[1] == 0.25).all()
     server.close()
-    ps["volatile_db"]["type"] = "redis_cluster"
+    ps["volatile_db"] = {"type": "redis_cluster", "address": "10.0.0.1:7000,10.0.0.2:7000"}
+    path.write_text(json.dumps(ps))
+    volatile = load_hps_config(path).volatile_db
+    assert (volatile.type, volatile.url) == ("redis_cluster", "redis://10.0.0.1:7000")
+    ps["volatile_db"]["type"] = "multi_process_hash_map"
     path.write_text(json.dumps(ps))
     with pytest.raises(ConfigError) as info:
         load_hps_config(path)
     assert info.value.key == "volatile_db.type"
 
 
-def _redis_server_config(tmp_path, url, **volatile):
+def _redis_server_config(tmp_path, url, kind="redis", **volatile):
     keys, vectors = _table(n=300)
     write_hugectr(tmp_path / "items", keys, vectors)
     config = HpsConfig.model_validate({
         "models": [{"name": "m", "cache_fraction": 0.05,
                     "tables": [{"name": "items", "dim": DIM, "source": str(tmp_path / "items")}]}],
-        "volatile_db": {"type": "redis", "url": url, **volatile},
+        "volatile_db": {"type": kind, "url": url, **volatile},
         "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"})
     return keys, vectors, config
+
+
+@pytest.mark.parametrize("policy", ["evict_oldest", "evict_random", "evict_least_used"])
+def test_redis_cluster_volatile_store(tmp_path, redis_cluster, policy):
+    """The L2 in a real 3-node Redis Cluster: keys spread over every node, exact vectors,
+    the capacity kept."""
+    from redis.cluster import RedisCluster
+
+    client = RedisCluster.from_url(redis_cluster.url)
+    client.flushall()
+    keys, vectors, config = _redis_server_config(
+        tmp_path, redis_cluster.url, kind="redis_cluster", capacity=120,
+        overflow_policy=policy, initial_cache_rate=0.2)
+    server = ParameterServer(config)
+    table = server.table("m", "items")
+    assert server.volatile.size(table.key) == 60
+    np.testing.assert_array_equal(server.lookup("m", "items", keys[:60]), vectors[:60])
+    assert table.stats.answered["l2"] == 60
+    np.testing.assert_array_equal(server.lookup("m", "items", keys), vectors)  # overflow
+    assert server.volatile.size(table.key) == 120
+    stored = client.keys(f"hps:{table.key}:*", target_nodes=RedisCluster.ALL_NODES)
+    assert len(stored) == 120
+    per_node = [node.redis_connection.dbsize() for node in client.get_primaries()]
+    assert len(per_node) == 3 and min(per_node) > 0, per_node
+    server.close()
 
 
 @pytest.mark.parametrize("policy", ["evict_oldest", "evict_random", "evict_least_used"])
