@@ -49,11 +49,7 @@ class HostCache(EmbeddingCache):
         self._vectors = np.zeros((capacity, dim), dtype=np.float32)
 
     def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        slots = self.index.find(keys)
-        hit = slots >= 0
-        vectors = np.zeros((len(keys), self.dim), dtype=np.float32)
-        vectors[hit] = self._vectors[slots[hit]]
-        return hit, vectors
+        return self.index.find_gather(keys, self._vectors)
 
     def insert(self, keys: np.ndarray, vectors: np.ndarray) -> None:
         slots = self.index.assign(keys)

@@ -40,6 +40,31 @@ def _find(keys, state, table_keys, table_slots, uses, count_uses):
 
 
 @numba.njit(cache=True, nogil=True)
+def _find_gather(keys, state, table_keys, table_slots, uses, store, out):
+    """One pass per key: probe, count the use, copy the row (zeros for a miss)."""
+    mask = np.uint64(len(state) - 1)
+    hit = np.zeros(len(keys), dtype=np.bool_)
+    dim = store.shape[1]
+    for i in range(len(keys)):
+        position = _hash(keys[i], mask)
+        slot = -1
+        while state[position] != EMPTY:
+            if state[position] == FULL and table_keys[position] == keys[i]:
+                slot = table_slots[position]
+                break
+            position = (position + np.uint64(1)) & mask
+        if slot >= 0:
+            uses[slot] += 1
+            hit[i] = True
+            for j in range(dim):
+                out[i, j] = store[slot, j]
+        else:
+            for j in range(dim):
+                out[i, j] = 0.0
+    return hit
+
+
+@numba.njit(cache=True, nogil=True)
 def _insert(keys, slots, state, table_keys, table_slots):
     mask = np.uint64(len(state) - 1)
     for i in range(len(keys)):
@@ -88,6 +113,14 @@ class HashIndex:
     def find(self, keys: np.ndarray) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         return _find(keys, self._state, self._keys, self._slots, self._uses, True)
+
+    def find_gather(self, keys: np.ndarray, store: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``find`` and the gather of the found rows of ``store`` in one compiled pass:
+        (hit mask, rows; zeros where missed)."""
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        out = np.empty((len(keys), store.shape[1]), dtype=store.dtype)
+        hit = _find_gather(keys, self._state, self._keys, self._slots, self._uses, store, out)
+        return hit, out
 
     def assign(self, keys: np.ndarray) -> np.ndarray:
         """Slots for unique ``keys``, evicting the least used others; at most ``capacity``

@@ -37,6 +37,8 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
                    0.25, 1.0, math.inf)
 
 
+_NO_INDEX = np.zeros(0, dtype=np.int64)
+_NO_FLAGS = np.zeros(0, dtype=bool)
 # Weight of the newest lookup in the running L1 hit rate.
 HIT_RATE_SMOOTHING = 0.1
 
@@ -146,22 +148,25 @@ class ParameterServer:
         with entry.lock:
             # L1 answers duplicates as they come; only its misses are de-duplicated.
             hit1, vectors = entry.cache.lookup(keys)
+            stats = entry.stats
+            hits = int(np.count_nonzero(hit1))
+            rate = hits / len(keys) if len(keys) else 1.0
+            stats.running_hit_rate += HIT_RATE_SMOOTHING * (rate - stats.running_hit_rate)
+            if hits == len(keys):  # the hot path: nothing below L1 to ask or insert
+                self._record(stats, hits, _NO_INDEX, _NO_FLAGS, _NO_FLAGS,
+                             time.perf_counter() - started)
+                return vectors
             unique, inverse = np.unique(keys[~hit1], return_inverse=True)
             below = np.full((len(unique), dim), entry.config.default_value, dtype=np.float32)
-            found2 = np.zeros(len(unique), dtype=bool)
             found3 = np.zeros(len(unique), dtype=bool)
-            if len(unique):
-                found2, from_volatile = self.volatile.lookup(entry.key, unique, dim)
-                below[found2] = from_volatile[found2]
-                still = ~found2
-                if still.any():
-                    hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
-                    found3[still] = hit3
-                    below[found3] = from_disk[hit3]
-                vectors[~hit1] = below[inverse]
-            stats = entry.stats
-            rate = hit1.mean() if len(keys) else 1.0
-            stats.running_hit_rate += HIT_RATE_SMOOTHING * (rate - stats.running_hit_rate)
+            found2, from_volatile = self.volatile.lookup(entry.key, unique, dim)
+            below[found2] = from_volatile[found2]
+            still = ~found2
+            if still.any():
+                hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
+                found3[still] = hit3
+                below[found3] = from_disk[hit3]
+            vectors[~hit1] = below[inverse]
             upper = found2 | found3
             if upper.any():
                 insertion = (unique[upper], below[upper], unique[found3], below[found3])
@@ -171,7 +176,7 @@ class ParameterServer:
                 else:
                     self._queue(self._background.submit(self._insert_locked, entry, *insertion))
                     stats.insertions["async"] += 1
-            self._record(stats, int(hit1.sum()), inverse, found2, found3,
+            self._record(stats, hits, inverse, found2, found3,
                          time.perf_counter() - started)
         return vectors
 
