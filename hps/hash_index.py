@@ -10,7 +10,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-EMPTY, FULL, DELETED = 0, 1, 2
+# An entry is (key, slot) side by side, so a probe reads one cache line; the slot column
+# doubles as the state: >= 0 held, EMPTY never used, DELETED a tombstone.
+KEY, SLOT = 0, 1
+EMPTY, DELETED = -1, -2
 
 
 @numba.njit(cache=True, inline="always")
@@ -22,69 +25,65 @@ def _hash(key: np.int64, mask: np.uint64) -> np.uint64:
     return (z ^ (z >> np.uint64(31))) & mask
 
 
+@numba.njit(cache=True, inline="always")
+def _probe(key, entries, mask):
+    """The slot holding ``key``, or -1."""
+    position = _hash(key, mask)
+    while entries[position, SLOT] != EMPTY:
+        if entries[position, SLOT] >= 0 and entries[position, KEY] == key:
+            return entries[position, SLOT]
+        position = (position + np.uint64(1)) & mask
+    return -1
+
+
 @numba.njit(cache=True, nogil=True)
-def _find(keys, state, table_keys, table_slots, uses, count_uses):
-    mask = np.uint64(len(state) - 1)
-    out = np.full(len(keys), -1, dtype=np.int64)
+def _find(keys, entries, uses, count_uses):
+    mask = np.uint64(len(entries) - 1)
+    out = np.empty(len(keys), dtype=np.int64)
     for i in range(len(keys)):
-        position = _hash(keys[i], mask)
-        while state[position] != EMPTY:
-            if state[position] == FULL and table_keys[position] == keys[i]:
-                slot = table_slots[position]
-                out[i] = slot
-                if count_uses:
-                    uses[slot] += 1
-                break
-            position = (position + np.uint64(1)) & mask
+        slot = _probe(keys[i], entries, mask)
+        out[i] = slot
+        if count_uses and slot >= 0:
+            uses[slot] += 1
     return out
 
 
 @numba.njit(cache=True, nogil=True)
-def _find_gather(keys, state, table_keys, table_slots, uses, store, out):
+def _find_gather(keys, entries, uses, store, out):
     """One pass per key: probe, count the use, copy the row (zeros for a miss)."""
-    mask = np.uint64(len(state) - 1)
+    mask = np.uint64(len(entries) - 1)
     hit = np.zeros(len(keys), dtype=np.bool_)
-    dim = store.shape[1]
     for i in range(len(keys)):
-        position = _hash(keys[i], mask)
-        slot = -1
-        while state[position] != EMPTY:
-            if state[position] == FULL and table_keys[position] == keys[i]:
-                slot = table_slots[position]
-                break
-            position = (position + np.uint64(1)) & mask
+        slot = _probe(keys[i], entries, mask)
         if slot >= 0:
             uses[slot] += 1
             hit[i] = True
-            for j in range(dim):
-                out[i, j] = store[slot, j]
+            out[i, :] = store[slot, :]
         else:
-            for j in range(dim):
-                out[i, j] = 0.0
+            out[i, :] = 0.0
     return hit
 
 
 @numba.njit(cache=True, nogil=True)
-def _insert(keys, slots, state, table_keys, table_slots):
-    mask = np.uint64(len(state) - 1)
+def _insert(keys, slots, entries):
+    mask = np.uint64(len(entries) - 1)
     for i in range(len(keys)):
         position = _hash(keys[i], mask)
-        while state[position] == FULL:
+        while entries[position, SLOT] >= 0:
             position = (position + np.uint64(1)) & mask
-        state[position] = FULL
-        table_keys[position] = keys[i]
-        table_slots[position] = slots[i]
+        entries[position, KEY] = keys[i]
+        entries[position, SLOT] = slots[i]
 
 
 @numba.njit(cache=True, nogil=True)
-def _delete(keys, state, table_keys):
-    mask = np.uint64(len(state) - 1)
+def _delete(keys, entries):
+    mask = np.uint64(len(entries) - 1)
     deleted = 0
     for i in range(len(keys)):
         position = _hash(keys[i], mask)
-        while state[position] != EMPTY:
-            if state[position] == FULL and table_keys[position] == keys[i]:
-                state[position] = DELETED
+        while entries[position, SLOT] != EMPTY:
+            if entries[position, SLOT] >= 0 and entries[position, KEY] == keys[i]:
+                entries[position, SLOT] = DELETED
                 deleted += 1
                 break
             position = (position + np.uint64(1)) & mask
@@ -99,9 +98,7 @@ class HashIndex:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.capacity = capacity
         size = 1 << max(4, int(2 * capacity - 1).bit_length())  # load factor <= 1/2
-        self._state = np.zeros(size, dtype=np.uint8)
-        self._keys = np.zeros(size, dtype=np.int64)
-        self._slots = np.zeros(size, dtype=np.int64)
+        self._entries = np.full((size, 2), EMPTY, dtype=np.int64)
         self._slot_key = np.zeros(capacity, dtype=np.int64)
         self._slot_used = np.zeros(capacity, dtype=bool)
         self._uses = np.zeros(capacity, dtype=np.int64)
@@ -112,14 +109,14 @@ class HashIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         keys = np.ascontiguousarray(keys, dtype=np.int64)
-        return _find(keys, self._state, self._keys, self._slots, self._uses, True)
+        return _find(keys, self._entries, self._uses, True)
 
     def find_gather(self, keys: np.ndarray, store: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``find`` and the gather of the found rows of ``store`` in one compiled pass:
         (hit mask, rows; zeros where missed)."""
         keys = np.ascontiguousarray(keys, dtype=np.int64)
         out = np.empty((len(keys), store.shape[1]), dtype=store.dtype)
-        hit = _find_gather(keys, self._state, self._keys, self._slots, self._uses, store, out)
+        hit = _find_gather(keys, self._entries, self._uses, store, out)
         return hit, out
 
     def assign(self, keys: np.ndarray) -> np.ndarray:
@@ -127,7 +124,7 @@ class HashIndex:
         keys are placed — the rest get -1."""
         requested = len(keys)
         keys = np.ascontiguousarray(keys, dtype=np.int64)[: self.capacity]
-        slots = _find(keys, self._state, self._keys, self._slots, self._uses, False)
+        slots = _find(keys, self._entries, self._uses, False)
         new = slots < 0
         free = np.flatnonzero(~self._slot_used)
         shortfall = int(new.sum()) - len(free)
@@ -136,22 +133,22 @@ class HashIndex:
             uses[slots[~new]] = np.inf  # never evict what this batch needs
             uses[free] = np.inf  # nor a slot that is free already
             victims = np.argpartition(uses, shortfall - 1)[:shortfall]
-            self._deleted += _delete(self._slot_key[victims], self._state, self._keys)
+            self._deleted += _delete(self._slot_key[victims], self._entries)
             self._slot_used[victims] = False
             self._uses[victims] = 0
             free = np.flatnonzero(~self._slot_used)
-            if self._deleted > len(self._state) // 4:
+            if self._deleted > len(self._entries) // 4:
                 self._rebuild()
         chosen = free[: int(new.sum())]
         slots[new] = chosen
         self._slot_used[chosen] = True
         self._slot_key[chosen] = keys[new]
-        _insert(keys[new], chosen, self._state, self._keys, self._slots)
+        _insert(keys[new], chosen, self._entries)
         return np.concatenate([slots, np.full(requested - len(slots), -1, dtype=np.int64)])
 
     def _rebuild(self) -> None:
         """Drop the tombstones that deletions leave, so probes stay short."""
         held = np.flatnonzero(self._slot_used)
-        self._state[:] = EMPTY
+        self._entries[:] = EMPTY
         self._deleted = 0
-        _insert(self._slot_key[held], held, self._state, self._keys, self._slots)
+        _insert(self._slot_key[held], held, self._entries)
