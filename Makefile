@@ -13,12 +13,13 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: help venv java test lint demo bench clean
+.PHONY: help venv java test lint demo stop bench clean
 
 help:
-	@echo "make demo   generate sample logs and run the ETL job end to end (embedded defaults)"
+	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
 	@echo "make test   run the test suite (creates .venv on first use)"
 	@echo "make lint   ruff check"
+	@echo "make stop   stop what the demo left running (the API, the embedded Redis)"
 	@echo "make bench  run the benchmarks (BENCH_ARGS=... to pass options)"
 
 $(STAMP): pyproject.toml
@@ -43,8 +44,12 @@ lint: venv
 demo: venv java
 	$(BIN)/featureline demo --out $(DEMO_DIR) --events $(DEMO_EVENTS)
 
+stop:
+	-test -f $(DEMO_DIR)/api.pid && kill $$(cat $(DEMO_DIR)/api.pid) && rm -f $(DEMO_DIR)/api.pid
+	-test -x $(BIN)/featureline && $(BIN)/featureline redis stop
+
 bench: venv java
 	$(BIN)/python benchmarks/bench_etl.py $(BENCH_ARGS)
 
-clean:
-	rm -rf $(VENV) data .pytest_cache spark-warehouse
+clean: stop
+	rm -rf $(VENV) data feature_store/data .pytest_cache spark-warehouse
