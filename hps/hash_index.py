@@ -58,9 +58,11 @@ def _find_gather(keys, entries, uses, store, out):
         if slot >= 0:
             uses[slot] += 1
             hit[i] = True
-            out[i, :] = store[slot, :]
+            for j in range(store.shape[1]):
+                out[i, j] = store[slot, j]
         else:
-            out[i, :] = 0.0
+            for j in range(store.shape[1]):
+                out[i, j] = 0.0
     return hit
 
 
