@@ -123,6 +123,7 @@ class ParameterServer:
         if config.source is not None and size == 0:
             keys, vectors = read_table(config.source, config.format, config.dim)
             self.persistent.insert(key, keys, vectors)
+            self.persistent.compact(key)
             size = len(keys)  # read_table rejects duplicate keys
             warm = int(size * self.config.volatile_db.initial_cache_rate)
             if warm:
