@@ -29,10 +29,12 @@ class UnavailableError(FeaturelineError):
 
 
 class UnknownEntityKeyError(FeaturelineError):
-    def __init__(self, key: str, known: list[str]) -> None:
+    """An entity key that is neither a join key nor an encoded id, or ids of the wrong kind."""
+
+    def __init__(self, key: str, known: list[str], problem: str | None = None) -> None:
         self.join_key = f"entities.{key}"
-        super().__init__(f"entities.{key}: not a join key or encoded id (known: "
-                         f"{', '.join(known)})")
+        super().__init__(f"entities.{key}: " + (problem or "not a join key or encoded id "
+                                                f"(known: {', '.join(known)})"))
 
 
 NOT_FOUND = (UnknownFeatureServiceError, UnknownFeatureError, UnknownModelError,

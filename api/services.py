@@ -48,7 +48,9 @@ class Services:
             if key in join_keys:
                 as_text = join_keys[key] == ValueType.STRING
                 raw[key] = [str(i) for i in ids] if as_text else list(ids)
-            elif column in join_keys and all(isinstance(i, int) for i in ids):
+            elif column in join_keys:
+                if not all(isinstance(i, int) for i in ids):
+                    raise UnknownEntityKeyError(key, [], "encoded ids are integers")
                 raw[column] = self.vocabularies.decode(column, ids)  # type: ignore[arg-type]
             else:
                 known = [*join_keys, *(f"{c}_cat" for c in join_keys

@@ -114,6 +114,8 @@ def test_features_by_reference_and_by_encoded_id(client):
     ({"service": "ranking", "entities": {"shop_id": ["s1"]}}, 422, "entities.shop_id"),
     ({"features": ["user_features:user_events"], "entities": {"user_id_cat": [1]}}, 422,
      "out-of-vocabulary"),
+    ({"features": ["user_features:user_events"], "entities": {"user_id_cat": ["u1"]}}, 422,
+     "entities.user_id_cat: encoded ids are integers"),
     ({"entities": {"user_id": ["u1"]}}, 422, "exactly one of service and features"),
     ({"service": "ranking", "entities": {"user_id": ["u1"], "item_id": []}}, 422,
      "same, non-zero length"),
