@@ -134,7 +134,14 @@ def generate_events(
     ts = np.concatenate(parts_ts)
     view_index = np.concatenate(parts_view)
     event_type = np.concatenate(parts_type)
-    order = np.argsort(ts, kind="stable")[:events]
+    # The surplus goes as views that led nowhere (the first ``views`` entries are the views),
+    # picked at random: the log keeps its whole span and no click loses its view.
+    keep = np.ones(len(ts), dtype=bool)
+    surplus = len(ts) - events
+    dead_ends = np.setdiff1d(np.arange(views), parts_view[1])
+    if 0 < surplus <= len(dead_ends):
+        keep[rng.choice(dead_ends, size=surplus, replace=False)] = False
+    order = np.flatnonzero(keep)[np.argsort(ts[keep], kind="stable")][:events]
     ts, view_index, event_type = ts[order], view_index[order], event_type[order]
     item = view_item[view_index]
     session = session_of_view[view_index]
