@@ -136,9 +136,10 @@ def generate_events(
     event_type = np.concatenate(parts_type)
     # The surplus goes as views that led nowhere (the first ``views`` entries are the views),
     # picked at random: the log keeps its whole span and no click loses its view.
-    keep = np.ones(len(ts), dtype=bool)
-    surplus = len(ts) - events
-    dead_ends = np.setdiff1d(np.arange(views), parts_view[1])
+    # Funnel steps that would land after the last requested day are not in the log.
+    keep = ts < start.timestamp() + days * 86400.0
+    surplus = int(keep.sum()) - events
+    dead_ends = np.setdiff1d(np.flatnonzero(keep[:views]), parts_view[1])
     if 0 < surplus <= len(dead_ends):
         keep[rng.choice(dead_ends, size=surplus, replace=False)] = False
     order = np.flatnonzero(keep)[np.argsort(ts[keep], kind="stable")][:events]
