@@ -95,7 +95,14 @@ def stop_server(pid_file: Path) -> None:
     """Stop the API a previous demo left running."""
     if pid_file.is_file():
         with contextlib.suppress(ProcessLookupError, ValueError):  # gone already
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            pid = int(pid_file.read_text())
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # its port is free once it has exited
+                with contextlib.suppress(ChildProcessError):  # reap it if it is our child
+                    os.waitpid(pid, os.WNOHANG)
+                os.kill(pid, 0)
+                time.sleep(0.1)
         pid_file.unlink()
 
 
