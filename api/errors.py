@@ -8,11 +8,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from api.vocabulary import AmbiguousIdError, UnknownVocabularyError
-from etl.errors import FeaturelineError
-from feature_store.errors import OnlineStoreUnavailableError, UnknownFeatureServiceError
-from feature_store.online import MissingEntityError, UnknownFeatureError
-from hps.errors import UnknownModelError, UnknownTableError
+from api.vocabulary import AmbiguousIdError
+from etl.errors import FeaturelineError, NotFoundError
+from feature_store.errors import OnlineStoreUnavailableError
+from feature_store.online import MissingEntityError
 
 
 class LimitExceededError(FeaturelineError):
@@ -37,8 +36,6 @@ class UnknownEntityKeyError(FeaturelineError):
                                                 f"(known: {', '.join(known)})"))
 
 
-NOT_FOUND = (UnknownFeatureServiceError, UnknownFeatureError, UnknownModelError,
-             UnknownTableError, UnknownVocabularyError)
 UNPROCESSABLE = (MissingEntityError, AmbiguousIdError, UnknownEntityKeyError)
 
 
@@ -56,7 +53,7 @@ def install(app: FastAPI, retry_after_s: int, count_error: Any) -> None:
         message = str(exc)
         if isinstance(exc, LimitExceededError):
             return JSONResponse(_body(kind, message, field=exc.field, limit=exc.limit), 413)
-        if isinstance(exc, NOT_FOUND):
+        if isinstance(exc, NotFoundError):
             return JSONResponse(_body(kind, message), 404)
         if isinstance(exc, UNPROCESSABLE):
             return JSONResponse(_body(kind, message, field=getattr(exc, "join_key", None)), 422)

@@ -16,6 +16,7 @@ from api.metrics import Metrics
 from api.settings import Scope, api_keys
 from api.vocabulary import Vocabularies
 from etl.config import FeaturelineConfig
+from etl.features.categorify import encoded_name
 from feature_store.online import OnlineReader
 from feature_store.repo import open_repo
 from hps import ParameterServer
@@ -53,7 +54,7 @@ class Services:
                     raise UnknownEntityKeyError(key, [], "encoded ids are integers")
                 raw[column] = self.vocabularies.decode(column, ids)  # type: ignore[arg-type]
             else:
-                known = [*join_keys, *(f"{c}_cat" for c in join_keys
+                known = [*join_keys, *(encoded_name(c) for c in join_keys
                                        if c in self.vocabularies.encoding)]
                 raise UnknownEntityKeyError(key, known)
         return raw

@@ -8,17 +8,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from etl.errors import NotFoundError
 from etl.features.categorify import FIRST_ID, OOV_ID, encoded_name
 from feature_store.errors import FeatureStoreError
 
 
-class UnknownVocabularyError(FeatureStoreError, KeyError):
+class UnknownVocabularyError(FeatureStoreError, NotFoundError):
     def __init__(self, column: str, known: list[str]) -> None:
         self.column = column
         super().__init__(f"no vocabulary for {column!r} (known: {', '.join(known)})")
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class AmbiguousIdError(FeatureStoreError):

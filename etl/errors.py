@@ -7,6 +7,14 @@ class FeaturelineError(Exception):
     """Base class of every error Featureline raises on purpose."""
 
 
+class NotFoundError(FeaturelineError, KeyError):
+    """A name that is not there (a model, table, feature, service…); the message lists what
+    is. The API answers these with 404."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])  # KeyError's own str() would quote the message
+
+
 class ConfigError(FeaturelineError):
     """A wrong or missing setting, found before any work starts.
 

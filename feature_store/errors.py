@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etl.errors import FeaturelineError
+from etl.errors import FeaturelineError, NotFoundError
 
 
 class FeatureStoreError(FeaturelineError):
@@ -26,7 +26,7 @@ class OnlineStoreUnavailableError(FeatureStoreError):
         super().__init__(f"online store {url} is unreachable: {reason}")
 
 
-class UnknownFeatureServiceError(FeatureStoreError):
+class UnknownFeatureServiceError(FeatureStoreError, NotFoundError):
     def __init__(self, name: str, known: list[str]) -> None:
         self.name = name
         super().__init__(f"unknown feature service {name!r} (known: {', '.join(known)})")

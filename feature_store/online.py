@@ -24,12 +24,9 @@ from feast.type_map import feast_value_type_to_python_type, python_values_to_pro
 from google.protobuf.timestamp_pb2 import Timestamp
 from redis.cluster import RedisCluster
 
-from feature_store.errors import (
-    FeatureStoreError,
-    OnlineStoreUnavailableError,
-    UnknownFeatureServiceError,
-)
-from feature_store.repo import REDIS_ERRORS
+from etl.errors import NotFoundError
+from feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
+from feature_store.repo import REDIS_ERRORS, online_store_errors
 
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
 KEY_CACHE_SIZE = 200_000
@@ -53,13 +50,10 @@ class Status(str, Enum):
     OUTSIDE_TTL = "outside_ttl"
 
 
-class UnknownFeatureError(FeatureStoreError, KeyError):
+class UnknownFeatureError(FeatureStoreError, NotFoundError):
     def __init__(self, reference: str, known: list[str]) -> None:
         self.reference = reference
         super().__init__(f"unknown feature {reference!r} (known: {', '.join(known)})")
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 class MissingEntityError(FeatureStoreError):
@@ -157,7 +151,7 @@ class OnlineReader:
         wanted: dict[str, list[str]] = {}
         for view, name in references:
             wanted.setdefault(view, []).append(name)
-        plan = []  # (view, distinct ids in first-seen order, row → position)
+        plan = []  # (layout, its distinct ids in first-seen order, its ids by row)
         pipe = self.client.pipeline(transaction=False)
         for view in wanted:
             layout = self.views[view]
@@ -168,18 +162,16 @@ class OnlineReader:
             for value in distinct:
                 pipe.hmget(self._key(layout, value), list(layout.fields))
             plan.append((layout, distinct, ids))
-        try:
+        with online_store_errors(self.url):
             answers = pipe.execute()
-        except REDIS_ERRORS as exc:
-            raise OnlineStoreUnavailableError(self.url, str(exc) or type(exc).__name__) from exc
         now = time.time()
         result = OnlineFeatures([], {}, {})
         start = 0
         for layout, distinct, ids in plan:
-            stored = dict(zip(distinct, answers[start:start + len(distinct)], strict=True))
+            stored = answers[start:start + len(distinct)]
             start += len(distinct)
-            decoded = {value: self._decode(layout, fields, now) for value, fields in
-                       stored.items()}
+            decoded = {value: self._decode(layout, fields, now)
+                       for value, fields in zip(distinct, stored, strict=True)}
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
                 column = [decoded[value][0][index] for value in ids]

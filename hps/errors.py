@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etl.errors import FeaturelineError
+from etl.errors import FeaturelineError, NotFoundError
 
 
 class TableFileError(FeaturelineError):
@@ -13,20 +13,14 @@ class TableFileError(FeaturelineError):
         super().__init__(f"{path}: {reason}")
 
 
-class UnknownModelError(FeaturelineError, KeyError):
+class UnknownModelError(NotFoundError):
     def __init__(self, model: str, known: list[str]) -> None:
         self.model = model
         super().__init__(f"unknown model {model!r} (models: {', '.join(known) or 'none'})")
 
-    def __str__(self) -> str:
-        return self.args[0]
 
-
-class UnknownTableError(FeaturelineError, KeyError):
+class UnknownTableError(NotFoundError):
     def __init__(self, model: str, table: str, known: list[str]) -> None:
         self.model = model
         self.table = table
         super().__init__(f"model {model!r} has no table {table!r} (tables: {', '.join(known)})")
-
-    def __str__(self) -> str:
-        return self.args[0]
