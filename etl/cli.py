@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from etl.config import FeaturelineConfig
 from etl.errors import FeaturelineError
 
 DEFAULT_CONFIG = "featureline.yaml"
@@ -175,40 +174,16 @@ def demo(out: str, events: int, seed: int, config_path: str | None, serve: bool)
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     _progress(f"[3/{steps}] publish: Feast apply + materialize into Redis")
-    redis_url = _publish_demo(output, config)
-    if serve:
-        from etl.demo import serve_demo
+    from etl.demo import publish_demo, serve_demo
 
+    redis_url = publish_demo(config, output, click.echo, _progress)
+    if serve:
         _progress(f"[4/{steps}] serve: embedding tables (matrix factorisation) → HPS, the API")
         base = serve_demo(config, output, Path(out), redis_url, click.echo)
         click.echo(f"the API is running at {base} with authentication OFF (local use only; "
                    f"{Path(out) / 'featureline.yaml'}: api.auth.enabled: false); "
                    f"stop it with: kill $(cat {Path(out) / 'api.pid'})")
     click.echo(f"demo finished in {time.perf_counter() - started:.1f}s")
-
-
-def _publish_demo(output: Path, config: FeaturelineConfig, sample: int = 3) -> str:
-    """Publish the demo's output, show a few rows as the online store now serves them;
-    the online store's URL."""
-    import pandas as pd
-    import pyarrow.parquet as pq
-
-    from feature_store.publish import publish
-    from feature_store.repo import open_repo
-
-    repo = open_repo(config, output=output)
-    published = publish(repo, full=True, progress=_progress)
-    keys = {entity: pq.read_table(repo.definitions.snapshot_path(entity),
-                                  columns=[table["join_key"]]).column(0).unique()[:sample]
-            for entity, table in repo.definitions.metadata["entities"].items()}
-    rows = [{"user_id": user, "item_id": item} for user, item in
-            zip(keys["user"].to_pylist(), keys["item"].to_pylist(), strict=False)]
-    online = repo.store.get_online_features(
-        features=repo.store.get_feature_service("ranking"), entity_rows=rows).to_dict()
-    click.echo(f"online store {repo.redis_url}: {published.keys:,} keys in "
-               f"{published.seconds:.1f}s; the ranking service reads, e.g.:")
-    click.echo(pd.DataFrame(online).to_string(index=False))
-    return repo.redis_url
 
 
 def _register_commands() -> None:

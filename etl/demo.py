@@ -32,6 +32,36 @@ EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
 START_TIMEOUT_S = 90.0
 
 
+def sample_ids(output: Path, count: int = 3) -> dict[str, list[str]]:
+    """The first ``count`` distinct raw ids of each entity table: what the demo shows."""
+    metadata = json.loads((output / "metadata.json").read_text())
+    return {entity: pq.read_table(output / table["path"], columns=[table["join_key"]])
+            .column(0).unique()[:count].to_pylist()
+            for entity, table in metadata["entities"].items()}
+
+
+def publish_demo(config: FeaturelineConfig, output: Path, echo: Callable[[str], None],
+                 progress: Callable[[str], None]) -> str:
+    """Publish the demo's output and show a few rows as the online store now serves them;
+    the online store's URL."""
+    import pandas as pd
+
+    from feature_store.publish import publish
+    from feature_store.repo import open_repo
+
+    repo = open_repo(config, output=output)
+    published = publish(repo, full=True, progress=progress)
+    ids = sample_ids(output)
+    rows = [{"user_id": user, "item_id": item}
+            for user, item in zip(ids["user"], ids["item"], strict=False)]
+    online = repo.store.get_online_features(
+        features=repo.store.get_feature_service("ranking"), entity_rows=rows).to_dict()
+    echo(f"online store {repo.redis_url}: {published.keys:,} keys in "
+         f"{published.seconds:.1f}s; the ranking service reads, e.g.:")
+    echo(pd.DataFrame(online).to_string(index=False))
+    return repo.redis_url
+
+
 def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
                            ) -> dict[str, np.ndarray]:
     """User and item vectors from a rank-k factorisation of log(1 + interactions) on the
@@ -180,9 +210,8 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     config_file.write_text(yaml.safe_dump(settings, sort_keys=False))
     start_server(config_file, pid_file, redis_url, out / "api.log")
     base = f"http://{settings['api']['host']}:{port}"
-    users = pq.read_table(output / "entities" / "user", columns=["user_id"]).column(0)
-    items = pq.read_table(output / "entities" / "item", columns=["item_id"]).column(0)
-    run_calls(base, users[0].as_py(), [i.as_py() for i in items.slice(0, 3)], echo)
+    ids = sample_ids(output)
+    run_calls(base, ids["user"][0], ids["item"], echo)
     return base
 
 

@@ -66,10 +66,9 @@ def _keys_between(snapshots: ds.Dataset, key: str, timestamp: str, start: dateti
                   end: datetime) -> int:
     """Distinct entities with a snapshot in [start, end]: the keys this range writes."""
     column = ds.field(timestamp)
-    naive = {"start": start.astimezone(timezone.utc).replace(tzinfo=None),
-             "end": end.astimezone(timezone.utc).replace(tzinfo=None)}
-    rows = snapshots.to_table(columns=[key], filter=(column >= naive["start"])
-                              & (column <= naive["end"]))
+    # The snapshot files hold naive UTC timestamps.
+    low, high = (t.astimezone(timezone.utc).replace(tzinfo=None) for t in (start, end))
+    rows = snapshots.to_table(columns=[key], filter=(column >= low) & (column <= high))
     return int(pc.count_distinct(rows[key]).as_py())
 
 
@@ -81,8 +80,9 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     store = repo.store
     summary = PublishSummary(online_store=repo.redis_url)
     with online_store_errors(repo.redis_url):
-        store.apply(repo.definitions.objects())
-        progress(f"applied {len(repo.definitions.objects())} Feast objects to project "
+        objects = repo.definitions.objects()
+        store.apply(objects)
+        progress(f"applied {len(objects)} Feast objects to project "
                  f"{store.project!r}")
         for entity, view in repo.definitions.views.items():
             table = repo.definitions.metadata["entities"][entity]
