@@ -1,1 +1,1 @@
-"""FastAPI ranking API: online features and embedding lookups (DESIGN.md, api/)."""
+"""FastAPI ranking API: online features and embedding lookups (docs/ARCHITECTURE.md, api/)."""

@@ -1,9 +1,9 @@
-"""The FastAPI application: ``create_app(config)``; ``featureline serve`` runs it in uvicorn."""
+"""The FastAPI application: ``create_app(config)``; ``featureline serve`` runs it in uvicorn
+(through the launcher, which reads the configuration file)."""
 
 from __future__ import annotations
 
 import gc
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,14 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from api import errors
 from api.routes import admin, embeddings, features, health, ranking
 from api.services import Services, open_services
-from etl import __version__
-from etl.config import CONFIG_ENV, FeaturelineConfig, load_config
+from api.settings import ServingConfig
+from core import __version__
 
 
-def create_app(config: FeaturelineConfig | None = None, *, output: str | Path | None = None,
+def create_app(config: ServingConfig | None = None, *, output: str | Path | None = None,
                redis_url: str | None = None) -> FastAPI:
     """The application; its services (Redis, vocabularies, HPS) open when it starts."""
-    config = config or FeaturelineConfig()
+    config = config or ServingConfig()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -88,9 +88,3 @@ def create_app(config: FeaturelineConfig | None = None, *, output: str | Path | 
         return response
 
     return app
-
-
-def app_from_env() -> FastAPI:
-    """uvicorn's factory: the configuration in ``FEATURELINE_CONFIG`` (set by serve)."""
-    path = os.environ.get(CONFIG_ENV)
-    return create_app(load_config(path) if path else None)

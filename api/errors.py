@@ -1,4 +1,7 @@
-"""Typed errors → HTTP status and a JSON body that says what to fix."""
+"""Typed errors → HTTP status and a JSON body that says what to fix.
+
+Each error carries its status (``http_status``, core/errors.py); the handler asks it.
+"""
 
 from __future__ import annotations
 
@@ -8,35 +11,29 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from api.vocabulary import AmbiguousIdError
-from etl.errors import FeaturelineError, NotFoundError
-from feature_store.errors import OnlineStoreUnavailableError
-from feature_store.online import MissingEntityError
+from core.errors import FeaturelineError, UnprocessableError
 
 
 class LimitExceededError(FeaturelineError):
     """A request over one of ``api.limits``."""
+
+    http_status = 413
 
     def __init__(self, field: str, limit: int, got: int) -> None:
         self.field = field
         self.limit = limit
         super().__init__(f"{field}: {got} exceeds the limit of {limit}")
 
+    def fields(self) -> dict[str, Any]:
+        return {"field": self.field, "limit": self.limit}
 
-class UnavailableError(FeaturelineError):
-    """A part the request needs is not configured (e.g. no parameter server)."""
 
-
-class UnknownEntityKeyError(FeaturelineError):
+class UnknownEntityKeyError(UnprocessableError):
     """An entity key that is neither a join key nor an encoded id, or ids of the wrong kind."""
 
     def __init__(self, key: str, known: list[str], problem: str | None = None) -> None:
-        self.join_key = f"entities.{key}"
-        super().__init__(f"entities.{key}: " + (problem or "not a join key or encoded id "
-                                                f"(known: {', '.join(known)})"))
-
-
-UNPROCESSABLE = (MissingEntityError, AmbiguousIdError, UnknownEntityKeyError)
+        super().__init__(f"entities.{key}", f"entities.{key}: " + (
+            problem or f"not a join key or encoded id (known: {', '.join(known)})"))
 
 
 def _body(kind: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -50,19 +47,9 @@ def install(app: FastAPI, retry_after_s: int, count_error: Any) -> None:
     async def featureline_error(_: Request, exc: FeaturelineError) -> JSONResponse:
         kind = type(exc).__name__
         count_error(kind)
-        message = str(exc)
-        if isinstance(exc, LimitExceededError):
-            return JSONResponse(_body(kind, message, field=exc.field, limit=exc.limit), 413)
-        if isinstance(exc, NotFoundError):
-            return JSONResponse(_body(kind, message), 404)
-        if isinstance(exc, UNPROCESSABLE):
-            return JSONResponse(_body(kind, message, field=getattr(exc, "join_key", None)), 422)
-        if isinstance(exc, OnlineStoreUnavailableError):
-            return JSONResponse(_body(kind, message), 503,
-                                headers={"Retry-After": str(retry_after_s)})
-        if isinstance(exc, UnavailableError):
-            return JSONResponse(_body(kind, message), 503)
-        return JSONResponse(_body(kind, message), 500)
+        headers = {"Retry-After": str(retry_after_s)} if exc.retry_after else None
+        return JSONResponse(_body(kind, str(exc), **exc.fields()), exc.http_status,
+                            headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

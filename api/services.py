@@ -11,12 +11,12 @@ from typing import Any
 from fastapi import Request
 from feast import ValueType
 
-from api.errors import LimitExceededError, UnavailableError, UnknownEntityKeyError
+from api.errors import LimitExceededError, UnknownEntityKeyError
 from api.metrics import Metrics
-from api.settings import Scope, api_keys
+from api.settings import Scope, ServingConfig, api_keys
 from api.vocabulary import Vocabularies
-from etl.config import FeaturelineConfig
-from etl.features.categorify import encoded_name
+from core.errors import UnavailableError
+from core.metadata import encoded_name
 from feature_store.online import OnlineReader
 from feature_store.repo import open_repo
 from hps import ParameterServer
@@ -24,7 +24,7 @@ from hps import ParameterServer
 
 @dataclass
 class Services:
-    config: FeaturelineConfig
+    config: ServingConfig
     reader: OnlineReader
     vocabularies: Vocabularies
     hps: ParameterServer | None
@@ -65,10 +65,10 @@ class Services:
         self.reader.client.close()
 
 
-def open_services(config: FeaturelineConfig, *, output: str | Path | None = None,
+def open_services(config: ServingConfig, *, output: str | Path | None = None,
                   redis_url: str | None = None) -> Services:
-    output = output or config.api.data or config.etl.output.path
-    repo = open_repo(config, output=output, url=redis_url)
+    output = output or config.data
+    repo = open_repo(config.feature_store, output, url=redis_url)
     reader = OnlineReader.from_store(repo.store, repo.redis_url)
     hps = ParameterServer.from_config(config.api.hps) if config.api.hps else None
     metrics = Metrics()

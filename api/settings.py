@@ -1,4 +1,5 @@
-"""The ``api`` section of featureline.yaml, and the API keys from the environment or a file."""
+"""The ``api`` section of featureline.yaml, what a serving process is configured with, and
+the API keys from the environment or a file."""
 
 from __future__ import annotations
 
@@ -6,19 +7,18 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from etl.errors import ConfigError
+from core.errors import ConfigError
+from core.metadata import DEFAULT_OUTPUT
+from core.settings import Settings
+from feature_store.settings import FeatureStoreConfig
 
 API_KEYS_ENV = "FEATURELINE_API_KEYS"
 Scope = Literal["read", "admin"]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class AuthConfig(_Model):
+class AuthConfig(Settings):
     # Off only for local use: every request then has the admin scope.
     enabled: bool = True
     # A file of "<key> <scope>" lines (a mounted Secret); FEATURELINE_API_KEYS adds
@@ -26,7 +26,7 @@ class AuthConfig(_Model):
     keys_file: str | None = None
 
 
-class LimitsConfig(_Model):
+class LimitsConfig(Settings):
     # Entity rows per /v1/features request; candidate items per /v1/ranking-inputs.
     max_entities: int = Field(default=1000, ge=1)
     # Keys per /v1/embeddings/lookup.
@@ -34,7 +34,7 @@ class LimitsConfig(_Model):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
 
 
-class RankingConfig(_Model):
+class RankingConfig(Settings):
     # The HPS model whose tables hold the embeddings of the encoded ids.
     model: str = "ranker"
     # Encoded-id feature → table of that model, e.g. user_id_cat → user.
@@ -42,7 +42,7 @@ class RankingConfig(_Model):
         default_factory=lambda: {"user_id_cat": "user", "item_id_cat": "item"})
 
 
-class ApiConfig(_Model):
+class ApiConfig(Settings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     # The ETL output whose vocabularies encode raw ids (default: etl.output.path).
@@ -54,6 +54,15 @@ class ApiConfig(_Model):
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     ranking: RankingConfig = RankingConfig()
+
+
+class ServingConfig(Settings):
+    """What an API process needs: its own section, the feature store's, and the ETL output
+    whose vocabularies and entity tables it serves (``api.data``, else ``etl.output.path``)."""
+
+    api: ApiConfig = ApiConfig()
+    feature_store: FeatureStoreConfig = FeatureStoreConfig()
+    data: str = DEFAULT_OUTPUT
 
 
 def api_keys(auth: AuthConfig) -> dict[str, Scope]:

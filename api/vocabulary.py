@@ -1,5 +1,5 @@
-"""Raw ids ↔ encoded ids with the ETL's own vocabularies (``artifacts/categorify/<column>``),
-so serving encodes exactly as training did."""
+"""Raw ids ↔ encoded ids with the ETL's own vocabularies (``artifacts/categorify/<column>``,
+the metadata.json contract), so serving encodes exactly as training did."""
 
 from __future__ import annotations
 
@@ -8,23 +8,22 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from etl.errors import NotFoundError
-from etl.features.categorify import FIRST_ID, OOV_ID, encoded_name
-from feature_store.errors import FeatureStoreError
+from core.errors import NotFoundError, UnprocessableError
+from core.metadata import FIRST_ID, OOV_ID, VOCABULARY_DIR, encoded_name
 
 
-class UnknownVocabularyError(FeatureStoreError, NotFoundError):
+class UnknownVocabularyError(NotFoundError):
     def __init__(self, column: str, known: list[str]) -> None:
         self.column = column
         super().__init__(f"no vocabulary for {column!r} (known: {', '.join(known)})")
 
 
-class AmbiguousIdError(FeatureStoreError):
+class AmbiguousIdError(UnprocessableError):
     """An encoded id that stands for no single raw id (padding, out-of-vocabulary)."""
 
     def __init__(self, column: str, encoded: int) -> None:
         self.column = column
-        super().__init__(f"{encoded_name(column)} {encoded} is not one {column} (ids below "
+        super().__init__(None, f"{encoded_name(column)} {encoded} is not one {column} (ids below "
                          f"{FIRST_ID} are padding and out-of-vocabulary); send the raw id")
 
 
@@ -38,7 +37,7 @@ class Vocabularies:
 
     @classmethod
     def from_output(cls, output: str | Path) -> Vocabularies:
-        root = Path(output) / "artifacts" / "categorify"
+        root = Path(output) / VOCABULARY_DIR
         tables = {}
         for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
             table = pq.read_table(folder, columns=["value", "id"])

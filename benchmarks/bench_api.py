@@ -36,13 +36,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_feast import SNAPSHOT, write_output
 
-from etl.config import parse_config
 from feature_store.publish import publish
 from feature_store.redis_server import EmbeddedRedis, free_port
 from feature_store.repo import feast_connection_string, open_repo
 from hps.formats import write_hugectr
+from launcher.config import parse_config
 
-REPO = Path(__file__).resolve().parent.parent / "feature_store"
+REPO = Path(__file__).resolve().parent.parent / "feature_store" / "feast_repo"
 BIN = Path(sys.executable).parent
 P99_BUDGET_MS = 10.0
 REQUEST_TIMEOUT_S = 10.0
@@ -194,7 +194,7 @@ def run(entities: int, seconds: float = 5.0, fixed_rate: float = 50.0,
                             "hps": str(_write_tables(root, entities)),
                             "auth": {"enabled": False}}}
         config = parse_config(settings)
-        publish(open_repo(config, output=output, url=redis.url), end=SNAPSHOT,
+        publish(open_repo(config.feature_store, output, url=redis.url), end=SNAPSHOT,
                 progress=lambda _: None)
         config_file = root / "featureline.yaml"
         config_file.write_text(yaml.safe_dump(settings))

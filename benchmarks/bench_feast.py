@@ -35,11 +35,11 @@ from feast.infra.online_stores.helpers import _mmh3
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 
-from etl.config import parse_config
 from feature_store.redis_server import EmbeddedRedis
 from feature_store.repo import open_repo
+from launcher.config import parse_config
 
-REPO = Path(__file__).resolve().parent.parent / "feature_store"
+REPO = Path(__file__).resolve().parent.parent / "feature_store" / "feast_repo"
 SNAPSHOT = datetime(2026, 1, 10, tzinfo=timezone.utc)
 FEATURES = (("{e}_id_cat", "bigint"), ("{e}_events", "bigint"), ("{e}_events_7d", "bigint"),
             ("{e}_positives", "bigint"), ("{e}_positive_rate", "double"))
@@ -149,7 +149,7 @@ def run(sizes: list[int], requests: int = 200, seed: int = 0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as server:
         for entities in sizes:
             root = Path(tmp) / f"n{entities}"
-            repo = open_repo(_project(root), output=write_output(root, entities, seed),
+            repo = open_repo(_project(root).feature_store, write_output(root, entities, seed),
                              url=server.url)
             repo.store.apply(repo.definitions.objects())
             window = (SNAPSHOT - timedelta(seconds=1), SNAPSHOT + timedelta(seconds=1))

@@ -5,10 +5,12 @@
 FROM python:3.11-slim AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY core core
 COPY etl etl
 COPY feature_store feature_store
 COPY hps hps
 COPY api api
+COPY launcher launcher
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim
@@ -19,10 +21,9 @@ RUN WHEEL="$(ls /wheels/*.whl)" \
  && pip install --no-cache-dir "${WHEEL}${EXTRAS:+[$EXTRAS]}" && rm -rf /wheels \
  && useradd --uid 10001 --user-group --no-create-home featureline
 WORKDIR /opt/featureline
-COPY --chown=10001:10001 feature_store/feature_store.yaml feature_store/featureline_repo.py \
-     feature_store/.feastignore feature_store/
-# Feast's registry (feature_store/data/registry.db) lives on the shared volume.
-RUN ln -s /data feature_store/data
+COPY --chown=10001:10001 feature_store/feast_repo feature_store/feast_repo
+# Feast's registry (feature_store/feast_repo/data/registry.db) lives on the shared volume.
+RUN ln -s /data feature_store/feast_repo/data
 USER 10001
 EXPOSE 8000
 ENTRYPOINT []

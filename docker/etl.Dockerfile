@@ -4,10 +4,12 @@
 FROM python:3.11-slim AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY core core
 COPY etl etl
 COPY feature_store feature_store
 COPY hps hps
 COPY api api
+COPY launcher launcher
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM apache/spark:4.1.1-scala2.13-java17-python3-ubuntu

@@ -1,4 +1,4 @@
-"""Synthetic interaction logs in the canonical raw-log schema (DESIGN.md).
+"""Synthetic interaction logs in the canonical raw-log schema (docs/ARCHITECTURE.md, "Contracts").
 
 Vectorised numpy, deterministic for a seed: Zipf item popularity and user activity,
 sessions, daily and weekly cycles, a view → click → add_to_cart → purchase funnel,
@@ -24,6 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from etl.ingest import REASONS
+
 FUNNEL = ("view", "click", "add_to_cart", "purchase")
 # P(click | view), P(add_to_cart | click), P(purchase | add_to_cart), scaled by item appeal.
 FUNNEL_RATES = (0.12, 0.3, 0.5)
@@ -45,19 +47,7 @@ Format = Literal["jsonl", "csv", "parquet"]
 COLUMNS = ("user_id", "item_id", "event_type", "ts", "value", "price", "category", "device")
 
 # Every kind of bad row, named by the quarantine reason the validator gives it.
-BAD_KINDS_TEXT = (
-    "malformed_record",
-    "missing_user_id",
-    "missing_item_id",
-    "missing_event_type",
-    "missing_ts",
-    "bad_timestamp",
-    "timestamp_out_of_window",
-    "unknown_event_type",
-    "bad_number",
-    "non_finite_number",
-    "duplicate",
-)
+BAD_KINDS_TEXT = (*REASONS, "duplicate")
 # A typed Parquet file cannot hold an unparseable line or a non-numeric value.
 BAD_KINDS_PARQUET = tuple(k for k in BAD_KINDS_TEXT if k not in {"malformed_record", "bad_number"})
 

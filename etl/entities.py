@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
 from etl.features.base import LABEL
-from etl.features.categorify import OOV_ID, encoded_name
 
-EVENT_TIMESTAMP = "event_timestamp"
 ENTITIES = {"user": "user_id", "item": "item_id"}
 
 

@@ -2,29 +2,7 @@
 
 from __future__ import annotations
 
-
-class FeaturelineError(Exception):
-    """Base class of every error Featureline raises on purpose."""
-
-
-class NotFoundError(FeaturelineError, KeyError):
-    """A name that is not there (a model, table, feature, service…); the message lists what
-    is. The API answers these with 404."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])  # KeyError's own str() would quote the message
-
-
-class ConfigError(FeaturelineError):
-    """A wrong or missing setting, found before any work starts.
-
-    ``key`` is the dotted path of the setting (``features[2].columns``), so a user can find it.
-    """
-
-    def __init__(self, key: str, message: str) -> None:
-        self.key = key
-        self.message = message
-        super().__init__(f"{key}: {message}")
+from core.errors import ConfigError, FeaturelineError
 
 
 class LabelRuleError(ConfigError):

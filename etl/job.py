@@ -15,14 +15,17 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import __version__, ingest
+from core import __version__
+from core.errors import ConfigError
+from core.metadata import EVENT_TIMESTAMP, METADATA_FILE
+from etl import ingest
 from etl.config import EtlConfig, LabelRule, categorical_columns
 from etl.embedding_plan import embedding_plan
-from etl.entities import ENTITIES, EVENT_TIMESTAMP, entity_snapshots
-from etl.errors import ConfigError, NoInputError
-from etl.features import LABEL, LABEL_SHORT_NAME, SPLIT, FeaturePipeline
-from etl.features.base import TRAIN, VALID, FeatureSpec
+from etl.entities import ENTITIES, entity_snapshots
+from etl.errors import NoInputError
+from etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
 from etl.features.categorify import Categorify
+from etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from etl.outputs import local_path, staged_directory, write_json, write_parquet
 from etl.tfrecord.layout import build_layout
 from etl.tfrecord.writer import write_split
@@ -31,7 +34,6 @@ logger = logging.getLogger("featureline.etl")
 
 KEYS = ("user_id", "item_id", "ts")
 SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array<long>"}
-METADATA = "metadata.json"
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,7 @@ def run(config: EtlConfig, spark: SparkSession,
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
-            write_json(metadata, staging / METADATA)
+            write_json(metadata, staging / METADATA_FILE)
     finally:
         pipeline.release()
         for frame in cached:

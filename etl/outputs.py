@@ -15,7 +15,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from etl.errors import ConfigError
+from core.errors import ConfigError
 
 
 def local_path(path: str) -> Path:

@@ -14,8 +14,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from core.errors import ConfigError
 from etl.config import SparkSettings
-from etl.errors import ConfigError, RapidsJarNotFoundError
+from etl.errors import RapidsJarNotFoundError
 
 _PROPERTY = re.compile(r"^([^\s=:#]+)\s*[=:\s]\s*(.*)$")
 RAPIDS_PLUGIN = "com.nvidia.spark.SQLPlugin"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import string
 
-from etl.errors import ConfigError
+from core.errors import ConfigError
 
 
 def _initials(name: str) -> str:

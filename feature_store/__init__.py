@@ -1,1 +1,1 @@
-"""Feast feature store over the ETL's entities/ tables (DESIGN.md, feature_store/)."""
+"""Feast feature store over the ETL's entities/ tables (docs/ARCHITECTURE.md, feature_store/)."""

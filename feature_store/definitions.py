@@ -10,7 +10,6 @@ tables' names, types and paths: nothing here repeats a column list.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -21,10 +20,11 @@ from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
 from feast.types import Bool, Float32, Float64, Int32, Int64, String, UnixTimestamp
 
-from etl.config import FeatureStoreConfig, duration_seconds
-from feature_store.errors import FeatureStoreError, MetadataNotFoundError
+from core.metadata import read_metadata
+from core.settings import duration_seconds
+from feature_store.errors import FeatureStoreError
+from feature_store.settings import FeatureStoreConfig
 
-METADATA = "metadata.json"
 SERVICES = ("ranking", "training")
 # Spark SQL type names, as metadata.json records them, to Feast's types.
 FEAST_TYPES = {"bigint": Int64, "int": Int32, "double": Float64, "float": Float32,
@@ -61,13 +61,6 @@ class Definitions:
         return self.output / self.metadata["entities"][entity]["path"]
 
 
-def load_metadata(output: Path) -> dict[str, Any]:
-    path = output / METADATA
-    if not path.is_file():
-        raise MetadataNotFoundError(str(output))
-    return json.loads(path.read_text())
-
-
 def _feast_type(entity: str, column: str, dtype: str) -> Any:
     try:
         return FEAST_TYPES[dtype]
@@ -92,7 +85,7 @@ def _source(name: str, path: Path, timestamp_field: str, offline_store: str) -> 
 def build(output: str | Path, settings: FeatureStoreConfig) -> Definitions:
     """The Feast objects for the ETL output folder ``output`` (which holds metadata.json)."""
     output = Path(output).resolve()
-    metadata = load_metadata(output)
+    metadata = read_metadata(output)
     ttl = timedelta(seconds=duration_seconds(settings.ttl))
     entities: dict[str, Entity] = {}
     sources: dict[str, DataSource] = {}

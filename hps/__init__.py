@@ -1,5 +1,6 @@
 """Hierarchical embedding parameter server: L1 cache (GPU via CuPy, or numpy) → L2 volatile
-store (in-process hash map) → L3 persistent store (RocksDB) → the table's default vector."""
+store (an in-process hash map, Redis or Redis Cluster) → L3 persistent store (RocksDB) → the
+table's default vector."""
 
 from hps.server import ParameterServer
 

@@ -8,19 +8,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from etl.errors import ConfigError
+from core.errors import ConfigError
+from core.settings import Settings
 from hps.cache import Device
 from hps.formats import Format
 from hps.slots import OverflowPolicy
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TableConfig(_Model):
+class TableConfig(Settings):
     name: str
     dim: int = Field(ge=1)
     # A HugeCTR folder, a Parquet file or "keys.npy,vectors.npy"; None: already in L3.
@@ -30,7 +27,7 @@ class TableConfig(_Model):
     default_value: float = 0.0
 
 
-class ModelConfig(_Model):
+class ModelConfig(Settings):
     name: str
     tables: list[TableConfig] = Field(min_length=1)
     # Share of each table the L1 cache holds (HugeCTR's gpucacheper).
@@ -40,7 +37,7 @@ class ModelConfig(_Model):
     hit_rate_threshold: float = Field(default=0.9, ge=0, le=1)
 
 
-class VolatileDbConfig(_Model):
+class VolatileDbConfig(Settings):
     type: Literal["hash_map", "redis", "redis_cluster"] = "hash_map"
     # For type redis (redis_cluster: any one node); REDIS_URL overrides it.
     url: str | None = None
@@ -50,12 +47,12 @@ class VolatileDbConfig(_Model):
     initial_cache_rate: float = Field(default=0.0, ge=0, le=1)
 
 
-class PersistentDbConfig(_Model):
+class PersistentDbConfig(Settings):
     type: Literal["rocksdb"] = "rocksdb"
     path: str = "data/hps/rocksdb"
 
 
-class HpsConfig(_Model):
+class HpsConfig(Settings):
     models: list[ModelConfig] = Field(min_length=1)
     volatile_db: VolatileDbConfig = VolatileDbConfig()
     persistent_db: PersistentDbConfig = PersistentDbConfig()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from etl.errors import FeaturelineError, NotFoundError
+from core.errors import FeaturelineError, NotFoundError
 
 
 class TableFileError(FeaturelineError):

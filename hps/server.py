@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from etl.errors import ConfigError
+from core import redis
+from core.errors import ConfigError
 from hps.cache import EmbeddingCache, make_cache
 from hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
 from hps.errors import UnknownModelError, UnknownTableError
@@ -88,7 +88,7 @@ class Table:
 def volatile_store(config: VolatileDbConfig) -> VolatileStore:
     """The L2 store the configuration's ``type`` names."""
     if config.type in ("redis", "redis_cluster"):
-        url = os.environ.get("REDIS_URL") or config.url
+        url = redis.url_from_env(config.url)
         if not url:
             raise ConfigError("hps.volatile_db.url", f"type {config.type} needs a url "
                               "(or REDIS_URL)")

@@ -11,15 +11,15 @@ message twice leaves the same values, so redelivery is harmless.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import threading
 from dataclasses import dataclass
 
 import numpy as np
-import redis
+import redis as redis_py
 
-from etl.errors import ConfigError
+from core import redis
+from core.errors import ConfigError
 from hps.errors import UnknownModelError
 from hps.server import ParameterServer
 
@@ -74,11 +74,12 @@ def decode_update(payload: bytes) -> Update:
     return Update(table, keys.astype(np.int64), vectors.reshape(count, dim).copy())
 
 
-def _client(url: str | None) -> redis.Redis:
-    url = url or os.environ.get("REDIS_URL")
+def _client(url: str | None) -> redis_py.Redis:
+    url = url or redis.url_from_env()
     if not url:
-        raise ConfigError("REDIS_URL", "online updates need a Redis URL (REDIS_URL or url=)")
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        raise ConfigError(redis.REDIS_URL_ENV,
+                          "online updates need a Redis URL (REDIS_URL or url=)")
+    return redis.client(url, connect_timeout_s=5.0)
 
 
 def publish(model: str, table: str, keys: np.ndarray, vectors: np.ndarray,
@@ -108,7 +109,7 @@ class UpdateConsumer:
         self._backlog = True  # first re-read what this consumer had not acknowledged
         try:
             self.client.xgroup_create(stream_name(model), group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
+        except redis_py.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
 
@@ -141,7 +142,7 @@ class UpdateConsumer:
             while not self._stop.is_set():
                 try:
                     self.poll()
-                except redis.ConnectionError as exc:
+                except redis_py.ConnectionError as exc:
                     logger.warning("update stream unavailable: %s", exc)
                     self._stop.wait(1.0)
 

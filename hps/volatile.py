@@ -78,14 +78,11 @@ class RedisStore(VolatileStore):
     def __init__(self, url: str, capacity: int, policy: OverflowPolicy = "evict_oldest",
                  namespace: str = "hps", batch_size: int = 10_000,
                  timeout_s: float = 1.0, cluster: bool = False) -> None:
-        import redis
-        from redis.cluster import RedisCluster
+        from core import redis
 
-        self._errors = (redis.ConnectionError, redis.TimeoutError,
-                        redis.exceptions.ClusterError, redis.exceptions.RedisClusterException)
-        client_class = RedisCluster if cluster else redis.Redis
-        self.client = client_class.from_url(url, socket_timeout=timeout_s,
-                                            socket_connect_timeout=timeout_s)
+        self._errors = redis.UNAVAILABLE_ERRORS
+        self.client = redis.client(url, cluster=cluster, timeout_s=timeout_s,
+                                   connect_timeout_s=timeout_s)
         self.cluster = cluster
         self.capacity = capacity
         self.policy = policy

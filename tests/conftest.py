@@ -85,14 +85,14 @@ def demo_run(spark, tmp_path_factory, redis_server):
     the end of the run): its folder, its output and the Redis URL it published to."""
     from click.testing import CliRunner
 
-    from etl.cli import main
-    from etl.demo import stop_server
     from feature_store.redis_server import free_port
+    from launcher.cli import main
+    from launcher.demo import stop_server
 
     out = tmp_path_factory.mktemp("demo")
     repo = out / "feature_store"
     repo.mkdir()
-    shutil.copy(REPO / "feature_store" / "feature_store.yaml", repo)
+    shutil.copy(REPO / "feature_store" / "feast_repo" / "feature_store.yaml", repo)
     config = out / "config.yaml"
     config.write_text(json.dumps({"feature_store": {"repo": str(repo)},
                                   "api": {"port": free_port()}}))

@@ -13,11 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from etl.config import FeaturelineConfig, parse_config
+from launcher.config import FeaturelineConfig, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
-REPO_FILES = ("feature_store.yaml", "feature_store.spark.yaml", "featureline_repo.py",
-              ".feastignore")
+REPO_FILES = ("feature_store.yaml", "feature_store.spark.yaml", "featureline_repo.py")
 
 # Hand-made snapshots: (key, snapshot time, events). A snapshot at D counts events before D.
 USER_SNAPSHOTS = [("u1", "2026-01-02", 1), ("u1", "2026-01-05", 3), ("u1", "2026-01-10", 7),
@@ -67,7 +66,7 @@ def copy_project(root: Path, ttl: str = "3d", **sections: Any) -> FeaturelineCon
     repo = root / "project" / "feature_store"
     repo.mkdir(parents=True)
     for name in REPO_FILES:
-        shutil.copy(REPO / "feature_store" / name, repo / name)
+        shutil.copy(REPO / "feature_store" / "feast_repo" / name, repo / name)
     return parse_config({"feature_store": {"repo": str(repo), "ttl": ttl,
                                            "redis_dir": str(root / "redis")}, **sections})
 

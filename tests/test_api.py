@@ -12,12 +12,12 @@ from schemathesis.checks import not_a_server_error
 
 from api.app import create_app
 from api.models import FeaturesResponse, RankingInputsResponse
-from etl.config import parse_config
 from feature_store.online import OnlineReader
 from feature_store.publish import publish
 from feature_store.redis_server import EmbeddedRedis
 from feature_store.repo import open_repo
 from hps.formats import write_hugectr
+from launcher.config import parse_config
 from tests.feast_data import copy_project, encoded_id, fresh_db, write_handmade_output
 
 READ = {"Authorization": "Bearer reader-key"}
@@ -56,14 +56,14 @@ cache_device: cpu
         "hps": str(hps_yaml), "auth": {"keys_file": str(keys)},
         "limits": {"max_entities": 5, "max_keys": 50, "max_body_bytes": 4096}})
     url = fresh_db(redis_server, 8)
-    repo = open_repo(config, output=output, url=url)
+    repo = open_repo(config.feature_store, output, url=url)
     publish(repo, progress=lambda _: None)
     return {"config": config, "output": output, "url": url, "repo": repo, "root": root}
 
 
 @pytest.fixture(scope="module")
 def app(api_setup):
-    application = create_app(api_setup["config"], output=api_setup["output"],
+    application = create_app(api_setup["config"].serving(), output=api_setup["output"],
                              redis_url=api_setup["url"])
     with TestClient(application):  # runs the lifespan: services open
         yield application
@@ -249,13 +249,13 @@ def test_malformed_bodies_are_422_naming_the_field(client):
 
 def test_redis_restart_503_then_recovery(tmp_path, api_setup):
     server = EmbeddedRedis(tmp_path / "redis").start()
-    repo = open_repo(api_setup["config"], output=api_setup["output"], url=server.url)
+    repo = open_repo(api_setup["config"].feature_store, api_setup["output"], url=server.url)
     publish(repo, full=True, progress=lambda _: None)
     request = {"features": ["user_features:user_events"], "entities": {"user_id": ["u1"]}}
     # Without the parameter server: the module's app holds its RocksDB.
     settings = api_setup["config"].model_dump(mode="json")
     settings["api"]["hps"] = None
-    application = create_app(parse_config(settings), output=api_setup["output"],
+    application = create_app(parse_config(settings).serving(), output=api_setup["output"],
                              redis_url=server.url)
     try:
         with TestClient(application) as client:
@@ -280,7 +280,7 @@ def test_online_reader_marks_values_outside_the_ttl(tmp_path, redis_server):
     """With a 3-day ttl, January's snapshots are stale now: values come back, flagged."""
     output = write_handmade_output(tmp_path / "output")
     url = fresh_db(redis_server, 9)
-    repo = open_repo(copy_project(tmp_path, ttl="3d"), output=output, url=url)
+    repo = open_repo(copy_project(tmp_path, ttl="3d").feature_store, output, url=url)
     publish(repo, progress=lambda _: None)
     reader = OnlineReader.from_store(repo.store, url)
     result = reader.read(reader.references("ranking"),

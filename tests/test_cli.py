@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from click.testing import CliRunner
 
-from etl.cli import main
+from launcher.cli import main
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent

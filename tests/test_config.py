@@ -2,16 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from etl.config import (
-    EtlConfig,
-    FeaturelineConfig,
-    LabelRule,
-    expand_columns,
-    load_config,
-    parse_config,
-    with_overrides,
-)
-from etl.errors import ConfigError, LabelRuleError
+from core.errors import ConfigError
+from etl.config import EtlConfig, LabelRule, with_overrides
+from etl.errors import LabelRuleError
+from launcher.config import FeaturelineConfig, load_config, parse_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,13 +83,13 @@ def test_missing_and_broken_files(tmp_path):
 
 def test_selectors_follow_the_declared_columns_and_skip_the_label():
     config = EtlConfig()
-    assert expand_columns(config, ["user_id", "@categorical"]) == ["user_id", "category",
+    assert config.column_roles().expand(["user_id", "@categorical"]) == ["user_id", "category",
                                                                    "device"]
-    assert expand_columns(config, ["@continuous"]) == ["value", "price"]
+    assert config.column_roles().expand(["@continuous"]) == ["value", "price"]
     by_value = with_overrides(config, label="value >= 4", categorical=["genre"],
                               continuous=["price", "duration"])
-    assert expand_columns(by_value, ["@continuous"]) == ["price", "duration"]
-    assert expand_columns(by_value, ["@categorical"]) == ["genre"]
+    assert by_value.column_roles().expand(["@continuous"]) == ["price", "duration"]
+    assert by_value.column_roles().expand(["@categorical"]) == ["genre"]
 
 
 def test_flags_override_the_file():

@@ -17,12 +17,9 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from etl.cli import main
-from etl.config import parse_config
-from etl.errors import ConfigError
+from core.errors import ConfigError, MetadataNotFoundError
 from feature_store.errors import (
     EntityRowsError,
-    MetadataNotFoundError,
     OnlineStoreUnavailableError,
     UnknownFeatureServiceError,
 )
@@ -30,6 +27,8 @@ from feature_store.publish import publish
 from feature_store.redis_server import free_port
 from feature_store.repo import feast_connection_string, open_repo
 from feature_store.training_set import training_set
+from launcher.cli import main
+from launcher.config import parse_config
 from tests.feast_data import REPO, copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent
@@ -61,7 +60,7 @@ def _redis_dump(url: str) -> dict:
 
 def test_publish_then_online_values_are_the_latest_snapshots(tmp_path, handmade_output,
                                                               online_url):
-    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
     summary = publish(repo, progress=lambda _: None)
     assert {v.name: v.keys for v in summary.views} == {"user_features": 2, "item_features": 2}
     values = _online(repo, [{"user_id": "u1", "item_id": "i2"},
@@ -75,7 +74,7 @@ def test_publish_then_online_values_are_the_latest_snapshots(tmp_path, handmade_
 
 
 def test_materialization_is_incremental_and_idempotent(tmp_path, handmade_output, online_url):
-    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
     first = publish(repo, end=_utc("2026-01-06"), progress=lambda _: None)
     assert first.keys == 2 + 2
     assert _online(repo, [{"user_id": "u1", "item_id": "i2"}])["user_events"] == [3]
@@ -94,7 +93,7 @@ def test_materialization_is_incremental_and_idempotent(tmp_path, handmade_output
 
 def test_publish_the_real_etl_output(tmp_path, job_output, redis_server):
     url = fresh_db(redis_server, 4)
-    repo = open_repo(copy_project(tmp_path, ttl="30d"), output=job_output.output, url=url)
+    repo = open_repo(copy_project(tmp_path, ttl="30d").feature_store, job_output.output, url=url)
     summary = publish(repo, progress=lambda _: None)
     for entity, view in (("user", "user_features"), ("item", "item_features")):
         snapshots = pq.read_table(job_output.output / "entities" / entity).to_pandas()
@@ -111,7 +110,8 @@ def test_publish_the_real_etl_output(tmp_path, job_output, redis_server):
 
 def test_training_set_is_point_in_time_correct_and_keeps_every_row(tmp_path, handmade_output,
                                                                    online_url):
-    repo = open_repo(copy_project(tmp_path, ttl="3d"), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path, ttl="3d").feature_store, handmade_output,
+                     url=online_url)
     publish(repo, progress=lambda _: None)
     times = ["2026-01-01", "2026-01-02", "2026-01-04 23:59", "2026-01-05", "2026-01-09 12:00",
              "2026-01-10", "2026-01-05", "2026-01-05"]
@@ -134,7 +134,7 @@ def test_training_set_is_point_in_time_correct_and_keeps_every_row(tmp_path, han
 
 
 def test_training_set_errors_name_the_problem(tmp_path, handmade_output, online_url):
-    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=online_url)
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
     publish(repo, progress=lambda _: None)
     pd.DataFrame({"user_id": ["u1"], "event_timestamp": [pd.Timestamp("2026-01-05", tz="UTC")]}
                  ).to_parquet(tmp_path / "no_item.parquet")
@@ -149,14 +149,14 @@ def test_training_set_errors_name_the_problem(tmp_path, handmade_output, online_
 
 def test_redis_down_is_a_clear_error(tmp_path, handmade_output):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    repo = open_repo(copy_project(tmp_path), output=handmade_output, url=url)
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=url)
     with pytest.raises(OnlineStoreUnavailableError, match=f"{url} is unreachable"):
         publish(repo, progress=lambda _: None)
 
 
 def test_no_etl_output_is_a_clear_error(tmp_path):
     with pytest.raises(MetadataNotFoundError, match="featureline etl run"):
-        open_repo(copy_project(tmp_path), output=tmp_path / "nothing", url="redis://127.0.0.1:1/0")
+        open_repo(copy_project(tmp_path).feature_store, tmp_path / "nothing", url="redis://127.0.0.1:1/0")
 
 
 def test_connection_string_and_config_checks():
@@ -176,7 +176,7 @@ def test_connection_string_and_config_checks():
 def test_feast_imports_only_the_definitions_file():
     from feast.repo_operations import get_repo_files
 
-    files = get_repo_files(REPO / "feature_store")
+    files = get_repo_files(REPO / "feature_store" / "feast_repo")
     assert [f.name for f in files] == ["featureline_repo.py"]
 
 
@@ -197,7 +197,7 @@ def test_feast_cli_apply_and_materialize(tmp_path, handmade_output, redis_server
         assert done.returncode == 0, done.stdout + done.stderr
     assert (repo / "data" / "registry.db").is_file()
     # What the CLI registered and materialized is what our own code reads back.
-    feature_repo = open_repo(config, output=handmade_output, url=url)
+    feature_repo = open_repo(config.feature_store, handmade_output, url=url)
     assert _online(feature_repo, [{"user_id": "u1", "item_id": "i1"}])["user_events"] == [7]
 
 
@@ -247,12 +247,12 @@ def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, 
 def test_spark_offline_store_gives_the_same_training_set(spark, tmp_path, handmade_output,
                                                           online_url):
     """Feast's Spark offline store (the one for scale) on the shared local session."""
-    duckdb_repo = open_repo(copy_project(tmp_path / "duckdb"), output=handmade_output,
+    duckdb_repo = open_repo(copy_project(tmp_path / "duckdb").feature_store, handmade_output,
                             url=online_url)
     config = copy_project(tmp_path / "spark")
     config = parse_config({"feature_store": {**config.feature_store.model_dump(),
                                              "offline_store": "spark"}})
-    spark_repo = open_repo(config, output=handmade_output, url=online_url)
+    spark_repo = open_repo(config.feature_store, handmade_output, url=online_url)
     rows = pd.DataFrame({"user_id": ["u1", "u1", "u2", "nobody", "u1"],
                          "item_id": ["i1", "i2", "i1", "i2", "i2"],
                          "event_timestamp": pd.to_datetime(
@@ -287,7 +287,7 @@ def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
     config = copy_project(tmp_path)
     config = parse_config({"feature_store": {**config.feature_store.model_dump(),
                                              "redis_type": "redis_cluster"}})
-    repo = open_repo(config, output=handmade_output, url=redis_cluster.url)
+    repo = open_repo(config.feature_store, handmade_output, url=redis_cluster.url)
     summary = publish(repo, progress=lambda _: None)
     assert summary.keys == 4
     rows = {"user_id": ["u1", "u2", "zz"], "item_id": ["i1", "i2", "i2"]}

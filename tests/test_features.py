@@ -10,7 +10,6 @@ import xxhash
 from pyspark.sql import functions as F
 
 from etl.config import EtlConfig
-from etl.features import FeaturePipeline
 from etl.features.base import TS_MICROS
 from etl.features.categorify import Categorify
 from etl.features.count_encode import CountEncode
@@ -19,6 +18,7 @@ from etl.features.hashed_cross import HashedCross
 from etl.features.history import History
 from etl.features.lag_features import LagFeatures
 from etl.features.normalize import Normalize
+from etl.features.pipeline import FeaturePipeline
 from etl.features.target_encode import FOLD, TargetEncode, fold_of_event
 
 T0 = datetime(2026, 1, 5, 0, 0, 0)  # a Monday, UTC

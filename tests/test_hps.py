@@ -221,7 +221,7 @@ def test_sync_and_async_insertion(tmp_path, threshold, mode):
 def test_hugectr_ps_json(tmp_path, caplog):
     import json
 
-    from etl.errors import ConfigError
+    from core.errors import ConfigError
 
     keys, vectors = _table(n=20)
     write_hugectr(tmp_path / "wdl0_sparse_2000.model", keys, vectors)

@@ -12,9 +12,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from core.errors import ConfigError
 from etl import job
 from etl.datagen import BAD_KINDS_TEXT
-from etl.errors import ConfigError, NoInputError
+from etl.errors import NoInputError
 from tests.job_config import make_config
 
 

@@ -16,11 +16,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from etl.config import CONFIG_ENV, load_config
+from core.redis import REDIS_URL_ENV
 from etl.session import read_properties, spark_conf_dir
-from feature_store.redis_server import REDIS_URL_ENV
-from feature_store.repo import CONNECTION_ENV, OUTPUT_ENV
+from feature_store.repo import CONNECTION_ENV
 from hps.config import load_hps_config
+from launcher.config import load_config
+from launcher.serving import CONFIG_ENV, OUTPUT_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "k8s"

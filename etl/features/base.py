@@ -1,4 +1,6 @@
-"""The feature-op interface: fit statistics on the training split, transform any split.
+"""The feature-op interface: an op is one file holding its settings model (checked when the
+configuration loads) and its transform (fit statistics on the training split, transform any
+split); ``etl/features/__init__.py`` registers it with one line.
 
 Each op is a pure ``DataFrame -> DataFrame`` step made of built-in Spark SQL only (no Python
 UDFs), so the RAPIDS Accelerator can run it on the GPU.
@@ -8,9 +10,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
+from pydantic import Field
 from pyspark.sql import DataFrame
+
+from core.settings import Settings
 
 LABEL = "label"
 SPLIT = "split"
@@ -18,8 +23,58 @@ TRAIN = "train"
 VALID = "valid"
 # Event time in microseconds since the epoch: the order and range key of the time windows.
 TS_MICROS = "_ts_us"
+CATEGORICAL_SELECTOR = "@categorical"
+CONTINUOUS_SELECTOR = "@continuous"
 
 Kind = Literal["categorical", "continuous", "multi_hot"]
+
+
+@dataclass(frozen=True)
+class ColumnRoles:
+    """The event columns an op may read, by kind, and the label's column (never an input)."""
+
+    categorical: tuple[str, ...]
+    continuous: tuple[str, ...]
+    # Declared context columns, what the ``@categorical`` / ``@continuous`` selectors stand for.
+    categorical_context: tuple[str, ...]
+    continuous_context: tuple[str, ...]
+    label_column: str
+
+    def expand(self, columns: list[str]) -> list[str]:
+        """Replace the selectors by the declared columns; a selector never expands to the
+        label's own column: that would leak the label."""
+        selected = {CATEGORICAL_SELECTOR: self.categorical_context,
+                    CONTINUOUS_SELECTOR: self.continuous_context}
+        expanded: list[str] = []
+        for column in columns:
+            if column in selected:
+                expanded.extend(c for c in selected[column] if c != self.label_column)
+            else:
+                expanded.append(column)
+        return list(dict.fromkeys(expanded))
+
+
+class OpSettings(Settings):
+    """The settings every op takes; an op's own model adds ``op: Literal[<name>]`` and its
+    parameters, checked when the configuration loads."""
+
+    short_names: dict[str, str] = Field(default_factory=dict)
+    # The kind of column the op reads.
+    input_kind: ClassVar[Literal["categorical", "continuous"]] = "categorical"
+    # Columns whose encoded ids the op reads, so a categorify of them must come first.
+    needs_encoded: ClassVar[tuple[str, ...]] = ()
+
+    def inputs(self, roles: ColumnRoles) -> list[str]:
+        """The event columns the op reads, selectors expanded."""
+        return roles.expand(getattr(self, "columns", []))
+
+    def encodes(self, roles: ColumnRoles) -> list[str]:
+        """The columns whose encoded ids the op adds (categorify)."""
+        return []
+
+    def build(self, roles: ColumnRoles) -> FeatureOp:
+        """The op these settings describe."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -59,6 +114,10 @@ class FeatureOp(ABC):
 
     name: str
 
+    def __init__(self) -> None:
+        # Statistics cached for the transforms; ``release`` frees them.
+        self._kept: list[DataFrame] = []
+
     def fit(self, train: DataFrame) -> None:  # noqa: B027 - stateless ops need no statistics
         """Learn statistics from the training split (stateless ops have none)."""
 
@@ -75,9 +134,10 @@ class FeatureOp(ABC):
 
     def keep(self, frame: DataFrame) -> DataFrame:
         """Cache a fitted statistic for the transforms; ``release`` frees it."""
-        self.__dict__.setdefault("_kept", []).append(frame.persist())
+        self._kept.append(frame.persist())
         return frame
 
     def release(self) -> None:
-        for frame in self.__dict__.pop("_kept", []):
+        for frame in self._kept:
             frame.unpersist()
+        self._kept = []

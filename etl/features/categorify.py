@@ -1,29 +1,40 @@
 """categorify: contiguous int64 ids by descending training-split frequency.
 
-NVTabular's convention: 0 is padding, 1 is out-of-vocabulary (unseen, null, or rarer than
-``freq_threshold``); known values get 2, 3, … in order of descending count, ties by value.
+The id convention of metadata.json (docs/ARCHITECTURE.md): 0 is padding, 1 is
+out-of-vocabulary (unseen, null, or rarer than ``freq_threshold``); known values get 2, 3, …
+in order of descending count, ties by value.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from etl.features.base import Artifacts, FeatureOp, FeatureSpec
-
-PADDING_ID = 0
-OOV_ID = 1
-FIRST_ID = 2
+from core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
+from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
-def encoded_name(column: str) -> str:
-    return f"{column}_cat"
+class CategorifySettings(OpSettings):
+    op: Literal["categorify"]
+    columns: list[str] = Field(min_length=1)
+    # Values seen fewer times than this in the training split map to the OOV id 1.
+    freq_threshold: int = Field(default=1, ge=1)
+
+    def encodes(self, roles: ColumnRoles) -> list[str]:
+        return self.inputs(roles)
+
+    def build(self, roles: ColumnRoles) -> Categorify:
+        return Categorify(self.inputs(roles), self.freq_threshold)
 
 
 class Categorify(FeatureOp):
     name = "categorify"
 
     def __init__(self, columns: list[str], freq_threshold: int = 1) -> None:
+        super().__init__()
         self.columns = columns
         self.freq_threshold = freq_threshold
         self.vocabularies: dict[str, DataFrame] = {}

@@ -2,20 +2,32 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from etl.features.base import Artifacts, FeatureOp, FeatureSpec
+from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
 def encoded_name(column: str) -> str:
     return f"{column}_count"
 
 
+class CountEncodeSettings(OpSettings):
+    op: Literal["count_encode"]
+    columns: list[str] = Field(min_length=1)
+
+    def build(self, roles: ColumnRoles) -> CountEncode:
+        return CountEncode(self.inputs(roles))
+
+
 class CountEncode(FeatureOp):
     name = "count_encode"
 
     def __init__(self, columns: list[str]) -> None:
+        super().__init__()
         self.columns = columns
         self.counts: dict[str, DataFrame] = {}
 

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from etl.features.base import FeatureOp, FeatureSpec
+from etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 PERIODS = {"hour": (F.hour, 24), "dow": (F.weekday, 7)}
+
+
+class CyclicTimeSettings(OpSettings):
+    op: Literal["cyclic_time"]
+
+    def build(self, roles: ColumnRoles) -> CyclicTime:
+        return CyclicTime()
 
 
 class CyclicTime(FeatureOp):

@@ -5,21 +5,49 @@ Ids start at 2 like categorify's, so 0 stays padding for every categorical featu
 
 from __future__ import annotations
 
+import logging
+from typing import Literal
+
+from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from etl.features.base import FeatureOp, FeatureSpec
-from etl.features.categorify import FIRST_ID
+from core.metadata import FIRST_ID
+from etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+
+logger = logging.getLogger("featureline.etl")
 
 
 def cross_name(columns: list[str]) -> str:
     return "_x_".join(columns)
 
 
+class HashedCrossSettings(OpSettings):
+    op: Literal["hashed_cross"]
+    crosses: list[list[str]] = Field(min_length=1)
+    buckets: int = Field(default=100_000, ge=2)
+
+    def inputs(self, roles: ColumnRoles) -> list[str]:
+        return [column for cross in self.crosses for column in roles.expand(cross)]
+
+    def build(self, roles: ColumnRoles) -> HashedCross:
+        """The crosses with selectors expanded; one left with fewer than two columns is
+        skipped."""
+        crosses = []
+        for cross in self.crosses:
+            columns = roles.expand(cross)
+            if len(columns) < 2:
+                logger.warning("hashed_cross %s skipped: it expands to %s", cross, columns)
+            else:
+                crosses.append(columns)
+        return HashedCross(crosses, self.buckets)
+
+
 class HashedCross(FeatureOp):
     name = "hashed_cross"
 
     def __init__(self, crosses: list[list[str]], buckets: int) -> None:
+        super().__init__()
         self.crosses = crosses
         self.buckets = buckets
 

@@ -8,21 +8,34 @@ the present or the future.
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from etl.features.base import TS_MICROS, FeatureOp, FeatureSpec
-from etl.features.categorify import PADDING_ID
+from core.metadata import PADDING_ID, encoded_name
+from etl.features.base import TS_MICROS, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 HISTORY = "user_hist_items"
+
+
+class HistorySettings(OpSettings):
+    op: Literal["history"]
+    k: int = Field(default=10, ge=1, le=1000)
+    needs_encoded = ("item_id",)
+
+    def build(self, roles: ColumnRoles) -> History:
+        return History(self.k)
 
 
 class History(FeatureOp):
     name = "history"
 
-    def __init__(self, k: int, item_column: str = "item_id_cat") -> None:
+    def __init__(self, k: int) -> None:
+        super().__init__()
         self.k = k
-        self.item_column = item_column
+        self.item_column = encoded_name("item_id")
 
     def transform(self, events: DataFrame) -> DataFrame:
         in_order = Window.partitionBy("user_id").orderBy(TS_MICROS, self.item_column)

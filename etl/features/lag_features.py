@@ -7,12 +7,15 @@ previous item's id. Events at the very same instant are not "before" one another
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field, field_validator
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from etl.config import duration_seconds
-from etl.features.base import TS_MICROS, FeatureOp, FeatureSpec
-from etl.features.categorify import PADDING_ID
+from core.metadata import PADDING_ID, encoded_name
+from core.settings import duration_seconds
+from etl.features.base import TS_MICROS, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 MICROS = 1_000_000
 SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
@@ -23,12 +26,29 @@ def window_name(window: str) -> str:
     return window.lower()
 
 
+class LagFeaturesSettings(OpSettings):
+    op: Literal["lag_features"]
+    windows: list[str] = Field(default_factory=lambda: ["1h", "24h", "7d"], min_length=1)
+    needs_encoded = ("item_id",)
+
+    @field_validator("windows")
+    @classmethod
+    def _durations(cls, windows: list[str]) -> list[str]:
+        for window in windows:
+            duration_seconds(window)
+        return windows
+
+    def build(self, roles: ColumnRoles) -> LagFeatures:
+        return LagFeatures(self.windows)
+
+
 class LagFeatures(FeatureOp):
     name = "lag_features"
 
-    def __init__(self, windows: list[str], item_column: str = "item_id_cat") -> None:
+    def __init__(self, windows: list[str]) -> None:
+        super().__init__()
         self.windows = windows
-        self.item_column = item_column
+        self.item_column = encoded_name("item_id")
 
     def transform(self, events: DataFrame) -> DataFrame:
         for scope, keys in SCOPES.items():

@@ -2,20 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from etl.features.base import Artifacts, FeatureOp, FeatureSpec
+from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
 def encoded_name(column: str) -> str:
     return f"{column}_norm"
 
 
+class NormalizeSettings(OpSettings):
+    op: Literal["normalize"]
+    columns: list[str] = Field(min_length=1)
+    fill: Literal["mean", "median", "zero"] = "mean"
+    log1p: bool = True
+    input_kind = "continuous"
+
+    def build(self, roles: ColumnRoles) -> Normalize:
+        return Normalize(self.inputs(roles), self.fill, self.log1p)
+
+
 class Normalize(FeatureOp):
     name = "normalize"
 
     def __init__(self, columns: list[str], fill: str = "mean", log1p: bool = True) -> None:
+        super().__init__()
         self.columns = columns
         self.fill = fill
         self.log1p = log1p

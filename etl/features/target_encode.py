@@ -10,10 +10,23 @@ Validation rows (and serving) use the whole training split; unseen values get th
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from etl.features.base import LABEL, SPLIT, TRAIN, TS_MICROS, Artifacts, FeatureOp, FeatureSpec
+from etl.features.base import (
+    LABEL,
+    SPLIT,
+    TRAIN,
+    TS_MICROS,
+    Artifacts,
+    ColumnRoles,
+    FeatureOp,
+    FeatureSpec,
+    OpSettings,
+)
 
 FOLD = "_fold"
 # The columns that identify an event (exact duplicates are removed before features).
@@ -34,10 +47,21 @@ def _smoothed(total: Column, count: Column, prior: Column, smoothing: float) -> 
     return F.when(denominator > 0, (total + prior * smoothing) / denominator).otherwise(prior)
 
 
+class TargetEncodeSettings(OpSettings):
+    op: Literal["target_encode"]
+    columns: list[str] = Field(min_length=1)
+    folds: int = Field(default=5, ge=2)
+    smoothing: float = Field(default=20.0, ge=0)
+
+    def build(self, roles: ColumnRoles) -> TargetEncode:
+        return TargetEncode(self.inputs(roles), self.folds, self.smoothing)
+
+
 class TargetEncode(FeatureOp):
     name = "target_encode"
 
     def __init__(self, columns: list[str], folds: int = 5, smoothing: float = 20.0) -> None:
+        super().__init__()
         self.columns = columns
         self.folds = folds
         self.smoothing = smoothing

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from etl.errors import FeaturelineError
+from core.errors import FeaturelineError
 from etl.tfrecord import wire
 from etl.tfrecord.layout import Group
 

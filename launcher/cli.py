@@ -1,18 +1,29 @@
-"""The ``featureline`` command: datagen, the ETL job, and the end-to-end demo."""
+"""The ``featureline`` command: datagen, the ETL job, publish and training sets, the embedded
+Redis, the API, and the end-to-end demo.
+
+Each stage's work is imported inside its command, so the CLI starts quickly and ``serve``
+never loads the ETL's Spark code.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from etl.errors import FeaturelineError
+from core.errors import FeaturelineError
+from core.redis import REDIS_URL_ENV
+from launcher.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
-DEFAULT_CONFIG = "featureline.yaml"
+if TYPE_CHECKING:
+    from launcher.config import FeaturelineConfig
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -61,7 +72,7 @@ def etl() -> None:
     """The Spark ETL job."""
 
 
-def run_job(config_path: str | None = None, input_path: str | None = None,
+def run_job(path: str | None = None, input_path: str | None = None,
             input_format: str | None = None, output: str | None = None,
             profile: str | None = None, label: str | None = None,
             categorical: str | None = None, continuous: str | None = None, *,
@@ -70,12 +81,11 @@ def run_job(config_path: str | None = None, input_path: str | None = None,
 
     ``submitted``: running under spark-submit, which has applied the properties file.
     """
-    from etl.config import load_config, with_overrides
+    from etl.config import with_overrides
+    from launcher.config import load_config
 
-    if config_path is None and Path(DEFAULT_CONFIG).is_file():
-        config_path = DEFAULT_CONFIG
     config = with_overrides(
-        load_config(config_path).etl, input_path=input_path, input_format=input_format,
+        load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous))
     from etl import job
@@ -85,10 +95,15 @@ def run_job(config_path: str | None = None, input_path: str | None = None,
     return job.run(config, spark, progress=_progress).metadata
 
 
+config_option = click.option("--config", "path", type=click.Path(dir_okay=False),
+                             help=f"YAML configuration (default: ./{DEFAULT_CONFIG} if present)")
+data_option = click.option("--data", type=click.Path(file_okay=False),
+                           help="ETL output folder with metadata.json (default: etl.output.path)")
+
+
 def job_options(command: click.Command) -> click.Command:
     options = [
-        click.option("--config", "config_path", type=click.Path(dir_okay=False),
-                     help=f"YAML configuration (default: ./{DEFAULT_CONFIG} if present)"),
+        config_option,
         click.option("--input", "input_path", help="Raw log path or glob (overrides source.path)"),
         click.option("--format", "input_format", type=click.Choice(["jsonl", "csv", "parquet"]),
                      help="Raw log format (default: from the file suffix)"),
@@ -145,22 +160,20 @@ def etl_run(**options: str | None) -> None:
 @click.option("--out", default="data/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True)
 @click.option("--seed", type=int, default=7, show_default=True)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+@click.option("--config", "path", type=click.Path(dir_okay=False),
               help=f"YAML configuration of the publish and serve steps (default: "
                    f"./{DEFAULT_CONFIG})")
 @click.option("--serve/--no-serve", default=True, show_default=True,
               help="End by starting the API in the background and calling each endpoint.")
-def demo(out: str, events: int, seed: int, config_path: str | None, serve: bool) -> None:
+def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> None:
     """Generate a sample log and run the whole pipeline on embedded defaults."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import timedelta
 
-    from etl.config import load_config
     from etl.datagen import write_log
+    from launcher.config import load_config
 
     started = time.perf_counter()
-    if config_path is None and Path(DEFAULT_CONFIG).is_file():
-        config_path = DEFAULT_CONFIG
-    config = load_config(config_path)
+    config = load_config(config_path(path))
     raw = Path(out) / "raw" / "events.jsonl"
     output = Path(out) / "output"
     steps = 4 if serve else 3
@@ -174,7 +187,7 @@ def demo(out: str, events: int, seed: int, config_path: str | None, serve: bool)
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     _progress(f"[3/{steps}] publish: Feast apply + materialize into Redis")
-    from etl.demo import publish_demo, serve_demo
+    from launcher.demo import publish_demo, serve_demo
 
     redis_url = publish_demo(config, output, click.echo, _progress)
     if serve:
@@ -186,15 +199,128 @@ def demo(out: str, events: int, seed: int, config_path: str | None, serve: bool)
     click.echo(f"demo finished in {time.perf_counter() - started:.1f}s")
 
 
-def _register_commands() -> None:
-    from api.cli import serve
-    from feature_store.cli import COMMANDS
+def _config(path: str | None) -> FeaturelineConfig:
+    from launcher.config import load_config  # the ETL's settings, which import Spark code
 
-    for command in (*COMMANDS, serve):
-        main.add_command(command)
+    return load_config(config_path(path))
 
 
-_register_commands()
+@main.command()
+@config_option
+@data_option
+@click.option("--full", is_flag=True, help="Materialize every snapshot again, not only new ones.")
+@click.option("--end", type=click.DateTime(),
+              help="Materialize up to this UTC time (default: now).")
+def publish(path: str | None, data: str | None, full: bool, end: datetime | None) -> None:
+    """Register the feature views with Feast and materialize them into Redis."""
+    from feature_store.publish import publish as run_publish
+    from feature_store.repo import open_repo
+
+    config = _config(path)
+    repo = open_repo(config.feature_store, data or config.etl.output.path)
+    _progress(f"online store {repo.redis_url}")
+    summary = run_publish(repo, full=full, progress=_progress,
+                          end=end.replace(tzinfo=timezone.utc) if end else None)
+    click.echo(json.dumps(summary.to_json()))
+
+
+@main.command("training-set")
+@config_option
+@data_option
+@click.option("--entities", "entity_rows", required=True, type=click.Path(),
+              help="Parquet of join keys (user_id, item_id), event_timestamp and any labels")
+@click.option("--service", default="training", show_default=True, help="Feast feature service")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Parquet to write")
+def training_set(path: str | None, data: str | None, entity_rows: str, service: str,
+                 out: str) -> None:
+    """Join point-in-time correct features onto entity rows (every row comes back)."""
+    from feature_store.repo import open_repo
+    from feature_store.training_set import training_set as run_training_set
+
+    started = time.perf_counter()
+    config = _config(path)
+    repo = open_repo(config.feature_store, data or config.etl.output.path)
+    summary = run_training_set(repo, entity_rows, service, out)
+    click.echo(json.dumps({**summary.to_json(),
+                           "seconds": round(time.perf_counter() - started, 2)}))
+
+
+@main.group()
+def redis() -> None:
+    """The embedded Redis server (used when REDIS_URL is unset)."""
+
+
+def _redis_dir(path: str | None) -> str:
+    return _config(path).feature_store.redis_dir
+
+
+@redis.command("start")
+@config_option
+def redis_start(path: str | None) -> None:
+    """Start the embedded server (or find it running) and print its URL."""
+    from feature_store.redis_server import start_server
+
+    click.echo(start_server(_redis_dir(path)))
+
+
+@redis.command("stop")
+@config_option
+def redis_stop(path: str | None) -> None:
+    """Stop the embedded server, saving its data."""
+    from feature_store.redis_server import stop_server
+
+    click.echo("stopped" if stop_server(_redis_dir(path)) else "not running")
+
+
+@redis.command("status")
+@config_option
+def redis_status(path: str | None) -> None:
+    """Where the online store is: REDIS_URL, or the embedded server's state."""
+    from feature_store.redis_server import server_status
+
+    if os.environ.get(REDIS_URL_ENV):
+        click.echo(json.dumps({"url": os.environ[REDIS_URL_ENV], "source": REDIS_URL_ENV}))
+        return
+    status = server_status(_redis_dir(path))
+    click.echo(json.dumps({**status, "source": "embedded"} if status else {"running": False}))
+    if status is None:
+        raise SystemExit(1)
+
+
+@redis.command("env")
+@config_option
+def redis_env(path: str | None) -> None:
+    """Shell exports for Feast's CLI: eval "$(featureline redis env)"."""
+    from feature_store.redis_server import redis_url
+    from feature_store.repo import CONNECTION_ENV, feast_connection_string
+
+    config = _config(path)
+    url = redis_url(config.feature_store.redis_dir)
+    connection = feast_connection_string(url, config.feature_store.redis_type)
+    click.echo(f"export {REDIS_URL_ENV}='{url}'\nexport {CONNECTION_ENV}='{connection}'")
+
+
+@main.command()
+@config_option
+@click.option("--host", help="Listen address (default: api.host)")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port (default: api.port)")
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes (each opens its own Redis client and parameter server)")
+def serve(path: str | None, host: str | None, port: int | None, workers: int) -> None:
+    """Serve the ranking API (online features, embeddings, ranking inputs)."""
+    import uvicorn
+
+    from launcher.serving import load_serving_config
+
+    file = config_path(path)
+    config = load_serving_config(file)  # errors surface here, before any worker starts
+    if file is not None:
+        os.environ[CONFIG_ENV] = str(file.resolve())
+    if not config.api.auth.enabled:
+        click.echo("warning: API authentication is off (api.auth.enabled: false); "
+                   "for local use only", err=True)
+    uvicorn.run("launcher.serving:app_from_env", factory=True, host=host or config.api.host,
+                port=port or config.api.port, workers=workers, log_level="warning")
 
 
 def run_command(command: click.Command) -> None:

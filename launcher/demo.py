@@ -22,11 +22,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from etl.config import FeaturelineConfig
-from etl.features import LABEL, SPLIT
-from etl.features.categorify import encoded_name
-from feature_store.redis_server import REDIS_URL_ENV, free_port
+from core.metadata import encoded_name, read_metadata
+from core.redis import REDIS_URL_ENV
+from etl.features.base import LABEL, SPLIT
+from feature_store.redis_server import free_port
 from hps.formats import write_hugectr
+from launcher.config import FeaturelineConfig
 
 EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
 START_TIMEOUT_S = 90.0
@@ -34,7 +35,7 @@ START_TIMEOUT_S = 90.0
 
 def sample_ids(output: Path, count: int = 3) -> dict[str, list[str]]:
     """The first ``count`` distinct raw ids of each entity table: what the demo shows."""
-    metadata = json.loads((output / "metadata.json").read_text())
+    metadata = read_metadata(output)
     return {entity: pq.read_table(output / table["path"], columns=[table["join_key"]])
             .column(0).unique()[:count].to_pylist()
             for entity, table in metadata["entities"].items()}
@@ -49,7 +50,7 @@ def publish_demo(config: FeaturelineConfig, output: Path, echo: Callable[[str], 
     from feature_store.publish import publish
     from feature_store.repo import open_repo
 
-    repo = open_repo(config, output=output)
+    repo = open_repo(config.feature_store, output)
     published = publish(repo, full=True, progress=progress)
     ids = sample_ids(output)
     rows = [{"user_id": user, "item_id": item}
@@ -67,8 +68,7 @@ def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
     """User and item vectors from a rank-k factorisation of log(1 + interactions) on the
     training split (randomised SVD); rows are encoded ids, so row 0 (padding) and row 1
     (out of vocabulary) stay as they come out."""
-    metadata = json.loads((output / "metadata.json").read_text())
-    plan = metadata["embedding_plan"]["features"]
+    plan = read_metadata(output)["embedding_plan"]["features"]
     user, item = encoded_name("user_id"), encoded_name("item_id")
     table = pq.read_table(output / "examples" / f"{SPLIT}=train", columns=[user, item, LABEL])
     users, items = plan[user]["cardinality"], plan[item]["cardinality"]
@@ -92,8 +92,7 @@ def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
 
 def write_embedding_tables(output: Path, root: Path) -> Path:
     """HugeCTR folders for the user and item ids and an ``hps.yaml`` that imports them."""
-    metadata = json.loads((output / "metadata.json").read_text())
-    plan = metadata["embedding_plan"]["features"]
+    plan = read_metadata(output)["embedding_plan"]["features"]
     widths = {column: plan[encoded_name(column)]["width"] for column in EMBEDDED_TABLES}
     vectors = interaction_embeddings(output, widths)
     shutil.rmtree(root, ignore_errors=True)  # a fresh RocksDB imports the new tables
@@ -141,7 +140,7 @@ def start_server(config_file: Path, pid_file: Path, redis_url: str, log: Path) -
     settings = yaml.safe_load(config_file.read_text())["api"]
     with log.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "etl.cli", "serve", "--config", str(config_file)],
+            [sys.executable, "-m", "launcher.cli", "serve", "--config", str(config_file)],
             env={**os.environ, REDIS_URL_ENV: redis_url}, stdout=sink, stderr=sink,
             start_new_session=True)
     pid_file.write_text(str(process.pid))

@@ -1,0 +1,34 @@
+"""The one Redis client factory: every process reaches Redis (single server or cluster)
+through :func:`client`, with timeouts that turn a dead server into an error within seconds.
+``REDIS_URL`` names the server wherever a component talks to Redis.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis as redis_py
+from redis.cluster import RedisCluster
+
+REDIS_URL_ENV = "REDIS_URL"
+# Everything that means "Redis is not answering", on a single server or on a cluster.
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis_py.ConnectionError, redis_py.TimeoutError, redis_py.exceptions.ClusterError,
+    redis_py.exceptions.RedisClusterException)
+CONNECT_TIMEOUT_S = 2.0
+SOCKET_TIMEOUT_S = 5.0
+
+
+def url_from_env(configured: str | None = None) -> str | None:
+    """``REDIS_URL`` when set (it overrides a configured URL), else ``configured``."""
+    return os.environ.get(REDIS_URL_ENV) or configured
+
+
+def client(url: str, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT_S,
+           connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """A client of ``url`` (``redis://[user:password@]host:port/db``); ``cluster``: the URL
+    names any one node of a Redis Cluster, the client discovers the rest."""
+    client_class = RedisCluster if cluster else redis_py.Redis
+    return client_class.from_url(url, socket_timeout=timeout_s,
+                                 socket_connect_timeout=connect_timeout_s)

@@ -1,0 +1,56 @@
+"""The feature pipeline: the configured ops, run in the order the configuration lists them."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from etl.config import EtlConfig
+from etl.features.base import SPLIT, TRAIN, TS_MICROS, FeatureOp, FeatureSpec
+from etl.short_names import assign_short_names
+
+LABEL_SHORT_NAME = "y"
+
+
+class FeaturePipeline:
+    """The configured ops; ``fit`` on the training split, then ``transform`` every split."""
+
+    def __init__(self, config: EtlConfig) -> None:
+        self.config = config
+        roles = config.column_roles()
+        self.ops = [op.build(roles) for op in config.features]
+        self._overrides = {name: short for op in config.features
+                           for name, short in op.short_names.items()}
+
+    def fit_transform(self, events: DataFrame) -> DataFrame:
+        """Fit every op on the training rows of ``events``, then transform all rows.
+
+        Statistics come from the raw columns only; ops that use an earlier op's output (history
+        and lag_features use the item ids categorify assigns) are stateless, so transforms
+        chain in the configured order.
+        """
+        events = events.withColumn(TS_MICROS, F.unix_micros("ts"))
+        train = events.where(F.col(SPLIT) == TRAIN)
+        for op in self.ops:
+            op.fit(train)
+        for op in self.ops:
+            events = op.transform(events)
+        return events.drop(TS_MICROS)
+
+    def features(self) -> list[FeatureSpec]:
+        """Every output feature with its short name; shared ids take the owner's cardinality."""
+        specs = [spec for op in self.ops for spec in op.features()]
+        cardinality = {s.name: s.cardinality for s in specs}
+        shorts = assign_short_names([s.name for s in specs], self._overrides,
+                                    reserved={LABEL_SHORT_NAME})
+        return [FeatureSpec(s.name, s.kind, s.dtype,
+                            cardinality.get(s.shares) if s.shares else s.cardinality,
+                            s.shares, s.width, shorts[s.name]) for s in specs]
+
+    def release(self) -> None:
+        """Free the statistics the ops cached for their transforms."""
+        for op in self.ops:
+            op.release()
+
+    def op(self, kind: type[FeatureOp]) -> FeatureOp | None:
+        return next((op for op in self.ops if isinstance(op, kind)), None)

@@ -1,0 +1,31 @@
+"""The ``feature_store`` section of featureline.yaml: how Feast publishes the ETL's entity
+tables."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import field_validator
+
+from core.settings import Settings, duration_seconds
+
+
+class FeatureStoreConfig(Settings):
+    """How Feast publishes the ETL's entity tables (``feature_store/``)."""
+
+    # The Feast repository: feature_store.yaml and the definitions derived from metadata.json.
+    repo: str = "feature_store/feast_repo"
+    # How long an entity's latest snapshot stands in point-in-time joins.
+    ttl: str = "30d"
+    # redis | redis_cluster; REDIS_URL names the server (a cluster: any one of its nodes).
+    redis_type: Literal["redis", "redis_cluster"] = "redis"
+    # With REDIS_URL unset, a private redis-server keeps its data here.
+    redis_dir: str = "data/redis"
+    # duckdb (embedded, in-process) | spark (Feast's Spark offline store, for scale).
+    offline_store: Literal["duckdb", "spark"] = "duckdb"
+
+    @field_validator("ttl")
+    @classmethod
+    def _ttl_is_a_duration(cls, value: str) -> str:
+        duration_seconds(value)
+        return value

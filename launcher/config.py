@@ -1,0 +1,43 @@
+"""``featureline.yaml``: one section per stage, each validated by the stage's own model.
+
+Which file: ``--config``, else ``./featureline.yaml`` when present, else the embedded
+defaults. A wrong or missing setting is a :class:`ConfigError` naming its key
+(``etl.features[2].columns``), before any work starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from api.settings import ApiConfig, ServingConfig
+from core.settings import Settings, read_yaml, validate
+from etl.config import OP_NAMES, EtlConfig
+from feature_store.settings import FeatureStoreConfig
+
+
+class FeaturelineConfig(Settings):
+    """The whole ``featureline.yaml``: one section per stage."""
+
+    etl: EtlConfig = Field(default_factory=EtlConfig)
+    feature_store: FeatureStoreConfig = FeatureStoreConfig()
+    api: ApiConfig = ApiConfig()
+
+    def serving(self) -> ServingConfig:
+        """What the API serves with: its section, the feature store's, the ETL output."""
+        return ServingConfig(api=self.api, feature_store=self.feature_store,
+                             data=self.api.data or self.etl.output.path)
+
+
+def parse_config(data: dict[str, Any], *, origin: str = "featureline.yaml") -> FeaturelineConfig:
+    """Validate a mapping of sections; a problem raises :class:`ConfigError` naming the key."""
+    return validate(FeaturelineConfig, data, origin=origin, tags=OP_NAMES)
+
+
+def load_config(path: str | Path | None = None) -> FeaturelineConfig:
+    """Read ``featureline.yaml`` (or the embedded defaults when ``path`` is None)."""
+    if path is None:
+        return FeaturelineConfig()
+    return parse_config(read_yaml(path), origin=str(path))

@@ -1,0 +1,104 @@
+"""The layers of docs/ARCHITECTURE.md, checked on the source: core ← stages ← launcher.
+
+The import graph comes from the source files themselves (every ``import`` and ``from … import``,
+including those inside functions), so a lazy import cannot hide a violation.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "launcher": 2}
+# What one stage may use of another: the API serves from the feature store and the
+# parameter server through these modules, and reaches into nothing else.
+PUBLIC = {
+    "api": {"feature_store.settings", "feature_store.online", "feature_store.repo",
+            "feature_store.errors", "hps", "hps.errors"},
+}
+# Files that tools run by path (spark-submit, Feast's CLI): launcher-level entry points that
+# live where their tool expects them.
+ENTRY_POINTS = {"etl/main.py", "feature_store/feast_repo/featureline_repo.py"}
+# Packages the serving side never imports: the API process runs without Spark.
+SPARK = ("pyspark",)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports, absolute names."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            # ``from hps import formats`` imports the module hps.formats
+            names.update(f"{node.module}.{alias.name}" for alias in node.names
+                         if (REPO / node.module.replace(".", "/") / f"{alias.name}.py").is_file())
+    return names
+
+
+def import_graph() -> dict[str, tuple[str, set[str]]]:
+    """module → (its file relative to the repository, the modules it imports)."""
+    graph = {}
+    for package in LAYERS:
+        for path in sorted((REPO / package).rglob("*.py")):
+            relative = path.relative_to(REPO).as_posix()
+            graph[module_name(path)] = (relative, imports_of(path))
+    return graph
+
+
+def violations(graph: dict[str, tuple[str, set[str]]]) -> list[str]:
+    """Imports that go up a layer, or across stages outside :data:`PUBLIC`."""
+    found = []
+    for module, (path, imported) in graph.items():
+        package = module.split(".")[0]
+        layer = 2 if path in ENTRY_POINTS else LAYERS[package]
+        for name in sorted(imported):
+            target = name.split(".")[0]
+            if target not in LAYERS or target == package or layer == 2:
+                continue
+            if LAYERS[target] > layer:
+                found.append(f"{path}: imports {name}, a higher layer ({target})")
+            elif LAYERS[target] == layer and name not in PUBLIC.get(package, set()):
+                found.append(f"{path}: imports {name}, inside another stage ({target})")
+        if package in ("core", "api") and any(n.split(".")[0] in SPARK for n in imported):
+            found.append(f"{path}: imports Spark")
+    return sorted(set(found))
+
+
+def test_no_module_imports_a_higher_layer_or_another_stages_internals():
+    assert violations(import_graph()) == []
+
+
+@pytest.mark.parametrize(("module", "path", "imported", "message"), [
+    ("core.metadata", "core/metadata.py", {"etl.config"}, "a higher layer (etl)"),
+    ("etl.job", "etl/job.py", {"launcher.cli"}, "a higher layer (launcher)"),
+    ("api.services", "api/services.py", {"hps.volatile"}, "inside another stage (hps)"),
+    ("hps.server", "hps/server.py", {"feature_store.repo"}, "inside another stage"),
+    ("api.vocabulary", "api/vocabulary.py", {"pyspark.sql"}, "imports Spark"),
+])
+def test_the_check_finds_each_kind_of_violation(module, path, imported, message):
+    graph = {module: (path, imported)}
+    (found,) = violations(graph)
+    assert message in found and path in found
+
+
+def test_the_serving_processes_never_load_pyspark():
+    """The API app, its uvicorn factory and Feast's definitions file run without Spark."""
+    code = ("import sys, api.app, launcher.serving; "
+            "from launcher.serving import load_serving_config; "
+            "load_serving_config('featureline.yaml'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'etl')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=REPO, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"
