@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from core.errors import ConfigError
-from core.settings import Settings
+from core.settings import Settings, validate
 from hps.cache import Device
 from hps.formats import Format
 from hps.slots import OverflowPolicy
@@ -72,12 +72,7 @@ def load_hps_config(path: str | Path) -> HpsConfig:
 
 
 def _validated(data: Any, path: Path | str) -> HpsConfig:
-    try:
-        return HpsConfig.model_validate(data)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        key = ".".join(str(p) for p in ("hps", *error["loc"]))
-        raise ConfigError(key, f"{error['msg']} (in {path})") from None
+    return validate(HpsConfig, data, origin=str(path), prefix=("hps",))
 
 
 logger = logging.getLogger("featureline.hps")

@@ -177,7 +177,7 @@ def test_config_file_and_errors(tmp_path):
     path.write_text("hps:\n  models:\n    - name: m\n      tables: [{name: t, dim: 4}]\n")
     assert load_hps_config(path).models[0].tables[0].dim == 4
     path.write_text("hps:\n  models:\n    - name: m\n      tables: [{name: t, dim: 0}]\n")
-    with pytest.raises(Exception, match=r"hps.models.0.tables.0.dim"):
+    with pytest.raises(Exception, match=r"hps\.models\[0\]\.tables\[0\]\.dim"):
         load_hps_config(path)
 
 
