@@ -33,7 +33,7 @@ FEAST_YAML = {"duckdb": "feature_store.yaml", "spark": "feature_store.spark.yaml
 CONNECTION_ENV = "FEAST_REDIS_CONNECTION"
 # A server that is down or unreachable is an error within seconds, not a hang.
 TIMEOUTS = ("socket_connect_timeout=2", "socket_timeout=10")
-# ibis, under Feast's DuckDB offline store, calls a method DuckDB 2 deprecates; not ours to fix.
+# ibis, under Feast's DuckDB offline store, calls a method DuckDB deprecates; not ours to fix.
 warnings.filterwarnings("ignore", message="fetch_arrow_table", category=DeprecationWarning)
 
 
