@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from core.metadata import METADATA_FILE
 from etl.tfrecord.layout import Group
 from etl.tfrecord.records import read_file
-
-METADATA = "metadata.json"
 
 
 def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> dict[str, Any]:
@@ -24,7 +23,7 @@ def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> dict[str, Any]:
         return path_or_metadata
     path = Path(path_or_metadata)
     if path.is_dir():
-        path = path / METADATA
+        path = path / METADATA_FILE
     metadata = json.loads(path.read_text())
     metadata.setdefault("output", str(path.parent))
     return metadata
