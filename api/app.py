@@ -19,6 +19,9 @@ from api.services import Services, open_services
 from api.settings import ServingConfig
 from core import __version__
 
+# Every response names the dataset whose vocabularies encoded its ids.
+DATASET_VERSION_HEADER = "X-Featureline-Dataset-Version"
+
 
 def create_app(config: ServingConfig | None = None, *, output: str | Path | None = None,
                redis_url: str | None = None) -> FastAPI:
@@ -82,6 +85,7 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
         route = request.scope.get("route")
         services: Services | None = getattr(app.state, "services", None)
         if services is not None:
+            response.headers[DATASET_VERSION_HEADER] = services.dataset_version
             services.metrics.latency.labels(
                 route=getattr(route, "path", "unmatched"), method=request.method,
                 status=str(response.status_code)).observe(time.perf_counter() - started)

@@ -43,6 +43,10 @@ class Metrics:
                                  registry=self.registry)
         self.errors = Counter("featureline_api_errors_total", "Errors by kind", ["kind"],
                               registry=self.registry)
+        self.version_skew = Counter(
+            "featureline_version_skew_total",
+            "Readiness checks that found the online store or an embedding table encoding ids "
+            "with a vocabulary incompatible with the API's", registry=self.registry)
 
     def count_error(self, kind: str) -> None:
         self.errors.labels(kind=kind).inc()

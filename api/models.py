@@ -94,6 +94,8 @@ class TableInfo(BaseModel):
     name: str
     dim: int
     keys: int
+    # The vocabulary version whose ids key the table (None: not declared).
+    vocabulary_version: str | None = None
     cache: dict[str, Any]
     stats: dict[str, Any]
 
@@ -103,8 +105,21 @@ class ModelInfo(BaseModel):
     tables: list[TableInfo]
 
 
+class Versions(BaseModel):
+    """Which data each part serves: the API's vocabularies, what the online store was last
+    published with, what the embedding tables were built for."""
+
+    dataset_version: str
+    vocabularies: dict[str, str]
+    online_store: dict[str, Any] | None
+    embeddings: dict[str, str | None]
+    # What disagrees; empty when every part encodes ids alike.
+    problems: list[str] = []
+
+
 class ModelsResponse(BaseModel):
     models: list[ModelInfo]
+    versions: Versions
 
 
 class ReloadResponse(BaseModel):
@@ -115,6 +130,7 @@ class ReloadResponse(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, bool] = {}
+    versions: Versions | None = None
 
 
 class ErrorBody(BaseModel):

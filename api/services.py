@@ -16,7 +16,7 @@ from api.metrics import Metrics
 from api.settings import Scope, ServingConfig, api_keys
 from api.vocabulary import Vocabularies
 from core.errors import UnavailableError
-from core.metadata import encoded_name
+from core.metadata import dataset_version, encoded_name, read_metadata
 from feature_store.online import OnlineReader
 from feature_store.repo import open_repo
 from hps import ParameterServer
@@ -30,6 +30,9 @@ class Services:
     hps: ParameterServer | None
     metrics: Metrics
     api_keys: dict[str, Scope]
+    # The served ETL output's dataset version, and each vocabulary's lineage.
+    dataset_version: str
+    lineages: dict[str, list[str]]
 
     def parameter_server(self) -> ParameterServer:
         if self.hps is None:
@@ -75,7 +78,11 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if hps is not None:
         metrics.watch_hps(hps.stats)
     keys = api_keys(config.api.auth)
-    return Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys)
+    metadata = read_metadata(output)
+    lineages = {column: list(entry["lineage"])
+                for column, entry in metadata.get("vocabularies", {}).items()}
+    return Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
+                    dataset_version(metadata), lineages)
 
 
 def get_services(request: Request) -> Services:

@@ -31,6 +31,19 @@ def encoded_name(column: str) -> str:
     return f"{column}_cat"
 
 
+def compatible(lineage: list[str], other: list[str]) -> bool:
+    """Whether ids encoded with two vocabularies, given by their lineages (root first, the
+    vocabulary's own version last), mean the same: one extends the other, or they are one."""
+    return bool(lineage and other) and (lineage[-1] in other or other[-1] in lineage)
+
+
+def dataset_version(metadata: dict[str, Any]) -> str:
+    """The version stamp of an ETL output; outputs written before stamps existed get one from
+    their creation time."""
+    version = (metadata.get("dataset") or {}).get("version")
+    return version or f"unversioned:{metadata.get('created_at', '')}"
+
+
 def metadata_path(output: str | Path) -> Path:
     return Path(output) / METADATA_FILE
 

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from core.metadata import DEFAULT_OUTPUT
 from core.settings import Settings, validate
 from etl.errors import LabelRuleError
 from etl.features import OP_SETTINGS
@@ -153,9 +154,26 @@ class EntitiesConfig(Settings):
 
 
 class OutputConfig(Settings):
-    path: str = "data/output"
+    path: str = DEFAULT_OUTPUT
     # Parquet files per split of examples/; fixed so that two runs give the same files.
     examples_files: int = Field(default=4, ge=1)
+
+
+class VocabularyConfig(Settings):
+    """Where a run's vocabularies start from (docs/ARCHITECTURE.md, "Categorical ids")."""
+
+    # The ETL output whose vocabularies this run extends; None: the output path's current
+    # publication, when there is one.
+    previous: str | None = None
+    # Start a new lineage: every id is assigned afresh, incompatible with earlier outputs.
+    refit: bool = False
+
+    @model_validator(mode="after")
+    def _one_start(self) -> VocabularyConfig:
+        if self.refit and self.previous:
+            raise ValueError("give previous (--vocabulary-from) or refit "
+                             "(--refit-vocabularies), not both")
+        return self
 
 
 class TFRecordConfig(Settings):
@@ -200,6 +218,7 @@ class EtlConfig(Settings):
     embeddings: EmbeddingPlanConfig = EmbeddingPlanConfig()
     entities: EntitiesConfig = EntitiesConfig()
     output: OutputConfig = OutputConfig()
+    vocabulary: VocabularyConfig = VocabularyConfig()
     tfrecord: TFRecordConfig = TFRecordConfig()
     spark: SparkSettings = SparkSettings()
 
@@ -231,9 +250,10 @@ class EtlConfig(Settings):
         """A stable digest of the settings that decide the output values, for metadata.json.
 
         Where the output goes and how Spark runs (``output``, ``spark``) do not change values,
-        so they are left out: the same input and features give the same hash anywhere.
+        so they are left out: the same input and features give the same hash anywhere. Where
+        the vocabularies start from is recorded by their versions instead.
         """
-        settings = self.model_dump(mode="json", exclude={"output", "spark"})
+        settings = self.model_dump(mode="json", exclude={"output", "spark", "vocabulary"})
         canonical = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -291,6 +311,8 @@ def with_overrides(
     label: str | None = None,
     categorical: list[str] | None = None,
     continuous: list[str] | None = None,
+    vocabulary_from: str | None = None,
+    refit_vocabularies: bool = False,
 ) -> EtlConfig:
     """Apply command-line flags on top of the file, re-validating the result."""
     data = config.model_dump(mode="json")
@@ -313,6 +335,10 @@ def with_overrides(
         data["source"]["categorical"] = categorical
     if continuous is not None:
         data["source"]["continuous"] = continuous
+    if vocabulary_from is not None:
+        data["vocabulary"]["previous"] = vocabulary_from
+    if refit_vocabularies:
+        data["vocabulary"]["refit"] = True
     return validate(EtlConfig, data, origin="command-line flags", prefix=("etl",), tags=OP_NAMES)
 
 

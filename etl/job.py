@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pyspark.sql import functions as F
 
 from core import __version__
 from core.errors import ConfigError
-from core.metadata import EVENT_TIMESTAMP, METADATA_FILE
+from core.metadata import EVENT_TIMESTAMP, METADATA_FILE, VOCABULARY_DIR
 from etl import ingest
 from etl.config import EtlConfig, LabelRule, categorical_columns
 from etl.embedding_plan import embedding_plan
@@ -29,6 +30,7 @@ from etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from etl.outputs import local_path, staged_directory, write_json, write_parquet
 from etl.tfrecord.layout import build_layout
 from etl.tfrecord.writer import write_split
+from etl.vocabulary import PreviousVocabularies, lineage_entry, load_previous, previous_output
 
 logger = logging.getLogger("featureline.etl")
 
@@ -208,6 +210,7 @@ def run(config: EtlConfig, spark: SparkSession,
     started = time.perf_counter()
     cached: list[DataFrame] = []
     pipeline = FeaturePipeline(config)
+    previous = _extend_vocabularies(spark, config, pipeline, output)
     try:
         with staged_directory(output) as staging:
             with timer("ingest"):
@@ -229,6 +232,7 @@ def run(config: EtlConfig, spark: SparkSession,
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
+            metadata.update(_versions(config, pipeline, previous))
             write_json(metadata, staging / METADATA_FILE)
     finally:
         pipeline.release()
@@ -236,6 +240,38 @@ def run(config: EtlConfig, spark: SparkSession,
             frame.unpersist()
     progress(f"wrote {output}")
     return JobResult(output, metadata)
+
+
+def _extend_vocabularies(spark: SparkSession, config: EtlConfig, pipeline: FeaturePipeline,
+                         output: Path) -> PreviousVocabularies | None:
+    """Point categorify at the vocabularies this run extends (none for a new lineage)."""
+    categorify = pipeline.op(Categorify)
+    source = previous_output(config.vocabulary, output)
+    if not isinstance(categorify, Categorify) or source is None:
+        return None
+    previous = load_previous(spark, source, categorify.columns)
+    categorify.extend(previous.tables)
+    return previous
+
+
+def _versions(config: EtlConfig, pipeline: FeaturePipeline,
+              previous: PreviousVocabularies | None) -> dict[str, Any]:
+    """metadata.json's ``vocabularies`` (version, parent, lineage per column) and ``dataset``
+    (this run's version stamp: run id, config hash, vocabulary versions)."""
+    categorify = pipeline.op(Categorify)
+    vocabularies = {}
+    if isinstance(categorify, Categorify):
+        lineages = previous.lineages if previous is not None else {}
+        for column, version in categorify.versions.items():
+            vocabularies[column] = lineage_entry(version, lineages.get(column),
+                                                 f"{VOCABULARY_DIR}/{column}")
+    run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+    return {
+        "vocabularies": vocabularies,
+        "dataset": {"version": run_id, "config_hash": config.hash(),
+                    "vocabularies": {c: v["version"] for c, v in vocabularies.items()},
+                    "extends": str(previous.output) if previous is not None else None},
+    }
 
 
 def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],

@@ -29,6 +29,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from core import redis
 from core.errors import ConfigError, NotFoundError, UnprocessableError
 from feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
+from feature_store.publication import Publication, read_publication
 from feature_store.repo import online_store_errors
 
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
@@ -211,6 +212,11 @@ class OnlineReader:
             if now - seconds > layout.ttl_s:
                 status = Status.OUTSIDE_TTL
         return values, status
+
+    def publication(self) -> Publication | None:
+        """The stamp of the dataset last published into this store (None before any)."""
+        with online_store_errors(self.url):
+            return read_publication(self.client, self.project)
 
     def ping(self) -> bool:
         try:

@@ -25,6 +25,9 @@ class TableConfig(Settings):
     format: Format = "hugectr"
     # Every element of the vector returned for a key no tier holds.
     default_value: float = 0.0
+    # The version of the vocabulary whose ids key this table (metadata.json's
+    # vocabularies.<column>.version), so a server can tell which ids its rows mean.
+    vocabulary_version: str | None = None
 
 
 class ModelConfig(Settings):

@@ -257,6 +257,7 @@ class ParameterServer:
 
     def stats(self) -> dict[str, Any]:
         return {model: {name: {"dim": t.config.dim, "keys": t.size,
+                               "vocabulary_version": t.config.vocabulary_version,
                                "cache": {"device": t.cache.device, "capacity": t.cache.capacity,
                                          "held": len(t.cache)},
                                **t.stats.to_json()}

@@ -75,7 +75,8 @@ def etl() -> None:
 def run_job(path: str | None = None, input_path: str | None = None,
             input_format: str | None = None, output: str | None = None,
             profile: str | None = None, label: str | None = None,
-            categorical: str | None = None, continuous: str | None = None, *,
+            categorical: str | None = None, continuous: str | None = None,
+            vocabulary_from: str | None = None, refit_vocabularies: bool = False, *,
             submitted: bool = False) -> dict:
     """Load the configuration, apply the flags, start Spark and run the job; its metadata.
 
@@ -87,7 +88,8 @@ def run_job(path: str | None = None, input_path: str | None = None,
     config = with_overrides(
         load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
-        continuous=_split_list(continuous))
+        continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
+        refit_vocabularies=refit_vocabularies)
     from etl import job
     from etl.session import build_session
 
@@ -114,6 +116,12 @@ def job_options(command: click.Command) -> click.Command:
                                      "'event_type in (click, purchase)'"),
         click.option("--categorical", help="Categorical context columns, comma-separated"),
         click.option("--continuous", help="Continuous context columns, comma-separated"),
+        click.option("--vocabulary-from", type=click.Path(file_okay=False),
+                     help="ETL output whose vocabularies this run extends (default: the "
+                          "output folder's current publication)"),
+        click.option("--refit-vocabularies", is_flag=True,
+                     help="Assign every id afresh: a new lineage, incompatible with earlier "
+                          "outputs"),
     ]
     for option in reversed(options):
         command = option(command)
@@ -132,6 +140,10 @@ def summary(metadata: dict) -> str:
     split = metadata["split"]
     lines.append(f"split: train {split['rows']['train']:,}, valid {split['rows']['valid']:,} "
                  f"(valid from {split['valid_from']})")
+    dataset = metadata["dataset"]
+    start = (f"extend those of {dataset['extends']}" if dataset["extends"]
+             else "start a new lineage")
+    lines.append(f"dataset {dataset['version']}: vocabularies {start}")
     plan = metadata["embedding_plan"]["features"]
     lines.append("categorical features (cardinality, embedding width):")
     lines += [f"  {name}: {entry['cardinality']:,} x {entry['width']}"

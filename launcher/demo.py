@@ -91,8 +91,10 @@ def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
 
 
 def write_embedding_tables(output: Path, root: Path) -> Path:
-    """HugeCTR folders for the user and item ids and an ``hps.yaml`` that imports them."""
-    plan = read_metadata(output)["embedding_plan"]["features"]
+    """HugeCTR folders for the user and item ids and an ``hps.yaml`` that imports them, each
+    table tagged with the vocabulary version its rows are keyed by."""
+    metadata = read_metadata(output)
+    plan = metadata["embedding_plan"]["features"]
     widths = {column: plan[encoded_name(column)]["width"] for column in EMBEDDED_TABLES}
     vectors = interaction_embeddings(output, widths)
     shutil.rmtree(root, ignore_errors=True)  # a fresh RocksDB imports the new tables
@@ -101,7 +103,8 @@ def write_embedding_tables(output: Path, root: Path) -> Path:
         keys = np.arange(len(vectors[column]), dtype=np.int64)
         write_hugectr(root / "tables" / name, keys, vectors[column])
         tables.append({"name": name, "dim": widths[column],
-                       "source": str((root / "tables" / name).resolve())})
+                       "source": str((root / "tables" / name).resolve()),
+                       "vocabulary_version": metadata["vocabularies"][column]["version"]})
     config = root / "hps.yaml"
     config.write_text(yaml.safe_dump({
         "models": [{"name": "ranker", "cache_fraction": 0.5, "tables": tables}],

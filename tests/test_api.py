@@ -208,8 +208,10 @@ def test_requests_without_a_valid_key_are_401(client, headers):
 
 def test_probes_and_metrics_need_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
-    assert client.get("/readyz").json() == {"status": "ok",
-                                            "checks": {"redis": True, "hps": True}}
+    ready = client.get("/readyz").json()
+    assert {k: ready[k] for k in ("status", "checks")} == {
+        "status": "ok", "checks": {"redis": True, "hps": True, "versions": True}}
+    assert ready["versions"]["problems"] == []
     client.post("/v1/embeddings/lookup", headers=READ,
                 json={"model": "ranker", "table": "user", "keys": [2, 3]})
     client.post("/v1/embeddings/lookup", headers=READ,

@@ -15,6 +15,7 @@ from api.models import (
 )
 from api.responses import FastJSONResponse
 from api.services import Services, get_services
+from api.versions import check
 
 router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"],
                    dependencies=[Depends(require("read"))])
@@ -43,9 +44,11 @@ def lookup(body: LookupRequest, request: Request,
 def models(services: Services = Depends(get_services)) -> ModelsResponse:
     """Models and tables: dims, sizes, cache occupancy and hit statistics."""
     stats = services.hps.stats() if services.hps is not None else {}
+    described = {"dim", "keys", "cache", "vocabulary_version"}
     return ModelsResponse(models=[
         ModelInfo(name=model, tables=[
             TableInfo(name=name, dim=entry["dim"], keys=entry["keys"], cache=entry["cache"],
-                      stats={k: v for k, v in entry.items() if k not in {"dim", "keys", "cache"}})
+                      vocabulary_version=entry["vocabulary_version"],
+                      stats={k: v for k, v in entry.items() if k not in described})
             for name, entry in tables.items()])
-        for model, tables in stats.items()])
+        for model, tables in stats.items()], versions=check(services))

@@ -8,11 +8,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.models import Health
 from api.services import Services, get_services
+from api.versions import check
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, response_model_exclude_none=True)
 def healthz() -> Health:
     """The process answers."""
     return Health(status="ok")
@@ -20,11 +21,19 @@ def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 def readyz(services: Services = Depends(get_services)) -> Health | JSONResponse:
-    """Redis answers and the parameter server (when configured) is loaded."""
+    """Redis answers, the parameter server (when configured) is loaded, and the online store
+    and the embedding tables encode ids as the API does (``versions.problems`` says what
+    disagrees)."""
     checks = {"redis": services.reader.ping()}
     if services.config.api.hps:
         checks["hps"] = services.hps is not None
-    health = Health(status="ok" if all(checks.values()) else "unavailable", checks=checks)
+    versions = check(services) if checks["redis"] else None
+    if versions is not None:
+        checks["versions"] = not versions.problems
+        if versions.problems:
+            services.metrics.version_skew.inc()
+    health = Health(status="ok" if all(checks.values()) else "unavailable", checks=checks,
+                    versions=versions)
     if health.status == "ok":
         return health
     return JSONResponse(health.model_dump(), status_code=503,

@@ -1,12 +1,18 @@
-"""categorify: contiguous int64 ids by descending training-split frequency.
+"""categorify: contiguous int64 ids by descending training-split frequency, stable across runs.
 
 The id convention of metadata.json (docs/ARCHITECTURE.md): 0 is padding, 1 is
 out-of-vocabulary (unseen, null, or rarer than ``freq_threshold``); known values get 2, 3, …
 in order of descending count, ties by value.
+
+A run that extends a previous vocabulary (:meth:`Categorify.extend`) keeps every id it had;
+values it has not seen get the next ids, by descending count (``freq_threshold`` applies to
+them only). Each vocabulary has a version, a digest of its (value, id) pairs, so two outputs
+can tell whether they encode alike.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import Field
@@ -39,19 +45,40 @@ class Categorify(FeatureOp):
         self.freq_threshold = freq_threshold
         self.vocabularies: dict[str, DataFrame] = {}
         self.sizes: dict[str, int] = {}
+        self.versions: dict[str, str] = {}
+        self.previous: dict[str, DataFrame] = {}
+
+    def extend(self, previous: dict[str, DataFrame]) -> None:
+        """Start from these vocabularies (column → (value, id)): their ids are kept."""
+        self.previous = {c: v for c, v in previous.items() if c in self.columns}
 
     def fit(self, train: DataFrame) -> None:
         for column in self.columns:
-            counts = (train.where(F.col(column).isNotNull()).groupBy(column).count()
-                      .where(F.col("count") >= self.freq_threshold))
-            order = Window.orderBy(F.desc("count"), F.asc(column))
-            vocabulary = self.keep(counts.select(
-                F.col(column).alias("value"),
-                (F.row_number().over(order) + (FIRST_ID - 1)).cast("long").alias("id"),
-                F.col("count").cast("long").alias("count"),
-            ))
-            self.sizes[column] = vocabulary.count()
+            counts = (train.where(F.col(column).isNotNull()).groupBy(column)
+                      .agg(F.count(F.lit(1)).cast("long").alias("count")))
+            known = self.previous.get(column)
+            if known is None:
+                vocabulary = self._ranked(counts, column, FIRST_ID - 1)
+            else:
+                known = known.select(F.col("value").cast("string"), F.col("id").cast("long"))
+                last_id = known.agg(F.max("id")).first()[0] or FIRST_ID - 1
+                kept = known.join(counts.withColumnRenamed(column, "value"), on="value",
+                                  how="left").fillna({"count": 0})
+                unseen = counts.join(known, counts[column] == known["value"], how="left_anti")
+                vocabulary = kept.unionByName(self._ranked(unseen, column, last_id))
+            vocabulary = self.keep(vocabulary)
+            self.sizes[column], self.versions[column] = summarize(vocabulary)
             self.vocabularies[column] = vocabulary
+
+    def _ranked(self, counts: DataFrame, column: str, last_id: int) -> DataFrame:
+        """Values at or above the frequency threshold, numbered after ``last_id`` by
+        descending count, ties by value."""
+        order = Window.orderBy(F.desc("count"), F.asc(column))
+        return counts.where(F.col("count") >= self.freq_threshold).select(
+            F.col(column).cast("string").alias("value"),
+            (F.row_number().over(order) + last_id).cast("long").alias("id"),
+            F.col("count"),
+        )
 
     def transform(self, events: DataFrame) -> DataFrame:
         for column in self.columns:
@@ -74,5 +101,15 @@ class Categorify(FeatureOp):
             tables={f"categorify/{c}": v.orderBy("id") for c, v in self.vocabularies.items()},
             stats={c: {"vocabulary_size": self.sizes[c], "cardinality": self.cardinality(c),
                        "freq_threshold": self.freq_threshold, "padding_id": PADDING_ID,
-                       "oov_id": OOV_ID} for c in self.columns},
+                       "oov_id": OOV_ID, "version": self.versions[c]} for c in self.columns},
         )
+
+
+def summarize(vocabulary: DataFrame) -> tuple[int, str]:
+    """A vocabulary's size and version: a digest of the size and the XOR of its (value, id)
+    hashes, so the same pairs give the same version in any order."""
+    row = vocabulary.agg(F.count(F.lit(1)).alias("n"),
+                         F.bit_xor(F.xxhash64(F.col("value").cast("string"),
+                                              F.col("id").cast("long"))).alias("digest")).first()
+    size = int(row["n"])
+    return size, hashlib.sha256(f"{size}:{row['digest'] or 0}".encode()).hexdigest()[:16]

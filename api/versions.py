@@ -1,0 +1,53 @@
+"""Do the API, the online store and the embedding tables encode ids alike?
+
+The API encodes raw ids with its ETL output's vocabularies; the online store holds the
+encoded ids of the dataset last published into it (its publication stamp); each embedding
+table declares the vocabulary version its rows are keyed by. Ids mean the same when one
+vocabulary extends the other (docs/ARCHITECTURE.md, "Version stamps"); anything else is a
+problem that ``/readyz`` reports with a 503, naming what disagrees.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from api.models import Versions
+from core.metadata import compatible
+
+if TYPE_CHECKING:
+    from api.services import Services
+
+
+def check(services: Services) -> Versions:
+    """Every part's version, and what disagrees with the API's vocabularies."""
+    own = services.lineages
+    problems = []
+    publication = services.reader.publication()
+    if publication is not None:
+        for column, lineage in sorted(publication.vocabularies.items()):
+            if column in own and not compatible(own[column], lineage):
+                problems.append(
+                    f"online store: {column} ids are from vocabulary {lineage[-1]} (dataset "
+                    f"{publication.dataset_version}), not compatible with the API's "
+                    f"{own[column][-1]} (dataset {services.dataset_version}); publish the "
+                    "API's dataset or point the API at the published one")
+    embeddings: dict[str, str | None] = {}
+    ranking = services.config.api.ranking
+    if services.hps is not None and ranking.model in services.hps.tables:
+        tables = services.hps.tables[ranking.model]
+        for feature, name in sorted(ranking.tables.items()):
+            if name not in tables:
+                continue
+            version = tables[name].config.vocabulary_version
+            embeddings[f"{ranking.model}/{name}"] = version
+            column = services.vocabularies.column_of(feature)
+            if version is not None and column in own and not compatible(own[column],
+                                                                         [version]):
+                problems.append(
+                    f"embeddings {ranking.model}/{name}: keyed by {column} vocabulary "
+                    f"{version}, not compatible with the API's {own[column][-1]}; export "
+                    "the tables from this lineage and reload the model")
+    return Versions(dataset_version=services.dataset_version,
+                    vocabularies={c: lineage[-1] for c, lineage in own.items()},
+                    online_store=publication.to_json() if publication else None,
+                    embeddings=embeddings, problems=problems)
