@@ -8,11 +8,20 @@ import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
+import yaml
+from fastapi.testclient import TestClient
 
+from api.app import create_app
 from core.metadata import compatible
 from etl import job
+from feature_store.online import OnlineReader
+from feature_store.publish import publish
+from feature_store.repo import open_repo
+from hps.formats import write_hugectr
+from tests.feast_data import copy_project, fresh_db, write_handmade_output
 from tests.job_config import make_config
 
 
@@ -127,3 +136,143 @@ def test_vocabulary_from_extends_another_output(spark, day2, tmp_path):
     after = _vocabulary(other.output, "item_id")
     assert {value: after[value] for value in before} == before
     assert other.metadata["dataset"]["extends"] == str(day1.resolve())
+
+
+# --- day 2 served: the online store, the embedding tables and the API agree ---------------
+
+EMBEDDED = {"user_id": "user", "item_id": "item"}
+DIM = 4
+
+
+def _embedding_tables(output: Path, root: Path) -> Path:
+    """Tables whose row k starts with k, tagged with the output's vocabulary versions, and an
+    hps.yaml over them (its own RocksDB folder)."""
+    metadata = json.loads((output / "metadata.json").read_text())
+    tables = []
+    for column, name in EMBEDDED.items():
+        rows = metadata["embedding_plan"]["features"][f"{column}_cat"]["cardinality"]
+        vectors = np.zeros((rows, DIM), dtype=np.float32)
+        vectors[:, 0] = np.arange(rows)
+        write_hugectr(root / "tables" / name, np.arange(rows, dtype=np.int64), vectors)
+        tables.append({"name": name, "dim": DIM, "source": str(root / "tables" / name),
+                       "vocabulary_version": metadata["vocabularies"][column]["version"]})
+    hps_yaml = root / "hps.yaml"
+    hps_yaml.write_text(yaml.safe_dump({"models": [{"name": "ranker", "tables": tables}],
+                                        "persistent_db": {"path": str(root / "rocksdb")},
+                                        "cache_device": "cpu"}))
+    return hps_yaml
+
+
+def _client(config, output: Path, hps_yaml: Path, url: str) -> TestClient:
+    settings = config.serving().model_copy(update={"api": config.api.model_copy(update={
+        "hps": str(hps_yaml), "auth": config.api.auth.model_copy(update={"enabled": False})})})
+    return TestClient(create_app(settings, output=output, redis_url=url))
+
+
+@pytest.fixture(scope="module")
+def served(day2, redis_server, tmp_path_factory):
+    """Day 1 published and served, then day 2 published into the same store."""
+    day1, output, _ = day2
+    root = tmp_path_factory.mktemp("served")
+    config = copy_project(root, ttl="3650d")
+    url = fresh_db(redis_server, 11)
+    first = publish(open_repo(config.feature_store, day1, url=url), progress=lambda _: None)
+    second = publish(open_repo(config.feature_store, output, url=url), progress=lambda _: None)
+    return config, url, first, second, root
+
+
+def test_day_two_publish_replaces_the_dataset_and_stamps_the_store(day2, served):
+    _, output, _ = day2
+    config, url, first, second, _ = served
+    metadata = json.loads((output / "metadata.json").read_text())
+    assert first.mode == "replace" and first.replaced is None
+    assert second.mode == "replace" and second.replaced == first.dataset_version
+    assert second.dataset_version == metadata["dataset"]["version"]
+    assert second.keys_changed > 0
+    reader = OnlineReader.from_store(open_repo(config.feature_store, output, url=url).store,
+                                     url)
+    stamp = reader.publication()
+    assert stamp.dataset_version == second.dataset_version
+    assert stamp.vocabularies["user_id"] == metadata["vocabularies"]["user_id"]["lineage"]
+    # Online values are day 2's latest snapshot of every user.
+    snapshots = pd.read_parquet(output / "entities" / "user").sort_values("event_timestamp")
+    latest = snapshots.groupby("user_id").last()
+    online = reader.read(reader.references(features=["user_features:user_events",
+                                                     "user_features:user_id_cat"]),
+                         {"user_id": list(latest.index)})
+    assert online.values["user_events"] == latest["user_events"].tolist()
+    assert online.values["user_id_cat"] == latest["user_id_cat"].tolist()
+
+
+def test_the_api_the_store_and_the_embeddings_agree_on_every_id(day2, served):
+    _, output, _ = day2
+    config, url, _, _, root = served
+    users = _vocabulary(output, "user_id")
+    items = _vocabulary(output, "item_id")
+    sample_users = sorted(users)[::max(1, len(users) // 15)]
+    with _client(config, output, _embedding_tables(output, root / "day2"), url) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200, ready.json()
+        assert ready.headers["X-Featureline-Dataset-Version"] == ready.json()[
+            "versions"]["dataset_version"]
+        candidates = sorted(items)[:5]
+        for user in sample_users:
+            body = client.post("/v1/ranking-inputs",
+                               json={"user_id": user, "item_ids": candidates}).json()
+            (encoded,) = body["user"]["encoded_ids"]
+            assert encoded == users[user]
+            assert body["user"]["values"]["user_id_cat"] == [encoded]
+            assert body["embeddings"]["user_id_cat"]["vectors"][0][0] == encoded
+            assert body["items"]["encoded_ids"] == [items[i] for i in candidates]
+            assert [v[0] for v in body["embeddings"]["item_id_cat"]["vectors"]] == [
+                items[i] for i in candidates]
+
+
+def test_a_value_changed_under_the_same_snapshot_time_is_republished(tmp_path, redis_server):
+    output = write_handmade_output(tmp_path / "output")
+    metadata = json.loads((output / "metadata.json").read_text())
+    metadata["dataset"] = {"version": "run-1"}
+    (output / "metadata.json").write_text(json.dumps(metadata))
+    config = copy_project(tmp_path, ttl="3650d")
+    url = fresh_db(redis_server, 12)
+    publish(open_repo(config.feature_store, output, url=url), progress=lambda _: None)
+    path = next((output / "entities" / "user").glob("*.parquet"))
+    table = pd.read_parquet(path)
+    table.loc[table["user_id"] == "u2", "user_events"] = 42  # same event_timestamp
+    table.to_parquet(path, index=False)
+    metadata["dataset"] = {"version": "run-2"}
+    (output / "metadata.json").write_text(json.dumps(metadata))
+    repo = open_repo(config.feature_store, output, url=url)
+    summary = publish(repo, progress=lambda _: None)
+    assert summary.mode == "replace" and summary.keys_changed == 1
+    reader = OnlineReader.from_store(repo.store, url)
+    online = reader.read(reader.references(features=["user_features:user_events"]),
+                         {"user_id": ["u1", "u2"]})
+    assert online.values["user_events"] == [7, 42]
+    # The same dataset again: incremental, nothing rewritten.
+    again = publish(repo, progress=lambda _: None)
+    assert again.mode == "incremental" and again.replaced is None
+
+
+def test_a_refit_is_not_ready_until_store_and_embeddings_follow_it(day2, served, spark,
+                                                                  tmp_path):
+    _, output, grown = day2
+    config, url, _, _, _ = served
+    refit = job.run(grown.model_copy(update={
+        "output": grown.output.model_copy(update={"path": str(tmp_path / "refit")}),
+        "vocabulary": grown.vocabulary.model_copy(update={"refit": True})}),
+        spark, progress=lambda _: None).output
+    day2_tables = _embedding_tables(output, tmp_path / "day2-tables")
+    with _client(config, refit, day2_tables, url) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        problems = ready.json()["versions"]["problems"]
+        assert any(p.startswith("online store: user_id") for p in problems)
+        assert any(p.startswith("embeddings ranker/user") for p in problems)
+        assert "featureline_version_skew_total 1.0" in client.get("/metrics").text
+    publish(open_repo(config.feature_store, refit, url=url), progress=lambda _: None)
+    refit_tables = _embedding_tables(refit, tmp_path / "refit-tables")
+    with _client(config, refit, refit_tables, url) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 200, ready.json()
+        assert ready.json()["versions"]["problems"] == []
