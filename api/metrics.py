@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -35,6 +35,23 @@ class HpsCollector(Collector):
         yield keys
 
 
+class UpdatesCollector(Collector):
+    """Online updates of this process, read at scrape time from its consumers."""
+
+    def __init__(self, consumers: Callable[[], list[Any]]) -> None:
+        self.consumers = consumers
+
+    def collect(self) -> Iterator[Metric]:
+        updates = CounterMetricFamily(
+            "featureline_hps_updates", "Update messages by outcome: applied, or dead-lettered "
+            "(could never apply; kept in the model's dead-letter stream)",
+            labels=["model", "outcome"])
+        for consumer in self.consumers():
+            updates.add_metric([consumer.model, "applied"], consumer.applied)
+            updates.add_metric([consumer.model, "dead_lettered"], consumer.dead_lettered)
+        yield updates
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -53,3 +70,6 @@ class Metrics:
 
     def watch_hps(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(HpsCollector(stats))
+
+    def watch_updates(self, consumers: Callable[[], list[Any]]) -> None:
+        self.registry.register(UpdatesCollector(consumers))

@@ -125,6 +125,8 @@ class ModelsResponse(BaseModel):
 class ReloadResponse(BaseModel):
     model: str
     rows: dict[str, int]
+    # API processes (every worker of every pod) that heard the reload, this one included.
+    workers: int
 
 
 class Health(BaseModel):

@@ -4,13 +4,14 @@ the parameter server, the metrics and the API keys."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fastapi import Request
 from feast import ValueType
 
+from api.broadcast import ReloadListener, announce
 from api.errors import LimitExceededError, UnknownEntityKeyError
 from api.metrics import Metrics
 from api.settings import Scope, ServingConfig, api_keys
@@ -20,6 +21,7 @@ from core.metadata import dataset_version, encoded_name, read_metadata
 from feature_store.online import OnlineReader
 from feature_store.repo import open_repo
 from hps import ParameterServer
+from hps.updates import UpdateConsumer, start_consumers
 
 
 @dataclass
@@ -33,6 +35,9 @@ class Services:
     # The served ETL output's dataset version, and each vocabulary's lineage.
     dataset_version: str
     lineages: dict[str, list[str]]
+    # Background work of this process: reloads announced by other workers, online updates.
+    listener: ReloadListener | None = None
+    consumers: list[UpdateConsumer] = field(default_factory=list)
 
     def parameter_server(self) -> ParameterServer:
         if self.hps is None:
@@ -62,7 +67,17 @@ class Services:
                 raise UnknownEntityKeyError(key, known)
         return raw
 
+    def reload(self, model: str) -> tuple[dict[str, int], int]:
+        """Reload ``model`` here and announce it to every other process: rows read per table,
+        and how many processes heard the announcement (this one included)."""
+        rows = self.parameter_server().reload(model)
+        return rows, announce(self.reader.client, model)
+
     def close(self) -> None:
+        for consumer in self.consumers:
+            consumer.stop()
+        if self.listener is not None:
+            self.listener.stop()
         if self.hps is not None:
             self.hps.close()
         self.reader.client.close()
@@ -81,8 +96,13 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     metadata = read_metadata(output)
     lineages = {column: list(entry["lineage"])
                 for column, entry in metadata.get("vocabularies", {}).items()}
-    return Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
-                    dataset_version(metadata), lineages)
+    services = Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
+                        dataset_version(metadata), lineages)
+    if hps is not None:
+        services.listener = ReloadListener(reader.client, hps).start()
+        services.consumers = start_consumers(hps)
+        metrics.watch_updates(lambda: services.consumers)
+    return services
 
 
 def get_services(request: Request) -> Services:

@@ -20,9 +20,10 @@ CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 5.0
 
 
-def url_from_env(configured: str | None = None) -> str | None:
-    """``REDIS_URL`` when set (it overrides a configured URL), else ``configured``."""
-    return os.environ.get(REDIS_URL_ENV) or configured
+def url_from_env(configured: str | None = None, variable: str = REDIS_URL_ENV) -> str | None:
+    """The environment ``variable`` when set (it overrides a configured URL), else
+    ``configured``."""
+    return os.environ.get(variable) or configured
 
 
 def client(url: str, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT_S,

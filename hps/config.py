@@ -42,7 +42,8 @@ class ModelConfig(Settings):
 
 class VolatileDbConfig(Settings):
     type: Literal["hash_map", "redis", "redis_cluster"] = "hash_map"
-    # For type redis (redis_cluster: any one node); REDIS_URL overrides it.
+    # For type redis (redis_cluster: any one node); HPS_REDIS_URL overrides it. A cache, so its
+    # own Redis (or database) whose memory policy may evict: never the online store's.
     url: str | None = None
     capacity: int = Field(default=10_000_000, ge=1)
     overflow_policy: OverflowPolicy = "evict_oldest"
@@ -55,8 +56,21 @@ class PersistentDbConfig(Settings):
     path: str = "data/hps/rocksdb"
 
 
+class UpdatesConfig(Settings):
+    """Online updates from training jobs (hps.updates): each serving process applies every
+    model's stream."""
+
+    # The Redis of the update streams (durable data: the online store's Redis, not the L2
+    # cache's); default: REDIS_URL.
+    url: str | None = None
+    # Consumer groups are named <group>@<host>:<persistent-store folder>.
+    group: str = "hps"
+
+
 class HpsConfig(Settings):
     models: list[ModelConfig] = Field(min_length=1)
+    # None: no online updates.
+    updates: UpdatesConfig | None = None
     volatile_db: VolatileDbConfig = VolatileDbConfig()
     persistent_db: PersistentDbConfig = PersistentDbConfig()
     cache_device: Device = "auto"

@@ -13,6 +13,15 @@ class TableFileError(FeaturelineError):
         super().__init__(f"{path}: {reason}")
 
 
+class PersistentStoreBusyError(FeaturelineError):
+    """Every replica folder of the persistent store is held by another process."""
+
+    def __init__(self, path: str, replicas: int) -> None:
+        self.path = path
+        super().__init__(f"{path}: it and its {replicas - 1} worker replicas are all open in "
+                         "other processes (RocksDB allows one process a folder)")
+
+
 class UnknownModelError(NotFoundError):
     def __init__(self, model: str, known: list[str]) -> None:
         self.model = model

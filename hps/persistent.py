@@ -2,6 +2,11 @@
 
 ``PersistentStore`` is the interface; ``RocksDBStore`` (rocksdict) keeps one column family
 per ``model/table``, int64 keys as 8 big-endian bytes, vectors as raw float32 bytes.
+
+RocksDB lets one process open a folder. Serving workers of one host (``featureline serve
+--workers N``) each open the first free replica — the configured folder, else
+``<folder>.worker-1``, ``.worker-2``, … (:meth:`RocksDBStore.first_free`) — and each holds a
+full copy, imported from the table sources on its first start and kept across restarts.
 """
 
 from __future__ import annotations
@@ -13,9 +18,12 @@ from pathlib import Path
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
+from hps.errors import PersistentStoreBusyError
 from hps.formats import key_bytes
 
 WRITE_BATCH_ROWS = 100_000
+# Replica folders a host's workers may use beside the configured one.
+MAX_REPLICAS = 64
 
 
 class PersistentStore(ABC):
@@ -37,8 +45,25 @@ class PersistentStore(ABC):
     def close(self) -> None:  # noqa: B027 - stores without resources need nothing
         """Release files and handles."""
 
+    @property
+    def replica(self) -> str:
+        """Which copy of the tables this store is, among a host's serving processes."""
+        return "default"
+
 
 class RocksDBStore(PersistentStore):
+    @classmethod
+    def first_free(cls, path: str | Path, replicas: int = MAX_REPLICAS) -> RocksDBStore:
+        """The store at ``path``, or at the first replica folder no other process holds."""
+        candidates = [Path(path), *(Path(f"{path}.worker-{k}") for k in range(1, replicas))]
+        for candidate in candidates:
+            try:
+                return cls(candidate)
+            except Exception as exc:  # rocksdict raises a bare Exception for a held LOCK
+                if "lock" not in str(exc).lower():
+                    raise
+        raise PersistentStoreBusyError(str(path), replicas)
+
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
@@ -50,6 +75,10 @@ class RocksDBStore(PersistentStore):
         self._db = Rdict(str(self.path), options=options, column_families=families or None)
         self._families = {name: self._db.get_column_family(name) for name in families}
         self._sizes: dict[str, int] = {}
+
+    @property
+    def replica(self) -> str:
+        return self.path.name
 
     def _family(self, table: str) -> Rdict:
         if table not in self._families:

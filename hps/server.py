@@ -31,6 +31,9 @@ from hps.volatile import HashMapStore, RedisStore, VolatileStore
 
 logger = logging.getLogger("featureline.hps")
 
+# The L2 cache's Redis: its own keyspace and memory policy, apart from the online store's.
+HPS_REDIS_URL_ENV = "HPS_REDIS_URL"
+
 TIERS = ("l1", "l2", "l3", "default")
 # Upper bounds (seconds) of the lookup latency histogram buckets, Prometheus style.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
@@ -88,10 +91,10 @@ class Table:
 def volatile_store(config: VolatileDbConfig) -> VolatileStore:
     """The L2 store the configuration's ``type`` names."""
     if config.type in ("redis", "redis_cluster"):
-        url = redis.url_from_env(config.url)
+        url = redis.url_from_env(config.url, HPS_REDIS_URL_ENV)
         if not url:
             raise ConfigError("hps.volatile_db.url", f"type {config.type} needs a url "
-                              "(or REDIS_URL)")
+                              f"(or {HPS_REDIS_URL_ENV})")
         return RedisStore(url, config.capacity, config.overflow_policy,
                           cluster=config.type == "redis_cluster")
     return HashMapStore(config.capacity, config.overflow_policy)
@@ -101,7 +104,7 @@ class ParameterServer:
     def __init__(self, config: HpsConfig, persistent: PersistentStore | None = None,
                  volatile: VolatileStore | None = None) -> None:
         self.config = config
-        self.persistent = persistent or RocksDBStore(config.persistent_db.path)
+        self.persistent = persistent or RocksDBStore.first_free(config.persistent_db.path)
         self.volatile = volatile or volatile_store(config.volatile_db)
         self.tables: dict[str, dict[str, Table]] = {}
         for model in config.models:

@@ -6,11 +6,22 @@ and N × dim float32 values (little-endian). Delivery is at least once through a
 group — a message is acknowledged only after it has been applied, and a consumer that
 restarts under the same name first re-reads what it had not acknowledged — and applying a
 message twice leaves the same values, so redelivery is harmless.
+
+A message that can never apply (not an update, an unknown table, the wrong width) is
+acknowledged, counted, and copied with its error to the dead-letter stream
+``hps:updates:<model>:dead`` for inspection; the consumer thread outlives it, and outlives
+Redis timeouts and restarts (it waits and reads again).
+
+Every serving process applies every update to its own tiers, so each consumes the stream in
+a consumer group of its own (:func:`replica_group`: the host and the persistent store's
+replica folder), created at the start of the retained stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import struct
 import threading
 from dataclasses import dataclass
@@ -44,6 +55,16 @@ class Update:
 
 def stream_name(model: str) -> str:
     return f"hps:updates:{model}"
+
+
+def dead_letter_stream(model: str) -> str:
+    return f"{stream_name(model)}:dead"
+
+
+def replica_group(prefix: str, replica: str) -> str:
+    """The consumer group of one serving process: every replica of the tiers (one per host
+    and persistent-store folder) applies every update, and resumes where it stopped."""
+    return f"{prefix}@{socket.gethostname()}:{replica}"
 
 
 def encode_update(table: str, keys: np.ndarray, vectors: np.ndarray) -> bytes:
@@ -104,11 +125,18 @@ class UpdateConsumer:
         self.name = name
         self.block_ms = block_ms
         self.applied = 0
+        self.dead_lettered = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._backlog = True  # first re-read what this consumer had not acknowledged
+        self._ensure_group()
+
+    def _ensure_group(self) -> None:
+        """The consumer group, created at the start of the retained stream when missing (a
+        Redis restarted without persistence loses it)."""
         try:
-            self.client.xgroup_create(stream_name(model), group, id="0", mkstream=True)
+            self.client.xgroup_create(stream_name(self.model), self.group, id="0",
+                                      mkstream=True)
         except redis_py.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
@@ -129,12 +157,17 @@ class UpdateConsumer:
             try:
                 update = decode_update(payload or b"")
                 self.server.apply_update(self.model, update.table, update.keys, update.vectors)
-            except (UpdateFormatError, KeyError) as exc:
-                # A message that can never apply is logged and acknowledged, not retried forever.
-                logger.error("update %s on %s skipped: %s", message_id, self.model, exc)
+                self.applied += 1
+            except (UpdateFormatError, KeyError, ValueError) as exc:
+                # A message that can never apply is kept aside and acknowledged, not retried
+                # forever.
+                logger.error("update %s on %s dead-lettered: %s", message_id, self.model, exc)
+                self.client.xadd(dead_letter_stream(self.model), {
+                    "id": message_id, "group": self.group, "error": str(exc),
+                    FIELD: payload or b""})
+                self.dead_lettered += 1
             self.client.xack(stream_name(self.model), self.group, message_id)
             done += 1
-        self.applied += done
         return done
 
     def start(self) -> UpdateConsumer:
@@ -142,9 +175,11 @@ class UpdateConsumer:
             while not self._stop.is_set():
                 try:
                     self.poll()
-                except redis_py.ConnectionError as exc:
-                    logger.warning("update stream unavailable: %s", exc)
+                except redis_py.RedisError as exc:  # down, timed out, restarted: read again
+                    logger.warning("update stream of %s unavailable: %s", self.model, exc)
                     self._stop.wait(1.0)
+                    with contextlib.suppress(redis_py.RedisError):
+                        self._ensure_group()
 
         self._thread = threading.Thread(target=loop, name=f"hps-updates-{self.model}",
                                         daemon=True)
@@ -155,3 +190,13 @@ class UpdateConsumer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.block_ms / 1000 + 5)
+
+
+def start_consumers(server: ParameterServer) -> list[UpdateConsumer]:
+    """One running consumer per model when the server's configuration has ``updates``."""
+    settings = server.config.updates
+    if settings is None:
+        return []
+    group = replica_group(settings.group, server.persistent.replica)
+    return [UpdateConsumer(server, model, url=settings.url, group=group, name="replica").start()
+            for model in server.tables]

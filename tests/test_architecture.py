@@ -19,7 +19,7 @@ LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "launcher
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
     "api": {"feature_store.settings", "feature_store.online", "feature_store.repo",
-            "feature_store.errors", "hps", "hps.errors"},
+            "feature_store.errors", "hps", "hps.errors", "hps.updates"},
 }
 # Files that tools run by path (spark-submit, Feast's CLI): launcher-level entry points that
 # live where their tool expects them.
