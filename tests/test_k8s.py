@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from core.redis import REDIS_URL_ENV
+from hps.server import HPS_REDIS_URL_ENV
 from etl.session import read_properties, spark_conf_dir
 from feature_store.repo import CONNECTION_ENV
 from hps.config import load_hps_config
@@ -155,7 +156,7 @@ def test_the_gpu_overlay_asks_for_gpus():
     assert application["executor"]["gpu"] == {"name": "nvidia.com/gpu", "quantity": 1}
     assert application["sparkConf"]["spark.plugins"] == "com.nvidia.spark.SQLPlugin"
     cron = documents[("CronJob", "featureline-etl-daily")]
-    command = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
+    command = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0][
         "command"]
     assert command[command.index("--properties-file") + 1] == "spark_conf/k8s-gpu.conf"
     api = documents[("Deployment", "featureline-api")]["spec"]["template"]["spec"]
@@ -212,7 +213,7 @@ def test_environment_variables_are_the_ones_the_code_reads():
     kustomization = yaml.safe_load((K8S / "base" / "kustomization.yaml").read_text())
     (env,) = [g for g in kustomization["configMapGenerator"] if g["name"] == "featureline-env"]
     names = {literal.split("=", 1)[0] for literal in env["literals"]}
-    assert names == {REDIS_URL_ENV, CONNECTION_ENV, CONFIG_ENV, OUTPUT_ENV}
+    assert names == {REDIS_URL_ENV, HPS_REDIS_URL_ENV, CONNECTION_ENV, CONFIG_ENV, OUTPUT_ENV}
 
 
 @pytest.mark.parametrize("dockerfile", sorted((REPO / "docker").glob("*.Dockerfile")),
