@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from core.redis import REDIS_URL_ENV
-from hps.server import HPS_REDIS_URL_ENV
 from etl.session import read_properties, spark_conf_dir
 from feature_store.repo import CONNECTION_ENV
 from hps.config import load_hps_config
+from hps.server import HPS_REDIS_URL_ENV
 from launcher.config import load_config
 from launcher.serving import CONFIG_ENV, OUTPUT_ENV
 
