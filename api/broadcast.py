@@ -3,7 +3,9 @@
 worker of every pod listens to; the others reload on hearing it.
 
 The listener is a thread per process; it outlives Redis restarts (it subscribes again) and a
-reload that fails (logged; the next announcement tries again).
+reload that fails (logged; the next announcement tries again). Redis channels are shared by
+every database of a server, so the channel is named for the Feast project and the database
+the deployment's online store uses.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from hps import ParameterServer
 
 logger = logging.getLogger("featureline.api")
 
-CHANNEL = "featureline:hps:reload"
+def channel(client: Any, project: str) -> str:
+    """The reload channel of the deployment whose online store ``client`` reaches."""
+    pool = getattr(client, "connection_pool", None)
+    database = pool.connection_kwargs.get("db", 0) if pool is not None else 0
+    return f"featureline:{project}:db{database}:hps:reload"
 
 
 def process_id() -> str:
@@ -29,16 +35,18 @@ def process_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def announce(client: Any, model: str) -> int:
+def announce(client: Any, project: str, model: str) -> int:
     """Tell every listening process to reload ``model``; how many processes heard it."""
-    return int(client.publish(CHANNEL, json.dumps({"model": model, "origin": process_id()})))
+    return int(client.publish(channel(client, project),
+                              json.dumps({"model": model, "origin": process_id()})))
 
 
 class ReloadListener:
     """Reloads the models other processes announce, in a background thread."""
 
-    def __init__(self, client: Any, server: ParameterServer) -> None:
+    def __init__(self, client: Any, project: str, server: ParameterServer) -> None:
         self.client = client
+        self.channel = channel(client, project)
         self.server = server
         self.reloads = 0
         self._stop = threading.Event()
@@ -55,7 +63,7 @@ class ReloadListener:
         while not self._stop.is_set():
             pubsub = self.client.pubsub(ignore_subscribe_messages=True)
             try:
-                pubsub.subscribe(CHANNEL)
+                pubsub.subscribe(self.channel)
                 self._subscribed.set()
                 while not self._stop.is_set():
                     message = pubsub.get_message(timeout=0.5)

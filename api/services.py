@@ -71,7 +71,7 @@ class Services:
         """Reload ``model`` here and announce it to every other process: rows read per table,
         and how many processes heard the announcement (this one included)."""
         rows = self.parameter_server().reload(model)
-        return rows, announce(self.reader.client, model)
+        return rows, announce(self.reader.client, self.reader.project, model)
 
     def close(self) -> None:
         for consumer in self.consumers:
@@ -99,7 +99,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     services = Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
                         dataset_version(metadata), lineages)
     if hps is not None:
-        services.listener = ReloadListener(reader.client, hps).start()
+        services.listener = ReloadListener(reader.client, reader.project, hps).start()
         services.consumers = start_consumers(hps)
         metrics.watch_updates(lambda: services.consumers)
     return services

@@ -130,7 +130,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     version = dataset_version(metadata)
     client = redis.client(repo.redis_url, cluster=repo.settings.redis_type == "redis_cluster")
     views = [view.name for view in repo.definitions.views.values()]
-    with online_store_errors(repo.redis_url):
+    with online_store_errors(repo.redis_url), contextlib.closing(client):
         online = read_publication(client, store.project)
         replace = full or online is None or online.dataset_version != version
         summary = PublishSummary(repo.redis_url, version, mode="replace" if replace
@@ -172,7 +172,6 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             summary.keys_changed = sum(before.get(key) != digest for key, digest in after.items())
         write_publication(client, store.project, Publication.of(
             metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat()))
-    client.close()
     summary.seconds = time.perf_counter() - started
     progress(f"online store holds dataset {version}: {summary.keys:,} keys written, "
              f"{summary.keys_changed if summary.keys_changed is not None else 'n/a'} changed, "
