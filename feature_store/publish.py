@@ -145,9 +145,8 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             before = _online_values(client, store.project, views)
             stamps = [f"_ts:{view}" for view in views]
             _each_batch(client, list(before), lambda pipe, key: pipe.hdel(key, *stamps))
-            progress(f"dataset {version} replaces "
-                     f"{online.dataset_version if online else 'an empty store'}: "
-                     f"{len(before):,} keys to rewrite")
+            replaced = online.dataset_version if online else "a store without a publication stamp"
+            progress(f"dataset {version} replaces {replaced}: {len(before):,} keys to rewrite")
         for entity, view in repo.definitions.views.items():
             table = metadata["entities"][entity]
             snapshots = _snapshots(repo, entity)
