@@ -5,6 +5,7 @@ Each error carries its status (``http_status``, core/errors.py); the handler ask
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -12,6 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from core.errors import FeaturelineError, UnprocessableError
+
+logger = logging.getLogger("featureline.api")
 
 
 class LimitExceededError(FeaturelineError):
@@ -50,6 +53,16 @@ def install(app: FastAPI, retry_after_s: int, count_error: Any) -> None:
         headers = {"Retry-After": str(retry_after_s)} if exc.retry_after else None
         return JSONResponse(_body(kind, str(exc), **exc.fields()), exc.http_status,
                             headers=headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+        # Not one of ours (a disk error in RocksDB, a bug): logged in full, answered without
+        # internals, counted by kind.
+        kind = type(exc).__name__
+        count_error(kind)
+        logger.error("unexpected %s", kind, exc_info=exc)
+        return JSONResponse(_body("InternalError", "internal error; the server log has the "
+                                  "details"), 500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

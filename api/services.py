@@ -3,6 +3,7 @@ the parameter server, the metrics and the API keys."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from feature_store.online import OnlineReader
 from feature_store.repo import open_repo
 from hps import ParameterServer
 from hps.updates import UpdateConsumer, start_consumers
+
+logger = logging.getLogger("featureline.api")
 
 
 @dataclass
@@ -93,6 +96,9 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if hps is not None:
         metrics.watch_hps(hps.stats)
     keys = api_keys(config.api.auth)
+    if config.api.auth.enabled and not keys:
+        logger.warning("API authentication is on but no key is configured (api.auth.keys_file, "
+                       "FEATURELINE_API_KEYS): every request will be answered 401")
     metadata = read_metadata(output)
     lineages = {column: list(entry["lineage"])
                 for column, entry in metadata.get("vocabularies", {}).items()}

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from core.errors import ConfigError
 from core.metadata import DEFAULT_OUTPUT
@@ -21,6 +21,8 @@ Scope = Literal["read", "admin"]
 class AuthConfig(Settings):
     # Off only for local use: every request then has the admin scope.
     enabled: bool = True
+    # Serve without authentication on an address other than loopback: refused unless set.
+    allow_unauthenticated_remote: bool = False
     # A file of "<key> <scope>" lines (a mounted Secret); FEATURELINE_API_KEYS adds
     # "key:scope,key:scope" pairs.
     keys_file: str | None = None
@@ -31,6 +33,8 @@ class LimitsConfig(Settings):
     max_entities: int = Field(default=1000, ge=1)
     # Keys per /v1/embeddings/lookup.
     max_keys: int = Field(default=100_000, ge=1)
+    # Values per /v1/embeddings/lookup answer (keys × dim): bounds the response's size.
+    max_response_values: int = Field(default=4_000_000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
 
 
@@ -54,6 +58,24 @@ class ApiConfig(Settings):
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     ranking: RankingConfig = RankingConfig()
+
+    @model_validator(mode="after")
+    def _not_open_to_the_network(self) -> ApiConfig:
+        check_exposure(self.host, self.auth)
+        return self
+
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+# The Kubernetes Secret's placeholder: refused, so an API deployed as it is serves nobody.
+PLACEHOLDER_KEY_PREFIX = "replace-me"
+
+
+def check_exposure(host: str, auth: AuthConfig) -> None:
+    """Refuse serving without authentication on a non-loopback address unless allowed."""
+    if not auth.enabled and host not in LOOPBACK and not auth.allow_unauthenticated_remote:
+        raise ValueError(f"auth.enabled: false with host {host!r} serves every request with "
+                         "the admin scope to the network; bind to 127.0.0.1, enable auth, or "
+                         "set api.auth.allow_unauthenticated_remote: true")
 
 
 class ServingConfig(Settings):
@@ -83,5 +105,8 @@ def api_keys(auth: AuthConfig) -> dict[str, Scope]:
     for key, scope, origin in pairs:
         if scope not in ("read", "admin") or not key:
             raise ConfigError(origin, f"expected '<key> read|admin', got scope {scope!r}")
+        if key.startswith(PLACEHOLDER_KEY_PREFIX):
+            raise ConfigError(origin, "a placeholder key: put real keys in the Secret (see "
+                              "k8s/base/api.yaml)")
         keys[key] = scope  # type: ignore[assignment]
     return keys

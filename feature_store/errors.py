@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from core.errors import FeaturelineError, NotFoundError, UnavailableError
+from core.redis import redact
 
 
 class FeatureStoreError(FeaturelineError):
@@ -15,8 +16,8 @@ class OnlineStoreUnavailableError(FeatureStoreError, UnavailableError):
     retry_after = True
 
     def __init__(self, url: str, reason: str) -> None:
-        self.url = url
-        super().__init__(f"online store {url} is unreachable: {reason}")
+        self.url = redact(url)
+        super().__init__(f"online store {self.url} is unavailable: {reason}")
 
 
 class UnknownFeatureServiceError(FeatureStoreError, NotFoundError):

@@ -24,6 +24,7 @@ import pyarrow.dataset as ds
 
 from core import redis
 from core.metadata import dataset_version
+from core.redis import redact
 from feature_store.publication import (
     Publication,
     publication_key,
@@ -133,7 +134,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     with online_store_errors(repo.redis_url), contextlib.closing(client):
         online = read_publication(client, store.project)
         replace = full or online is None or online.dataset_version != version
-        summary = PublishSummary(repo.redis_url, version, mode="replace" if replace
+        summary = PublishSummary(redact(repo.redis_url), version, mode="replace" if replace
                                  else "incremental",
                                  replaced=online.dataset_version if online and replace else None)
         objects = repo.definitions.objects()

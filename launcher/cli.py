@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from core.errors import FeaturelineError
-from core.redis import REDIS_URL_ENV
+from core.errors import ConfigError, FeaturelineError
+from core.redis import REDIS_URL_ENV, redact
 from launcher.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
 
     config = _config(path)
     repo = open_repo(config.feature_store, data or config.etl.output.path)
-    _progress(f"online store {repo.redis_url}")
+    _progress(f"online store {redact(repo.redis_url)}")
     summary = run_publish(repo, full=full, progress=_progress,
                           end=end.replace(tzinfo=timezone.utc) if end else None)
     click.echo(json.dumps(summary.to_json()))
@@ -291,7 +291,8 @@ def redis_status(path: str | None) -> None:
     from feature_store.redis_server import server_status
 
     if os.environ.get(REDIS_URL_ENV):
-        click.echo(json.dumps({"url": os.environ[REDIS_URL_ENV], "source": REDIS_URL_ENV}))
+        click.echo(json.dumps({"url": redact(os.environ[REDIS_URL_ENV]),
+                               "source": REDIS_URL_ENV}))
         return
     status = server_status(_redis_dir(path))
     click.echo(json.dumps({**status, "source": "embedded"} if status else {"running": False}))
@@ -322,10 +323,15 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
     """Serve the ranking API (online features, embeddings, ranking inputs)."""
     import uvicorn
 
+    from api.settings import check_exposure
     from launcher.serving import load_serving_config
 
     file = config_path(path)
     config = load_serving_config(file)  # errors surface here, before any worker starts
+    try:
+        check_exposure(host or config.api.host, config.api.auth)
+    except ValueError as exc:
+        raise ConfigError("--host", str(exc)) from None
     if file is not None:
         os.environ[CONFIG_ENV] = str(file.resolve())
     if not config.api.auth.enabled:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from core.metadata import encoded_name, read_metadata
-from core.redis import REDIS_URL_ENV
+from core.redis import REDIS_URL_ENV, redact
 from etl.features.base import LABEL, SPLIT
 from feature_store.redis_server import free_port
 from hps.formats import write_hugectr
@@ -57,7 +57,7 @@ def publish_demo(config: FeaturelineConfig, output: Path, echo: Callable[[str], 
             for user, item in zip(ids["user"], ids["item"], strict=False)]
     online = repo.store.get_online_features(
         features=repo.store.get_feature_service("ranking"), entity_rows=rows).to_dict()
-    echo(f"online store {repo.redis_url}: {published.keys:,} keys in "
+    echo(f"online store {redact(repo.redis_url)}: {published.keys:,} keys in "
          f"{published.seconds:.1f}s; the ranking service reads, e.g.:")
     echo(pd.DataFrame(online).to_string(index=False))
     return repo.redis_url

@@ -54,7 +54,8 @@ cache_device: cpu
     keys.write_text("# key scope\nreader-key read\nadmin-key admin\n")
     config = copy_project(root, ttl="3650d", api={
         "hps": str(hps_yaml), "auth": {"keys_file": str(keys)},
-        "limits": {"max_entities": 5, "max_keys": 50, "max_body_bytes": 4096}})
+        "limits": {"max_entities": 5, "max_keys": 50, "max_body_bytes": 4096,
+                   "max_response_values": 200}})
     url = fresh_db(redis_server, 8)
     repo = open_repo(config.feature_store, output, url=url)
     publish(repo, progress=lambda _: None)
@@ -233,6 +234,9 @@ def test_probes_and_metrics_need_no_key(client):
      "keys", 50),
     ("/v1/embeddings/lookup", {"model": "ranker", "table": "item", "keys": [1] * 3000},
      "body", 4096),
+    # 30 keys of 8 values: a 240-value answer over the cap on the response's size
+    ("/v1/embeddings/lookup", {"model": "ranker", "table": "item", "keys": [1] * 30},
+     "keys × dim", 200),
 ])
 def test_limits_are_413_naming_the_field(client, path, body, field, limit):
     response = client.post(path, headers=READ, json=body)
@@ -267,7 +271,7 @@ def test_redis_restart_503_then_recovery(tmp_path, api_setup):
             down = client.post("/v1/features", headers=READ, json=request)
             assert down.status_code == 503
             assert down.headers["retry-after"] == "2"
-            assert "unreachable" in down.json()["message"]
+            assert "is unavailable: Error 111" in down.json()["message"]
             assert client.get("/readyz").status_code == 503
             server.start()  # same port, empty: the next requests reconnect on their own
             publish(repo, full=True, progress=lambda _: None)

@@ -153,7 +153,7 @@ def test_training_set_errors_name_the_problem(tmp_path, handmade_output, online_
 def test_redis_down_is_a_clear_error(tmp_path, handmade_output):
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=url)
-    with pytest.raises(OnlineStoreUnavailableError, match=f"{url} is unreachable"):
+    with pytest.raises(OnlineStoreUnavailableError, match=f"{url} is unavailable"):
         publish(repo, progress=lambda _: None)
 
 

@@ -30,8 +30,12 @@ OCTET_STREAM = "application/octet-stream"
 def lookup(body: LookupRequest, request: Request,
            services: Services = Depends(get_services)) -> Response:
     """Vectors of ``keys`` in request order; unknown keys get the table's default vector."""
-    services.check_limit("keys", len(body.keys), services.config.api.limits.max_keys)
-    vectors = services.parameter_server().lookup(body.model, body.table, body.keys)
+    limits = services.config.api.limits
+    services.check_limit("keys", len(body.keys), limits.max_keys)
+    server = services.parameter_server()
+    dim = server.table(body.model, body.table).config.dim
+    services.check_limit("keys × dim", len(body.keys) * dim, limits.max_response_values)
+    vectors = server.lookup(body.model, body.table, body.keys)
     if OCTET_STREAM in request.headers.get("accept", ""):
         return Response(vectors.astype("<f4", copy=False).tobytes(), media_type=OCTET_STREAM,
                         headers={"X-Shape": f"{vectors.shape[0]},{vectors.shape[1]}",

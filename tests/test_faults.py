@@ -1,0 +1,123 @@
+"""Failure paths: credentials never printed or returned, errors that are not ours answered as
+JSON without internals, Redis refusing a command treated as unavailable, and an API that will
+not serve the network unauthenticated or with the deployment's placeholder key."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import ApiConfig, AuthConfig, api_keys
+from core.errors import ConfigError
+from core.redis import redact
+from feature_store.errors import OnlineStoreUnavailableError
+from feature_store.publish import publish
+from feature_store.repo import online_store_errors, open_repo
+from launcher.config import parse_config
+from tests.feast_data import copy_project, fresh_db, write_handmade_output
+
+BIN = Path(sys.executable).parent
+SECRET = "s3cr3t-pass"
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    (f"redis://:{SECRET}@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
+    (f"rediss://app:{SECRET}@redis.internal/2", "rediss://app:***@redis.internal/2"),
+    ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+])
+def test_urls_are_redacted(url, shown):
+    assert redact(url) == shown
+    error = OnlineStoreUnavailableError(url, "connection refused")
+    assert SECRET not in str(error) and shown in str(error)
+
+
+def test_the_cli_never_prints_the_password():
+    env = {**os.environ, "REDIS_URL": f"redis://:{SECRET}@127.0.0.1:1/0"}
+    status = subprocess.run([str(BIN / "featureline"), "redis", "status"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert SECRET not in status.stdout and ":***@" in status.stdout
+    publish = subprocess.run([str(BIN / "featureline"), "publish", "--data", "/nonexistent"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert SECRET not in publish.stdout + publish.stderr
+
+
+def test_redis_refusing_a_command_is_unavailable_not_a_crash(redis_server):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    with pytest.raises(OnlineStoreUnavailableError, match="unknown command"), \
+            online_store_errors(redis_server.url):
+        client.execute_command("NO-SUCH-COMMAND")
+
+
+@pytest.fixture(scope="module")
+def fragile_client(tmp_path_factory, redis_server):
+    root = tmp_path_factory.mktemp("faults")
+    output = write_handmade_output(root / "output")
+    config = copy_project(root, ttl="3650d", api={"auth": {"enabled": False}})
+    url = fresh_db(redis_server, 14)
+    publish(open_repo(config.feature_store, output, url=url), progress=lambda _: None)
+    app = create_app(config.serving(), output=output, redis_url=url)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        yield client, app
+
+
+def test_an_error_that_is_not_ours_is_json_without_internals(fragile_client, monkeypatch):
+    client, app = fragile_client
+
+    def broken(*_args, **_kwargs):
+        raise OSError("IO error: /var/lib/rocksdb/000123.sst: checksum mismatch")
+
+    monkeypatch.setattr(app.state.services.reader, "read", broken)
+    response = client.post("/v1/features", json={"features": ["user_features:user_events"],
+                                                 "entities": {"user_id": ["u1"]}})
+    assert response.status_code == 500
+    assert response.json() == {"error": "InternalError",
+                               "message": "internal error; the server log has the details"}
+    assert "rocksdb" not in response.text
+    metrics = client.get("/metrics").text
+    assert 'featureline_api_errors_total{kind="OSError"} 1.0' in metrics
+
+
+def test_unauthenticated_serving_on_the_network_is_refused():
+    with pytest.raises(ConfigError, match="allow_unauthenticated_remote"):
+        parse_config({"api": {"host": "0.0.0.0", "auth": {"enabled": False}}})
+    allowed = ApiConfig(host="0.0.0.0", auth=AuthConfig(enabled=False,
+                                                        allow_unauthenticated_remote=True))
+    assert allowed.host == "0.0.0.0"
+    assert ApiConfig(host="127.0.0.1", auth=AuthConfig(enabled=False)).auth.enabled is False
+
+
+def test_serve_refuses_a_network_host_without_auth(tmp_path):
+    config = tmp_path / "featureline.yaml"
+    config.write_text(json.dumps({"api": {"auth": {"enabled": False}}}))
+    result = subprocess.run([str(BIN / "featureline"), "serve", "--config", str(config),
+                             "--host", "0.0.0.0"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--host" in result.stderr and "allow_unauthenticated_remote" in result.stderr
+
+
+def test_the_placeholder_key_is_not_a_key(tmp_path):
+    keys = tmp_path / "api-keys"
+    keys.write_text((Path(__file__).resolve().parent.parent / "k8s" / "base" / "api.yaml")
+                    .read_text().split("api-keys: |\n", 1)[1].splitlines()[0].strip() + "\n")
+    with pytest.raises(ConfigError, match="placeholder"):
+        api_keys(AuthConfig(keys_file=str(keys)))
+
+
+def test_auth_on_without_keys_warns_at_startup(tmp_path, redis_server, caplog):
+    output = write_handmade_output(tmp_path / "output")
+    config = copy_project(tmp_path, ttl="3650d")
+    app = create_app(config.serving(), output=output, redis_url=fresh_db(redis_server, 15))
+    with caplog.at_level(logging.WARNING, logger="featureline.api"), TestClient(app):
+        pass
+    assert "no key is configured" in caplog.text
