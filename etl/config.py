@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Union, get_args
 from pydantic import Field, field_validator, model_validator
 
 from core.metadata import DEFAULT_OUTPUT
-from core.settings import Settings, validate
+from core.settings import Settings, duration_seconds, validate
 from etl.errors import LabelRuleError
 from etl.features import OP_SETTINGS
 from etl.features.base import CATEGORICAL_SELECTOR, CONTINUOUS_SELECTOR, ColumnRoles
@@ -74,6 +74,16 @@ class ValidationConfig(Settings):
     ts_max: datetime = datetime(2100, 1, 1, tzinfo=timezone.utc)
     # How numeric timestamps are read; "auto" takes values above 1e11 as milliseconds.
     ts_unit: Literal["auto", "s", "ms"] = "auto"
+    # Events later than the run's start by more than this are out of the window (a clock gone
+    # wrong); None: only ts_max bounds them.
+    future_tolerance: str | None = "1d"
+
+    @field_validator("future_tolerance")
+    @classmethod
+    def _tolerance_is_a_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value
 
     @field_validator("ts_min", "ts_max")
     @classmethod

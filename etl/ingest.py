@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from core.settings import duration_seconds
 from etl.config import REQUIRED_ROLES, EtlConfig, SourceConfig, ValidationConfig
 from etl.errors import NoInputError, RawLogSchemaError
 
@@ -26,6 +28,8 @@ _CORRUPT = "_corrupt_record"
 # Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
 _MILLIS_THRESHOLD = 1e11
 _EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?$"
+# Floats below this print as plain decimals through decimal(38,6) without overflowing it.
+_PLAIN_DECIMAL_BOUND = 1e30
 
 # Reason codes, in the order the checks run; metadata.json counts rows by these.
 REASONS = (
@@ -105,13 +109,26 @@ def _read_parquet(spark: SparkSession, source: SourceConfig, columns: SourceColu
     for name in columns.names:
         if name not in table.columns:
             raise RawLogSchemaError(source.path, name, table.columns)
+    types = dict(table.dtypes)
     return table.select(
         F.to_json(F.struct(*table.columns)).alias(RECORD),
         F.input_file_name().alias(SOURCE_FILE),
         F.lit(False).alias(_MALFORMED),
-        *(F.col(f"`{name}`").cast("string").alias(canonical)
+        *(_as_text(F.col(f"`{name}`"), types[name]).alias(canonical)
           for name, canonical in columns.mapping.items()),
     )
+
+
+def _as_text(column: Column, dtype: str) -> Column:
+    """A typed Parquet value as the text the checks read. Floating-point numbers in plain
+    decimal notation (``1767607200.5``, not ``1.7676072005E9``), so an epoch timestamp of any
+    numeric type reads as one; NaN, infinities and huge values keep Spark's text and fail
+    their checks."""
+    if dtype not in ("float", "double"):
+        return column.cast("string")
+    plain = F.abs(column) < F.lit(_PLAIN_DECIMAL_BOUND)
+    return F.when(plain, column.cast("decimal(38,6)").cast("string")).otherwise(
+        column.cast("string"))
 
 
 _READERS = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
@@ -165,8 +182,20 @@ def _typed(raw: DataFrame, config: EtlConfig, numeric: list[str]) -> DataFrame:
     )
 
 
-def validate(raw: DataFrame, config: EtlConfig) -> DataFrame:
-    """Typed columns plus ``reason`` / ``field``: null for a good row, else why it is rejected."""
+def latest_accepted(validation: ValidationConfig, now: datetime | None = None) -> datetime:
+    """The end of the accepted time window: ``ts_max``, or the run's start plus
+    ``future_tolerance`` when that is earlier."""
+    if validation.future_tolerance is None:
+        return validation.ts_max
+    now = now or datetime.now(timezone.utc)
+    return min(validation.ts_max,
+               now + timedelta(seconds=duration_seconds(validation.future_tolerance)))
+
+
+def validate(raw: DataFrame, config: EtlConfig, now: datetime | None = None) -> DataFrame:
+    """Typed columns plus ``reason`` / ``field``: null for a good row, else why it is rejected.
+
+    ``now``: the run's start, the reference of ``future_tolerance`` (default: the clock)."""
     numeric = ["value"] if config.source.columns.value else []
     numeric += config.source.continuous
     typed = _typed(raw, config, numeric)
@@ -175,7 +204,7 @@ def validate(raw: DataFrame, config: EtlConfig) -> DataFrame:
     checks: list[tuple[Column, str, str | None]] = [(F.col(_MALFORMED), "malformed_record", None)]
     checks += [(F.col(role).isNull() | (F.col(role) == ""), f"missing_{role}", role)
                for role in REQUIRED_ROLES]
-    window = (F.lit(config.validation.ts_min), F.lit(config.validation.ts_max))
+    window = (F.lit(config.validation.ts_min), F.lit(latest_accepted(config.validation, now)))
     checks += [
         (ts.isNull(), "bad_timestamp", "ts"),
         ((ts < window[0]) | (ts >= window[1]), "timestamp_out_of_window", "ts"),

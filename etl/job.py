@@ -76,9 +76,14 @@ def label_column(rule: LabelRule, config: EtlConfig) -> Column:
 
 
 def _valid_from(events: DataFrame, valid_days: int) -> datetime:
-    last = events.agg(F.max("ts").alias("last")).first()["last"]
-    last_day = last.replace(tzinfo=timezone.utc) if last.tzinfo is None else last
-    start = last_day.astimezone(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    """Midnight (UTC) starting the last ``valid_days`` days of the events.
+
+    The latest event comes back as epoch seconds: a timestamp collected into Python is a
+    naive local time of the machine, which would move the boundary with its time zone.
+    """
+    last = events.agg(F.max("ts").cast("long").alias("last")).first()["last"]
+    latest = datetime.fromtimestamp(last, tz=timezone.utc)
+    start = latest.replace(hour=0, minute=0, second=0, microsecond=0)
     return start - timedelta(days=valid_days - 1)
 
 

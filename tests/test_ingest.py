@@ -140,3 +140,49 @@ def test_column_mapping_onto_roles(spark, tmp_path):
     config = EtlConfig.model_validate(data)
     row = _validated(spark, config).where(F.col("reason").isNull()).first()
     assert (row["user_id"], row["item_id"], row["value"]) == ("7", "42", 4.0)
+
+
+def test_parquet_numeric_timestamps_of_any_type(spark, tmp_path):
+    seconds = 1767607200.5  # 2026-01-05T10:00:00.5Z
+    table = pa.table({
+        "user_id": ["double_s", "float_s", "double_ms", "nan"],
+        "item_id": ["i1"] * 4, "event_type": ["view"] * 4,
+        "ts": pa.array([seconds, 1767607200.0, seconds * 1000, float("nan")], pa.float64()),
+        "value": [1.0] * 4, "price": [1.0] * 4, "category": ["c"] * 4, "device": ["d"] * 4,
+    })
+    path = tmp_path / "events.parquet"
+    pq.write_table(table, path)
+    floats = tmp_path / "float32.parquet"
+    pq.write_table(table.slice(1, 1).set_column(
+        3, "ts", pa.array([1767607168.0], pa.float32())), floats)
+    rows = {r["user_id"]: r for r in _validated(spark, _config(path, "parquet")).collect()}
+    assert rows["double_s"]["reason"] is None
+    assert rows["double_s"]["ts"].isoformat() == "2026-01-05T10:00:00.500000"
+    assert rows["double_ms"]["ts"].isoformat() == "2026-01-05T10:00:00.500000"
+    assert rows["float_s"]["ts"].isoformat() == "2026-01-05T10:00:00"
+    assert rows["nan"]["reason"] == "bad_timestamp"
+    (single,) = _validated(spark, _config(floats, "parquet")).collect()
+    # float32 holds 1767607168 exactly: 2026-01-05T09:59:28Z
+    assert single["reason"] is None and single["ts"].isoformat() == "2026-01-05T09:59:28"
+
+
+def test_events_later_than_the_run_are_out_of_the_window(spark, tmp_path):
+    from datetime import datetime, timezone
+
+    lines = [json.dumps(_record({"user_id": user, "ts": ts})) for user, ts in
+             (("past", "2026-01-03T10:00:00Z"), ("within_tolerance", "2026-01-04T20:00:00Z"),
+              ("future", "2026-01-05T10:00:00Z"))]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    run_start = datetime(2026, 1, 4, tzinfo=timezone.utc)
+    config = _config(path, "jsonl")
+    rows = {r["user_id"]: r["reason"] for r in ingest.validate(
+        ingest.read_raw(spark, config.source), config, now=run_start).collect()}
+    assert rows == {"past": None, "within_tolerance": None,
+                    "future": "timestamp_out_of_window"}
+    data = config.model_dump(mode="json")
+    data["validation"]["future_tolerance"] = None
+    unbounded = EtlConfig.model_validate(data)
+    rows = {r["user_id"]: r["reason"] for r in ingest.validate(
+        ingest.read_raw(spark, unbounded.source), unbounded, now=run_start).collect()}
+    assert rows["future"] is None

@@ -179,3 +179,23 @@ def test_a_log_shorter_than_the_validation_window_is_a_config_error(spark, tmp_p
     with pytest.raises(ConfigError) as info:
         job.run(make_config(tmp_path, log), spark, progress=lambda _: None)
     assert info.value.key == "etl.split.valid_days"
+
+
+@pytest.mark.parametrize("zone", ["Pacific/Kiritimati", "America/Los_Angeles"])
+def test_the_split_boundary_does_not_depend_on_the_machine_time_zone(spark, zone,
+                                                                      monkeypatch):
+    import time
+    from datetime import datetime, timezone
+
+    from pyspark.sql import functions as F
+
+    events = spark.createDataFrame([("2026-01-05T23:30:00Z",), ("2026-01-03T01:00:00Z",)],
+                                   ["text"]).select(F.to_timestamp("text").alias("ts"))
+    monkeypatch.setenv("TZ", zone)
+    time.tzset()
+    try:
+        boundary = job._valid_from(events, valid_days=1)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert boundary == datetime(2026, 1, 5, tzinfo=timezone.utc)
