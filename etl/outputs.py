@@ -1,21 +1,38 @@
 """Atomic job output: everything is written into a staging folder beside the target and
 moved into place only when the whole job has succeeded, so a failed job leaves no
-half-written output and the previous output stays intact."""
+half-written output and the previous output stays intact.
+
+The move is one atomic exchange of the two folders (Linux ``renameat2(RENAME_EXCHANGE)``):
+at every instant the output path holds either the complete previous output or the complete
+new one, whatever happens to the process. Where the exchange is not available it falls back
+to two renames (a crash between them leaves the previous output under ``.<name>.old-*``).
+A lock file beside the output admits one run at a time: a second run fails at once, naming
+the holder. The run holding the lock removes staging and retired folders a killed run left.
+"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import json
 import os
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame
 
 from core.errors import ConfigError
+from etl.errors import OutputLockedError
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
 
 
 def local_path(path: str) -> Path:
@@ -27,24 +44,81 @@ def local_path(path: str) -> Path:
     return Path(path.removeprefix("file://")).resolve()
 
 
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two paths in one atomic step; False where the system cannot."""
+    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if rename is None:
+        return False
+    done = rename(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
+                  _RENAME_EXCHANGE)
+    if done == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel or file system
+        return False
+    raise OSError(code, os.strerror(code), str(first))
+
+
+def publish_directory(staging: Path, final: Path) -> None:
+    """Put the complete folder ``staging`` at ``final``; the previous content goes."""
+    if not final.exists():
+        os.rename(staging, final)
+        return
+    if _exchange(staging, final):
+        shutil.rmtree(staging, ignore_errors=True)  # now the previous output
+        return
+    retired = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:12]}"
+    os.rename(final, retired)
+    os.rename(staging, final)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+@contextmanager
+def output_lock(final: Path) -> Iterator[None]:
+    """One run at a time on ``final``; the lock file says who holds it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    path = final.parent / f".{final.name}.lock"
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise OutputLockedError(str(final), lock.read().strip() or "unknown") from None
+        lock.truncate(0)
+        lock.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": datetime.now(timezone.utc).isoformat()}))
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.truncate(0)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def remove_leftovers(final: Path) -> list[Path]:
+    """Staging and retired folders of runs that were killed (call holding the lock)."""
+    leftovers = [p for pattern in (f".{final.name}.staging-*", f".{final.name}.old-*")
+                 for p in final.parent.glob(pattern) if p.is_dir()]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
+
+
 @contextmanager
 def staged_directory(final: Path) -> Iterator[Path]:
-    """Yield a fresh staging folder; on success it replaces ``final``, on failure it goes."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = final.parent / f".{final.name}.staging-{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
-    try:
-        yield staging
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if final.exists():
-        retired = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:12]}"
-        os.rename(final, retired)
-        os.rename(staging, final)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        os.rename(staging, final)
+    """Yield a fresh staging folder; on success it replaces ``final``, on failure it goes.
+
+    Holds the output's lock throughout, and first clears what killed runs left behind."""
+    with output_lock(final):
+        remove_leftovers(final)
+        staging = final.parent / f".{final.name}.staging-{uuid.uuid4().hex[:12]}"
+        staging.mkdir()
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        publish_directory(staging, final)
 
 
 def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,

@@ -170,7 +170,8 @@ def test_failure_on_fresh_output_leaves_nothing(spark, tmp_path):
     log.write_text('{"user_id": "u1"}\nnot json\n')
     with pytest.raises(NoInputError, match="every row was quarantined"):
         job.run(make_config(tmp_path, log), spark, progress=lambda _: None)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["all-bad.jsonl"]
+    # No output, no staging folder: only the output's lock file, which stays for the next run.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "all-bad.jsonl"]
 
 
 def test_a_log_shorter_than_the_validation_window_is_a_config_error(spark, tmp_path):
