@@ -19,6 +19,20 @@ from api.services import Services, open_services
 from api.settings import ServingConfig
 from core import __version__
 
+
+async def _read_within(request: Request, limit: int) -> bool:
+    """Read a body of unknown length (chunked), stopping as soon as it passes ``limit``; the
+    body read is kept for the route. False when it is too large."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return False
+        chunks.append(chunk)
+    request._body = b"".join(chunks)  # Starlette hands a cached body on to the route
+    return True
+
+
 # Every response names the dataset whose vocabularies encoded its ids.
 DATASET_VERSION_HEADER = "X-Featureline-Dataset-Version"
 
@@ -73,7 +87,7 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
         length = request.headers.get("content-length")
         too_large = length is not None and length.isdigit() and int(length) > limits.max_body_bytes
         if length is None and request.method in {"POST", "PUT", "PATCH"}:
-            too_large = len(await request.body()) > limits.max_body_bytes
+            too_large = not await _read_within(request, limits.max_body_bytes)
         if too_large:
             count_error("LimitExceededError")
             response: Response = JSONResponse(

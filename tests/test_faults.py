@@ -121,3 +121,21 @@ def test_auth_on_without_keys_warns_at_startup(tmp_path, redis_server, caplog):
     with caplog.at_level(logging.WARNING, logger="featureline.api"), TestClient(app):
         pass
     assert "no key is configured" in caplog.text
+
+
+def test_a_chunked_body_is_cut_off_at_the_limit(fragile_client):
+    client, app = fragile_client
+    limit = app.state.services.config.api.limits.max_body_bytes
+    def chunks():  # no Content-Length: the server learns the size only by reading
+        for _ in range(limit // 1000 + 50):
+            yield b" " * 1000
+
+    response = client.post("/v1/embeddings/lookup", content=chunks(),
+                           headers={"Content-Type": "application/json"})
+    assert response.status_code == 413
+    assert (response.json()["field"], response.json()["limit"]) == ("body", limit)
+    small = b'{"features": ["user_features:user_events"], "entities": {"user_id": ["u1"]}}'
+    ok = client.post("/v1/features", content=iter([small[:20], small[20:]]),
+                     headers={"Content-Type": "application/json"})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["values"] == {"user_events": [7]}
