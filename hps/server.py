@@ -82,6 +82,9 @@ class Table:
     hit_rate_threshold: float
     stats: TableStats = field(default_factory=TableStats)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Bumped by every update: a background insertion of vectors read before it is dropped,
+    # so it can never write an older value over a newer one.
+    generation: int = 0
 
     @property
     def key(self) -> str:
@@ -178,7 +181,8 @@ class ParameterServer:
                     self._insert(entry, *insertion)
                     stats.insertions["sync"] += 1
                 else:
-                    self._queue(self._background.submit(self._insert_locked, entry, *insertion))
+                    self._queue(self._background.submit(self._insert_locked, entry,
+                                                        entry.generation, *insertion))
                     stats.insertions["async"] += 1
             self._record(stats, hits, inverse, found2, found3,
                          time.perf_counter() - started)
@@ -190,9 +194,10 @@ class ParameterServer:
             self.volatile.insert(entry.key, volatile_keys, volatile_vectors)
         entry.cache.insert(cache_keys, cache_vectors)
 
-    def _insert_locked(self, entry: Table, *insertion: np.ndarray) -> None:
+    def _insert_locked(self, entry: Table, generation: int, *insertion: np.ndarray) -> None:
         with entry.lock:
-            self._insert(entry, *insertion)
+            if entry.generation == generation:  # else an update came after the read
+                self._insert(entry, *insertion)
 
     def apply_update(self, model: str, table: str, keys: np.ndarray,
                      vectors: np.ndarray) -> None:
@@ -207,6 +212,7 @@ class ParameterServer:
         unique, last = np.unique(keys[::-1], return_index=True)
         rows = vectors[::-1][last]
         with entry.lock:
+            entry.generation += 1
             self.persistent.insert(entry.key, unique, rows)
             self.volatile.insert(entry.key, unique, rows)
             entry.cache.refresh(unique, rows)

@@ -477,3 +477,22 @@ def test_hash_index_evicts_the_least_used():
     index.assign(np.array([5, 6]))
     held = {k for k in range(1, 7) if index.find(np.array([k]))[0] >= 0}
     assert held == {1, 3, 5, 6}
+
+
+def test_a_background_insertion_never_writes_an_older_value_over_an_update(tmp_path):
+    keys, vectors = _table()
+    server = _server(tmp_path, keys, vectors)
+    server.tables["ranker"]["items"].hit_rate_threshold = 0.0  # every insertion in background
+    gate = threading.Event()
+    server._background.submit(gate.wait)  # holds the insertion queued behind it
+    key = keys[:1]
+    before = server.lookup("ranker", "items", key)  # from RocksDB; insertion queued
+    np.testing.assert_array_equal(before, vectors[:1])
+    newer = np.full((1, DIM), 9.0, dtype=np.float32)
+    server.apply_update("ranker", "items", key, newer)
+    gate.set()
+    server.wait_for_insertions()
+    np.testing.assert_array_equal(server.lookup("ranker", "items", key), newer)
+    hit, cached = server.volatile.lookup("ranker/items", key, DIM)
+    assert not hit.any() or (cached[hit] == 9.0).all()
+    server.close()
