@@ -2,24 +2,20 @@
 moved into place only when the whole job has succeeded, so a failed job leaves no
 half-written output and the previous output stays intact.
 
-The move is one atomic exchange of the two folders (Linux ``renameat2(RENAME_EXCHANGE)``):
-at every instant the output path holds either the complete previous output or the complete
-new one, whatever happens to the process. Where the exchange is not available it falls back
-to two renames (a crash between them leaves the previous output under ``.<name>.old-*``).
+The move is one atomic exchange of the two folders (``core.files.publish_directory``): at
+every instant the output path holds either the complete previous output or the complete new
+one, whatever happens to the process.
 A lock file beside the output admits one run at a time: a second run fails at once, naming
 the holder. The run holding the lock removes staging and retired folders a killed run left.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import fcntl
 import json
 import os
 import shutil
 import socket
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -29,10 +25,8 @@ from typing import Any
 from pyspark.sql import DataFrame
 
 from core.errors import ConfigError
+from core.files import publish_directory, staging_folder
 from etl.errors import OutputLockedError
-
-_AT_FDCWD = -100
-_RENAME_EXCHANGE = 2
 
 
 def local_path(path: str) -> Path:
@@ -42,35 +36,6 @@ def local_path(path: str) -> Path:
                           f"{path!r}: write to a local or mounted path (the job publishes its "
                           "output with an atomic rename)")
     return Path(path.removeprefix("file://")).resolve()
-
-
-def _exchange(first: Path, second: Path) -> bool:
-    """Swap two paths in one atomic step; False where the system cannot."""
-    rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if rename is None:
-        return False
-    done = rename(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second),
-                  _RENAME_EXCHANGE)
-    if done == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):  # old kernel or file system
-        return False
-    raise OSError(code, os.strerror(code), str(first))
-
-
-def publish_directory(staging: Path, final: Path) -> None:
-    """Put the complete folder ``staging`` at ``final``; the previous content goes."""
-    if not final.exists():
-        os.rename(staging, final)
-        return
-    if _exchange(staging, final):
-        shutil.rmtree(staging, ignore_errors=True)  # now the previous output
-        return
-    retired = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:12]}"
-    os.rename(final, retired)
-    os.rename(staging, final)
-    shutil.rmtree(retired, ignore_errors=True)
 
 
 @contextmanager
@@ -111,8 +76,7 @@ def staged_directory(final: Path) -> Iterator[Path]:
     Holds the output's lock throughout, and first clears what killed runs left behind."""
     with output_lock(final):
         remove_leftovers(final)
-        staging = final.parent / f".{final.name}.staging-{uuid.uuid4().hex[:12]}"
-        staging.mkdir()
+        staging = staging_folder(final)
         try:
             yield staging
         except BaseException:

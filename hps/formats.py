@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core.files import publish_directory, staging_folder
 from hps.errors import TableFileError
 
 Format = Literal["hugectr", "npy", "parquet"]
 KEY_FILE = "key"
 VECTOR_FILE = "emb_vector"
+# A folder replaced while it is being opened is opened again, this many times at most.
+OPEN_ATTEMPTS = 3
 
 
 def key_bytes(keys: np.ndarray) -> list[bytes]:
@@ -45,34 +48,64 @@ def _checked(keys: np.ndarray, vectors: np.ndarray, dim: int, where: str
 
 
 def read_hugectr(folder: str | Path, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Both files of one version of the folder: both are opened, through one handle of the
+    folder, before either is read, so a folder published meanwhile (:func:`write_hugectr`)
+    can neither pair new keys with old vectors nor take a file away mid-read."""
     folder = Path(folder)
     key_path, vector_path = folder / KEY_FILE, folder / VECTOR_FILE
-    for path in (key_path, vector_path):
-        if not path.is_file():
-            raise TableFileError(str(path), "missing (a HugeCTR sparse model folder holds "
-                                            f"'{KEY_FILE}' and '{VECTOR_FILE}')")
-    key_bytes, vector_bytes = key_path.stat().st_size, vector_path.stat().st_size
-    if key_bytes % 8:
-        raise TableFileError(str(key_path), f"{key_bytes} bytes is not a whole number of int64")
-    if vector_bytes % (4 * dim):
-        raise TableFileError(str(vector_path), f"{vector_bytes} bytes is not a whole number of "
-                                               f"{dim}-float32 vectors (is dim {dim} right?)")
-    keys = np.fromfile(key_path, dtype="<i8")
-    vectors = np.fromfile(vector_path, dtype="<f4").reshape(-1, dim)
+    for attempt in range(OPEN_ATTEMPTS):
+        try:
+            handles = _open_together(folder, (KEY_FILE, VECTOR_FILE))
+            break
+        except FileNotFoundError as exc:  # absent, or replaced between the two opens
+            if attempt == OPEN_ATTEMPTS - 1 or not folder.is_dir():
+                missing = folder / Path(exc.filename or KEY_FILE).name
+                raise TableFileError(str(missing), "missing (a HugeCTR sparse model folder "
+                                     f"holds '{KEY_FILE}' and '{VECTOR_FILE}')") from None
+    arrays = []
+    for handle, path, dtype, whole, unit in (
+            (handles[0], key_path, "<i8", 8, "int64"),
+            (handles[1], vector_path, "<f4", 4 * dim,
+             f"{dim}-float32 vectors (is dim {dim} right?)")):
+        with handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size % whole:
+                raise TableFileError(str(path), f"{size} bytes is not a whole number of {unit}")
+            arrays.append(np.fromfile(handle, dtype=dtype))
+    keys, values = arrays
+    vectors = values.reshape(-1, dim)
     if len(keys) != len(vectors):
         raise TableFileError(str(folder), f"{len(keys)} keys but {len(vectors)} vectors of dim "
                                           f"{dim} (is dim {dim} right?)")
     return _checked(keys, vectors, dim, str(folder))
 
 
+def _open_together(folder: Path, names: tuple[str, ...]) -> list[BinaryIO]:
+    """Every file of ``names`` in one version of ``folder``, open."""
+    directory = os.open(folder, os.O_RDONLY)
+    handles: list[BinaryIO] = []
+    try:
+        for name in names:
+            handles.append(open(name, "rb",  # noqa: SIM115 - the caller closes them
+                                opener=lambda n, flags: os.open(n, flags, dir_fd=directory)))
+    except BaseException:
+        for handle in handles:
+            handle.close()
+        raise
+    finally:
+        os.close(directory)
+    return handles
+
+
 def write_hugectr(folder: str | Path, keys: np.ndarray, vectors: np.ndarray) -> None:
-    """Export in HugeCTR's layout; written aside and renamed, so readers never see half."""
+    """Export in HugeCTR's layout. Both files are written into a folder aside, which then
+    replaces ``folder`` whole: a reader sees the previous table or the new one, never new
+    keys with old vectors."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    staging = staging_folder(folder)
     for name, array, dtype in ((KEY_FILE, keys, "<i8"), (VECTOR_FILE, vectors, "<f4")):
-        temporary = folder / f".{name}.tmp"
-        np.ascontiguousarray(array, dtype=dtype).tofile(temporary)
-        os.replace(temporary, folder / name)
+        np.ascontiguousarray(array, dtype=dtype).tofile(staging / name)
+    publish_directory(staging, folder)
 
 
 def read_npy(keys_path: str | Path, vectors_path: str | Path, dim: int

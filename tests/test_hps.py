@@ -496,3 +496,31 @@ def test_a_background_insertion_never_writes_an_older_value_over_an_update(tmp_p
     hit, cached = server.volatile.lookup("ranker/items", key, DIM)
     assert not hit.any() or (cached[hit] == 9.0).all()
     server.close()
+
+
+def test_a_table_published_while_it_is_read_is_read_whole(tmp_path, monkeypatch):
+    from hps import formats
+
+    folder = tmp_path / "items"
+    old_keys = np.arange(4, dtype=np.int64)
+    write_hugectr(folder, old_keys, np.zeros((4, DIM), dtype=np.float32))
+    new_keys = np.arange(10, 16, dtype=np.int64)
+    real_fromfile = np.fromfile
+    published = []
+
+    def fromfile_then_publish(handle, dtype):
+        array = real_fromfile(handle, dtype=dtype)
+        if not published:  # between the two files, a new version replaces the folder
+            published.append(True)
+            write_hugectr(folder, new_keys, np.ones((6, DIM), dtype=np.float32))
+        return array
+
+    monkeypatch.setattr(formats.np, "fromfile", fromfile_then_publish)
+    keys, vectors = formats.read_hugectr(folder, DIM)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(keys, old_keys)  # the version it started with, whole
+    assert (vectors == 0).all()
+    keys, vectors = formats.read_hugectr(folder, DIM)
+    np.testing.assert_array_equal(keys, new_keys)
+    assert (vectors == 1).all()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["items"]
