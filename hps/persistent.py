@@ -24,6 +24,8 @@ from hps.formats import key_bytes
 WRITE_BATCH_ROWS = 100_000
 # Replica folders a host's workers may use beside the configured one.
 MAX_REPLICAS = 64
+# In the default column family: table → the fingerprint of the source it holds whole.
+IMPORT_MARK = b"featureline:import:"
 
 
 class PersistentStore(ABC):
@@ -38,6 +40,19 @@ class PersistentStore(ABC):
     @abstractmethod
     def size(self, table: str) -> int:
         """Keys stored for ``table``."""
+
+    @abstractmethod
+    def import_mark(self, table: str) -> str | None:
+        """The fingerprint of the source ``table`` was last imported whole from; None when
+        it never was (or an import did not finish)."""
+
+    @abstractmethod
+    def set_import_mark(self, table: str, mark: str) -> None:
+        """Record that ``table`` now holds the whole source ``mark`` fingerprints."""
+
+    @abstractmethod
+    def drop(self, table: str) -> None:
+        """Remove every key of ``table``."""
 
     def compact(self, table: str) -> None:  # noqa: B027 - stores that need no compaction
         """Settle ``table`` after a bulk import, so lookups do not race background work."""
@@ -98,6 +113,20 @@ class RocksDBStore(PersistentStore):
             for index, key in enumerate(key_bytes(keys[start:stop])):
                 batch.put(key, raw[index * row_bytes:(index + 1) * row_bytes], handle)
             self._db.write(batch)
+        self._sizes.pop(table, None)
+
+    def import_mark(self, table: str) -> str | None:
+        mark = self._db.get(IMPORT_MARK + table.encode())
+        return mark.decode() if mark is not None else None
+
+    def set_import_mark(self, table: str, mark: str) -> None:
+        self._db.put(IMPORT_MARK + table.encode(), mark.encode())
+
+    def drop(self, table: str) -> None:
+        if table in self._families:
+            del self._families[table]
+            self._db.drop_column_family(table)
+        self._db.delete(IMPORT_MARK + table.encode())
         self._sizes.pop(table, None)
 
     def compact(self, table: str) -> None:

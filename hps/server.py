@@ -25,7 +25,7 @@ from core.errors import ConfigError
 from hps.cache import EmbeddingCache, make_cache
 from hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
 from hps.errors import UnknownModelError, UnknownTableError
-from hps.formats import read_table
+from hps.formats import fingerprint, read_table
 from hps.persistent import PersistentStore, RocksDBStore
 from hps.volatile import HashMapStore, RedisStore, VolatileStore
 
@@ -126,10 +126,20 @@ class ParameterServer:
               hit_rate_threshold: float) -> Table:
         key = table_key(model, config.name)
         size = self.persistent.size(key)
-        if config.source is not None and size == 0:
+        source = (fingerprint(config.source, config.format) if config.source is not None
+                  else None)
+        # All or nothing: a table is imported again unless the store holds the whole of this
+        # very source (an import a crash cut short left no mark; a newer source another).
+        if source is not None and self.persistent.import_mark(key) != source:
+            if size:
+                logger.warning("%s: importing %s again (%s)", key, config.source,
+                               "its source changed" if self.persistent.import_mark(key)
+                               else "no finished import")
+                self.persistent.drop(key)
             keys, vectors = read_table(config.source, config.format, config.dim)
             self.persistent.insert(key, keys, vectors)
             self.persistent.compact(key)
+            self.persistent.set_import_mark(key, source)
             size = len(keys)  # read_table rejects duplicate keys
             warm = int(size * self.config.volatile_db.initial_cache_rate)
             if warm:
@@ -220,21 +230,24 @@ class ParameterServer:
     def reload(self, model: str) -> dict[str, int]:
         """Read the model's table sources again and apply them as an update (L3, L2, L1).
 
-        Keys that left a source stay in L3; a table without a source is left as it is.
-        Returns the rows read per table.
+        Keys that left a source stay in L3; a table without a source is left as it is. Every
+        source is read (and checked) before any table changes, so a source that cannot be
+        read leaves all of them as they were. Returns the rows read per table.
         """
         if model not in self.tables:
             raise UnknownModelError(model, list(self.tables))
-        rows = {}
+        sources = {}
         for name, entry in self.tables[model].items():
-            if entry.config.source is None:
-                continue
-            keys, vectors = read_table(entry.config.source, entry.config.format,
-                                       entry.config.dim)
+            config = entry.config
+            if config.source is not None:
+                mark = fingerprint(config.source, config.format)
+                sources[name] = (mark, *read_table(config.source, config.format, config.dim))
+        for name, (mark, keys, vectors) in sources.items():
+            entry = self.tables[model][name]
             self.apply_update(model, name, keys, vectors)
+            self.persistent.set_import_mark(entry.key, mark)
             entry.size = self.persistent.size(entry.key)
-            rows[name] = len(keys)
-        return rows
+        return {name: len(keys) for name, (_, keys, _) in sources.items()}
 
     def _queue(self, future: Future[None]) -> None:
         still_running = []

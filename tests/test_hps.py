@@ -524,3 +524,45 @@ def test_a_table_published_while_it_is_read_is_read_whole(tmp_path, monkeypatch)
     np.testing.assert_array_equal(keys, new_keys)
     assert (vectors == 1).all()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["items"]
+
+
+def test_an_import_cut_short_or_a_changed_source_is_imported_again(tmp_path):
+    from hps.persistent import RocksDBStore
+
+    keys, vectors = _table()
+    # A crash mid-import: some rows of the table in RocksDB, no mark of a finished import.
+    partial = RocksDBStore(tmp_path / "rocks")
+    partial.insert("ranker/items", keys[:10], vectors[:10])
+    partial.close()
+    server = _server(tmp_path, keys, vectors)
+    assert server.tables["ranker"]["items"].size == len(keys)
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys), vectors)
+    server.close()
+    # A newer source (fewer keys, new values): imported again at the next start.
+    write_hugectr(tmp_path / "model" / "items", keys[:20], vectors[:20] + 1)
+    server = ParameterServer(HpsConfig.model_validate({
+        "models": [{"name": "ranker", "tables": [
+            {"name": "items", "dim": DIM, "source": str(tmp_path / "model" / "items"),
+             "default_value": 0.5}]}],
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"}))
+    assert server.tables["ranker"]["items"].size == 20
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys[:20]), vectors[:20] + 1)
+    assert (server.lookup("ranker", "items", keys[20:21]) == 0.5).all()  # left the source
+    server.close()
+
+
+def test_a_reload_with_an_unreadable_source_changes_no_table(tmp_path):
+    keys, vectors = _table()
+    write_hugectr(tmp_path / "model" / "users", keys, vectors)
+    config = {"models": [{"name": "ranker", "tables": [
+        {"name": "items", "dim": DIM, "source": str(tmp_path / "model" / "items")},
+        {"name": "users", "dim": DIM, "source": str(tmp_path / "model" / "users")}]}],
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"}
+    write_hugectr(tmp_path / "model" / "items", keys, vectors)
+    server = ParameterServer(HpsConfig.model_validate(config))
+    write_hugectr(tmp_path / "model" / "items", keys, vectors + 7)   # retrained, readable
+    (tmp_path / "model" / "users" / "emb_vector").write_bytes(b"\0" * 5)  # broken
+    with pytest.raises(TableFileError):
+        server.reload("ranker")
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys[:5]), vectors[:5])
+    server.close()
