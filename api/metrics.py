@@ -35,6 +35,21 @@ class HpsCollector(Collector):
         yield keys
 
 
+class TiersCollector(Collector):
+    """Whether the parameter server's lower tiers answer, read at scrape time."""
+
+    def __init__(self, health: Callable[[], dict[str, bool]]) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        available = GaugeMetricFamily("featureline_hps_tier_available",
+                                      "1 when the tier answers (l2: its circuit breaker is "
+                                      "closed), else 0", labels=["tier"])
+        for tier, up in self.health().items():
+            available.add_metric([tier], 1.0 if up else 0.0)
+        yield available
+
+
 class UpdatesCollector(Collector):
     """Online updates of this process, read at scrape time from its consumers."""
 
@@ -70,6 +85,9 @@ class Metrics:
 
     def watch_hps(self, stats: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(HpsCollector(stats))
+
+    def watch_tiers(self, health: Callable[[], dict[str, bool]]) -> None:
+        self.registry.register(TiersCollector(health))
 
     def watch_updates(self, consumers: Callable[[], list[Any]]) -> None:
         self.registry.register(UpdatesCollector(consumers))

@@ -132,6 +132,8 @@ class ReloadResponse(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, bool] = {}
+    # The parameter server's lower tiers: L3 down is not ready; L2 down is served from L1/L3.
+    tiers: dict[str, bool] | None = None
     versions: Versions | None = None
 
 

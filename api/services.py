@@ -108,6 +108,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
         services.listener = ReloadListener(reader.client, reader.project, hps).start()
         services.consumers = start_consumers(hps)
         metrics.watch_updates(lambda: services.consumers)
+        metrics.watch_tiers(hps.health)
     return services
 
 

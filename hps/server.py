@@ -277,6 +277,19 @@ class ParameterServer:
         bucket = next(i for i, bound in enumerate(LATENCY_BUCKETS) if seconds <= bound)
         stats.latency_counts[bucket] += 1
 
+    def health(self) -> dict[str, bool]:
+        """Whether each lower tier answers: L2 (False while its circuit breaker is open) and
+        L3 (a read of the persistent store)."""
+        try:
+            for model, tables in self.tables.items():
+                for name in tables:
+                    self.persistent.import_mark(table_key(model, name))
+            persistent = True
+        except Exception:  # any failure of the store's own read is "not answering"
+            logger.exception("persistent store unavailable")
+            persistent = False
+        return {"l2": self.volatile.available, "l3": persistent}
+
     def stats(self) -> dict[str, Any]:
         return {model: {name: {"dim": t.config.dim, "keys": t.size,
                                "vocabulary_version": t.config.vocabulary_version,

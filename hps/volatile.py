@@ -7,6 +7,7 @@ default) and ``RedisStore`` a Redis server shared by replicas.
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -29,6 +30,11 @@ class VolatileStore(ABC):
     @abstractmethod
     def size(self, table: str) -> int:
         """Keys held for ``table``."""
+
+    @property
+    def available(self) -> bool:
+        """Whether the store is answering (an in-process store always is)."""
+        return True
 
 
 class HashMapStore(VolatileStore):
@@ -73,11 +79,16 @@ class RedisStore(VolatileStore):
 
     ``cluster``: ``url`` names one node of a Redis Cluster; a table's keys spread over every
     node (no hash tag), and batches are split by slot and sent to the nodes in parallel.
+
+    A circuit breaker keeps a dead or blackholed Redis from costing every lookup its socket
+    timeout (while the table's lock is held): after a failure the store answers "not here"
+    at once, and asks Redis again only ``retry_after_s`` later.
     """
 
     def __init__(self, url: str, capacity: int, policy: OverflowPolicy = "evict_oldest",
                  namespace: str = "hps", batch_size: int = 10_000,
-                 timeout_s: float = 1.0, cluster: bool = False) -> None:
+                 timeout_s: float = 1.0, cluster: bool = False,
+                 retry_after_s: float = 5.0) -> None:
         from core import redis
 
         self._errors = redis.UNAVAILABLE_ERRORS
@@ -89,6 +100,20 @@ class RedisStore(VolatileStore):
         self.namespace = namespace
         self.batch_size = batch_size
         self.unavailable = 0
+        self.skipped = 0  # operations answered without asking Redis, the breaker open
+        self.retry_after_s = retry_after_s
+        self._closed_at = 0.0  # monotonic time from which Redis is asked again
+
+    @property
+    def available(self) -> bool:
+        """False while the breaker is open (Redis failed less than ``retry_after_s`` ago)."""
+        return time.monotonic() >= self._closed_at
+
+    def _skip(self) -> bool:
+        if self.available:
+            return False
+        self.skipped += 1
+        return True
 
     def _prefix(self, table: str) -> bytes:
         return f"{self.namespace}:{table}:".encode()
@@ -107,6 +132,8 @@ class RedisStore(VolatileStore):
     def lookup(self, table: str, keys: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
         found = np.zeros(len(keys), dtype=bool)
         vectors = np.zeros((len(keys), dim), dtype=np.float32)
+        if self._skip():
+            return found, vectors
         names = self._keys(table, keys)
         try:
             values = self._mget(names)
@@ -140,6 +167,8 @@ class RedisStore(VolatileStore):
             self._down("use count", exc)
 
     def insert(self, table: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        if self._skip():
+            return
         names = self._keys(table, keys)
         values = np.ascontiguousarray(vectors, dtype="<f4")
         row = values.shape[1] * 4
@@ -178,6 +207,8 @@ class RedisStore(VolatileStore):
             self.client.delete(*victims)
 
     def size(self, table: str) -> int:
+        if self._skip():
+            return 0
         try:
             return int(self.client.zcard(self._order(table)))
         except self._errors as exc:
@@ -186,5 +217,6 @@ class RedisStore(VolatileStore):
 
     def _down(self, operation: str, exc: Exception) -> None:
         self.unavailable += 1
-        logger.warning("Redis volatile store unavailable during %s (%s); using the lower tiers",
-                       operation, exc)
+        self._closed_at = time.monotonic() + self.retry_after_s
+        logger.warning("Redis volatile store unavailable during %s (%s); using the lower tiers "
+                       "for %.0fs", operation, exc, self.retry_after_s)

@@ -212,7 +212,8 @@ def test_probes_and_metrics_need_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
     ready = client.get("/readyz").json()
     assert {k: ready[k] for k in ("status", "checks")} == {
-        "status": "ok", "checks": {"redis": True, "hps": True, "versions": True}}
+        "status": "ok", "checks": {"redis": True, "hps": True, "hps_l3": True, "versions": True}}
+    assert ready["tiers"] == {"l2": True, "l3": True}
     assert ready["versions"]["problems"] == []
     client.post("/v1/embeddings/lookup", headers=READ,
                 json={"model": "ranker", "table": "user", "keys": [2, 3]})
@@ -223,6 +224,7 @@ def test_probes_and_metrics_need_no_key(client):
            'status="200"}' in text
     assert 'featureline_api_errors_total{kind="UnknownModelError"}' in text
     assert 'featureline_hps_keys_share{model="ranker",table="user",tier="l1"}' in text
+    assert 'featureline_hps_tier_available{tier="l2"} 1.0' in text
 
 
 @pytest.mark.parametrize(("path", "body", "field", "limit"), [

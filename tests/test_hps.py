@@ -566,3 +566,36 @@ def test_a_reload_with_an_unreadable_source_changes_no_table(tmp_path):
         server.reload("ranker")
     np.testing.assert_array_equal(server.lookup("ranker", "items", keys[:5]), vectors[:5])
     server.close()
+
+
+def test_a_blackholed_l2_costs_one_timeout_then_lookups_skip_it(tmp_path):
+    import socket
+    import time
+
+    from hps.volatile import RedisStore
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)  # the kernel completes connections; nothing ever answers
+    keys, vectors = _table()
+    write_hugectr(tmp_path / "model" / "items", keys, vectors)
+    config = HpsConfig.model_validate({
+        "models": [{"name": "ranker", "cache_fraction": 0.01, "tables": [
+            {"name": "items", "dim": DIM, "source": str(tmp_path / "model" / "items")}]}],
+        "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"})
+    volatile = RedisStore(f"redis://127.0.0.1:{hole.getsockname()[1]}/0", capacity=100,
+                          timeout_s=0.5, retry_after_s=60)
+    server = ParameterServer(config, volatile=volatile)
+    try:
+        np.testing.assert_array_equal(server.lookup("ranker", "items", keys[:5]), vectors[:5])
+        assert not volatile.available and volatile.unavailable >= 1
+        for start in range(5, 50, 5):  # misses every time: each goes below L1
+            began = time.perf_counter()
+            got = server.lookup("ranker", "items", keys[start:start + 5])
+            assert time.perf_counter() - began < 0.25  # no socket timeout waited
+            np.testing.assert_array_equal(got, vectors[start:start + 5])
+        assert volatile.skipped >= 9
+        assert server.health() == {"l2": False, "l3": True}
+    finally:
+        server.close()
+        hole.close()

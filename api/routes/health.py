@@ -25,15 +25,19 @@ def readyz(services: Services = Depends(get_services)) -> Health | JSONResponse:
     and the embedding tables encode ids as the API does (``versions.problems`` says what
     disagrees)."""
     checks = {"redis": services.reader.ping()}
+    tiers = None
     if services.config.api.hps:
         checks["hps"] = services.hps is not None
+        if services.hps is not None:
+            tiers = services.hps.health()
+            checks["hps_l3"] = tiers["l3"]
     versions = check(services) if checks["redis"] else None
     if versions is not None:
         checks["versions"] = not versions.problems
         if versions.problems:
             services.metrics.version_skew.inc()
     health = Health(status="ok" if all(checks.values()) else "unavailable", checks=checks,
-                    versions=versions)
+                    tiers=tiers, versions=versions)
     if health.status == "ok":
         return health
     return JSONResponse(health.model_dump(), status_code=503,
