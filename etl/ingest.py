@@ -8,10 +8,11 @@ row, whatever the format. The first failing check names the row's quarantine rea
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -24,6 +25,7 @@ REASON = "reason"
 FIELD = "field"
 SOURCE_FILE = "source_file"
 _MALFORMED = "_malformed"
+_FILE = "_file"
 _CORRUPT = "_corrupt_record"
 # Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
 _MILLIS_THRESHOLD = 1e11
@@ -84,24 +86,62 @@ def _read_jsonl(spark: SparkSession, source: SourceConfig, columns: SourceColumn
     return _parsed_text(text, parsed, columns)
 
 
+def csv_headers(spark: SparkSession, pattern: str) -> dict[str, list[str]]:
+    """The first line of every file the path or glob names (through Spark's own file system,
+    so it works wherever Spark reads: local, HDFS, S3), grouped: header line → files. Empty
+    files have no header and hold no rows."""
+    jvm = spark.sparkContext._jvm  # type: ignore[union-attr]
+    path = jvm.org.apache.hadoop.fs.Path(pattern)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    files = []
+    for status in fs.globStatus(path) or []:
+        listed = fs.listStatus(status.getPath()) if status.isDirectory() else [status]
+        files += [s.getPath() for s in listed
+                  if s.isFile() and not s.getPath().getName().startswith((".", "_"))]
+    groups: dict[str, list[str]] = {}
+    for file in files:
+        reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(fs.open(file),
+                                                                           "UTF-8"))
+        try:
+            line = reader.readLine()
+        finally:
+            reader.close()
+        if line is not None:
+            groups.setdefault(line, []).append(file.toString())
+    return groups
+
+
 def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
-    text = spark.read.text(source.path)
-    first = text.limit(1).collect()
-    if not first:
-        raise NoInputError(f"{source.path}: no rows")
-    header_line = first[0]["value"]
-    header = next(csv.reader([header_line], delimiter=source.csv_delimiter))
-    for name in columns.names:
-        if name not in header:
-            raise RawLogSchemaError(source.path, name, header)
-    # Read every header column so that a row's field count is checked against the header.
-    schema = T.StructType([T.StructField(name, T.StringType()) for name in header]
-                          + [T.StructField(_CORRUPT, T.StringType())])
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT,
-               "sep": source.csv_delimiter}
-    body = text.where(F.col("value") != F.lit(header_line))
-    parsed = F.from_csv("value", schema.simpleString(), options)
-    return _parsed_text(body, parsed, columns)
+    """Each file parsed with its own header (files of one header are read together); a file
+    whose header lacks a mapped column is a :class:`RawLogSchemaError` naming it. A file's
+    header line is dropped once; a data line that repeats it is a row like any other (and
+    fails validation)."""
+    groups = csv_headers(spark, source.path)
+    if not groups:
+        raise NoInputError(f"{source.path}: no file matches the source path, or every file "
+                           "is empty")
+    frames = []
+    for header_line, files in groups.items():
+        header = next(csv.reader([header_line], delimiter=source.csv_delimiter))
+        for name in columns.names:
+            if name not in header:
+                raise RawLogSchemaError(files[0], name, header)
+        # Read every header column so that a row's field count is checked against the header.
+        schema = T.StructType([T.StructField(name, T.StringType()) for name in header]
+                              + [T.StructField(_CORRUPT, T.StringType())])
+        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT,
+                   "sep": source.csv_delimiter}
+        text = spark.read.text(files).withColumn(_FILE, F.input_file_name())
+        is_header = F.col("value") == F.lit(header_line)
+        # One header line per file goes; any other copy of it is kept as data.
+        repeats = (text.where(is_header)
+                   .withColumn("_copy", F.row_number().over(Window.partitionBy(_FILE)
+                                                            .orderBy(_FILE)))
+                   .where(F.col("_copy") > 1).drop("_copy"))
+        body = text.where(~is_header).unionByName(repeats).drop(_FILE)
+        parsed = F.from_csv("value", schema.simpleString(), options)
+        frames.append(_parsed_text(body, parsed, columns))
+    return functools.reduce(DataFrame.unionByName, frames)
 
 
 def _read_parquet(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:

@@ -186,3 +186,36 @@ def test_events_later_than_the_run_are_out_of_the_window(spark, tmp_path):
     rows = {r["user_id"]: r["reason"] for r in ingest.validate(
         ingest.read_raw(spark, unbounded.source), unbounded, now=run_start).collect()}
     assert rows["future"] is None
+
+
+def test_csv_files_of_a_glob_each_keep_their_own_header(spark, tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    header = "user_id,item_id,event_type,ts,value,price,category,device"
+    swapped = "item_id,user_id,event_type,ts,value,price,category,device"
+    (folder / "a.csv").write_text("\n".join([
+        header, "u1,i1,view,2026-01-05T10:00:00Z,1,1,c1,mobile",
+        header,  # a line repeating the header is data: counted, and rejected
+        "u2,i2,view,2026-01-05T11:00:00Z,1,1,c1,mobile"]) + "\n")
+    (folder / "b.csv").write_text("\n".join([
+        swapped, "i3,u3,view,2026-01-05T12:00:00Z,1,1,c1,mobile"]) + "\n")
+    (folder / "empty.csv").write_text("")
+    rows = _validated(spark, _config(folder / "*.csv", "csv")).collect()
+    good = sorted((r["user_id"], r["item_id"]) for r in rows if r["reason"] is None)
+    assert good == [("u1", "i1"), ("u2", "i2"), ("u3", "i3")]
+    rejected = [(r["record"], r["reason"]) for r in rows if r["reason"] is not None]
+    assert rejected == [(header, "bad_timestamp")]
+    assert len(rows) == 4  # every line but one header line per file
+
+
+def test_a_csv_file_whose_header_lacks_a_column_is_named(spark, tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    (folder / "good.csv").write_text("user_id,item_id,event_type,ts\nu1,i1,view,"
+                                     "2026-01-05T10:00:00Z\n")
+    (folder / "bad.csv").write_text("user,item_id,event_type,ts\nu1,i1,view,"
+                                    "2026-01-05T10:00:00Z\n")
+    config = with_overrides(EtlConfig(), input_path=str(folder / "*.csv"), input_format="csv",
+                            categorical=[], continuous=[])
+    with pytest.raises(RawLogSchemaError, match=r"bad\.csv: column 'user_id' not found"):
+        _validated(spark, config)
