@@ -5,7 +5,11 @@ Write (best of 3 for the prebatched layouts and the plain write): our vectorised
 SerializeToString → tf.io.TFRecordWriter) on the same rows, and vs writing the same bytes
 with a plain file write (the disk bound).
 Read: tf.data parse to dense tensors at a training batch of 65,536 rows, for prebatching
-on/off × grouped types and short names on/off; examples/s and file size for each.
+on/off × grouped types and short names on/off; examples/s (the median of several timed
+passes after a warm-up pass, with the slowest and fastest) and file size for each. The
+grouped layout is read both as named columns and as its grouped tensors, and at a batch of
+1,000 rows (not a multiple of the prebatch size: re-batched). TensorFlow's thread pools are
+its defaults (the report states them).
 
     python benchmarks/bench_tfrecord.py --rows 1000000
     python benchmarks/bench_tfrecord.py --smoke
@@ -33,6 +37,8 @@ from etl.tfrecord.records import encode
 LABEL = {"name": "label", "short_name": "y", "dtype": "int64"}
 N_CATEGORICAL, N_CONTINUOUS, HISTORY = 6, 17, 10
 READ_BATCH = 65_536
+SMALL_BATCH = 1_000
+READ_PASSES = 5
 
 
 def feature_list() -> list[dict[str, Any]]:
@@ -112,17 +118,27 @@ def plain_write(path: Path, source: Path, repeats: int = REPEATS) -> float:
     return best
 
 
-def read_rate(path: Path, groups: list[Group], prebatch: int, rows: int) -> float:
+def read_rate(path: Path, groups: list[Group], prebatch: int, rows: int,
+              batch_size: int = READ_BATCH, grouped: bool = False,
+              passes: int = READ_PASSES) -> dict[str, int]:
+    """Rows per second over ``passes`` timed passes after one warm-up pass: median, min,
+    max."""
     metadata = {"output": str(path.parent), "tfrecord": {
         "prebatch_size": prebatch, "compression": "",
         "groups": {g.name: g.to_json() for g in groups},
         "files": [{"path": path.name, "split": "train", "rows": rows}]}}
-    start = time.perf_counter()
-    seen = 0
-    for batch in dataset(metadata, batch_size=READ_BATCH):
-        seen += int(batch["label"].shape[0])
-    assert seen == rows, (seen, rows)
-    return rows / (time.perf_counter() - start)
+    label = next(g.name for g in groups if "label" in g.columns) if grouped else "label"
+    rates = []
+    for _ in range(passes + 1):
+        start = time.perf_counter()
+        seen = 0
+        for batch in dataset(metadata, batch_size=batch_size, grouped=grouped):
+            seen += int(batch[label].shape[0])
+        assert seen == rows, (seen, rows)
+        rates.append(rows / (time.perf_counter() - start))
+    timed = sorted(rates[1:])
+    return {"rows_per_s": round(float(np.median(timed))), "min": round(timed[0]),
+            "max": round(timed[-1])}
 
 
 def _warm_up(root: Path, features: list[dict[str, Any]]) -> None:
@@ -130,7 +146,7 @@ def _warm_up(root: Path, features: list[dict[str, Any]]) -> None:
     groups = build_layout(features, LABEL, group_types=True, short_names=True)
     path = root / "warm-up.tfrecord"
     write_ours(path, make_columns(1000, seed=1), groups, 100, repeats=1)
-    read_rate(path, groups, 100, 1000)
+    read_rate(path, groups, 100, 1000, passes=1)
 
 
 def run(rows: int, tf_rows: int) -> dict[str, Any]:
@@ -142,9 +158,18 @@ def run(rows: int, tf_rows: int) -> dict[str, Any]:
         "per example+grouped+short": (1, True, True),
         "per example, per column, long names": (1, False, False),
     }
+    import tensorflow as tf
+
     report: dict[str, Any] = {"benchmark": "tfrecord", "rows": rows,
                               "machine": {"platform": platform.platform(),
-                                          "cpus": os.cpu_count()}}
+                                          "cpus": os.cpu_count()},
+                              "tensorflow": {
+                                  "version": tf.__version__,
+                                  "inter_op_threads": tf.config.threading
+                                  .get_inter_op_parallelism_threads() or "default (0)",
+                                  "intra_op_threads": tf.config.threading
+                                  .get_intra_op_parallelism_threads() or "default (0)"},
+                              "read_passes": READ_PASSES}
     with tempfile.TemporaryDirectory(prefix="bench-tfrecord-") as tmp:
         root = Path(tmp)
         _warm_up(root, features)
@@ -157,8 +182,13 @@ def run(rows: int, tf_rows: int) -> dict[str, Any]:
                                        repeats=REPEATS if prebatch > 1 else 1)
             write[name] = {"rows_per_s": round(rows / seconds), "mb_per_s":
                            round(size / seconds / 1e6, 1), "bytes": size}
-            read[name] = {"rows_per_s": round(read_rate(path, groups, prebatch, rows)),
+            read[name] = {**read_rate(path, groups, prebatch, rows),
                           "bytes_per_row": round(size / rows, 1)}
+            if name == "prebatched+grouped+short":
+                read[f"{name}, grouped tensors"] = read_rate(path, groups, prebatch, rows,
+                                                             grouped=True)
+                read[f"{name}, batch {SMALL_BATCH}"] = read_rate(
+                    path, groups, prebatch, rows, batch_size=SMALL_BATCH)
         full = root / "prebatched+grouped+short.tfrecord"
         plain_s = plain_write(root / "plain.bin", full)
         tf_subset = {k: v[:tf_rows] for k, v in columns.items()}
@@ -175,9 +205,20 @@ def run(rows: int, tf_rows: int) -> dict[str, Any]:
         "ours_vs_plain_write_bandwidth": round(
             best["mb_per_s"] / (best["bytes"] / plain_s / 1e6), 3),
     }
-    report["read"] = {**read, "full_vs_per_example_long_names": round(
-        read["prebatched+grouped+short"]["rows_per_s"]
-        / read["per example, per column, long names"]["rows_per_s"], 1)}
+    per_example = read["per example, per column, long names"]["rows_per_s"]
+    grouped_read = read["prebatched+grouped+short"]["rows_per_s"]
+    report["read"] = {
+        **read,
+        "full_vs_per_example_long_names": round(grouped_read / per_example, 1),
+        "full_vs_per_example_long_names_worst_pass": round(
+            read["prebatched+grouped+short"]["min"]
+            / read["per example, per column, long names"]["max"], 1),
+        "grouped_vs_per_column": round(
+            grouped_read / read["prebatched, per column, long names"]["rows_per_s"], 2),
+        "grouped_tensors_vs_per_column": round(
+            read["prebatched+grouped+short, grouped tensors"]["rows_per_s"]
+            / read["prebatched, per column, long names"]["rows_per_s"], 2),
+    }
     return report
 
 

@@ -210,3 +210,37 @@ def test_a_retried_task_leaves_one_file(tmp_path, monkeypatch):
     on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
     assert on_disk == ["train/part-00000.tfrecord"] == [f["path"] for f in files]
     assert read_file(tmp_path / files[0]["path"], groups)["x"].tolist() == list(range(100))
+
+
+@pytest.mark.parametrize("batch_size", [1000, 4096, 5000, 10_000, 100_000])
+def test_dataset_batches_hold_exactly_the_requested_rows(job_output, batch_size):
+    prebatch = job_output.metadata["tfrecord"]["prebatch_size"]
+    rows = job_output.metadata["split"]["rows"]["train"]
+    assert rows % prebatch and rows > 1000  # records of two sizes, and several batches at 1000
+    batches = list(tfrecord.dataset(job_output.output, batch_size=batch_size, split="train",
+                                    parallel_reads=1))
+    sizes = [int(b["label"].shape[0]) for b in batches]
+    full, rest = divmod(rows, batch_size)
+    assert sizes == [batch_size] * full + ([rest] if rest else [])
+    numpy_rows = tfrecord.read_numpy(job_output.output, split="train")
+    for name in ("item_id_cat", "user_hist_items", "item_id_te", "label"):
+        assert np.array_equal(np.concatenate([b[name].numpy() for b in batches]),
+                              numpy_rows[name]), name
+
+
+def test_grouped_mode_gives_the_stored_blocks_in_metadata_order(job_output):
+    section = job_output.metadata["tfrecord"]
+    (batch,) = list(tfrecord.dataset(job_output.output, batch_size=10**6, split="train",
+                                     parallel_reads=1, grouped=True))
+    numpy_rows = tfrecord.read_numpy(job_output.output, split="train")
+    assert set(batch) == set(section["groups"])
+    for name, group in section["groups"].items():
+        block = batch[name].numpy()
+        assert block.shape[1] == group["width"]
+        expected = np.hstack([numpy_rows[c].reshape(len(block), -1) for c in group["columns"]])
+        np.testing.assert_array_equal(block, expected.astype(block.dtype))
+
+
+def test_a_batch_size_below_one_is_refused(job_output):
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        tfrecord.dataset(job_output.output, batch_size=0)

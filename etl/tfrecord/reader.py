@@ -59,35 +59,51 @@ def read_numpy(path_or_metadata: str | Path | dict[str, Any], split: str = "trai
 
 
 def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 65536,
-            split: str = "train", parallel_reads: int | None = None) -> Any:
-    """A ``tf.data.Dataset`` of dicts of dense tensors (long names), ``batch_size`` rows each.
+            split: str = "train", parallel_reads: int | None = None,
+            grouped: bool = False) -> Any:
+    """A ``tf.data.Dataset`` of dicts of dense tensors, exactly ``batch_size`` rows each (the
+    last batch fewer), whatever the prebatch size. Needs the ``[tf]`` extra.
 
-    Records hold ``prebatch_size`` rows, so a batch is ``batch_size // prebatch_size`` records
-    parsed at once; the last, smaller record of a file is handled. Needs the ``[tf]`` extra.
+    Records hold ``prebatch_size`` rows: ``ceil(batch_size / prebatch_size)`` of them are
+    parsed at once, in one op, and the parsed rows re-batched to ``batch_size``.
+
+    ``grouped=False``: long names → ``[rows]`` (``[rows, K]`` for multi-hot lists), each
+    group split into its columns by one op. ``grouped=True``: the groups as stored, group
+    name → ``[rows, width]`` (``c`` the categorical ids, ``f`` the continuous values, ``h``
+    the history, ``y`` the label; columns in metadata.json's order): what a model built from
+    metadata.json takes, with no split at all.
     """
     import tensorflow as tf
 
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     metadata = _metadata(path_or_metadata)
     groups, section = layout(metadata)
     paths = [str(p) for p in files(metadata, split)]
     spec = {g.name: tf.io.RaggedFeature(tf.float32 if g.dtype == "float32" else tf.int64,
                                         row_splits_dtype=tf.int64) for g in groups}
-    records_per_batch = max(1, batch_size // section["prebatch_size"])
+    records_per_batch = -(-batch_size // section["prebatch_size"])
 
-    def to_columns(serialized: Any) -> dict[str, Any]:
+    def to_blocks(serialized: Any) -> dict[str, Any]:
         parsed = tf.io.parse_example(serialized, spec)
+        return {g.name: tf.reshape(parsed[g.name].flat_values, [-1, g.width]) for g in groups}
+
+    def to_columns(blocks: dict[str, Any]) -> dict[str, Any]:
         columns = {}
         for group in groups:
-            values = tf.reshape(parsed[group.name].flat_values, [-1, group.width])
-            for index, column in enumerate(group.columns):
-                start = index * group.column_width
-                block = values[:, start:start + group.column_width]
-                columns[column] = block[:, 0] if group.column_width == 1 else block
+            if group.column_width == 1:
+                parts = tf.unstack(blocks[group.name], num=len(group.columns), axis=1)
+            else:
+                parts = tf.split(blocks[group.name], len(group.columns), axis=1)
+            columns.update(zip(group.columns, parts, strict=True))
         return columns
 
     reads = parallel_reads if parallel_reads is not None else tf.data.AUTOTUNE
     records = tf.data.TFRecordDataset(paths, compression_type=section["compression"],
                                       num_parallel_reads=reads)
-    return (records.batch(records_per_batch)
-            .map(to_columns, num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(tf.data.AUTOTUNE))
+    batches = (records.batch(records_per_batch)
+               .map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE)
+               .rebatch(batch_size))
+    if not grouped:
+        batches = batches.map(to_columns, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(tf.data.AUTOTUNE)
