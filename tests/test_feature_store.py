@@ -301,3 +301,16 @@ def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
     result = reader.read(reader.references("ranking"), rows)
     for name in result.names:
         assert result.values[name] == values[name], name
+
+
+def test_the_online_reader_refuses_feast_settings_it_does_not_implement(tmp_path,
+                                                                       handmade_output,
+                                                                       online_url):
+    from feature_store.online import OnlineReader
+
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
+    publish(repo, progress=lambda _: None)
+    assert OnlineReader.from_store(repo.store, online_url).views  # as configured: it reads
+    repo.store.config.registry.enable_online_feature_view_versioning = True
+    with pytest.raises(ConfigError, match="enable_online_feature_view_versioning"):
+        OnlineReader.from_store(repo.store, online_url)
