@@ -130,11 +130,11 @@ class ParameterServer:
                   else None)
         # All or nothing: a table is imported again unless the store holds the whole of this
         # very source (an import a crash cut short left no mark; a newer source another).
-        if source is not None and self.persistent.import_mark(key) != source:
+        imported = self.persistent.import_mark(key)
+        if source is not None and imported != source:
             if size:
                 logger.warning("%s: importing %s again (%s)", key, config.source,
-                               "its source changed" if self.persistent.import_mark(key)
-                               else "no finished import")
+                               "its source changed" if imported else "no finished import")
                 self.persistent.drop(key)
             keys, vectors = read_table(config.source, config.format, config.dim)
             self.persistent.insert(key, keys, vectors)

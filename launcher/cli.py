@@ -23,6 +23,7 @@ from core.redis import REDIS_URL_ENV, redact
 from launcher.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
 if TYPE_CHECKING:
+    from feature_store.repo import FeatureRepo
     from launcher.config import FeaturelineConfig
 
 
@@ -217,6 +218,14 @@ def _config(path: str | None) -> FeaturelineConfig:
     return load_config(config_path(path))
 
 
+def _repo(path: str | None, data: str | None) -> FeatureRepo:
+    """The Feast repository over ``--data`` (default: the configuration's ETL output)."""
+    from feature_store.repo import open_repo
+
+    config = _config(path)
+    return open_repo(config.feature_store, data or config.etl.output.path)
+
+
 @main.command()
 @config_option
 @data_option
@@ -226,10 +235,8 @@ def _config(path: str | None) -> FeaturelineConfig:
 def publish(path: str | None, data: str | None, full: bool, end: datetime | None) -> None:
     """Register the feature views with Feast and materialize them into Redis."""
     from feature_store.publish import publish as run_publish
-    from feature_store.repo import open_repo
 
-    config = _config(path)
-    repo = open_repo(config.feature_store, data or config.etl.output.path)
+    repo = _repo(path, data)
     _progress(f"online store {redact(repo.redis_url)}")
     summary = run_publish(repo, full=full, progress=_progress,
                           end=end.replace(tzinfo=timezone.utc) if end else None)
@@ -246,12 +253,10 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
 def training_set(path: str | None, data: str | None, entity_rows: str, service: str,
                  out: str) -> None:
     """Join point-in-time correct features onto entity rows (every row comes back)."""
-    from feature_store.repo import open_repo
     from feature_store.training_set import training_set as run_training_set
 
     started = time.perf_counter()
-    config = _config(path)
-    repo = open_repo(config.feature_store, data or config.etl.output.path)
+    repo = _repo(path, data)
     summary = run_training_set(repo, entity_rows, service, out)
     click.echo(json.dumps({**summary.to_json(),
                            "seconds": round(time.perf_counter() - started, 2)}))
