@@ -24,6 +24,11 @@ RECORD = "record"
 REASON = "reason"
 FIELD = "field"
 SOURCE_FILE = "source_file"
+KEPT_RECORD = "kept_record"
+KEPT_FILE = "kept_file"
+COPIES = "_copies"
+# Up to this many duplicate rows, their keys are broadcast to find their record text.
+BROADCAST_DUPLICATES = 1_000_000
 _MALFORMED = "_malformed"
 _FILE = "_file"
 _CORRUPT = "_corrupt_record"
@@ -284,3 +289,38 @@ def quarantined(validated: DataFrame) -> DataFrame:
 def accepted(validated: DataFrame, config: EtlConfig) -> DataFrame:
     """The good rows, typed, before duplicate removal."""
     return validated.where(F.col(REASON).isNull()).select(*event_columns(config))
+
+
+def deduplicate(accepted_rows: DataFrame) -> DataFrame:
+    """One row per distinct event, with ``COPIES``: how many accepted rows it stood for.
+
+    Two accepted rows are duplicates when every typed column agrees — ids, event type, ``ts``
+    to the microsecond, value and context columns, a missing value equal to a missing value —
+    whatever their record text (key order, timestamp notation) or file.
+    """
+    return accepted_rows.groupBy(*accepted_rows.columns).agg(F.count("*").alias(COPIES))
+
+
+def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
+               removed: int) -> DataFrame:
+    """The ``removed`` rows ``deduplicate`` took out, as they go to ``duplicates/``.
+
+    Of each group of duplicates the copy first in (file, record text) order is the one kept;
+    every other copy is listed with its record text and file, and the kept copy's.
+    """
+    columns = event_columns(config)
+    repeated = events.where(F.col(COPIES) > 1).select(*columns)
+    if removed <= BROADCAST_DUPLICATES:  # the usual few: no shuffle of the accepted rows
+        repeated = F.broadcast(repeated)
+    rows = validated.where(F.col(REASON).isNull()).select(RECORD, SOURCE_FILE, *columns)
+    same = functools.reduce(lambda a, b: a & b,
+                            [rows[c].eqNullSafe(repeated[c]) for c in columns])
+    copies = rows.join(repeated, same, "left_semi")
+    ordered = Window.partitionBy(*columns).orderBy(SOURCE_FILE, RECORD)
+    first = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return (copies
+            .withColumn("_n", F.row_number().over(ordered))
+            .withColumn(KEPT_RECORD, F.first(RECORD).over(first))
+            .withColumn(KEPT_FILE, F.first(SOURCE_FILE).over(first))
+            .where(F.col("_n") > 1)
+            .select(RECORD, SOURCE_FILE, KEPT_RECORD, KEPT_FILE))

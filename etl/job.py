@@ -100,10 +100,8 @@ def _schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
 def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
             cached: list[DataFrame]) -> tuple[DataFrame, dict[str, Any]]:
     """Validate, write the quarantine, de-duplicate and label; the events come back cached."""
+    # Parse once; the record text stays for the quarantine and the duplicates lists.
     validated = ingest.validate(ingest.read_raw(spark, config.source), config)
-    # Parse once; keep the record text of rejected rows only (the rest never need it).
-    kept_record = F.when(F.col(ingest.REASON).isNotNull(), F.col(ingest.RECORD))
-    validated = validated.withColumn(ingest.RECORD, kept_record)
     validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(validated)
     counts = _account(validated)
@@ -115,18 +113,22 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
     # Partition by user before removing duplicates: the user-scoped windows of the features
     # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    events = (ingest.accepted(validated, config).repartition(partitions, "user_id")
-              .dropDuplicates())
+    events = ingest.deduplicate(ingest.accepted(validated, config)
+                                .repartition(partitions, "user_id"))
     events = events.withColumn(LABEL, label_column(config.label, config))
     events = events.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(events)
     accepted = events.count()
-    validated.unpersist()
     if accepted == 0:
         raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
+    removed = ingest.duplicates(validated, events, config, valid_rows - accepted)
+    # A log without duplicates skips the search and gets an empty list with the columns.
+    write_parquet(removed if valid_rows > accepted else removed.limit(0),
+                  staging / "duplicates")
+    validated.unpersist()
     rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
             "quarantined": {reason: counts.get(reason, 0) for reason in ingest.REASONS}}
-    return events, rows
+    return events.drop(ingest.COPIES), rows
 
 
 def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, Any]]:
@@ -283,7 +285,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
               specs: list[FeatureSpec], entities: dict[str, Any], stats: dict[str, Any],
               tfrecord: dict[str, Any] | None, timings: dict[str, float], total: float
               ) -> dict[str, Any]:
-    outputs = ["examples", "quarantine", "artifacts", "entities"]
+    outputs = ["examples", "quarantine", "duplicates", "artifacts", "entities"]
     outputs += ["tfrecord"] if tfrecord is not None else []
     return {
         "featureline_version": __version__,

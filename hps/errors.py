@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import FeaturelineError, NotFoundError
+from core.errors import FeaturelineError, NotFoundError, UnavailableError
 
 
 class TableFileError(FeaturelineError):
@@ -20,6 +20,17 @@ class PersistentStoreBusyError(FeaturelineError):
         self.path = path
         super().__init__(f"{path}: it and its {replicas - 1} worker replicas are all open in "
                          "other processes (RocksDB allows one process a folder)")
+
+
+class PersistentStoreError(UnavailableError):
+    """The persistent store could not read a table (a damaged file): a lookup that needs it
+    is answered 503 while the replica is rebuilt from the table sources."""
+
+    retry_after = True
+
+    def __init__(self, replica: str, problem: str) -> None:
+        self.replica = replica
+        super().__init__(f"persistent store {replica}: {problem}")
 
 
 class UnknownModelError(NotFoundError):

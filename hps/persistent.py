@@ -12,14 +12,17 @@ full copy, imported from the table sources on its first start and kept across re
 from __future__ import annotations
 
 import gc
+import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
-from hps.errors import PersistentStoreBusyError
+from hps.errors import PersistentStoreBusyError, PersistentStoreError
 from hps.formats import key_bytes
+
+logger = logging.getLogger("featureline.hps")
 
 WRITE_BATCH_ROWS = 100_000
 # Replica folders a host's workers may use beside the configured one.
@@ -65,6 +68,11 @@ class PersistentStore(ABC):
         """Which copy of the tables this store is, among a host's serving processes."""
         return "default"
 
+    @property
+    def damaged(self) -> bool:
+        """Whether a read found a file damaged (the store must be rebuilt to be whole)."""
+        return False
+
 
 class RocksDBStore(PersistentStore):
     @classmethod
@@ -90,10 +98,15 @@ class RocksDBStore(PersistentStore):
         self._db = Rdict(str(self.path), options=options, column_families=families or None)
         self._families = {name: self._db.get_column_family(name) for name in families}
         self._sizes: dict[str, int] = {}
+        self._damaged = False
 
     @property
     def replica(self) -> str:
         return self.path.name
+
+    @property
+    def damaged(self) -> bool:
+        return self._damaged
 
     def _family(self, table: str) -> Rdict:
         if table not in self._families:
@@ -139,7 +152,16 @@ class RocksDBStore(PersistentStore):
         vectors = np.zeros((len(keys), dim), dtype=np.float32)
         if table not in self._families or not len(keys):
             return found, vectors
-        for index, value in enumerate(self._families[table].get(key_bytes(keys))):
+        try:
+            values = self._families[table].get(key_bytes(keys))
+        except Exception as exc:  # rocksdict raises a bare Exception ("Corruption: ...")
+            # The full message names the file and offset: logged, not answered.
+            logger.error("%s: reading %s failed: %s", self.path, table, exc)
+            self._damaged = self._damaged or "corruption" in str(exc).lower()
+            raise PersistentStoreError(self.replica, "a file of the store cannot be read"
+                                       + ("; rebuilding it from the table sources"
+                                          if self._damaged else "")) from exc
+        for index, value in enumerate(values):
             if value is not None:
                 found[index] = True
                 vectors[index] = np.frombuffer(value, dtype="<f4")

@@ -9,8 +9,10 @@ half-written by an insertion.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import shutil
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +26,7 @@ from core import redis
 from core.errors import ConfigError
 from hps.cache import EmbeddingCache, make_cache
 from hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
-from hps.errors import UnknownModelError, UnknownTableError
+from hps.errors import PersistentStoreError, UnknownModelError, UnknownTableError
 from hps.formats import fingerprint, read_table
 from hps.persistent import PersistentStore, RocksDBStore
 from hps.volatile import HashMapStore, RedisStore, VolatileStore
@@ -117,6 +119,8 @@ class ParameterServer:
                     model.name, table_config, model.cache_fraction, model.hit_rate_threshold)
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-insert")
         self._pending: list[Future[None]] = []
+        self._repair_lock = threading.Lock()
+        self._repairing: threading.Thread | None = None
 
     @classmethod
     def from_config(cls, path: str | Path) -> ParameterServer:
@@ -136,10 +140,7 @@ class ParameterServer:
                 logger.warning("%s: importing %s again (%s)", key, config.source,
                                "its source changed" if imported else "no finished import")
                 self.persistent.drop(key)
-            keys, vectors = read_table(config.source, config.format, config.dim)
-            self.persistent.insert(key, keys, vectors)
-            self.persistent.compact(key)
-            self.persistent.set_import_mark(key, source)
+            keys, vectors = self._import(self.persistent, key, config, source)
             size = len(keys)  # read_table rejects duplicate keys
             warm = int(size * self.config.volatile_db.initial_cache_rate)
             if warm:
@@ -147,6 +148,67 @@ class ParameterServer:
         capacity = max(1, math.ceil(size * cache_fraction))
         cache = make_cache(capacity, config.dim, self.config.cache_device)
         return Table(model, config, cache, size, hit_rate_threshold)
+
+    @staticmethod
+    def _import(store: PersistentStore, key: str, config: TableConfig,
+                mark: str) -> tuple[np.ndarray, np.ndarray]:
+        """Write the whole of the table's source into ``store``, then its import mark."""
+        assert config.source is not None
+        keys, vectors = read_table(config.source, config.format, config.dim)
+        store.insert(key, keys, vectors)
+        store.compact(key)
+        store.set_import_mark(key, mark)
+        return keys, vectors
+
+    @property
+    def repairing(self) -> bool:
+        return self._repairing is not None and self._repairing.is_alive()
+
+    def _start_repair(self) -> None:
+        with self._repair_lock:
+            if not self.repairing:
+                self._repairing = threading.Thread(target=self._repair, name="hps-repair",
+                                                   daemon=True)
+                self._repairing.start()
+
+    def _repair(self) -> None:
+        """Rebuild a damaged RocksDB replica from the table sources beside it, then swap it
+        in (docs/ARCHITECTURE.md, "Faults"). Until then lookups that need a damaged file
+        are answered 503 and ``health()`` reports L3 down. Vectors of online updates since
+        the import are not in the sources: they live on only where L1 or L2 hold them."""
+        damaged = self.persistent
+        entries = [entry for tables in self.tables.values() for entry in tables.values()]
+        unsourced = [entry.key for entry in entries if entry.config.source is None]
+        if not isinstance(damaged, RocksDBStore) or unsourced:
+            logger.error("%s is damaged and cannot be rebuilt here (%s): restore it from a "
+                         "backup", damaged.replica,
+                         f"no source for {', '.join(unsourced)}" if unsourced else "not ours")
+            return
+        started = time.monotonic()
+        rebuilt_path = damaged.path.with_name(f"{damaged.path.name}.rebuild")
+        shutil.rmtree(rebuilt_path, ignore_errors=True)
+        rebuilt = RocksDBStore(rebuilt_path)
+        try:
+            for entry in entries:
+                assert entry.config.source is not None
+                self._import(rebuilt, entry.key, entry.config,
+                             fingerprint(entry.config.source, entry.config.format))
+        finally:
+            rebuilt.close()
+        aside = damaged.path.with_name(f"{damaged.path.name}.damaged")
+        with contextlib.ExitStack() as held:
+            for entry in entries:
+                held.enter_context(entry.lock)
+            damaged.close()
+            shutil.rmtree(aside, ignore_errors=True)
+            damaged.path.rename(aside)
+            rebuilt_path.rename(damaged.path)
+            self.persistent = RocksDBStore(damaged.path)
+            for entry in entries:
+                entry.size = self.persistent.size(entry.key)
+        shutil.rmtree(aside, ignore_errors=True)
+        logger.warning("%s was damaged: rebuilt from the table sources in %.1fs",
+                       damaged.path, time.monotonic() - started)
 
     def table(self, model: str, table: str) -> Table:
         if model not in self.tables:
@@ -180,7 +242,12 @@ class ParameterServer:
             below[found2] = from_volatile[found2]
             still = ~found2
             if still.any():
-                hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
+                try:
+                    hit3, from_disk = self.persistent.lookup(entry.key, unique[still], dim)
+                except PersistentStoreError:
+                    if self.persistent.damaged:
+                        self._start_repair()
+                    raise
                 found3[still] = hit3
                 below[found3] = from_disk[hit3]
             vectors[~hit1] = below[inverse]
@@ -284,7 +351,7 @@ class ParameterServer:
             for model, tables in self.tables.items():
                 for name in tables:
                     self.persistent.import_mark(table_key(model, name))
-            persistent = True
+            persistent = not self.repairing
         except Exception:  # any failure of the store's own read is "not answering"
             logger.exception("persistent store unavailable")
             persistent = False
@@ -300,6 +367,8 @@ class ParameterServer:
                 for model, tables in self.tables.items()}
 
     def close(self) -> None:
+        if self._repairing is not None:
+            self._repairing.join()
         self.wait_for_insertions()
         self._background.shutdown()
         self.persistent.close()

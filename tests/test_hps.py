@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -12,7 +13,12 @@ import pytest
 from hps import ParameterServer
 from hps.cache import GpuCache, HostCache, gpu_available
 from hps.config import HpsConfig, load_hps_config
-from hps.errors import TableFileError, UnknownModelError, UnknownTableError
+from hps.errors import (
+    PersistentStoreError,
+    TableFileError,
+    UnknownModelError,
+    UnknownTableError,
+)
 from hps.formats import read_hugectr, read_npy, read_parquet, write_hugectr
 from hps.slots import SlotIndex
 
@@ -599,3 +605,33 @@ def test_a_blackholed_l2_costs_one_timeout_then_lookups_skip_it(tmp_path):
     finally:
         server.close()
         hole.close()
+
+
+def _damage_largest_table_file(folder) -> None:
+    table_file = max(folder.glob("*.sst"), key=lambda p: p.stat().st_size)
+    with table_file.open("r+b") as handle:
+        handle.seek(table_file.stat().st_size // 4)
+        handle.write(bytes(range(256)) * 64)  # 16 KiB over data blocks: checksums fail
+
+
+def test_a_damaged_rocksdb_file_is_answered_503_then_rebuilt_from_the_source(tmp_path):
+    keys, vectors = _table(n=20_000)
+    server = _server(tmp_path, keys, vectors, cache_fraction=0.001,
+                     volatile_db={"capacity": 10})
+    _damage_largest_table_file(tmp_path / "rocks")
+    with pytest.raises(PersistentStoreError, match="rebuilding it") as raised:
+        server.lookup("ranker", "items", keys)
+    assert raised.value.http_status == 503 and raised.value.retry_after
+    deadline = time.monotonic() + 60
+    while server.repairing and time.monotonic() < deadline:
+        assert server.health()["l3"] is False
+        time.sleep(0.05)
+    assert server.health() == {"l2": True, "l3": True}
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys), vectors)
+    assert not (tmp_path / "rocks.damaged").exists()
+    assert not (tmp_path / "rocks.rebuild").exists()
+    server.close()
+    # The rebuilt replica is whole and marked: a restart reads it without importing again.
+    again = _server(tmp_path, keys, vectors, cache_fraction=0.001)
+    np.testing.assert_array_equal(again.lookup("ranker", "items", keys[::-1]), vectors[::-1])
+    again.close()

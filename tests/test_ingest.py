@@ -219,3 +219,29 @@ def test_a_csv_file_whose_header_lacks_a_column_is_named(spark, tmp_path):
                             categorical=[], continuous=[])
     with pytest.raises(RawLogSchemaError, match=r"bad\.csv: column 'user_id' not found"):
         _validated(spark, config)
+
+
+def test_duplicates_are_listed_with_their_text_and_the_copy_kept(spark, tmp_path):
+    # One event written four ways across two files (key order, epoch vs ISO time), an exact
+    # repeat of a line, and a near-copy one microsecond later, which is a different event.
+    event = _record({})
+    reordered = json.dumps(dict(reversed(list(event.items()))))
+    epoch = json.dumps(_record({"ts": 1767607200}))
+    later = json.dumps(_record({"ts": "2026-01-05T10:00:00.000001Z"}))
+    missing_value = json.dumps(_record({"value": None}))
+    (tmp_path / "a.jsonl").write_text("\n".join(
+        [json.dumps(event), later, missing_value, missing_value]) + "\n")
+    (tmp_path / "b.jsonl").write_text("\n".join([reordered, epoch]) + "\n")
+    config = _config(tmp_path / "*.jsonl", "jsonl")
+    validated = _validated(spark, config).cache()
+    events = ingest.deduplicate(ingest.accepted(validated, config)).cache()
+    assert events.count() == 3
+    assert sorted(r[ingest.COPIES] for r in events.collect()) == [1, 2, 3]
+    removed = sorted((r["record"], r["source_file"].rsplit("/", 1)[1], r["kept_record"],
+                      r["kept_file"].rsplit("/", 1)[1])
+                     for r in ingest.duplicates(validated, events, config, 3).collect())
+    assert removed == sorted([
+        (reordered, "b.jsonl", json.dumps(event), "a.jsonl"),
+        (epoch, "b.jsonl", json.dumps(event), "a.jsonl"),
+        (missing_value, "a.jsonl", missing_value, "a.jsonl"),
+    ])

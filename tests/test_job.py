@@ -37,6 +37,11 @@ def test_rows_add_up_exactly(job_output):
     assert len(quarantine) == sum(expected.values())
     assert quarantine.groupby("reason").size().to_dict() == expected
     assert quarantine["record"].str.len().min() > 0
+    # datagen's duplicates repeat a line exactly: each is listed with the copy that was kept.
+    duplicates = _table(job_output.output / "duplicates")
+    assert len(duplicates) == rows["duplicates"]
+    assert (duplicates["record"] == duplicates["kept_record"]).all()
+    assert duplicates["source_file"].str.endswith(".jsonl").all()
 
 
 def test_examples_match_metadata(job_output):
