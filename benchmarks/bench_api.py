@@ -93,6 +93,11 @@ class _Connections:
                 ).encode() + body
 
     async def send(self, request: bytes) -> int:
+        status, _, _ = await self.exchange(request)
+        return status
+
+    async def exchange(self, request: bytes) -> tuple[int, list[bytes], bytes]:
+        """(status, lower-cased header lines, body) of one request."""
         reused = bool(self.idle)
         reader, writer = (self.idle.pop() if reused
                           else await asyncio.open_connection(self.host, self.port))
@@ -103,17 +108,21 @@ class _Connections:
             writer.close()
             if not reused:
                 raise
-            return await self.send(request)  # the server closed an idle connection
+            return await self.exchange(request)  # the server closed an idle connection
         lines = head.lower().split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
         length = next(int(line.split(b":")[1]) for line in lines
                       if line.startswith(b"content-length:"))
-        await reader.readexactly(length)
+        try:
+            body = await reader.readexactly(length)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+            raise
         if b"connection: close" in lines:
             writer.close()
         else:
             self.idle.append((reader, writer))
-        return status
+        return status, lines[1:], body
 
     def close(self) -> None:
         for _, writer in self.idle:

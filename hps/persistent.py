@@ -155,17 +155,20 @@ class RocksDBStore(PersistentStore):
         try:
             values = self._families[table].get(key_bytes(keys))
         except Exception as exc:  # rocksdict raises a bare Exception ("Corruption: ...")
-            # The full message names the file and offset: logged, not answered.
-            logger.error("%s: reading %s failed: %s", self.path, table, exc)
-            self._damaged = self._damaged or "corruption" in str(exc).lower()
-            raise PersistentStoreError(self.replica, "a file of the store cannot be read"
-                                       + ("; rebuilding it from the table sources"
-                                          if self._damaged else "")) from exc
+            raise self._unreadable(table, exc) from exc
         for index, value in enumerate(values):
             if value is not None:
                 found[index] = True
                 vectors[index] = np.frombuffer(value, dtype="<f4")
         return found, vectors
+
+    def _unreadable(self, table: str, error: object) -> PersistentStoreError:
+        # The full message names the file and offset: logged, not answered.
+        logger.error("%s: reading %s failed: %s", self.path, table, error)
+        self._damaged = self._damaged or "corruption" in str(error).lower()
+        return PersistentStoreError(self.replica, "a file of the store cannot be read"
+                                    + ("; rebuilding it from the table sources"
+                                       if self._damaged else ""))
 
     def size(self, table: str) -> int:
         if table not in self._families:
@@ -177,7 +180,12 @@ class RocksDBStore(PersistentStore):
             while iterator.valid():
                 count += 1
                 iterator.next()
-            del iterator
+            try:
+                iterator.status()  # an iterator stops at a damaged block; this raises
+            except Exception as exc:
+                raise self._unreadable(table, exc) from exc
+            finally:
+                del iterator
             self._sizes[table] = count
         return self._sizes[table]
 

@@ -111,16 +111,40 @@ class ParameterServer:
         self.config = config
         self.persistent = persistent or RocksDBStore.first_free(config.persistent_db.path)
         self.volatile = volatile or volatile_store(config.volatile_db)
-        self.tables: dict[str, dict[str, Table]] = {}
-        for model in config.models:
-            self.tables[model.name] = {}
-            for table_config in model.tables:
-                self.tables[model.name][table_config.name] = self._load(
-                    model.name, table_config, model.cache_fraction, model.hit_rate_threshold)
+        try:
+            self.tables = self._load_all()
+        except PersistentStoreError:
+            # Found damaged while opening (a restart after a disk fault): start from an empty
+            # replica, imported again from the sources, when every table has one.
+            if not isinstance(self.persistent, RocksDBStore) or not self.persistent.damaged:
+                raise
+            unsourced = [f"{m.name}/{t.name}" for m in config.models for t in m.tables
+                         if t.source is None]
+            if unsourced:
+                raise
+            self.persistent = self._emptied(self.persistent)
+            self.tables = self._load_all()
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-insert")
         self._pending: list[Future[None]] = []
         self._repair_lock = threading.Lock()
         self._repairing: threading.Thread | None = None
+
+    def _load_all(self) -> dict[str, dict[str, Table]]:
+        return {model.name: {table.name: self._load(model.name, table, model.cache_fraction,
+                                                    model.hit_rate_threshold)
+                             for table in model.tables}
+                for model in self.config.models}
+
+    @staticmethod
+    def _emptied(damaged: RocksDBStore) -> RocksDBStore:
+        """Close a damaged replica, remove it, and open an empty one in its place."""
+        logger.warning("%s is damaged: importing every table again", damaged.path)
+        damaged.close()
+        aside = damaged.path.with_name(f"{damaged.path.name}.damaged")
+        shutil.rmtree(aside, ignore_errors=True)
+        damaged.path.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
+        return RocksDBStore(damaged.path)
 
     @classmethod
     def from_config(cls, path: str | Path) -> ParameterServer:

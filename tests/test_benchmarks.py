@@ -64,3 +64,28 @@ def test_bench_feast_smoke():
     assert one["features_per_row"] == 10
     for entry in (one, hundred):
         assert entry["feast_sdk"]["p99_ms"] >= entry["feast_sdk"]["p50_ms"] > 0
+
+
+def test_chaos_smoke():
+    """Every fault of benchmarks/chaos.py, small: no other 5xx, no wrong answer, every 503
+    with Retry-After, every fault recovered from, the ETL output whole after a kill."""
+    report = _load("chaos").run(entities=2000, rate=30, hold_s=1.5, settle_s=1.0,
+                                etl_events=2000)
+    json.dumps(report)
+    requests = report["serving"]["requests"]
+    assert requests["sent"] > 100 and requests["correct"] > 0
+    for outcome in ("other_5xx", "wrong", "503_without_retry_after", "client_error",
+                    "timeout"):
+        assert requests[outcome] == 0, report
+    faults = {f["fault"]: f for f in report["serving"]["faults"]}
+    assert set(faults) == {"redis_restart", "redis_oom", "worker_kill", "rocksdb_damage"}
+    assert all(f["recovery_s"] is not None for f in faults.values()), faults
+    # Redis down: features and ranking inputs are 503s (with Retry-After), not errors.
+    assert faults["redis_restart"]["requests"]["unavailable_503_with_retry_after"] > 0
+    assert faults["redis_oom"]["l2_breaker_opened"]
+    assert faults["rocksdb_damage"]["detected_and_imported_again"]
+    etl = report["etl"]
+    assert etl["killed"].startswith(("staging complete", "after the exchange")), etl
+    assert etl["after_kill"] in ("previous", "new")
+    assert etl["rerun_exit"] == 0 and etl["rerun_whole"] and etl["rerun_rows_add_up"]
+    assert etl["staging_folders_after_rerun"] == 0

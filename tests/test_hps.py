@@ -635,3 +635,13 @@ def test_a_damaged_rocksdb_file_is_answered_503_then_rebuilt_from_the_source(tmp
     again = _server(tmp_path, keys, vectors, cache_fraction=0.001)
     np.testing.assert_array_equal(again.lookup("ranker", "items", keys[::-1]), vectors[::-1])
     again.close()
+
+
+def test_a_replica_found_damaged_at_start_is_imported_again(tmp_path):
+    keys, vectors = _table(n=20_000)
+    _server(tmp_path, keys, vectors).close()
+    _damage_largest_table_file(tmp_path / "rocks")
+    server = _server(tmp_path, keys, vectors, cache_fraction=0.001)
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys), vectors)
+    assert server.health()["l3"] is True
+    server.close()
