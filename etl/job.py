@@ -44,16 +44,34 @@ class JobResult:
     metadata: dict[str, Any]
 
 
+# The local property naming the job stage each Spark job runs for: an event log then tells
+# which stage of ours every Spark stage belongs to (``featureline etl qualify``).
+STAGE_PROPERTY = "featureline.stage"
+
+
 class StageTimer:
-    def __init__(self, progress: Callable[[str], None]) -> None:
+    """Times the job's stages and tags the Spark jobs each one runs."""
+
+    def __init__(self, progress: Callable[[str], None],
+                 spark: SparkSession | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self.progress = progress
+        self.context = spark.sparkContext if spark is not None else None
+
+    def _tag(self, stage: str | None) -> None:
+        if self.context is not None:
+            self.context.setLocalProperty(STAGE_PROPERTY, stage)  # type: ignore[arg-type]
+            self.context.setJobDescription(f"featureline {stage}" if stage else None)  # type: ignore[arg-type]
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[None]:
         self.progress(f"{stage} ...")
         start = time.perf_counter()
-        yield
+        self._tag(stage)
+        try:
+            yield
+        finally:
+            self._tag(None)
         self.seconds[stage] = round(time.perf_counter() - start, 3)
         self.progress(f"{stage} done in {self.seconds[stage]:.1f}s")
 
@@ -213,7 +231,7 @@ def run(config: EtlConfig, spark: SparkSession,
         progress: Callable[[str], None] = logger.info) -> JobResult:
     """Run the whole job; the output folder is replaced only if every stage succeeds."""
     output = local_path(config.output.path)
-    timer = StageTimer(progress)
+    timer = StageTimer(progress, spark)
     started = time.perf_counter()
     cached: list[DataFrame] = []
     pipeline = FeaturePipeline(config)
