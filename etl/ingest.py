@@ -7,8 +7,10 @@ row, whatever the format. The first failing check names the row's quarantine rea
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -32,6 +34,9 @@ BROADCAST_DUPLICATES = 1_000_000
 _MALFORMED = "_malformed"
 _FILE = "_file"
 _CORRUPT = "_corrupt_record"
+# The column separator of the one-column CSV scan that reads text lines (never in a log line).
+LINE_SEPARATOR = "\u0001"
+ANSI = "spark.sql.ansi.enabled"
 # Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
 _MILLIS_THRESHOLD = 1e11
 _EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?$"
@@ -84,8 +89,22 @@ def _parsed_text(text: DataFrame, parsed: Column, columns: SourceColumns) -> Dat
     )
 
 
+def _lines(spark: SparkSession, paths: str | list[str]) -> DataFrame:
+    """Every non-empty line of the files as ``value``, text untouched.
+
+    Read by Spark's CSV scan with one column, no quoting and a separator that text logs do
+    not hold (U+0001), because the RAPIDS Accelerator runs that scan on the GPU and not the
+    text one (docs/ARCHITECTURE.md, "GPU"). Unlike ``spark.read.text`` it skips empty lines,
+    which hold no record; a line holding U+0001 keeps the text before it (and fails parsing).
+    """
+    return (spark.read.schema("value STRING")
+            .options(sep=LINE_SEPARATOR, quote="", header="false", mode="PERMISSIVE",
+                     ignoreLeadingWhiteSpace="false", ignoreTrailingWhiteSpace="false")
+            .csv(paths))
+
+
 def _read_jsonl(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
-    text = spark.read.text(source.path)
+    text = _lines(spark, source.path)
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
     parsed = F.from_json("value", _string_schema(columns), options)
     return _parsed_text(text, parsed, columns)
@@ -136,7 +155,7 @@ def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns)
                               + [T.StructField(_CORRUPT, T.StringType())])
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT,
                    "sep": source.csv_delimiter}
-        text = spark.read.text(files).withColumn(_FILE, F.input_file_name())
+        text = _lines(spark, files).withColumn(_FILE, F.input_file_name())
         is_header = F.col("value") == F.lit(header_line)
         # One header line per file goes; any other copy of it is kept as data.
         repeats = (text.where(is_header)
@@ -197,7 +216,7 @@ def _unquoted(column: Column) -> Column:
 def _timestamp(text: Column, validation: ValidationConfig) -> Column:
     """ISO-8601 text or epoch seconds / milliseconds → timestamp; null when unparseable."""
     # Gate the numeric parse: a failed cast costs far more than the pattern test.
-    number = F.when(text.rlike(_EPOCH_PATTERN), text.try_cast("double"))
+    number = F.when(text.rlike(_EPOCH_PATTERN), text.cast("double"))
     if validation.ts_unit == "ms":
         seconds = number / 1000
     elif validation.ts_unit == "s":
@@ -206,25 +225,45 @@ def _timestamp(text: Column, validation: ValidationConfig) -> Column:
         seconds = F.when(F.abs(number) >= _MILLIS_THRESHOLD, number / 1000).otherwise(number)
     finite = ~F.isnan(seconds) & (F.abs(seconds) < _MILLIS_THRESHOLD)
     from_number = F.when(finite, F.timestamp_micros((seconds * 1_000_000).cast("long")))
-    return F.when(number.isNotNull(), from_number).otherwise(text.try_cast("timestamp"))
+    return F.when(number.isNotNull(), from_number).otherwise(text.cast("timestamp"))
 
 
 def _is_infinite(column: Column) -> Column:
     return F.abs(column) == F.lit(float("inf"))
 
 
+@contextlib.contextmanager
+def lenient_casts(spark: SparkSession) -> Iterator[None]:
+    """Casts built inside give null for text they cannot read instead of failing the job.
+
+    That is ``try_cast``, which the RAPIDS Accelerator does not run on the GPU, made from the
+    plain (non-ANSI) cast, which it does: a cast takes its mode from the session when it is
+    built, so the setting is needed only while the frame is built, and is restored after.
+    """
+    previous = spark.conf.get(ANSI, None)
+    spark.conf.set(ANSI, "false")
+    try:
+        yield
+    finally:
+        if previous is None:
+            spark.conf.unset(ANSI)
+        else:
+            spark.conf.set(ANSI, previous)
+
+
 def _typed(raw: DataFrame, config: EtlConfig, numeric: list[str]) -> DataFrame:
     """Each field parsed once, next to its text; the checks then read plain columns."""
     text = [F.trim(F.col(role)).alias(role) for role in REQUIRED_ROLES]
     numbers = [_unquoted(F.col(n)).alias(f"_{n}_text") for n in numeric]
-    return raw.select(
-        RECORD, SOURCE_FILE, _MALFORMED, *text, *numbers,
-        *(F.trim(F.col(c)).alias(c) for c in config.source.categorical),
-    ).select(
-        "*",
-        _timestamp(F.col("ts"), config.validation).alias("_ts"),
-        *(F.col(f"_{n}_text").try_cast("double").alias(n) for n in numeric),
-    )
+    with lenient_casts(raw.sparkSession):
+        return raw.select(
+            RECORD, SOURCE_FILE, _MALFORMED, *text, *numbers,
+            *(F.trim(F.col(c)).alias(c) for c in config.source.categorical),
+        ).select(
+            "*",
+            _timestamp(F.col("ts"), config.validation).alias("_ts"),
+            *(F.col(f"_{n}_text").cast("double").alias(n) for n in numeric),
+        )
 
 
 def latest_accepted(validation: ValidationConfig, now: datetime | None = None) -> datetime:
@@ -301,6 +340,20 @@ def deduplicate(accepted_rows: DataFrame) -> DataFrame:
     return accepted_rows.groupBy(*accepted_rows.columns).agg(F.count("*").alias(COPIES))
 
 
+def _null_safe_keys(frame: DataFrame, columns: list[str], prefix: str) -> DataFrame:
+    """Each column as two plain join keys — its value with a stand-in for null, and whether
+    it is null — so an equi-join on them is ``<=>``. Spark plans ``<=>`` itself with
+    ``coalesce(column, <stand-in>)`` inside the join's key list, which the Qualification
+    tool misreads as an unsupported join type; plain columns it reads."""
+    types = dict(frame.dtypes)
+    keys = []
+    for column in columns:
+        stand_in = F.lit("") if types[column] == "string" else F.lit(0).cast(types[column])
+        keys += [F.coalesce(F.col(column), stand_in).alias(f"{prefix}{column}"),
+                 F.col(column).isNull().alias(f"{prefix}{column}_null")]
+    return frame.select("*", *keys)
+
+
 def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
                removed: int) -> DataFrame:
     """The ``removed`` rows ``deduplicate`` took out, as they go to ``duplicates/``.
@@ -309,13 +362,18 @@ def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
     every other copy is listed with its record text and file, and the kept copy's.
     """
     columns = event_columns(config)
-    repeated = events.where(F.col(COPIES) > 1).select(*columns)
+    repeated = _null_safe_keys(events.where(F.col(COPIES) > 1).select(*columns), columns,
+                               "_repeated_")
+    repeated = repeated.drop(*columns)
     if removed <= BROADCAST_DUPLICATES:  # the usual few: no shuffle of the accepted rows
         repeated = F.broadcast(repeated)
-    rows = validated.where(F.col(REASON).isNull()).select(RECORD, SOURCE_FILE, *columns)
-    same = functools.reduce(lambda a, b: a & b,
-                            [rows[c].eqNullSafe(repeated[c]) for c in columns])
-    copies = rows.join(repeated, same, "left_semi")
+    rows = _null_safe_keys(validated.where(F.col(REASON).isNull())
+                           .select(RECORD, SOURCE_FILE, *columns), columns, "_row_")
+    same = functools.reduce(lambda a, b: a & b, [
+        F.col(f"_row_{c}{suffix}") == F.col(f"_repeated_{c}{suffix}")
+        for c in columns for suffix in ("", "_null")])
+    # The repeated events are distinct (one per group): an inner join keeps each copy once.
+    copies = rows.join(repeated, same, "inner").select(RECORD, SOURCE_FILE, *columns)
     ordered = Window.partitionBy(*columns).orderBy(SOURCE_FILE, RECORD)
     first = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     return (copies

@@ -78,7 +78,7 @@ def run_job(path: str | None = None, input_path: str | None = None,
             profile: str | None = None, label: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
             vocabulary_from: str | None = None, refit_vocabularies: bool = False, *,
-            submitted: bool = False) -> dict:
+            submitted: bool = False, properties: dict[str, str] | None = None) -> dict:
     """Load the configuration, apply the flags, start Spark and run the job; its metadata.
 
     ``submitted``: running under spark-submit, which has applied the properties file.
@@ -91,6 +91,8 @@ def run_job(path: str | None = None, input_path: str | None = None,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
         refit_vocabularies=refit_vocabularies)
+    if properties:
+        config.spark.properties.update(properties)
     from etl import job
     from etl.session import build_session
 
@@ -167,6 +169,39 @@ def etl_run(**options: str | None) -> None:
     """Run the ETL job (Spark local[*] by default)."""
     metadata = run_job(**options, submitted=False)  # type: ignore[arg-type]
     click.echo(summary(metadata))
+
+
+@etl.command("qualify")
+@job_options
+@click.option("--event-log", type=click.Path(exists=True),
+              help="Qualify this event log (file or folder, e.g. from a cluster run) instead "
+                   "of running the job")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
+def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> None:
+    """Will the job run on the GPU? NVIDIA's Qualification tool on an event log of it.
+
+    Without --event-log, runs the job (the same flags as `etl run`; its output goes to a
+    temporary folder unless --output is given) with Spark event logging on."""
+    import tempfile
+
+    from etl.qualification import qualify, render
+
+    with tempfile.TemporaryDirectory(prefix="featureline-events-") as work:
+        if event_log is None:
+            events = Path(work) / "events"
+            events.mkdir()
+            if not options.get("output"):
+                options["output"] = str(Path(work) / "output")
+            run_job(**options, properties={  # type: ignore[arg-type]
+                "spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri()})
+            from pyspark.sql import SparkSession
+
+            active = SparkSession.getActiveSession()
+            if active is not None:
+                active.stop()  # the event log is complete once the application ends
+            event_log = str(events)
+        report = qualify(Path(event_log))
+    click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
 @main.command()

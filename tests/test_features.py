@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
+import numpy as np
 import pytest
 import xxhash
 from pyspark.sql import functions as F
 
 from etl.config import EtlConfig
-from etl.features.base import TS_MICROS
+from etl.features.base import TS_MICROS, epoch_micros
 from etl.features.categorify import Categorify
 from etl.features.count_encode import CountEncode
 from etl.features.cyclic_time import CyclicTime
@@ -200,3 +201,17 @@ def test_feature_plans_have_no_row_at_a_time_python(spark):
     # The check can fail: a Python UDF does show up as BatchEvalPython.
     with_udf = events.withColumn("x", F.udf(lambda s: s, "string")("user_id"))
     assert "BatchEvalPython" in _plan(with_udf)
+
+
+def test_epoch_micros_equals_unix_micros(spark):
+    """The GPU-friendly microsecond key agrees with Spark's unix_micros to the microsecond."""
+    rng = np.random.default_rng(3)
+    micros = np.concatenate([
+        rng.integers(946_684_800_000_000, 4_102_444_799_999_999, 5000),  # 2000..2100
+        [946_684_800_000_000, 1_767_607_200_000_001, 1_767_607_200_999_999,
+         4_102_444_799_999_999]])
+    frame = spark.createDataFrame([(int(m),) for m in micros], "us long").select(
+        F.timestamp_micros("us").alias("ts"))
+    rows = frame.select(F.unix_micros("ts").alias("spark"),
+                        epoch_micros(F.col("ts")).alias("ours")).collect()
+    assert [r["ours"] for r in rows] == [r["spark"] for r in rows] == [int(m) for m in micros]

@@ -56,9 +56,10 @@ def _reasons(frame):
 
 def test_jsonl_every_reason_and_the_record_text(spark, tmp_path):
     lines = [json.dumps(_record(changes)) for changes, _ in CASES]
-    lines += ['{"user_id": "u1", "item_id": ', "[1, 2, 3]", "   "]
+    lines += ['{"user_id": "u1", "item_id": ', "[1, 2, 3]", '  {"padded": [1, 2  ']
     path = tmp_path / "events.jsonl"
-    path.write_text("\n".join(lines) + "\n")
+    # Blank lines (nothing but whitespace) hold no record and are not rows.
+    path.write_text("\n".join([*lines[:5], "", "   ", *lines[5:]]) + "\n\n")
     rows = _validated(spark, _config(path, "jsonl")).collect()
     assert len(rows) == len(lines)
     by_record = {row["record"]: row for row in rows}

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 
 from core.settings import Settings
 
@@ -23,10 +24,22 @@ TRAIN = "train"
 VALID = "valid"
 # Event time in microseconds since the epoch: the order and range key of the time windows.
 TS_MICROS = "_ts_us"
+MICROS = 1_000_000
 CATEGORICAL_SELECTOR = "@categorical"
 CONTINUOUS_SELECTOR = "@continuous"
 
 Kind = Literal["categorical", "continuous", "multi_hot"]
+
+
+def epoch_micros(ts: Column) -> Column:
+    """``unix_micros(ts)`` from operators the RAPIDS Accelerator runs (it does not run
+    ``unix_micros``): whole seconds by a cast, the fraction from the timestamp as a double.
+    Exact to the microsecond before the year 2242 — a double near 2^33 seconds still tells
+    microseconds apart — and validation keeps events before 2100.
+    """
+    seconds = ts.cast("long")
+    fraction = F.round((ts.cast("double") - seconds.cast("double")) * MICROS).cast("long")
+    return seconds * MICROS + fraction
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,15 @@ from pyspark.sql import functions as F
 
 from core.metadata import PADDING_ID, encoded_name
 from core.settings import duration_seconds
-from etl.features.base import TS_MICROS, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from etl.features.base import (
+    MICROS,
+    TS_MICROS,
+    ColumnRoles,
+    FeatureOp,
+    FeatureSpec,
+    OpSettings,
+)
 
-MICROS = 1_000_000
 SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
 NO_PREVIOUS_EVENT = -1.0
 

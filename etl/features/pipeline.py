@@ -6,7 +6,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from etl.config import EtlConfig
-from etl.features.base import SPLIT, TRAIN, TS_MICROS, FeatureOp, FeatureSpec
+from etl.features.base import SPLIT, TRAIN, TS_MICROS, FeatureOp, FeatureSpec, epoch_micros
 from etl.short_names import assign_short_names
 
 LABEL_SHORT_NAME = "y"
@@ -29,7 +29,7 @@ class FeaturePipeline:
         and lag_features use the item ids categorify assigns) are stateless, so transforms
         chain in the configured order.
         """
-        events = events.withColumn(TS_MICROS, F.unix_micros("ts"))
+        events = events.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
             op.fit(train)

@@ -1,0 +1,284 @@
+"""Will the job run on the GPU? NVIDIA's Qualification tool on an event log of our job.
+
+The RAPIDS Accelerator's Qualification tool reads a Spark event log and says which operators
+the plugin would run on the GPU — on a machine without one. Its jar comes in the
+``spark-rapids-user-tools`` wheel; its Java side needs Spark 3.5 / Scala 2.12 jars, which the
+``pyspark`` 3.5 source distribution carries under ``deps/jars/``. Both are fetched with pip on
+first use (pinned versions below) into a cache outside the repository and reused.
+
+The report is per stage of our job: each Spark job is tagged with the stage that ran it
+(``etl.job.STAGE_PROPERTY``), so every Spark stage the tool measures is attributed to ingest,
+features, write_examples, … ; each unsupported operator comes with the place in our code
+that produces it (docs/ARCHITECTURE.md, "GPU").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from core.errors import FeaturelineError
+from core.files import publish_directory, staging_folder
+
+TOOLS_VERSION = "26.8.4"  # spark-rapids-user-tools on PyPI (its jar: 26.08.4)
+SPARK_JARS_VERSION = "3.5.7"  # pyspark sdist whose deps/jars the tool runs on
+MAIN_CLASS = "com.nvidia.spark.rapids.tool.qualification.QualificationMain"
+CACHE_ENV = "FEATURELINE_CACHE"
+# Where the tool's operator lists come from (its jar's supportedExecs/Exprs.csv).
+TOOL_SPARK_VERSION = "3.5"
+# The stage property of etl/job.py, repeated so reading a report needs no Spark import.
+STAGE_PROPERTY = "featureline.stage"
+UNTAGGED = "other"
+# Rows of unsupported_operators.csv the tool itself marks as costing nothing, and the rows
+# of an operator that is unsupported only for an expression listed on its own row.
+_IGNORED_ACTIONS = {"IgnoreNoPerf", "IgnorePerf"}
+_COVERED_DETAILS = {"Contains unsupported expr"}
+ETL_SOURCES = Path(__file__).resolve().parent
+# How an operator the tool names shows up in our code, where the name alone is not a call.
+_CALLS = {
+    "Scan text": r"\.read\.text\(",
+    "Scan json": r"\.read\.json\(",
+    "Scan csv": r"\.read\.csv\(|\.csv\(",
+    "Scan parquet": r"\.read\.parquet\(",
+    "BroadcastHashJoin": r"\w\.join\((?:F\.broadcast\(|\w+[,.])",
+    "SortMergeJoin": r"\w\.join\((?:F\.broadcast\(|\w+[,.])",
+    "Window": r"Window\.",
+    "Generate": r"F\.(posexplode|explode)",
+    "TIMEZONE hour()": r"F\.hour\b",
+}
+
+
+class QualificationError(FeaturelineError):
+    """The Qualification tool could not be fetched or run; the message says which part."""
+
+
+def cache_root() -> Path:
+    """``FEATURELINE_CACHE``, else ``~/.cache/featureline``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "featureline"
+
+
+def _pip_download(requirement: str, into: Path, *extra: str) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+               "--disable-pip-version-check", "-d", str(into), *extra, requirement]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise QualificationError(f"cannot fetch {requirement} from the package registry: "
+                                 f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    return next(into.iterdir())
+
+
+def tool_classpath() -> str:
+    """The Java class path of the tool: fetched into the cache the first time, then reused."""
+    root = cache_root() / f"qualification-{TOOLS_VERSION}-spark-{SPARK_JARS_VERSION}"
+    if not (root / "READY").is_file():
+        staging = staging_folder(root)
+        try:
+            _fetch(staging)
+            publish_directory(staging, root)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    jar = next((root / "tools").glob("rapids-4-spark-tools_*.jar"))
+    return f"{jar}{os.pathsep}{root / 'spark-jars'}{os.sep}*"
+
+
+def _fetch(folder: Path) -> None:
+    downloads = folder / "downloads"
+    wheel = _pip_download(f"spark-rapids-user-tools=={TOOLS_VERSION}", downloads / "tools")
+    with zipfile.ZipFile(wheel) as archive:
+        member = next((name for name in archive.namelist()
+                       if re.search(r"core/jars/rapids-4-spark-tools_[^/]+\.jar$", name)), None)
+        if member is None:
+            raise QualificationError(f"{wheel.name} holds no rapids-4-spark-tools jar")
+        (folder / "tools").mkdir()
+        (folder / "tools" / Path(member).name).write_bytes(archive.read(member))
+    sdist = _pip_download(f"pyspark=={SPARK_JARS_VERSION}", downloads / "spark",
+                          "--no-binary", ":all:")
+    (folder / "spark-jars").mkdir()
+    with tarfile.open(sdist) as archive:
+        for member in archive.getmembers():
+            if member.isfile() and re.search(r"/deps/jars/[^/]+\.jar$", member.name):
+                source = archive.extractfile(member)
+                assert source is not None
+                (folder / "spark-jars" / Path(member.name).name).write_bytes(source.read())
+    shutil.rmtree(downloads)
+    (folder / "READY").write_text(json.dumps({"tools": TOOLS_VERSION,
+                                              "spark_jars": SPARK_JARS_VERSION}))
+
+
+def run_tool(event_log: Path, work: Path) -> Path:
+    """Run the tool on ``event_log`` (a file or folder); its ``qual_core_output`` folder."""
+    java = shutil.which("java")
+    if java is None:
+        raise QualificationError("java is not on PATH (the tool is a Java program)")
+    done = subprocess.run([java, "-cp", tool_classpath(), MAIN_CLASS, "--platform", "onprem",
+                           "-o", str(work), str(event_log)],
+                          capture_output=True, text=True, check=False)
+    output = work / "qual_core_output"
+    if done.returncode != 0 or not (output / "apps_summary.csv").is_file():
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
+        raise QualificationError(f"the Qualification tool failed on {event_log}: {tail}")
+    return output
+
+
+def _event_files(event_log: Path) -> list[Path]:
+    if event_log.is_file():
+        return [event_log]
+    return sorted(p for p in event_log.rglob("*") if p.is_file() and not p.name.startswith("."))
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The JSON lines of an event log file, plain or compressed with Spark's default zstd."""
+    if path.suffix == ".zstd":
+        import zstandard
+
+        with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as data:
+            yield from io.TextIOWrapper(data, errors="replace")
+    elif path.suffix in (".lz4", ".snappy", ".lzf"):
+        raise QualificationError(f"{path}: event logs compressed with {path.suffix[1:]} "
+                                 "are not read here; use zstd (Spark's default) or none")
+    else:
+        with path.open(errors="replace") as lines:
+            yield from lines
+
+
+def job_stages(event_log: Path) -> dict[str, dict[int, str]]:
+    """Per application, Spark stage id → the stage of our job whose Spark job ran it first."""
+    stages: dict[str, dict[int, str]] = defaultdict(dict)
+    for path in _event_files(event_log):
+        app = None
+        if path.name.startswith("appstatus_"):
+            continue
+        with contextlib.closing(_lines(path)) as lines:  # type: ignore[type-var]
+            for line in lines:
+                if '"SparkListenerApplicationStart"' in line:
+                    app = json.loads(line).get("App ID")
+                elif '"SparkListenerJobStart"' in line and app is not None:
+                    event = json.loads(line)
+                    ours = (event.get("Properties") or {}).get(STAGE_PROPERTY) or UNTAGGED
+                    for stage in event.get("Stage IDs", []):
+                        stages[app].setdefault(int(stage), ours)
+    return dict(stages)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def place_in_code(operator: str) -> list[str]:
+    """``file:line`` of the calls in ``etl/`` that produce ``operator``."""
+    pattern = re.compile(_CALLS.get(operator) or rf"\b{re.escape(operator)}\b")
+    places = []
+    for path in sorted(ETL_SOURCES.rglob("*.py")):
+        if path.name == Path(__file__).name:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if pattern.search(line) and not line.lstrip().startswith("#"):
+                places.append(f"etl/{path.relative_to(ETL_SOURCES)}:{number}")
+    return places
+
+
+def summarize(output: Path, stages: dict[str, dict[int, str]]) -> dict[str, Any]:
+    """The tool's verdict per application and per stage of our job."""
+    applications = []
+    for summary in _rows(output / "apps_summary.csv"):
+        app = summary["App ID"]
+        metrics = output / "qual_metrics" / app
+        ours = stages.get(app, {})
+        task_ms: dict[str, int] = defaultdict(int)
+        unsupported_ms: dict[str, int] = defaultdict(int)
+        measured: dict[int, tuple[int, int]] = {}
+        for row in _rows(metrics / "stages.csv"):  # a stage may be listed more than once
+            stage = int(row["Stage ID"])
+            entry = (int(row["Stage Task Duration"]), int(row["Unsupported Task Duration"]))
+            measured[stage] = max(measured.get(stage, entry), entry)
+        for stage, (total, unsupported) in measured.items():
+            name = ours.get(stage, UNTAGGED)
+            task_ms[name] += total
+            unsupported_ms[name] += unsupported
+        operators: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+        for row in _rows(metrics / "unsupported_operators.csv"):
+            if row["Action"] in _IGNORED_ACTIONS or row["Details"] in _COVERED_DETAILS:
+                continue
+            key = (row["Unsupported Type"], row["Unsupported Operator"], row["Details"])
+            operators[key].add(ours.get(int(row["Stage ID"]), UNTAGGED))
+        by_stage = {name: {"task_ms": task_ms[name], "unsupported_task_ms": unsupported_ms[name],
+                           "supported_share": _share(task_ms[name], unsupported_ms[name])}
+                    for name in sorted(task_ms, key=_stage_order)}
+        total, unsupported = sum(task_ms.values()), sum(unsupported_ms.values())
+        applications.append({
+            "app_id": app, "app_name": summary["App Name"],
+            "supported_share": _share(total, unsupported),
+            "task_ms": total, "unsupported_task_ms": unsupported,
+            "stages": by_stage,
+            "unsupported_operators": [
+                {"type": kind, "operator": operator, "details": details,
+                 "stages": sorted(where, key=_stage_order), "code": place_in_code(operator)}
+                for (kind, operator, details), where in sorted(operators.items())],
+            "unsupported_formats": summary.get("Unsupported Read File Formats and Types", ""),
+            "potential_problems": [{"problem": problem, "code": place_in_code(problem)}
+                                   for problem in filter(None, summary.get(
+                                       "Potential Problems", "").split(":"))],
+        })
+    return {"tool": {"package": f"spark-rapids-user-tools=={TOOLS_VERSION}",
+                     "operator_lists_for_spark": TOOL_SPARK_VERSION,
+                     "spark_jars": f"pyspark=={SPARK_JARS_VERSION}"},
+            "applications": applications}
+
+
+# Our stages in the order the job runs them (etl/job.py).
+JOB_STAGES = ("ingest", "split", "features", "write_examples", "write_tfrecord", "entities",
+              "artifacts")
+
+
+def _stage_order(name: str) -> int:
+    return JOB_STAGES.index(name) if name in JOB_STAGES else len(JOB_STAGES)
+
+
+def _share(total: int, unsupported: int) -> float:
+    return round(1 - unsupported / total, 4) if total else 1.0
+
+
+def qualify(event_log: Path) -> dict[str, Any]:
+    """Run the tool on an event log and attribute its verdict to the stages of our job."""
+    with tempfile.TemporaryDirectory(prefix="featureline-qualify-") as work:
+        output = run_tool(event_log, Path(work))
+        return summarize(output, job_stages(event_log))
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as lines for a terminal."""
+    tool = report["tool"]
+    lines = [f"Qualification tool {tool['package']} (operator lists of Spark "
+             f"{tool['operator_lists_for_spark']})"]
+    for app in report["applications"]:
+        lines.append(f"{app['app_name']} {app['app_id']}: {app['supported_share']:.1%} of "
+                     f"task time on supported operators ({app['task_ms']:,} ms of tasks)")
+        for name, stage in app["stages"].items():
+            lines.append(f"  {name:<15} {stage['supported_share']:7.1%}  "
+                         f"({stage['task_ms']:,} ms, {stage['unsupported_task_ms']:,} ms "
+                         "unsupported)")
+        for operator in app["unsupported_operators"]:
+            lines.append(f"  unsupported {operator['type']} {operator['operator']} "
+                         f"({operator['details']}) in {', '.join(operator['stages'])}: "
+                         f"{', '.join(operator['code']) or 'no call of ours found'}")
+        for problem in app["potential_problems"]:
+            lines.append(f"  potential problem {problem['problem']}: "
+                         f"{', '.join(problem['code']) or 'no call of ours found'}")
+    return "\n".join(lines)
