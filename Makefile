@@ -8,12 +8,13 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= data/demo
 DEMO_EVENTS ?= 200000
+QUALIFY_LOG ?= data/qualify/events.jsonl
 
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: help venv java test lint demo stop bench clean
+.PHONY: help venv java test lint demo stop bench qualify clean
 
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
@@ -21,6 +22,7 @@ help:
 	@echo "make lint   ruff check"
 	@echo "make stop   stop what the demo left running (the API, the embedded Redis)"
 	@echo "make bench  run the benchmarks (BENCH_ARGS=... to pass options)"
+	@echo "make qualify  will the ETL run on the GPU? NVIDIA's Qualification tool on a run of it"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
@@ -50,6 +52,10 @@ stop:
 
 bench: venv java
 	$(BIN)/python benchmarks/bench_etl.py $(BENCH_ARGS)
+
+qualify: venv java
+	test -f $(QUALIFY_LOG) || $(BIN)/featureline datagen --events $(DEMO_EVENTS) --out $(QUALIFY_LOG) --bad-fraction 0.01
+	$(BIN)/featureline etl qualify --input $(QUALIFY_LOG) --refit-vocabularies $(QUALIFY_ARGS)
 
 clean: stop
 	rm -rf $(VENV) data feature_store/data .pytest_cache spark-warehouse
