@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -163,8 +164,17 @@ def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns)
                                                             .orderBy(_FILE)))
                    .where(F.col("_copy") > 1).drop("_copy"))
         body = text.where(~is_header).unionByName(repeats).drop(_FILE)
+        # A line without quotes and with one field per header column is split as it is (an
+        # operator the GPU runs); the others go through Spark's CSV parser, from_csv, which
+        # it does not: quoting is what needs a parser (docs/ARCHITECTURE.md, "GPU").
+        fields = F.split(F.col("value"), re.escape(source.csv_delimiter), -1)
+        plain = ~F.col("value").contains('"') & (F.size(fields) == len(header))
+        split = F.struct(*(F.when(fields[i] != "", fields[i]).alias(name)
+                           for i, name in enumerate(header)),
+                         F.lit(None).cast("string").alias(_CORRUPT))
         parsed = F.from_csv("value", schema.simpleString(), options)
-        frames.append(_parsed_text(body, parsed, columns))
+        frames += [_parsed_text(body.where(plain), split, columns),
+                   _parsed_text(body.where(~plain), parsed, columns)]
     return functools.reduce(DataFrame.unionByName, frames)
 
 

@@ -246,3 +246,27 @@ def test_duplicates_are_listed_with_their_text_and_the_copy_kept(spark, tmp_path
         (epoch, "b.jsonl", json.dumps(event), "a.jsonl"),
         (missing_value, "a.jsonl", missing_value, "a.jsonl"),
     ])
+
+
+def test_csv_lines_split_as_they_are_read_as_spark_csv_parser_reads_them(spark, tmp_path):
+    """Lines without quotes are split by the GPU's operator, the rest by from_csv; both
+    parsers give every field the same value (empty → missing, spaces kept), quoted fields
+    with the separator inside included."""
+    header = "user_id,item_id,event_type,ts,value,price,category,device"
+    lines = ["u1,i1,view,2026-01-05T10:00:00Z,,9.99,c1,mobile",
+             " u2 ,i1, click ,1767607200,2, ,c 1,",
+             '"u,3",i1,view,2026-01-05T10:00:00Z,1,1,"c ""x""",mobile',
+             'u4,"i1",view,2026-01-05T10:00:00Z,1,1,c1,mobile']
+    path = tmp_path / "events.csv"
+    path.write_text("\n".join([header, *lines]) + "\n")
+    config = _config(path, "csv")
+    raw = ingest.read_raw(spark, config.source)
+    got = {r["record"]: r.asDict() for r in raw.collect()}
+    schema = ", ".join(f"{c} STRING" for c in header.split(","))
+    expected = spark.createDataFrame([(line,) for line in lines], "line string").select(
+        "line", F.from_csv("line", schema).alias("p")).collect()
+    for row in expected:
+        fields = row["p"].asDict()
+        assert {k: got[row["line"]][k] for k in fields} == fields, row["line"]
+    assert got[lines[2]]["user_id"] == "u,3" and got[lines[1]]["price"] == " "
+    assert got[lines[0]]["value"] is None and got[lines[1]]["device"] is None
