@@ -185,7 +185,8 @@ def _read_parquet(spark: SparkSession, source: SourceConfig, columns: SourceColu
             raise RawLogSchemaError(source.path, name, table.columns)
     types = dict(table.dtypes)
     return table.select(
-        F.to_json(F.struct(*table.columns)).alias(RECORD),
+        # The row itself; written as JSON only where it is kept (record_text).
+        F.struct(*table.columns).alias(RECORD),
         F.input_file_name().alias(SOURCE_FILE),
         F.lit(False).alias(_MALFORMED),
         *(_as_text(F.col(f"`{name}`"), types[name]).alias(canonical)
@@ -330,9 +331,19 @@ def event_columns(config: EtlConfig) -> list[str]:
             *config.source.categorical]
 
 
+def record_text(frame: DataFrame, column: str = RECORD) -> Column:
+    """A record as the text the quarantine and duplicates lists keep. A Parquet row travels
+    as its struct and becomes JSON only here, for the few rows listed: ``to_json`` is not on
+    the GPU's list (docs/ARCHITECTURE.md, "GPU")."""
+    if dict(frame.dtypes)[column].startswith("struct"):
+        return F.to_json(F.col(column)).alias(column)
+    return F.col(column)
+
+
 def quarantined(validated: DataFrame) -> DataFrame:
     """The rejected rows as they go to ``quarantine/``: record text, reason, field, file."""
-    return validated.where(F.col(REASON).isNotNull()).select(RECORD, REASON, FIELD, SOURCE_FILE)
+    rejected = validated.where(F.col(REASON).isNotNull())
+    return rejected.select(record_text(rejected), REASON, FIELD, SOURCE_FILE)
 
 
 def accepted(validated: DataFrame, config: EtlConfig) -> DataFrame:
@@ -386,9 +397,10 @@ def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
     copies = rows.join(repeated, same, "inner").select(RECORD, SOURCE_FILE, *columns)
     ordered = Window.partitionBy(*columns).orderBy(SOURCE_FILE, RECORD)
     first = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    return (copies
-            .withColumn("_n", F.row_number().over(ordered))
-            .withColumn(KEPT_RECORD, F.first(RECORD).over(first))
-            .withColumn(KEPT_FILE, F.first(SOURCE_FILE).over(first))
-            .where(F.col("_n") > 1)
-            .select(RECORD, SOURCE_FILE, KEPT_RECORD, KEPT_FILE))
+    removed_copies = (copies
+                      .withColumn("_n", F.row_number().over(ordered))
+                      .withColumn(KEPT_RECORD, F.first(RECORD).over(first))
+                      .withColumn(KEPT_FILE, F.first(SOURCE_FILE).over(first))
+                      .where(F.col("_n") > 1))
+    return removed_copies.select(record_text(removed_copies), SOURCE_FILE,
+                                 record_text(removed_copies, KEPT_RECORD), KEPT_FILE)

@@ -59,6 +59,7 @@ _CALLS = {
     "Window": r"Window\.",
     "Generate": r"F\.(posexplode|explode)",
     "TIMEZONE hour()": r"F\.hour\b",
+    "StructsToJsonEvaluator": r"F\.to_json\(",
 }
 
 

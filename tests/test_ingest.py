@@ -115,7 +115,12 @@ def test_parquet_typed_columns(spark, tmp_path):
     path = tmp_path / "events.parquet"
     pq.write_table(table, path)
     rows = _validated(spark, _config(path, "parquet")).orderBy("record").collect()
-    reasons = {json.loads(r["record"]).get("user_id"): r["reason"] for r in rows}
+    reasons = {r["record"]["user_id"]: r["reason"] for r in rows}
+    # The record text of a rejected Parquet row is the row as JSON.
+    rejected = {json.loads(r["record"]).get("user_id"): r["reason"]
+                for r in ingest.quarantined(_validated(spark, _config(path, "parquet")))
+                .collect()}
+    assert rejected == {k: v for k, v in reasons.items() if v}
     assert reasons == {"u1": None, None: "missing_user_id", "u3": "non_finite_number",
                        "u4": "unknown_event_type"}
     with pytest.raises(RawLogSchemaError):
@@ -270,3 +275,15 @@ def test_csv_lines_split_as_they_are_read_as_spark_csv_parser_reads_them(spark, 
         assert {k: got[row["line"]][k] for k in fields} == fields, row["line"]
     assert got[lines[2]]["user_id"] == "u,3" and got[lines[1]]["price"] == " "
     assert got[lines[0]]["value"] is None and got[lines[1]]["device"] is None
+
+
+def test_parquet_duplicates_are_listed_as_json(spark, tmp_path):
+    row = {"user_id": "u1", "item_id": "i1", "event_type": "view", "ts": 1767607200,
+           "value": 1.0, "price": 2.0, "category": "c", "device": "d"}
+    pq.write_table(pa.Table.from_pylist([row, row, dict(row, user_id="u2")]),
+                   tmp_path / "events.parquet")
+    config = _config(tmp_path / "events.parquet", "parquet")
+    validated = _validated(spark, config)
+    events = ingest.deduplicate(ingest.accepted(validated, config))
+    (removed,) = ingest.duplicates(validated, events, config, 1).collect()
+    assert json.loads(removed["record"]) == json.loads(removed["kept_record"]) == row
