@@ -91,11 +91,11 @@ def _parsed_text(text: DataFrame, parsed: Column, columns: SourceColumns) -> Dat
 
 
 def _lines(spark: SparkSession, paths: str | list[str]) -> DataFrame:
-    """Every non-empty line of the files as ``value``, text untouched.
+    """Every line of the files that holds more than whitespace, as ``value``, untouched.
 
     Read by Spark's CSV scan with one column, no quoting and a separator that text logs do
     not hold (U+0001), because the RAPIDS Accelerator runs that scan on the GPU and not the
-    text one (docs/ARCHITECTURE.md, "GPU"). Unlike ``spark.read.text`` it skips empty lines,
+    text one (docs/ARCHITECTURE.md, "GPU"). Unlike ``spark.read.text`` it skips blank lines,
     which hold no record; a line holding U+0001 keeps the text before it (and fails parsing).
     """
     return (spark.read.schema("value STRING")
