@@ -28,6 +28,7 @@ from etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
 from etl.features.categorify import Categorify
 from etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from etl.outputs import local_path, staged_directory, write_json, write_parquet
+from etl.qualification import STAGE_PROPERTY
 from etl.tfrecord.layout import build_layout
 from etl.tfrecord.writer import write_split
 from etl.vocabulary import PreviousVocabularies, lineage_entry, load_previous, previous_output
@@ -42,11 +43,6 @@ SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array
 class JobResult:
     output: Path
     metadata: dict[str, Any]
-
-
-# The local property naming the job stage each Spark job runs for: an event log then tells
-# which stage of ours every Spark stage belongs to (``featureline etl qualify``).
-STAGE_PROPERTY = "featureline.stage"
 
 
 class StageTimer:

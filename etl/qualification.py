@@ -7,9 +7,9 @@ the plugin would run on the GPU — on a machine without one. Its jar comes in t
 first use (pinned versions below) into a cache outside the repository and reused.
 
 The report is per stage of our job: each Spark job is tagged with the stage that ran it
-(``etl.job.STAGE_PROPERTY``), so every Spark stage the tool measures is attributed to ingest,
-features, write_examples, … ; each unsupported operator comes with the place in our code
-that produces it (docs/ARCHITECTURE.md, "GPU").
+(``STAGE_PROPERTY``, set by ``etl.job.StageTimer``), so every Spark stage the tool measures
+is attributed to ingest, features, write_examples, … ; each unsupported operator comes with
+the place in our code that produces it (docs/ARCHITECTURE.md, "GPU").
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ MAIN_CLASS = "com.nvidia.spark.rapids.tool.qualification.QualificationMain"
 CACHE_ENV = "FEATURELINE_CACHE"
 # Where the tool's operator lists come from (its jar's supportedExecs/Exprs.csv).
 TOOL_SPARK_VERSION = "3.5"
-# The stage property of etl/job.py, repeated so reading a report needs no Spark import.
+# The local property naming the stage of ours each Spark job runs for (etl/job.py sets it;
+# defined here, where reading an event log needs no Spark import).
 STAGE_PROPERTY = "featureline.stage"
 UNTAGGED = "other"
 # Rows of unsupported_operators.csv the tool itself marks as costing nothing, and the rows

@@ -105,6 +105,15 @@ def volatile_store(config: VolatileDbConfig) -> VolatileStore:
     return HashMapStore(config.capacity, config.overflow_policy)
 
 
+def _set_aside(folder: Path) -> Path:
+    """Move a damaged replica folder out of the way (to ``<folder>.damaged``) and return
+    where it went, so its path is free at once and the removal can follow."""
+    aside = folder.with_name(f"{folder.name}.damaged")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    return aside
+
+
 class ParameterServer:
     def __init__(self, config: HpsConfig, persistent: PersistentStore | None = None,
                  volatile: VolatileStore | None = None) -> None:
@@ -140,10 +149,7 @@ class ParameterServer:
         """Close a damaged replica, remove it, and open an empty one in its place."""
         logger.warning("%s is damaged: importing every table again", damaged.path)
         damaged.close()
-        aside = damaged.path.with_name(f"{damaged.path.name}.damaged")
-        shutil.rmtree(aside, ignore_errors=True)
-        damaged.path.rename(aside)
-        shutil.rmtree(aside, ignore_errors=True)
+        shutil.rmtree(_set_aside(damaged.path), ignore_errors=True)
         return RocksDBStore(damaged.path)
 
     @classmethod
@@ -219,13 +225,11 @@ class ParameterServer:
                              fingerprint(entry.config.source, entry.config.format))
         finally:
             rebuilt.close()
-        aside = damaged.path.with_name(f"{damaged.path.name}.damaged")
         with contextlib.ExitStack() as held:
             for entry in entries:
                 held.enter_context(entry.lock)
             damaged.close()
-            shutil.rmtree(aside, ignore_errors=True)
-            damaged.path.rename(aside)
+            aside = _set_aside(damaged.path)
             rebuilt_path.rename(damaged.path)
             self.persistent = RocksDBStore(damaged.path)
             for entry in entries:
