@@ -28,6 +28,7 @@ from etl.features.cyclic_time import CyclicTimeSettings
 from etl.features.hashed_cross import HashedCrossSettings
 from etl.features.history import HistorySettings
 from etl.features.lag_features import LagFeaturesSettings
+from etl.features.model_ready import ModelReadyConfig
 from etl.features.normalize import NormalizeSettings
 from etl.features.target_encode import TargetEncodeSettings
 
@@ -225,6 +226,7 @@ class EtlConfig(Settings):
     label: LabelRule = LabelRule(column="event_type", op="in", value=["click", "purchase"])
     split: SplitConfig = SplitConfig()
     features: list[FeatureOpConfig] = Field(default_factory=_default_features)
+    model_ready: ModelReadyConfig = ModelReadyConfig()
     embeddings: EmbeddingPlanConfig = EmbeddingPlanConfig()
     entities: EntitiesConfig = EntitiesConfig()
     output: OutputConfig = OutputConfig()
@@ -323,6 +325,7 @@ def with_overrides(
     continuous: list[str] | None = None,
     vocabulary_from: str | None = None,
     refit_vocabularies: bool = False,
+    valid_days: int | None = None,
 ) -> EtlConfig:
     """Apply command-line flags on top of the file, re-validating the result."""
     data = config.model_dump(mode="json")
@@ -349,6 +352,8 @@ def with_overrides(
         data["vocabulary"]["previous"] = vocabulary_from
     if refit_vocabularies:
         data["vocabulary"]["refit"] = True
+    if valid_days is not None:
+        data["split"]["valid_days"] = valid_days
     return validate(EtlConfig, data, origin="command-line flags", prefix=("etl",), tags=OP_NAMES)
 
 

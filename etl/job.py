@@ -219,6 +219,8 @@ def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:
             write_parquet(table, path / name)
         if artifacts.stats:
             stats[op.name] = artifacts.stats
+    # What serving applies to a raw value to match the examples (core/transforms.py).
+    stats["model_ready"] = pipeline.model_ready.artifacts()
     write_json(stats, path / "stats.json")
     return stats
 

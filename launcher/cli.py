@@ -77,7 +77,8 @@ def run_job(path: str | None = None, input_path: str | None = None,
             input_format: str | None = None, output: str | None = None,
             profile: str | None = None, label: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
-            vocabulary_from: str | None = None, refit_vocabularies: bool = False, *,
+            vocabulary_from: str | None = None, refit_vocabularies: bool = False,
+            valid_days: int | None = None, *,
             submitted: bool = False, properties: dict[str, str] | None = None) -> dict:
     """Load the configuration, apply the flags, start Spark and run the job; its metadata.
 
@@ -90,7 +91,7 @@ def run_job(path: str | None = None, input_path: str | None = None,
         load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
-        refit_vocabularies=refit_vocabularies)
+        refit_vocabularies=refit_vocabularies, valid_days=valid_days)
     if properties:
         config.spark.properties.update(properties)
     from etl import job
@@ -122,6 +123,9 @@ def job_options(command: click.Command) -> click.Command:
         click.option("--vocabulary-from", type=click.Path(file_okay=False),
                      help="ETL output whose vocabularies this run extends (default: the "
                           "output folder's current publication)"),
+        click.option("--valid-days", type=click.IntRange(min=1),
+                     help="Days at the end of the log that form the validation split "
+                          "(overrides split.valid_days)"),
         click.option("--refit-vocabularies", is_flag=True,
                      help="Assign every id afresh: a new lineage, incompatible with earlier "
                           "outputs"),

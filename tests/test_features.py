@@ -11,13 +11,16 @@ import xxhash
 from pyspark.sql import functions as F
 
 from etl.config import EtlConfig
-from etl.features.base import TS_MICROS, epoch_micros
+from core.errors import ConfigError
+from core.transforms import apply as apply_transform
+from etl.features.base import TS_MICROS, FeatureSpec, epoch_micros
 from etl.features.categorify import Categorify
 from etl.features.count_encode import CountEncode
 from etl.features.cyclic_time import CyclicTime
 from etl.features.hashed_cross import HashedCross
 from etl.features.history import History
 from etl.features.lag_features import LagFeatures
+from etl.features.model_ready import ModelReady, ModelReadyConfig
 from etl.features.normalize import Normalize
 from etl.features.pipeline import FeaturePipeline
 from etl.features.target_encode import FOLD, TargetEncode, fold_of_event
@@ -116,19 +119,19 @@ def test_lag_features_strictly_before(spark):
             ("u2", "5", 10, 0, "train")]
     events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
     out = LagFeatures(["1h", "24h", "7d"]).transform(events)
-    got = sorted((r["user_id"], r["_ts_us"] // 1_000_000, r["item_id"], r["user_secs_since_prev"],
+    got = sorted(((r["user_id"], r["_ts_us"] // 1_000_000, r["item_id"], r["user_secs_since_prev"],
                   r["user_events_1h"], r["user_events_24h"], r["user_events_7d"],
                   r["user_prev_item"], r["ui_secs_since_prev"], r["ui_events_1h"])
-                 for r in out.collect())
+                  for r in out.collect()), key=lambda g: g[:3])
     base = min(g[1] for g in got)
     got = [(g[0], g[1] - base, *g[2:]) for g in got]
     assert got == [
-        ("u1", 0, "5", -1.0, 0.0, 0.0, 0.0, 0, -1.0, 0.0),
+        ("u1", 0, "5", None, 0.0, 0.0, 0.0, 0, None, 0.0),
         ("u1", 10, "5", 10.0, 1.0, 1.0, 1.0, 5, 10.0, 1.0),
-        ("u1", 10, "7", 10.0, 1.0, 1.0, 1.0, 5, -1.0, 0.0),
+        ("u1", 10, "7", 10.0, 1.0, 1.0, 1.0, 5, None, 0.0),
         ("u1", 3500, "5", 3490.0, 3.0, 3.0, 3.0, 7, 3490.0, 2.0),
-        ("u1", 90000, "9", 86500.0, 0.0, 0.0, 4.0, 5, -1.0, 0.0),
-        ("u2", 10, "5", -1.0, 0.0, 0.0, 0.0, 0, -1.0, 0.0),
+        ("u1", 90000, "9", 86500.0, 0.0, 0.0, 4.0, 5, None, 0.0),
+        ("u2", 10, "5", None, 0.0, 0.0, 0.0, 0, None, 0.0),
     ]
 
 
@@ -181,6 +184,74 @@ def test_normalize_fill_log1p_and_standardise(spark):
     mean = sum(xs) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / 3)
     assert logged["d"] == pytest.approx((math.log1p(7.0) - mean) / sd)
+
+
+MODEL_READY_SPECS = [
+    FeatureSpec("n", "continuous", "float32", transform_hint="log1p_standardize"),
+    FeatureSpec("r", "continuous", "float32"),  # standardize, the default
+    FeatureSpec("s", "continuous", "float32", transform_hint="none"),
+    FeatureSpec("gap", "continuous", "float32", transform_hint="log1p_standardize",
+                missing=True),
+]
+
+
+def _model_ready(spark, rows, config=None):
+    """rows: (split, n, r, s, gap); the frame transformed, by row, and the fitted step."""
+    frame_ = spark.createDataFrame(
+        [(i, *row) for i, row in enumerate(rows)],
+        "id int, split string, n double, r double, s double, gap double")
+    step = ModelReady(MODEL_READY_SPECS, config or ModelReadyConfig())
+    step.fit(frame_.where(F.col("split") == "train"))
+    return {r["id"]: r for r in step.transform(frame_).collect()}, step
+
+
+def test_model_ready_transforms_with_training_statistics_only(spark):
+    train = [("train", 0.0, 0.2, 5.0, None), ("train", 3.0, 0.4, -2.0, 10.0),
+             ("train", 99.0, 0.9, 7.0, 1000.0)]
+    out, step = _model_ready(spark, [*train, ("valid", 1e6, 0.5, 1.0, None)])
+    # Hand-computed, over the three training rows only (population standard deviation).
+    logs = [math.log1p(0.0), math.log1p(3.0), math.log1p(99.0)]
+    mean = sum(logs) / 3
+    std = math.sqrt(sum((x - mean) ** 2 for x in logs) / 3)
+    assert out[1]["n"] == pytest.approx((math.log1p(3.0) - mean) / std)
+    assert out[3]["n"] == pytest.approx((math.log1p(1e6) - mean) / std)  # valid: train stats
+    r_mean, r_std = 0.5, math.sqrt(((0.3 ** 2) + (0.1 ** 2) + (0.4 ** 2)) / 3)
+    assert out[0]["r"] == pytest.approx((0.2 - r_mean) / r_std)
+    assert [out[i]["s"] for i in range(4)] == [5.0, -2.0, 7.0, 1.0]  # none: as it was
+    # A missing value: the training mean (0 once standardised), and the indicator says so.
+    gap_logs = [math.log1p(10.0), math.log1p(1000.0)]
+    gap_mean = sum(gap_logs) / 2
+    gap_std = abs(gap_logs[1] - gap_logs[0]) / 2
+    assert [out[i]["gap"] for i in range(4)] == pytest.approx(
+        [0.0, (gap_logs[0] - gap_mean) / gap_std, (gap_logs[1] - gap_mean) / gap_std, 0.0])
+    assert [out[i]["gap_missing"] for i in range(4)] == [1.0, 0.0, 0.0, 1.0]
+    assert step.stats["gap"]["missing_in_train"] == 1
+    # No leakage: the validation row's value moves no statistic.
+    _, other = _model_ready(spark, [*train, ("valid", 5.0, -40.0, 1.0, 3.0)])
+    assert other.stats == step.stats
+    # Serving's NumPy transform gives the same numbers from the raw values and metadata.
+    raw = np.array([0.0, 3.0, 99.0, 1e6])
+    np.testing.assert_allclose(apply_transform(raw, step.stats["n"]),
+                               [out[i]["n"] for i in range(4)], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(apply_transform([np.nan, 10.0, 1000.0, None], step.stats["gap"]),
+                               [out[i]["gap"] for i in range(4)], rtol=1e-6, atol=1e-6)
+
+
+def test_model_ready_is_configurable_per_feature(spark):
+    rows = [("train", 1.0, 0.0, 0.0, None), ("train", 3.0, 2.0, 0.0, 4.0)]
+    out, step = _model_ready(spark, rows, ModelReadyConfig(transforms={"n": "none",
+                                                                       "s": "standardize"}))
+    assert (out[0]["n"], out[1]["n"]) == (1.0, 3.0)
+    assert step.stats["s"] == {"name": "standardize", "mean": 0.0, "std": 1.0,
+                               "missing_in_train": 0}  # constant: std 1, not a division by 0
+    specs = step.features(MODEL_READY_SPECS)
+    assert [s.name for s in specs] == ["n", "r", "s", "gap", "gap_missing"]
+    assert specs[4].transform == {"name": "missing_indicator", "of": "gap"}
+    # Switched off: raw values, missing ones 0, the indicator still there.
+    out, _ = _model_ready(spark, rows, ModelReadyConfig(enabled=False))
+    assert (out[0]["n"], out[1]["r"], out[0]["gap"], out[0]["gap_missing"]) == (1.0, 2.0, 0.0, 1.0)
+    with pytest.raises(ConfigError, match="etl.model_ready.transforms.nope"):
+        ModelReady(MODEL_READY_SPECS, ModelReadyConfig(transforms={"nope": "none"}))
 
 
 def _plan(frame_) -> str:

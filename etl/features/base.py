@@ -103,6 +103,12 @@ class FeatureSpec:
     # Values per row: 1, or K for a multi-hot list.
     width: int = 1
     short_name: str | None = None
+    # Continuous features: the model-ready transform the op proposes (etl.model_ready may
+    # override it), whether a row can have no value (then a missing indicator is added), and,
+    # once fitted, the transform applied with its statistics (metadata.json's "transform").
+    transform_hint: str = "standardize"
+    missing: bool = False
+    transform: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "short_name": self.short_name,
@@ -111,6 +117,8 @@ class FeatureSpec:
             data["cardinality"] = self.cardinality
         if self.shares is not None:
             data["shares"] = self.shares
+        if self.transform is not None:
+            data["transform"] = self.transform
         return data
 
 

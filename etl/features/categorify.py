@@ -93,7 +93,9 @@ class Categorify(FeatureOp):
         return self.sizes[column] + FIRST_ID
 
     def features(self) -> list[FeatureSpec]:
-        return [FeatureSpec(encoded_name(c), "categorical", "int64", self.cardinality(c))
+        # Before the fit the names are known, the cardinalities not yet.
+        return [FeatureSpec(encoded_name(c), "categorical", "int64",
+                            self.cardinality(c) if c in self.sizes else None)
                 for c in self.columns]
 
     def artifacts(self) -> Artifacts:

@@ -8,6 +8,7 @@ from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from core.transforms import LOG1P_STANDARDIZE
 from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
@@ -44,7 +45,8 @@ class CountEncode(FeatureOp):
         return events
 
     def features(self) -> list[FeatureSpec]:
-        return [FeatureSpec(encoded_name(c), "continuous", "float32") for c in self.columns]
+        return [FeatureSpec(encoded_name(c), "continuous", "float32",
+                            transform_hint=LOG1P_STANDARDIZE) for c in self.columns]
 
     def artifacts(self) -> Artifacts:
         return Artifacts(tables={

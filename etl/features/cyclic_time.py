@@ -8,6 +8,7 @@ from typing import Literal
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from core.transforms import NONE
 from etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 PERIODS = {"hour": (F.hour, 24), "dow": (F.weekday, 7)}
@@ -32,5 +33,5 @@ class CyclicTime(FeatureOp):
         return events.withColumns(columns)
 
     def features(self) -> list[FeatureSpec]:
-        return [FeatureSpec(f"{name}_{fn}", "continuous", "float32")
+        return [FeatureSpec(f"{name}_{fn}", "continuous", "float32", transform_hint=NONE)
                 for name in PERIODS for fn in ("sin", "cos")]

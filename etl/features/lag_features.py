@@ -1,8 +1,9 @@
 """lag_features: recency and activity per user and per user–item, strictly before each event.
 
-For scope ``user`` (and ``ui``, the user–item pair): seconds since the previous event (-1 for
-the first), the number of events in each trailing window ``[t - w, t)``, and for users the
-previous item's id. Events at the very same instant are not "before" one another.
+For scope ``user`` (and ``ui``, the user–item pair): seconds since the previous event (missing
+for the first: the model-ready step adds an indicator), the number of events in each trailing
+window ``[t - w, t)``, and for users the previous item's id. Events at the very same instant
+are not "before" one another.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pyspark.sql import functions as F
 
 from core.metadata import PADDING_ID, encoded_name
 from core.settings import duration_seconds
+from core.transforms import LOG1P_STANDARDIZE
 from etl.features.base import (
     MICROS,
     TS_MICROS,
@@ -25,7 +27,6 @@ from etl.features.base import (
 )
 
 SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
-NO_PREVIOUS_EVENT = -1.0
 
 
 def window_name(window: str) -> str:
@@ -62,8 +63,7 @@ class LagFeatures(FeatureOp):
             before = by_time.rangeBetween(Window.unboundedPreceding, -1)
             previous_ts = F.max(TS_MICROS).over(before)
             columns = {
-                f"{scope}_secs_since_prev": F.coalesce(
-                    (F.col(TS_MICROS) - previous_ts) / MICROS, F.lit(NO_PREVIOUS_EVENT)),
+                f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS,
             }
             # Events in [t - w, t) = events before t - events before t - w. Frames that start
             # at the partition's beginning grow incrementally; a sliding frame would
@@ -85,9 +85,10 @@ class LagFeatures(FeatureOp):
     def features(self) -> list[FeatureSpec]:
         specs = []
         for scope in SCOPES:
-            specs.append(FeatureSpec(f"{scope}_secs_since_prev", "continuous", "float32"))
-            specs += [FeatureSpec(f"{scope}_events_{window_name(w)}", "continuous", "float32")
-                      for w in self.windows]
+            specs.append(FeatureSpec(f"{scope}_secs_since_prev", "continuous", "float32",
+                                     transform_hint=LOG1P_STANDARDIZE, missing=True))
+            specs += [FeatureSpec(f"{scope}_events_{window_name(w)}", "continuous", "float32",
+                                  transform_hint=LOG1P_STANDARDIZE) for w in self.windows]
         specs.append(FeatureSpec("user_prev_item", "categorical", "int64",
                                  shares=self.item_column))
         return specs

@@ -8,6 +8,7 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from core.transforms import NONE
 from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
@@ -65,7 +66,11 @@ class Normalize(FeatureOp):
         })
 
     def features(self) -> list[FeatureSpec]:
-        return [FeatureSpec(encoded_name(c), "continuous", "float32") for c in self.columns]
+        # Already model-ready: the op's own transform, described like the others.
+        return [FeatureSpec(encoded_name(c), "continuous", "float32", transform_hint=NONE,
+                            transform={"name": "normalize", "source": c, "log1p": self.log1p,
+                                       **self.stats.get(c, {})})
+                for c in self.columns]
 
     def artifacts(self) -> Artifacts:
         return Artifacts(stats={"log1p": self.log1p, "fill_strategy": self.fill,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from etl.config import EtlConfig
 from etl.features.base import SPLIT, TRAIN, TS_MICROS, FeatureOp, FeatureSpec, epoch_micros
+from etl.features.model_ready import ModelReady
 from etl.short_names import assign_short_names
 
 LABEL_SHORT_NAME = "y"
@@ -21,13 +25,17 @@ class FeaturePipeline:
         self.ops = [op.build(roles) for op in config.features]
         self._overrides = {name: short for op in config.features
                            for name, short in op.short_names.items()}
+        # Checks etl.model_ready against the ops' feature names before any data is read.
+        self.model_ready = ModelReady(self._op_features(), config.model_ready)
+        self._featured: DataFrame | None = None
 
     def fit_transform(self, events: DataFrame) -> DataFrame:
         """Fit every op on the training rows of ``events``, then transform all rows.
 
         Statistics come from the raw columns only; ops that use an earlier op's output (history
         and lag_features use the item ids categorify assigns) are stateless, so transforms
-        chain in the configured order.
+        chain in the configured order. Then the model-ready step fits on the derived features
+        of the training rows, so those are computed once and cached for the writes after it.
         """
         events = events.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
         train = events.where(F.col(SPLIT) == TRAIN)
@@ -35,22 +43,32 @@ class FeaturePipeline:
             op.fit(train)
         for op in self.ops:
             events = op.transform(events)
-        return events.drop(TS_MICROS)
+        featured = events.drop(TS_MICROS).persist(StorageLevel.MEMORY_AND_DISK)
+        self._featured = featured
+        self.model_ready.fit(featured.where(F.col(SPLIT) == TRAIN))
+        return self.model_ready.transform(featured)
+
+    def _op_features(self) -> list[FeatureSpec]:
+        return [spec for op in self.ops for spec in op.features()]
 
     def features(self) -> list[FeatureSpec]:
         """Every output feature with its short name; shared ids take the owner's cardinality."""
-        specs = [spec for op in self.ops for spec in op.features()]
+        specs = self.model_ready.features(self._op_features())
         cardinality = {s.name: s.cardinality for s in specs}
         shorts = assign_short_names([s.name for s in specs], self._overrides,
                                     reserved={LABEL_SHORT_NAME})
-        return [FeatureSpec(s.name, s.kind, s.dtype,
-                            cardinality.get(s.shares) if s.shares else s.cardinality,
-                            s.shares, s.width, shorts[s.name]) for s in specs]
+        return [dataclasses.replace(
+                    s, short_name=shorts[s.name],
+                    cardinality=cardinality.get(s.shares) if s.shares else s.cardinality)
+                for s in specs]
 
     def release(self) -> None:
-        """Free the statistics the ops cached for their transforms."""
+        """Free the statistics the ops cached for their transforms, and the featured rows."""
         for op in self.ops:
             op.release()
+        if self._featured is not None:
+            self._featured.unpersist()
+            self._featured = None
 
     def op(self, kind: type[FeatureOp]) -> FeatureOp | None:
         return next((op for op in self.ops if isinstance(op, kind)), None)
