@@ -228,7 +228,7 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     config = load_config(config_path(path))
     raw = Path(out) / "raw" / "events.jsonl"
     output = Path(out) / "output"
-    steps = 4 if serve else 3
+    steps = 5 if serve else 3
     # The last 14 days, so that the online store's values are within their ttl today.
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     _progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
@@ -239,12 +239,14 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     _progress(f"[3/{steps}] publish: Feast apply + materialize into Redis")
-    from launcher.demo import publish_demo, serve_demo
+    from launcher.demo import publish_demo, serve_demo, train_tables
 
     redis_url = publish_demo(config, output, click.echo, _progress)
     if serve:
-        _progress(f"[4/{steps}] serve: embedding tables (matrix factorisation) → HPS, the API")
-        base = serve_demo(config, output, Path(out), redis_url, click.echo)
+        _progress(f"[4/{steps}] train: the reference model on the TFRecords → embedding tables")
+        hps = train_tables(output, Path(out) / "hps", click.echo, _progress)
+        _progress(f"[5/{steps}] serve: the trained tables → HPS, the API")
+        base = serve_demo(config, output, Path(out), redis_url, click.echo, hps)
         click.echo(f"the API is running at {base} with authentication OFF (local use only; "
                    f"{Path(out) / 'featureline.yaml'}: api.auth.enabled: false); "
                    f"stop it with: kill $(cat {Path(out) / 'api.pid'})")
@@ -280,6 +282,32 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
     summary = run_publish(repo, full=full, progress=_progress,
                           end=end.replace(tzinfo=timezone.utc) if end else None)
     click.echo(json.dumps(summary.to_json()))
+
+
+@main.command()
+@config_option
+@data_option
+@click.option("--out", type=click.Path(file_okay=False), default="data/hps", show_default=True,
+              help="Where the embedding tables, hps.yaml, model.keras and training.json go")
+@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-3,
+              show_default=True)
+@click.option("--model-name", default="ranker", show_default=True,
+              help="The model name in hps.yaml (what the API's ranking call reads)")
+def train(path: str | None, data: str | None, out: str, epochs: int, batch_size: int,
+          learning_rate: float, model_name: str) -> None:
+    """Train the reference ranking model on the ETL's TFRecords and export its embedding
+    tables for the parameter server (needs TensorFlow: the [tf] extra)."""
+    try:
+        from trainer.train import train as run_train
+    except ImportError as exc:
+        raise click.ClickException(f"featureline train needs TensorFlow ({exc.name} is not "
+                                   "installed): pip install 'featureline[tf]'") from None
+    result = run_train(data or _config(path).etl.output.path, out, epochs=epochs,
+                       batch_size=batch_size, learning_rate=learning_rate,
+                       model_name=model_name, progress=_progress)
+    click.echo(result.summary())
 
 
 @main.command("training-set")

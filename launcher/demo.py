@@ -1,6 +1,7 @@
 """The end-to-end demo after the ETL: publish to Redis, embedding tables for the parameter
-server (a quick matrix factorisation of the interaction table), the API in the background,
-and one call to each endpoint, printed as curl commands that work."""
+server (the reference model trained on the TFRecords; a quick matrix factorisation of the
+interaction table where TensorFlow is not installed), the API in the background, and one
+call to each endpoint, printed as curl commands that work."""
 
 from __future__ import annotations
 
@@ -112,6 +113,24 @@ def write_embedding_tables(output: Path, root: Path) -> Path:
     return config
 
 
+DEMO_EPOCHS = 3
+
+
+def train_tables(output: Path, root: Path, echo: Callable[[str], None],
+                 progress: Callable[[str], None]) -> Path:
+    """The reference model trained on the demo's TFRecords, its tables exported under
+    ``root``; without TensorFlow, a factorisation of the interactions instead. The hps.yaml."""
+    try:
+        from trainer.train import train
+    except ImportError as exc:
+        echo(f"TensorFlow is not installed ({exc.name}; the [tf] extra): serving a "
+             "factorisation of the interactions instead of trained embeddings")
+        return write_embedding_tables(output, root)
+    result = train(output, root, epochs=DEMO_EPOCHS, progress=progress)
+    echo(result.summary())
+    return result.hps_config
+
+
 def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int
                 ) -> dict[str, Any]:
     settings = config.model_dump(mode="json")
@@ -201,9 +220,9 @@ def run_calls(base: str, user: str, items: list[str], echo: Callable[[str], None
 
 
 def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: str,
-               echo: Callable[[str], None]) -> str:
-    """Embedding tables, the API in the background, one call per endpoint; its URL."""
-    hps = write_embedding_tables(output, out / "hps")
+               echo: Callable[[str], None], hps: Path) -> str:
+    """The API in the background over the tables of ``hps`` (an hps.yaml), one call per
+    endpoint; its URL."""
     pid_file = out / "api.pid"
     stop_server(pid_file)
     port = config.api.port if _port_free(config.api.host, config.api.port) else free_port()

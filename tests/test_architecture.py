@@ -14,12 +14,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "launcher": 2}
+LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "trainer": 1,
+          "launcher": 2}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
     "api": {"feature_store.settings", "feature_store.online", "feature_store.repo",
             "feature_store.errors", "hps", "hps.errors", "hps.updates"},
+    # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables.
+    "trainer": {"etl.tfrecord.reader", "hps.formats"},
 }
 # Files that tools run by path (spark-submit, Feast's CLI): launcher-level entry points that
 # live where their tool expects them.

@@ -10,9 +10,9 @@ import pytest
 import xxhash
 from pyspark.sql import functions as F
 
-from etl.config import EtlConfig
 from core.errors import ConfigError
 from core.transforms import apply as apply_transform
+from etl.config import EtlConfig
 from etl.features.base import TS_MICROS, FeatureSpec, epoch_micros
 from etl.features.categorify import Categorify
 from etl.features.count_encode import CountEncode
@@ -250,7 +250,7 @@ def test_model_ready_is_configurable_per_feature(spark):
     # Switched off: raw values, missing ones 0, the indicator still there.
     out, _ = _model_ready(spark, rows, ModelReadyConfig(enabled=False))
     assert (out[0]["n"], out[1]["r"], out[0]["gap"], out[0]["gap_missing"]) == (1.0, 2.0, 0.0, 1.0)
-    with pytest.raises(ConfigError, match="etl.model_ready.transforms.nope"):
+    with pytest.raises(ConfigError, match=r"etl\.model_ready\.transforms\.nope"):
         ModelReady(MODEL_READY_SPECS, ModelReadyConfig(transforms={"nope": "none"}))
 
 

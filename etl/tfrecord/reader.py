@@ -60,7 +60,7 @@ def read_numpy(path_or_metadata: str | Path | dict[str, Any], split: str = "trai
 
 def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 65536,
             split: str = "train", parallel_reads: int | None = None,
-            grouped: bool = False) -> Any:
+            grouped: bool = False, shuffle: int = 0, seed: int | None = None) -> Any:
     """A ``tf.data.Dataset`` of dicts of dense tensors, exactly ``batch_size`` rows each (the
     last batch fewer), whatever the prebatch size. Needs the ``[tf]`` extra.
 
@@ -72,6 +72,9 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
     name → ``[rows, width]`` (``c`` the categorical ids, ``f`` the continuous values, ``h``
     the history, ``y`` the label; columns in metadata.json's order): what a model built from
     metadata.json takes, with no split at all.
+
+    ``shuffle=N``: the records (``prebatch_size`` rows each) come in a random order, from a
+    buffer of N records (``seed`` for a repeatable order); the rows in a record stay together.
     """
     import tensorflow as tf
 
@@ -101,6 +104,8 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
     reads = parallel_reads if parallel_reads is not None else tf.data.AUTOTUNE
     records = tf.data.TFRecordDataset(paths, compression_type=section["compression"],
                                       num_parallel_reads=reads)
+    if shuffle:
+        records = records.shuffle(shuffle, seed=seed)
     batches = (records.batch(records_per_batch)
                .map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE)
                .rebatch(batch_size))

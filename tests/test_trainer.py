@@ -1,0 +1,96 @@
+"""The reference trainer on the shared small ETL output: it beats the popularity baseline on
+validation, its model follows metadata.json, and the exported tables load through the
+parameter server equal to the trained weights row for row, tagged with their vocabulary."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from core.metadata import encoded_name
+from hps.config import load_hps_config
+from hps.server import ParameterServer
+
+EPOCHS = 4
+
+
+@pytest.fixture(scope="module")
+def trained(job_output, tmp_path_factory):
+    from trainer.train import train
+
+    out = tmp_path_factory.mktemp("model")
+    return train(job_output.output, out, epochs=EPOCHS, batch_size=512, progress=lambda _: None)
+
+
+@pytest.fixture(scope="module")
+def model(trained):
+    import keras
+
+    return keras.models.load_model(trained.out / "model.keras")
+
+
+def test_the_model_beats_the_popularity_baseline(job_output, trained):
+    validation = trained.validation
+    assert validation["rows"] == job_output.metadata["split"]["rows"]["valid"]
+    assert validation["model"]["auc"] > validation["baseline"]["auc"]
+    assert validation["model"]["log_loss"] < validation["baseline"]["log_loss"]
+    assert [epoch["epoch"] for epoch in trained.epochs] == list(range(1, EPOCHS + 1))
+    assert trained.epochs[-1]["loss"] < trained.epochs[0]["loss"]
+    report = json.loads((trained.out / "training.json").read_text())
+    assert report["validation"] == validation
+    assert report["dataset_version"] == job_output.metadata["dataset"]["version"]
+
+
+def test_the_baseline_is_each_items_smoothed_training_click_rate(job_output):
+    """From the Parquet examples with pandas, against the trainer's from the TFRecords."""
+    from trainer.train import BASELINE_SMOOTHING, popularity
+
+    rates, prior = popularity(job_output.metadata | {"output": str(job_output.output)})
+    train = pd.read_parquet(job_output.output / "examples" / "split=train")
+    item = encoded_name("item_id")
+    assert prior == pytest.approx(train["label"].mean())
+    by_item = train.groupby(item)["label"].agg(["sum", "count"])
+    expected = (by_item["sum"] + BASELINE_SMOOTHING * prior) / (by_item["count"]
+                                                                + BASELINE_SMOOTHING)
+    np.testing.assert_allclose(rates[by_item.index.to_numpy()], expected.to_numpy())
+    unseen = np.setdiff1d(np.arange(len(rates)), by_item.index.to_numpy())
+    np.testing.assert_allclose(rates[unseen], prior)
+
+
+def test_the_model_is_built_from_metadata(job_output, model):
+    metadata = job_output.metadata
+    plan = metadata["embedding_plan"]["features"]
+    owners = [f["name"] for f in metadata["features"]
+              if f["kind"] in ("categorical", "multi_hot") and "shares" not in f]
+    tables = {layer.name: layer for layer in model.layers if layer.name.startswith("emb_")}
+    # One table per categorical feature; the previous item and the history use the item's.
+    assert sorted(tables) == sorted(f"emb_{owner}" for owner in owners)
+    for owner in owners:
+        assert tables[f"emb_{owner}"].get_weights()[0].shape == (
+            plan[owner]["cardinality"], plan[owner]["width"])
+    groups = metadata["tfrecord"]["groups"]
+    assert sorted(model.input) == sorted(name for name in groups if name != "y")
+
+
+def test_exported_tables_load_through_the_parameter_server(job_output, trained, model):
+    config = load_hps_config(trained.hps_config)
+    (ranker,) = config.models
+    assert ranker.name == "ranker"
+    versions = {c: v["version"] for c, v in job_output.metadata["vocabularies"].items()}
+    owners = {"user": encoded_name("user_id"), "item": encoded_name("item_id")}
+    server = ParameterServer(config)
+    try:
+        for table in ranker.tables:
+            owner = owners.get(table.name, table.name)
+            weights = model.get_layer(f"emb_{owner}").get_weights()[0]
+            assert table.dim == weights.shape[1]
+            got = server.lookup("ranker", table.name, np.arange(len(weights)))
+            np.testing.assert_array_equal(got, weights)
+            column = next((c for c in versions if encoded_name(c) == owner), None)
+            assert table.vocabulary_version == (versions[column] if column else None)
+    finally:
+        server.close()
+    assert {t.name for t in ranker.tables} >= {"user", "item", "category_x_device"}

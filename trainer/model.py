@@ -1,0 +1,93 @@
+"""The model, from metadata.json alone: one embedding table per categorical feature (width
+and rows from the embedding plan; a feature that ``shares`` another's ids uses its table),
+multi-hot lists as a masked mean of their rows, the continuous block through a bottom MLP,
+everything concatenated into a top MLP that predicts the label (DLRM with its "cat"
+interaction: the tables may have different widths)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.metadata import PADDING_ID
+
+LABEL_KIND = "label"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table: the categorical feature that owns it and those that share it."""
+
+    owner: str
+    rows: int
+    width: int
+    features: tuple[str, ...]
+
+
+def label_group(metadata: dict[str, Any]) -> str:
+    """The TFRecord group holding the label."""
+    label = metadata["label"]["name"]
+    return next(name for name, group in metadata["tfrecord"]["groups"].items()
+                if group["columns"] == [label])
+
+
+def embedding_tables(metadata: dict[str, Any]) -> dict[str, TableSpec]:
+    """Owner feature → its table, in metadata.json's feature order."""
+    plan = metadata["embedding_plan"]["features"]
+    users: dict[str, list[str]] = {}
+    for feature in metadata["features"]:
+        if feature["kind"] in ("categorical", "multi_hot"):
+            users.setdefault(feature.get("shares") or feature["name"], []).append(feature["name"])
+    return {owner: TableSpec(owner, int(plan[owner]["cardinality"]), int(plan[owner]["width"]),
+                             tuple(names)) for owner, names in users.items()}
+
+
+def build_model(metadata: dict[str, Any], bottom: tuple[int, ...] = (64, 32),
+                top: tuple[int, ...] = (256, 128), seed: int = 0) -> Any:
+    """The Keras model; its inputs are the TFRecord groups as
+    ``etl.tfrecord.dataset(grouped=True)`` gives them, less the label's."""
+    import keras
+    from keras import layers, ops
+
+    keras.utils.set_random_seed(seed)
+    kinds = {f["name"]: f["kind"] for f in metadata["features"]}
+    tables = embedding_tables(metadata)
+    owner_of = {name: spec.owner for spec in tables.values() for name in spec.features}
+    embeddings = {owner: layers.Embedding(spec.rows, spec.width, name=f"emb_{owner}")
+                  for owner, spec in tables.items()}
+    groups = {name: group for name, group in metadata["tfrecord"]["groups"].items()
+              if name != label_group(metadata)}
+    inputs = {name: keras.Input(shape=(group["width"],), name=name,
+                                dtype="float32" if group["dtype"] == "float32" else "int64")
+              for name, group in groups.items()}
+    parts = []
+    for name, group in groups.items():
+        block = inputs[name]
+        columns = group["columns"]
+        kind = kinds[columns[0]]
+        if kind == "continuous":
+            dense = block
+            for index, units in enumerate(bottom):
+                dense = layers.Dense(units, activation="relu", name=f"bottom_{index}")(dense)
+            parts.append(dense)
+            continue
+        per_column = group["width"] // len(columns)
+        for index, column in enumerate(columns):
+            ids = block[:, index * per_column:(index + 1) * per_column]
+            vectors = embeddings[owner_of[column]](ids)  # [batch, per_column, width]
+            if kind == "categorical":
+                parts.append(ops.squeeze(vectors, axis=1))
+            else:  # multi-hot: the mean of the rows that are not padding
+                mask = ops.expand_dims(ops.cast(ops.not_equal(ids, PADDING_ID), "float32"), -1)
+                total = ops.sum(vectors * mask, axis=1)
+                parts.append(total / ops.maximum(ops.sum(mask, axis=1), 1.0))
+    hidden = layers.Concatenate(name="interaction")(parts)
+    for index, units in enumerate(top):
+        hidden = layers.Dense(units, activation="relu", name=f"top_{index}")(hidden)
+    output = layers.Dense(1, activation="sigmoid", name="score")(hidden)
+    return keras.Model(inputs=inputs, outputs=output, name="featureline_dlrm")
+
+
+def table_weights(model: Any, owner: str) -> Any:
+    """The trained rows of ``owner``'s table, [rows, width] float32."""
+    return model.get_layer(f"emb_{owner}").get_weights()[0]

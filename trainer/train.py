@@ -1,0 +1,153 @@
+"""Train the reference model on an ETL output's TFRecords, score it on the validation split
+against a popularity baseline, export its tables (``featureline train``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.errors import ConfigError
+from core.metadata import encoded_name, read_metadata
+from etl.tfrecord.reader import dataset, read_numpy
+from trainer.export import export
+from trainer.model import build_model, label_group
+
+MODEL_FILE = "model.keras"
+REPORT_FILE = "training.json"
+# Rows of prior weight in the baseline's per-item click rate.
+BASELINE_SMOOTHING = 20.0
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    out: Path
+    hps_config: Path
+    epochs: list[dict[str, float]]
+    validation: dict[str, Any]
+    dataset_version: str
+    vocabularies: dict[str, str]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "out": str(self.out), "hps_config": str(self.hps_config)}
+
+    def summary(self) -> str:
+        """The validation scores against the baseline, and where the tables went."""
+        model, baseline = self.validation["model"], self.validation["baseline"]
+        return (f"validation ({self.validation['rows']:,} rows): AUC {model['auc']:.4f} vs "
+                f"baseline {baseline['auc']:.4f}; log-loss {model['log_loss']:.4f} vs "
+                f"{baseline['log_loss']:.4f}\ntables for the parameter server: "
+                f"{self.hps_config} (trained in {self.seconds:.1f}s on dataset "
+                f"{self.dataset_version})")
+
+
+def _inputs(batches: Any, label: str) -> Any:
+    """(features, label) pairs for Keras from the grouped batches."""
+    return batches.map(lambda blocks: ({k: v for k, v in blocks.items() if k != label},
+                                       blocks[label]))
+
+
+def popularity(metadata: dict[str, Any]) -> tuple[np.ndarray, float]:
+    """The baseline: each item's training click rate, smoothed toward the overall rate
+    (item id → score), from the training TFRecords."""
+    item = encoded_name("item_id")
+    train = read_numpy(metadata, "train")
+    items, labels = train[item], train[metadata["label"]["name"]].astype(np.float64)
+    rows = int(metadata["embedding_plan"]["features"][item]["cardinality"])
+    prior = float(labels.mean()) if len(labels) else 0.0
+    events = np.bincount(items, minlength=rows)
+    positives = np.bincount(items, weights=labels, minlength=rows)
+    return ((positives + BASELINE_SMOOTHING * prior) / (events + BASELINE_SMOOTHING), prior)
+
+
+def scores(model: Any, metadata: dict[str, Any], batch_size: int
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Labels, model scores and the rows' item ids over the validation split, in one pass."""
+    label = label_group(metadata)
+    groups = metadata["tfrecord"]["groups"]
+    item_group, item_index = next(
+        (name, g["columns"].index(encoded_name("item_id"))) for name, g in groups.items()
+        if encoded_name("item_id") in g["columns"])
+    labels, predicted, items = [], [], []
+    for blocks in dataset(metadata, batch_size, "valid", grouped=True):
+        features = {k: v for k, v in blocks.items() if k != label}
+        predicted.append(np.asarray(model(features, training=False)).reshape(-1))
+        labels.append(blocks[label].numpy().reshape(-1))
+        items.append(blocks[item_group].numpy()[:, item_index])
+    if not labels:
+        raise ConfigError("etl.split.valid_days", "the validation split is empty")
+    return np.concatenate(labels), np.concatenate(predicted), np.concatenate(items)
+
+
+def evaluate(labels: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """AUC and log-loss with Keras' own metrics (AUC with 10,000 thresholds)."""
+    import keras
+
+    auc = keras.metrics.AUC(num_thresholds=10_000)
+    auc.update_state(labels, predicted)
+    loss = keras.losses.binary_crossentropy(labels.astype(np.float32),
+                                            predicted.astype(np.float32))
+    return {"auc": float(auc.result()), "log_loss": float(np.mean(np.asarray(loss)))}
+
+
+def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int = 4096,
+          learning_rate: float = 1e-3, model_name: str = "ranker", seed: int = 0,
+          progress: Callable[[str], None] = print) -> TrainResult:
+    """Build the model from ``data``'s metadata.json, train it ``epochs`` times over the
+    training split, compare it with the popularity baseline on the validation split, and
+    write ``out``: the tables and hps.yaml, the Keras model, and training.json."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    import keras
+
+    started = time.perf_counter()
+    metadata = read_metadata(data)
+    metadata.setdefault("output", str(data))
+    if not metadata.get("tfrecord"):
+        raise ConfigError("etl.tfrecord.enabled", f"{data}: the ETL wrote no TFRecords to "
+                          "train from; run it with etl.tfrecord.enabled: true")
+    label = label_group(metadata)
+    model = build_model(metadata, seed=seed)
+    model.compile(optimizer=keras.optimizers.Adam(learning_rate),
+                  loss="binary_crossentropy", metrics=[keras.metrics.AUC(name="auc")])
+    history: list[dict[str, float]] = []
+
+    class Report(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: dict[str, float] | None = None) -> None:
+            row = {"epoch": epoch + 1, **{k: round(float(v), 6) for k, v in (logs or {}).items()}}
+            history.append(row)
+            progress(f"epoch {epoch + 1}/{epochs}: " + ", ".join(
+                f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"))
+
+    train_rows = _inputs(dataset(metadata, batch_size, "train", grouped=True, shuffle=64,
+                                 seed=seed), label)
+    valid_rows = _inputs(dataset(metadata, batch_size, "valid", grouped=True), label)
+    with warnings.catch_warnings():
+        # Keras learns the epoch's length from the first one and says so; nothing is wrong.
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        model.fit(train_rows, validation_data=valid_rows, epochs=epochs, verbose=0,
+                  shuffle=False, callbacks=[Report()])
+
+    labels, predicted, items = scores(model, metadata, batch_size)
+    item_rate, prior = popularity(metadata)
+    validation = {"rows": len(labels), "positive_rate": float(labels.mean()),
+                  "model": evaluate(labels, predicted),
+                  "baseline": {"name": "item popularity (smoothed training click rate)",
+                               "prior": prior, **evaluate(labels, item_rate[items])}}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    hps_config = export(model, metadata, out, model_name)
+    model.save(out / MODEL_FILE)
+    vocabularies = {c: v["version"] for c, v in (metadata.get("vocabularies") or {}).items()}
+    result = TrainResult(out, hps_config, history, validation,
+                         metadata.get("dataset", {}).get("version", ""), vocabularies,
+                         round(time.perf_counter() - started, 3))
+    (out / REPORT_FILE).write_text(json.dumps(result.to_json(), indent=2))
+    return result
