@@ -13,6 +13,7 @@ import pytest
 from core.metadata import encoded_name
 from hps.config import load_hps_config
 from hps.server import ParameterServer
+from trainer.model import table_weights
 
 EPOCHS = 4
 
@@ -69,7 +70,7 @@ def test_the_model_is_built_from_metadata(job_output, model):
     # One table per categorical feature; the previous item and the history use the item's.
     assert sorted(tables) == sorted(f"emb_{owner}" for owner in owners)
     for owner in owners:
-        assert tables[f"emb_{owner}"].get_weights()[0].shape == (
+        assert tuple(tables[f"emb_{owner}"].embeddings.shape) == (
             plan[owner]["cardinality"], plan[owner]["width"])
     groups = metadata["tfrecord"]["groups"]
     assert sorted(model.input) == sorted(name for name in groups if name != "y")
@@ -85,7 +86,7 @@ def test_exported_tables_load_through_the_parameter_server(job_output, trained, 
     try:
         for table in ranker.tables:
             owner = owners.get(table.name, table.name)
-            weights = model.get_layer(f"emb_{owner}").get_weights()[0]
+            weights = table_weights(model, owner)
             assert table.dim == weights.shape[1]
             got = server.lookup("ranker", table.name, np.arange(len(weights)))
             np.testing.assert_array_equal(got, weights)

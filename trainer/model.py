@@ -90,4 +90,4 @@ def build_model(metadata: dict[str, Any], bottom: tuple[int, ...] = (64, 32),
 
 def table_weights(model: Any, owner: str) -> Any:
     """The trained rows of ``owner``'s table, [rows, width] float32."""
-    return model.get_layer(f"emb_{owner}").get_weights()[0]
+    return model.get_layer(f"emb_{owner}").embeddings.value.numpy()

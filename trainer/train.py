@@ -144,7 +144,10 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hps_config = export(model, metadata, out, model_name)
-    model.save(out / MODEL_FILE)
+    with warnings.catch_warnings():
+        # Keras 3.15 saving TensorFlow variables under NumPy 2; the file is complete.
+        warnings.filterwarnings("ignore", message="__array__ implementation doesn't accept")
+        model.save(out / MODEL_FILE)
     vocabularies = {c: v["version"] for c, v in (metadata.get("vocabularies") or {}).items()}
     result = TrainResult(out, hps_config, history, validation,
                          metadata.get("dataset", {}).get("version", ""), vocabularies,
