@@ -89,3 +89,12 @@ def test_chaos_smoke():
     assert etl["after_kill"] in ("previous", "new")
     assert etl["rerun_exit"] == 0 and etl["rerun_whole"] and etl["rerun_rows_add_up"]
     assert etl["staging_folders_after_rerun"] == 0
+
+
+def test_bench_train_smoke(job_output):
+    report = _load("bench_train").run(job_output.output, epochs=1, batch_size=512)
+    json.dumps(report)
+    assert report["train_rows"] == job_output.metadata["split"]["rows"]["train"]
+    assert report["input_only"]["tfrecord_vs_parquet"] > 0
+    for path in ("tfrecord", "parquet_pandas"):
+        assert report["fit"][path]["rows_per_s"] > 0 and len(report["fit"][path]["epoch_s"]) == 1
