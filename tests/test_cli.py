@@ -6,11 +6,16 @@ import json
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
+import yaml
 from click.testing import CliRunner
 
+from hps.config import load_hps_config
+from hps.formats import read_hugectr
 from launcher.cli import main
 
 BIN = Path(sys.executable).parent
@@ -103,6 +108,33 @@ def test_demo_command_runs_end_to_end(demo_run):
     answers = [line for line in result.output.splitlines() if line.startswith("  → ")]
     assert len(answers) == 8 and all(a.startswith("  → 200") for a in answers)
     assert "authentication OFF" in result.output
+
+
+def test_the_demo_serves_the_embeddings_it_trained(demo_run):
+    """The ranking call returns the exported tables' rows, trained on this very output."""
+    out, result, _ = demo_run
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "hps" / "training.json").read_text())
+    metadata = json.loads((out / "output" / "metadata.json").read_text())
+    assert report["dataset_version"] == metadata["dataset"]["version"]
+    assert f"AUC {report['validation']['model']['auc']:.4f}" in result.output
+    settings = yaml.safe_load((out / "featureline.yaml").read_text())["api"]
+    user = pq.read_table(out / "output" / "entities" / "user").column("user_id")[0].as_py()
+    items = pq.read_table(out / "output" / "entities" / "item").column("item_id")
+    body = json.dumps({"user_id": user, "item_ids": items.unique()[:5].to_pylist()}).encode()
+    request = urllib.request.Request(
+        f"http://{settings['host']}:{settings['port']}/v1/ranking-inputs", data=body,
+        headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        served = json.load(answer)
+    hps = load_hps_config(report["hps_config"])
+    sources = {t.name: (t.source, t.dim) for t in hps.models[0].tables}
+    for feature, table, side in (("user_id_cat", "user", "user"), ("item_id_cat", "item", "items")):
+        keys, vectors = read_hugectr(*sources[table])
+        rows = dict(zip(keys.tolist(), vectors, strict=True))
+        expected = np.stack([rows[k] for k in served[side]["encoded_ids"]])
+        np.testing.assert_array_equal(
+            np.array(served["embeddings"][feature]["vectors"], dtype=np.float32), expected)
 
 
 def test_csv_and_parquet_logs_through_the_whole_job(spark, tmp_path):
