@@ -100,6 +100,10 @@ def test_flags_override_the_file():
     with pytest.raises(ConfigError) as info:
         with_overrides(config, label="genre in (a, b)")
     assert info.value.key == "etl.label"
+    assert with_overrides(config, valid_days=3).split.valid_days == 3
+    with pytest.raises(ConfigError) as info:
+        with_overrides(config, valid_days=0)
+    assert info.value.key == "etl.split.valid_days"
 
 
 def test_config_hash_is_stable_and_sensitive():
