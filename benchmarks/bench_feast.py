@@ -4,9 +4,11 @@ the raw Redis floor measured in the same run.
 Entity tables shaped like the ETL's (``user_id`` → five features; ``item_id`` likewise) with
 one snapshot per entity. Materialization: Feast's ``materialize`` of the user view, keys/s,
 against redis-py writing the same number of hashes of the same size in pipelines of 10,000
-(``raw_hset``). Online: the ``ranking`` service (every user and item feature) for 1 and 100
-(user, item) rows through the Feast SDK, p50/p99, against one pipelined HMGET of the same
-fields in Feast's own key layout (``raw_hmget``: the network and Redis floor, no decoding).
+(``raw_hset``), and ``featureline publish`` of both views (the user view's write alone, and
+the whole command: into an empty store, then replacing what it wrote). Online: the
+``ranking`` service (every user and item feature) for 1 and 100 (user, item) rows through
+the Feast SDK, p50/p99, against one pipelined HMGET of the same fields in Feast's own key
+layout (``raw_hmget``: the network and Redis floor, no decoding).
 
     python benchmarks/bench_feast.py --entities 100000,1000000
     python benchmarks/bench_feast.py --smoke
@@ -35,6 +37,7 @@ from feast.infra.online_stores.helpers import _mmh3
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 
+from feature_store.publish import publish
 from feature_store.redis_server import EmbeddedRedis
 from feature_store.repo import open_repo
 from launcher.config import parse_config
@@ -141,6 +144,19 @@ def online_latency(repo: Any, entities: int, rows: int, requests: int,
             "feast_p99_vs_raw": round(float(np.percentile(sdk, 99) / np.percentile(raw, 99)), 1)}
 
 
+def _publish(repo: Any, end: datetime) -> dict[str, Any]:
+    """``featureline publish`` of both views (apply, scans, writes, stamp), timed whole and
+    for the user view's write alone (what Feast's figure covers)."""
+    start = time.perf_counter()
+    summary = publish(repo, full=True, end=end, progress=lambda _: None)
+    seconds = time.perf_counter() - start
+    view = next(v for v in summary.views if v.name == "user_features")
+    return {"keys": summary.keys, "seconds": round(seconds, 3),
+            "keys_per_s": round(summary.keys / seconds),
+            "view_keys_per_s": round(view.keys / view.seconds),
+            "keys_changed": summary.keys_changed}
+
+
 def run(sizes: list[int], requests: int = 200, seed: int = 0) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     report: dict[str, Any] = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
@@ -161,11 +177,18 @@ def run(sizes: list[int], requests: int = 200, seed: int = 0) -> dict[str, Any]:
             fields = len(FEATURES) + 1  # and the view's timestamp
             online = [online_latency(repo, entities, rows, requests, rng) for rows in (1, 100)]
             redis.Redis.from_url(server.url).flushdb()
+            ours = _publish(repo, window[1])  # into an empty store
+            again = _publish(repo, window[1])  # replacing it: every key compared and set
+            redis.Redis.from_url(server.url).flushdb()
             raw = raw_hset(server.url, entities, fields)
             report["materialize"].append({
                 "entities": entities, "feast_keys_per_s": round(feast_keys_per_s),
                 "raw_hset_keys_per_s": round(raw),
-                "feast_vs_raw": round(feast_keys_per_s / raw, 3)})
+                "feast_vs_raw": round(feast_keys_per_s / raw, 3),
+                "publish": {"empty_store": ours, "replacing": again,
+                            "view_vs_raw": round(ours["view_keys_per_s"] / raw, 3),
+                            "whole_vs_raw": round(ours["keys_per_s"] / raw, 3),
+                            "replacing_whole_vs_raw": round(again["keys_per_s"] / raw, 3)}})
             report["online"].append({"entities": entities, "requests": requests,
                                      "latency": online})
     return report

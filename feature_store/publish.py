@@ -1,18 +1,19 @@
-"""``featureline publish``: register the definitions with Feast and materialize the entity
-snapshots into the Redis online store, then stamp the store with the dataset it now holds.
+"""``featureline publish``: register the definitions with Feast, write each entity's latest
+snapshot into the Redis online store in Feast's layout (``feature_store/writer.py``: the
+bytes Feast's materialization would write, at Redis speed), then stamp the store with the
+dataset it now holds.
 
 A dataset the store does not hold yet (another ETL run, another output folder, a refit) is
-published whole and replaces what was there: every snapshot is written again — Feast's writer
-skips a row whose timestamp is not newer than the stored one, so the stored timestamps are
-cleared first — and entities the new dataset no longer has are removed. The same dataset
-published again is incremental: each view continues from the end of its last
-materialization. ``full`` replaces in any case.
+published whole and replaces what was there: every entity's latest snapshot is written again
+(compared with the stored values in Redis, so the summary says how many changed), and
+entities the new dataset no longer has are removed. The same dataset published again is
+incremental: each view continues from the end of its last publish (recorded in Feast's
+registry, as a materialization would). ``full`` replaces in any case.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,9 +33,12 @@ from feature_store.publication import (
     write_publication,
 )
 from feature_store.repo import FeatureRepo, online_store_errors
+from feature_store.writer import latest_snapshots, write_view
 
-# Keys read or cleared per pipelined round trip while replacing a dataset.
-BATCH = 1000
+# Keys scanned, checked or removed per pipelined round trip while replacing a dataset.
+BATCH = 10_000
+# Seconds between progress lines while a view is written.
+PROGRESS_EVERY_S = 5.0
 
 
 @dataclass
@@ -84,46 +88,52 @@ def _earliest(snapshots: ds.Dataset, timestamp: str) -> datetime:
     return _as_utc(earliest or datetime(1970, 1, 1))
 
 
-def _keys_between(snapshots: ds.Dataset, key: str, timestamp: str, start: datetime,
-                  end: datetime) -> int:
-    """Distinct entities with a snapshot in [start, end]: the keys this range writes."""
-    column = ds.field(timestamp)
-    # The snapshot files hold naive UTC timestamps.
-    low, high = (t.astimezone(timezone.utc).replace(tzinfo=None) for t in (start, end))
-    rows = snapshots.to_table(columns=[key], filter=(column >= low) & (column <= high))
-    return int(pc.count_distinct(rows[key]).as_py())
-
-
-def _online_values(client: Any, project: str, views: list[str]) -> dict[bytes, int]:
-    """Every key holding values of ``views`` → a digest of those values (timestamps aside)."""
-    stamps = {f"_ts:{view}".encode() for view in views}
+def _project_keys(client: Any, project: str) -> set[bytes]:
+    """Every key of the project's namespace but the publication stamp (one SCAN)."""
     skip = publication_key(project).encode()
-    keys = [k for k in client.scan_iter(match=f"*{project}", count=BATCH) if k != skip]
-    digests = {}
+    return {k for k in client.scan_iter(match=f"*{project}", count=BATCH) if k != skip}
+
+
+def _holding(client: Any, keys: list[bytes], views: list[str]) -> list[bytes]:
+    """Those of ``keys`` that hold values of ``views`` (their timestamp field is set)."""
+    stamps = [f"_ts:{view}" for view in views]
+    held = []
     for low in range(0, len(keys), BATCH):
         batch = keys[low:low + BATCH]
         pipe = client.pipeline(transaction=False)
         for key in batch:
-            pipe.hgetall(key)
-        for key, fields in zip(batch, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(fields, dict) and stamps & fields.keys():
-                digests[key] = hash(tuple(sorted(
-                    (name, value) for name, value in fields.items() if name not in stamps)))
-    return digests
+            pipe.hmget(key, stamps)
+        held += [key for key, found in zip(batch, pipe.execute(), strict=True)
+                 if any(value is not None for value in found)]
+    return held
 
 
-def _each_batch(client: Any, keys: list[bytes], command: Callable[[Any, bytes], None]) -> None:
+def _delete(client: Any, keys: list[bytes]) -> None:
     for low in range(0, len(keys), BATCH):
         pipe = client.pipeline(transaction=False)
         for key in keys[low:low + BATCH]:
-            command(pipe, key)
+            pipe.delete(key)
         pipe.execute()
+
+
+class _Progress:
+    """Keys written so far, printed at most every few seconds."""
+
+    def __init__(self, view: str, total: int, progress: Callable[[str], None]) -> None:
+        self.view, self.total, self.progress = view, total, progress
+        self.next = time.monotonic() + PROGRESS_EVERY_S
+
+    def __call__(self, written: int) -> None:
+        if time.monotonic() >= self.next and written < self.total:
+            self.progress(f"{self.view}: {written:,} / {self.total:,} keys written")
+            self.next = time.monotonic() + PROGRESS_EVERY_S
 
 
 def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = None,
             progress: Callable[[str], None] = print) -> PublishSummary:
-    """Apply the definitions, then materialize every feature view up to ``end`` (now): the
-    whole dataset when the store holds another one (or ``full``), else what is new."""
+    """Apply the definitions, then write every feature view's latest snapshots up to ``end``
+    (now) into the online store: the whole dataset when the store holds another one (or
+    ``full``), else what is new since the view's last publish."""
     started = time.perf_counter()
     end = _as_utc(end or datetime.now(timezone.utc))
     store = repo.store
@@ -131,6 +141,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     version = dataset_version(metadata)
     client = redis.client(repo.redis_url, cluster=repo.settings.redis_type == "redis_cluster")
     views = [view.name for view in repo.definitions.views.values()]
+    online_config = store.config.online_store
     with online_store_errors(repo.redis_url), contextlib.closing(client):
         online = read_publication(client, store.project)
         replace = full or online is None or online.dataset_version != version
@@ -141,35 +152,41 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
         store.apply(objects)
         progress(f"applied {len(objects)} Feast objects to project "
                  f"{store.project!r}")
-        before: dict[bytes, int] = {}
+        before: set[bytes] = set()
         if replace:
-            before = _online_values(client, store.project, views)
-            stamps = [f"_ts:{view}" for view in views]
-            _each_batch(client, list(before), lambda pipe, key: pipe.hdel(key, *stamps))
+            before = _project_keys(client, store.project)
             replaced = online.dataset_version if online else "a store without a publication stamp"
-            progress(f"dataset {version} replaces {replaced}: {len(before):,} keys to rewrite")
+            progress(f"dataset {version} replaces {replaced}: {len(before):,} keys there now")
+        written: set[bytes] = set()
+        changed = 0
         for entity, view in repo.definitions.views.items():
             table = metadata["entities"][entity]
-            snapshots = _snapshots(repo, entity)
-            last = store.get_feature_view(view.name).most_recent_end_time
-            start = (_earliest(snapshots, table["timestamp_field"]) if replace or last is None
-                     else _as_utc(last))
-            keys = _keys_between(snapshots, table["join_key"], table["timestamp_field"],
-                                 start, end)
+            registered = store.get_feature_view(view.name)
+            last = registered.most_recent_end_time
+            start = (_earliest(_snapshots(repo, entity), table["timestamp_field"])
+                     if replace or last is None else _as_utc(last))
             view_started = time.perf_counter()
-            # Feast prints its own progress on stdout, where our commands print results.
-            with contextlib.redirect_stdout(sys.stderr):
-                store.materialize(start, end, feature_views=[view.name])
-            done = ViewPublished(view.name, start, end, keys, time.perf_counter() - view_started)
-            progress(f"materialized {view.name}: {keys:,} keys from {start:%Y-%m-%d %H:%M} "
-                     f"to {end:%Y-%m-%d %H:%M} in {done.seconds:.1f}s")
+            rows = latest_snapshots(_snapshots(repo, entity), table["join_key"],
+                                    table["timestamp_field"], start, end)
+            result = write_view(
+                client, rows, registered, table["join_key"],
+                repo.definitions.entities[entity].value_type, store.project,
+                store.config.entity_key_serialization_version,
+                key_ttl_seconds=getattr(online_config, "key_ttl_seconds", None),
+                progress=_Progress(view.name, rows.num_rows, progress))
+            store.registry.apply_materialization(registered, store.project, start, end)
+            written |= result.written_keys
+            changed += result.changed
+            done = ViewPublished(view.name, start, end, result.keys,
+                                 time.perf_counter() - view_started)
+            progress(f"published {view.name}: {result.keys:,} keys from "
+                     f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} in {done.seconds:.1f}s")
             summary.views.append(done)
         if replace:
-            after = _online_values(client, store.project, views)
-            stale = [key for key in before if key not in after]
-            _each_batch(client, stale, lambda pipe, key: pipe.delete(key))
+            stale = _holding(client, sorted(before - written), views)
+            _delete(client, stale)
             summary.keys_removed = len(stale)
-            summary.keys_changed = sum(before.get(key) != digest for key, digest in after.items())
+            summary.keys_changed = changed
         write_publication(client, store.project, Publication.of(
             metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat()))
     summary.seconds = time.perf_counter() - started

@@ -59,6 +59,12 @@ def test_bench_feast_smoke():
     (materialized,) = report["materialize"]
     assert materialized["entities"] == 300
     assert materialized["feast_keys_per_s"] > 0 and materialized["raw_hset_keys_per_s"] > 0
+    published = materialized["publish"]
+    # Both views, twice: into the empty store (every key new), then over it (none changed).
+    assert published["empty_store"]["keys"] == published["replacing"]["keys"] == 600
+    assert published["empty_store"]["keys_changed"] == 600
+    assert published["replacing"]["keys_changed"] == 0
+    assert published["view_vs_raw"] > 0 and published["replacing_whole_vs_raw"] > 0
     one, hundred = report["online"][0]["latency"]
     assert (one["rows"], hundred["rows"]) == (1, 100)
     assert one["features_per_row"] == 10

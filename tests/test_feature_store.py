@@ -314,3 +314,66 @@ def test_the_online_reader_refuses_feast_settings_it_does_not_implement(tmp_path
     repo.store.config.registry.enable_online_feature_view_versioning = True
     with pytest.raises(ConfigError, match="enable_online_feature_view_versioning"):
         OnlineReader.from_store(repo.store, online_url)
+
+
+def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_output,
+                                                                redis_server):
+    """Our writer against Feast's own materialize of the same output into another database:
+    every key, field and value byte for byte (the view timestamps included)."""
+    ours, feasts = fresh_db(redis_server, 8), fresh_db(redis_server, 9)
+    project = copy_project(tmp_path, ttl="30d").feature_store
+    repo = open_repo(project, job_output.output, url=ours)
+    summary = publish(repo, end=_utc("2100-01-01"), progress=lambda _: None)
+    reference = open_repo(project, job_output.output, url=feasts)
+    reference.store.apply(reference.definitions.objects())
+    for view in summary.views:
+        reference.store.materialize(view.start, view.end, feature_views=[view.name])
+    written, expected = _redis_dump(ours), _redis_dump(feasts)
+    assert len(written) == summary.keys == len(expected)
+    assert written == expected
+
+
+def test_publish_counts_changed_and_removed_entities(tmp_path, handmade_output, online_url):
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
+    client = redis.Redis.from_url(online_url)
+    first = publish(repo, progress=lambda _: None)
+    assert (first.keys_changed, first.keys_removed) == (first.keys, 0)  # all new
+    # The same values again: nothing changed. A value altered in Redis: one entity changed.
+    again = publish(repo, full=True, progress=lambda _: None)
+    assert (again.keys_changed, again.keys_removed) == (0, 0)
+    key = next(k for k in client.scan_iter() if client.hexists(k, "_ts:user_features"))
+    field = next(f for f in client.hkeys(key) if not f.startswith(b"_ts:"))
+    client.hset(key, field, b"stale")
+    assert publish(repo, full=True, progress=lambda _: None).keys_changed == 1
+    assert client.hget(key, field) != b"stale"
+
+
+def test_the_writer_encodes_values_and_keys_as_feast_does():
+    from feast.infra.online_stores.helpers import _redis_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
+    from feast.type_map import python_values_to_proto_values
+    from feast.value_type import ValueType
+
+    from feature_store.writer import encode_values, entity_keys
+
+    columns = {
+        ValueType.DOUBLE: pa.array([0.0, -1.5, 1e300, 0.1, None, float("inf"), float("nan")],
+                                   pa.float64()),
+        ValueType.FLOAT: pa.array([0.0, -1.5, 3.25, None, float("nan")], pa.float32()),
+        ValueType.INT64: pa.array([0, 1, -1, 2**62, None, 300], pa.int64()),
+        ValueType.INT32: pa.array([0, -7, 2**31 - 1, None], pa.int32()),
+        ValueType.STRING: pa.array(["a", "", "ünï", None]),
+        ValueType.BOOL: pa.array([True, False, None]),
+    }
+    for value_type, column in columns.items():
+        # Feast's materialization: the Arrow column to NumPy, then its converter.
+        expected = [p.SerializeToString() for p in python_values_to_proto_values(
+            column.to_numpy(zero_copy_only=False), value_type)]
+        assert encode_values(column, value_type) == expected, value_type
+    for key_type, values, field in ((ValueType.STRING, ["u1", "", "ü"], "string_val"),
+                                    (ValueType.INT64, [0, -3, 2**40], "int64_val")):
+        expected = [_redis_key("proj", EntityKey(join_keys=["user_id"],
+                                                 entity_values=[Value(**{field: v})]))
+                    for v in values]
+        assert entity_keys("user_id", pa.array(values), key_type, "proj", 3) == expected
