@@ -3,18 +3,18 @@ Python (docs/ARCHITECTURE.md, "Publishing").
 
 Feast's materialization turns every value into a protobuf object in Python and reads each
 key's stored timestamp before writing it: ~16k keys/s. This writer produces the very same
-bytes in bulk — Feast's own encoder once per distinct value (counts, ids and timestamps
-repeat), a NumPy encoding for floating-point values (byte-equal to the protobuf's; tested) —
-and sends one Redis command per entity in pipelines, the way redis-py writes any hash. A Lua
-script compares and sets each hash in Redis, so a replace learns how many entities changed
-without reading the store back. What it writes is what ``FeatureStore.get_online_features``
-reads (tested against Feast's own materialization).
+bytes in bulk — NumPy encodings of integer and floating-point values, Feast's own converter
+once per distinct value for the other types, timestamps once per distinct time (byte-equal
+to the protobufs; tested) — and writes them with a Lua script that compares and sets a few
+hundred entities per call, pipelined, so a replace learns how many entities changed without
+reading the store back. What it writes is what ``FeatureStore.get_online_features`` reads
+(tested byte for byte against Feast's own materialization).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -31,24 +31,45 @@ from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import python_values_to_proto_values
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
-# Entities per pipelined round trip.
+# Entities per script call, and per pipelined round trip.
+CHUNK = 200
 BATCH = 10_000
-# Sets the hash's fields; returns 1 when a feature value differs from the stored one (or the
-# entity is new), 0 otherwise. Field names starting with "_ts:" (the view's timestamp) are
-# not compared: a snapshot re-stamped with the same values is not a change.
+# Sets each entity's fields and returns how many entities had a feature value that differs
+# from the stored one (or were new). KEYS: the entities. ARGV: the key ttl (0: none), the
+# number n of feature fields, the n fields, the timestamp field, then per entity its n values
+# and its timestamp. The timestamp is not compared: a snapshot re-stamped with the same
+# values is not a change.
 COMPARE_AND_SET = """
-local changed = 0
-for i = 1, #ARGV, 2 do
-  if string.sub(ARGV[i], 1, 4) ~= '_ts:' then
-    if redis.call('HGET', KEYS[1], ARGV[i]) ~= ARGV[i + 1] then changed = 1 end
+local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local fields = {}
+for j = 1, n do fields[j] = ARGV[2 + j] end
+local stamp_field = ARGV[n + 3]
+local at, changed = n + 4, 0
+for k = 1, #KEYS do
+  local old = redis.call('HMGET', KEYS[k], unpack(fields))
+  local args = {}
+  for j = 1, n do
+    if old[j] ~= ARGV[at + j - 1] then changed = changed + 1; break end
   end
+  for j = 1, n do
+    args[2 * j - 1] = fields[j]
+    args[2 * j] = ARGV[at + j - 1]
+  end
+  args[2 * n + 1] = stamp_field
+  args[2 * n + 2] = ARGV[at + n]
+  redis.call('HSET', KEYS[k], unpack(args))
+  if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+  at = at + n + 1
 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
 return changed
 """
 # Value.double_val (field 5, fixed64) and Value.float_val (field 6, fixed32): the tag byte.
 _FIXED = {"double": (b"\x29", "<f8"), "float": (b"\x35", "<f4")}
+# Value.int32_val (field 3) and Value.int64_val (field 4), varints: the tag byte.
+_VARINT_TAGS = {ValueType.INT32: 0x18, ValueType.INT64: 0x20}
 
 
 @dataclass(frozen=True)
@@ -74,15 +95,44 @@ def latest_snapshots(snapshots: ds.Dataset, key: str, timestamp: str, start: dat
     return rows.filter(pa.array(first))
 
 
+def _sliced(block: np.ndarray, lengths: np.ndarray) -> list[bytes]:
+    """Row i of ``block`` cut to ``lengths[i]`` bytes, as one bytes object each."""
+    if len(lengths) == 0:
+        return []
+    keep = np.arange(block.shape[1]) < lengths[:, None]
+    blob = block[keep].tobytes()
+    ends = np.cumsum(lengths).tolist()
+    return [blob[start:end] for start, end in zip([0, *ends[:-1]], ends, strict=True)]
+
+
 def _encoded_by_value(values: pa.Array, feast_type: ValueType) -> list[bytes]:
-    """Feast's own encoding, once per distinct value."""
+    """Feast's own encoding, once per distinct value (one call of its converter)."""
     python = values.to_pylist()
-    cache: dict[Any, bytes] = {}
-    for value in set(python):
-        proto = (Value() if value is None
-                 else python_values_to_proto_values([value], feast_type)[0])
-        cache[value] = proto.SerializeToString()
+    distinct = list(set(python))
+    present = [v for v in distinct if v is not None]
+    cache: dict[Any, bytes] = {None: Value().SerializeToString()}
+    protos = python_values_to_proto_values(present, feast_type) if present else []
+    cache.update(zip(present, (p.SerializeToString() for p in protos), strict=True))
     return [cache[value] for value in python]
+
+
+def _encoded_varint(values: pa.Array, tag: int) -> list[bytes]:
+    """Value.int64_val / int32_val bytes: the tag byte and the value as a base-128 varint of
+    its 64-bit two's complement (a negative int32 is sign-extended, as protobuf does); a
+    missing value is the empty Value."""
+    numbers = pc.fill_null(values, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    unsigned = numbers.view(np.uint64)
+    groups = np.stack([(unsigned >> np.uint64(7 * i)) & np.uint64(0x7F) for i in range(10)],
+                      axis=1).astype(np.uint8)
+    used = 1 + sum(((unsigned >> np.uint64(7 * i)) > 0).astype(np.int64) for i in range(1, 10))
+    more = np.arange(10) < (used - 1)[:, None]
+    block = np.empty((len(numbers), 11), dtype=np.uint8)
+    block[:, 0] = tag
+    block[:, 1:] = groups | (more.astype(np.uint8) << 7)
+    lengths = 1 + used
+    if values.null_count:
+        lengths[values.is_null().to_numpy(zero_copy_only=False)] = 0
+    return _sliced(block, lengths)
 
 
 def _encoded_fixed(values: pa.Array, kind: str) -> list[bytes]:
@@ -94,14 +144,12 @@ def _encoded_fixed(values: pa.Array, kind: str) -> list[bytes]:
     block = np.empty((len(numbers), width), dtype=np.uint8)
     block[:, 0] = tag[0]
     block[:, 1:] = numbers.view(np.uint8).reshape(len(numbers), width - 1)
-    blob = block.tobytes()
-    encoded = [blob[i:i + width] for i in range(0, len(blob), width)]
+    lengths = np.full(len(numbers), width, dtype=np.int64)
     missing = np.isnan(numbers)
     if values.null_count:
         missing |= values.is_null().to_numpy(zero_copy_only=False)
-    for index in np.flatnonzero(missing):
-        encoded[index] = b""
-    return encoded
+    lengths[missing] = 0
+    return _sliced(block, lengths)
 
 
 def encode_values(column: pa.Array, feast_type: ValueType) -> list[bytes]:
@@ -111,6 +159,8 @@ def encode_values(column: pa.Array, feast_type: ValueType) -> list[bytes]:
         return _encoded_fixed(column, "double")
     if feast_type == ValueType.FLOAT:
         return _encoded_fixed(column, "float")
+    if feast_type in _VARINT_TAGS:
+        return _encoded_varint(column, _VARINT_TAGS[feast_type])
     return _encoded_by_value(column, feast_type)
 
 
@@ -148,21 +198,27 @@ def entity_keys(join_key: str, values: pa.Array, key_type: ValueType, project: s
             for value in values.to_pylist()]
 
 
-def _commands(rows: pa.Table, view: FeatureView, join_key: str, key_type: ValueType,
-              project: str, version: int) -> Iterator[tuple[bytes, list[bytes]]]:
-    """(Redis key, [field, value, field, value, …]) per entity."""
-    keys = entity_keys(join_key, rows[join_key], key_type, project, version)
+def _columns(rows: pa.Table, view: FeatureView) -> tuple[list[bytes], list[list[bytes]]]:
+    """The view's fields (its features', then its timestamp's) and, per field, every row's
+    serialized value."""
     fields = [_mmh3(f"{view.name}:{feature.name}") for feature in view.features]
     values = [encode_values(rows[feature.name], feature.dtype.to_value_type())
               for feature in view.features]
-    stamp_field = f"_ts:{view.name}".encode()
-    stamps = encode_timestamps(rows[view.batch_source.timestamp_field])
-    for index, key in enumerate(keys):
-        arguments = []
-        for field, column in zip(fields, values, strict=True):
-            arguments += (field, column[index])
-        arguments += (stamp_field, stamps[index])
-        yield key, arguments
+    fields.append(f"_ts:{view.name}".encode())
+    values.append(encode_timestamps(rows[view.batch_source.timestamp_field]))
+    return fields, values
+
+
+def _chunks(client: Any, keys: list[bytes]) -> list[np.ndarray]:
+    """Row indices, ``CHUNK`` at most per script call; on a cluster, one hash slot per call
+    (a script's keys must share one)."""
+    if not isinstance(client, RedisCluster):
+        return [np.arange(low, min(low + CHUNK, len(keys))) for low in range(0, len(keys), CHUNK)]
+    slots = np.array([key_slot(key) for key in keys], dtype=np.int64)
+    order = np.argsort(slots, kind="stable")
+    bounds = np.flatnonzero(np.diff(slots[order])) + 1
+    return [part[low:low + CHUNK] for part in np.split(order, bounds)
+            for low in range(0, len(part), CHUNK)]
 
 
 def write_view(client: Any, rows: pa.Table, view: FeatureView, join_key: str,
@@ -170,31 +226,23 @@ def write_view(client: Any, rows: pa.Table, view: FeatureView, join_key: str,
                key_ttl_seconds: int | None = None,
                progress: Callable[[int], None] | None = None) -> Written:
     """Write ``rows`` (one per entity) into ``view``'s fields; how many entities changed."""
+    keys = entity_keys(join_key, rows[join_key], key_type, project, version)
+    fields, values = _columns(rows, view)
+    by_row = list(zip(*values, strict=True))  # per entity: its values, then its timestamp
+    head = [key_ttl_seconds or 0, len(fields) - 1, *fields]
     # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot load).
     digest = client.script_load(COMPARE_AND_SET)
     changed = written = 0
-    written_keys: set[bytes] = set()
-    pipe = client.pipeline(transaction=False)
-    pending = 0
-    for key, arguments in _commands(rows, view, join_key, key_type, project, version):
-        pipe.execute_command("EVALSHA", digest, 1, key, *arguments)
-        if key_ttl_seconds:
-            pipe.expire(key, key_ttl_seconds)
-        written_keys.add(key)
-        pending += 1
-        if pending == BATCH:
-            changed += _changed(pipe.execute(), key_ttl_seconds)
-            written += pending
-            pending = 0
-            if progress is not None:
-                progress(written)
-    if pending:
-        changed += _changed(pipe.execute(), key_ttl_seconds)
-        written += pending
+    chunks = _chunks(client, keys)
+    per_batch = max(1, BATCH // CHUNK)
+    for low in range(0, len(chunks), per_batch):
+        pipe = client.pipeline(transaction=False)
+        for chunk in chunks[low:low + per_batch]:
+            indices = chunk.tolist()
+            pipe.execute_command("EVALSHA", digest, len(indices), *[keys[i] for i in indices],
+                                 *head, *[value for i in indices for value in by_row[i]])
+            written += len(indices)
+        changed += int(sum(pipe.execute()))
         if progress is not None:
             progress(written)
-    return Written(written, changed, written_keys)
-
-
-def _changed(replies: list[Any], key_ttl_seconds: int | None) -> int:
-    return int(sum(replies[::2] if key_ttl_seconds else replies))
+    return Written(written, changed, set(keys))

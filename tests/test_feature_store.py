@@ -317,9 +317,14 @@ def test_the_online_reader_refuses_feast_settings_it_does_not_implement(tmp_path
 
 
 def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_output,
-                                                                redis_server):
+                                                                redis_server, monkeypatch):
     """Our writer against Feast's own materialize of the same output into another database:
     every key, field and value byte for byte (the view timestamps included)."""
+    from feature_store import writer
+
+    # Many script calls and round trips, even on the small output.
+    monkeypatch.setattr(writer, "CHUNK", 7)
+    monkeypatch.setattr(writer, "BATCH", 30)
     ours, feasts = fresh_db(redis_server, 8), fresh_db(redis_server, 9)
     project = copy_project(tmp_path, ttl="30d").feature_store
     repo = open_repo(project, job_output.output, url=ours)
@@ -357,16 +362,19 @@ def test_the_writer_encodes_values_and_keys_as_feast_does():
 
     from feature_store.writer import encode_values, entity_keys
 
-    columns = {
-        ValueType.DOUBLE: pa.array([0.0, -1.5, 1e300, 0.1, None, float("inf"), float("nan")],
-                                   pa.float64()),
-        ValueType.FLOAT: pa.array([0.0, -1.5, 3.25, None, float("nan")], pa.float32()),
-        ValueType.INT64: pa.array([0, 1, -1, 2**62, None, 300], pa.int64()),
-        ValueType.INT32: pa.array([0, -7, 2**31 - 1, None], pa.int32()),
-        ValueType.STRING: pa.array(["a", "", "ünï", None]),
-        ValueType.BOOL: pa.array([True, False, None]),
-    }
-    for value_type, column in columns.items():
+    columns = [
+        (ValueType.DOUBLE, pa.array([0.0, -1.5, 1e300, 0.1, None, float("inf"), float("nan")],
+                                    pa.float64())),
+        (ValueType.FLOAT, pa.array([0.0, -1.5, 3.25, None, float("nan")], pa.float32())),
+        # With a null, Feast's path goes through float64: its int64s are exact to 2**53.
+        (ValueType.INT64, pa.array([0, 1, -1, 2**50, None, 300, 127, 128, 16383, 16384,
+                                    2**53, -(2**53), -300], pa.int64())),
+        (ValueType.INT64, pa.array([2**63 - 1, -(2**63) + 1, 0], pa.int64())),
+        (ValueType.INT32, pa.array([0, -7, 2**31 - 1, -(2**31), None, 128], pa.int32())),
+        (ValueType.STRING, pa.array(["a", "", "ünï", None])),
+        (ValueType.BOOL, pa.array([True, False, None])),
+    ]
+    for value_type, column in columns:
         # Feast's materialization: the Arrow column to NumPy, then its converter.
         expected = [p.SerializeToString() for p in python_values_to_proto_values(
             column.to_numpy(zero_copy_only=False), value_type)]
