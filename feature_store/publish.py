@@ -33,7 +33,7 @@ from feature_store.publication import (
     write_publication,
 )
 from feature_store.repo import FeatureRepo, online_store_errors
-from feature_store.writer import latest_snapshots, write_view
+from feature_store.writer import Layout, latest_snapshots, write_view
 
 # Keys scanned, checked or removed per pipelined round trip while replacing a dataset.
 BATCH = 10_000
@@ -130,16 +130,18 @@ class _Progress:
 
 
 def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = None,
-            progress: Callable[[str], None] = print) -> PublishSummary:
+            progress: Callable[[str], None] = print, spark: Any = None) -> PublishSummary:
     """Apply the definitions, then write every feature view's latest snapshots up to ``end``
     (now) into the online store: the whole dataset when the store holds another one (or
-    ``full``), else what is new since the view's last publish."""
+    ``full``), else what is new since the view's last publish. With a SparkSession, Spark
+    tasks write the views, each its partitions' entities."""
     started = time.perf_counter()
     end = _as_utc(end or datetime.now(timezone.utc))
     store = repo.store
     metadata = repo.definitions.metadata
     version = dataset_version(metadata)
-    client = redis.client(repo.redis_url, cluster=repo.settings.redis_type == "redis_cluster")
+    cluster = repo.settings.redis_type == "redis_cluster"
+    client = redis.client(repo.redis_url, cluster=cluster)
     views = [view.name for view in repo.definitions.views.values()]
     online_config = store.config.online_store
     with online_store_errors(repo.redis_url), contextlib.closing(client):
@@ -166,14 +168,21 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             start = (_earliest(_snapshots(repo, entity), table["timestamp_field"])
                      if replace or last is None else _as_utc(last))
             view_started = time.perf_counter()
-            rows = latest_snapshots(_snapshots(repo, entity), table["join_key"],
-                                    table["timestamp_field"], start, end)
-            result = write_view(
-                client, rows, registered, table["join_key"],
-                repo.definitions.entities[entity].value_type, store.project,
-                store.config.entity_key_serialization_version,
-                key_ttl_seconds=getattr(online_config, "key_ttl_seconds", None),
-                progress=_Progress(view.name, rows.num_rows, progress))
+            layout = Layout.of(registered, table["join_key"],
+                               repo.definitions.entities[entity].value_type, store.project,
+                               store.config.entity_key_serialization_version,
+                               getattr(online_config, "key_ttl_seconds", None))
+            if spark is not None:
+                from feature_store.spark_writer import write_with_spark
+
+                result = write_with_spark(spark, repo.definitions.snapshot_path(entity), layout,
+                                          start, end, repo.redis_url, cluster,
+                                          keys_needed=bool(before))
+            else:
+                rows = latest_snapshots(_snapshots(repo, entity), table["join_key"],
+                                        table["timestamp_field"], start, end)
+                result = write_view(client, rows, layout,
+                                    _Progress(view.name, rows.num_rows, progress))
             store.registry.apply_materialization(registered, store.project, start, end)
             written |= result.written_keys
             changed += result.changed

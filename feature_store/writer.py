@@ -79,6 +79,28 @@ class Written:
     written_keys: set[bytes]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where and how one feature view's values are written: plain data, so that Spark tasks
+    can carry it."""
+
+    view: str
+    join_key: str
+    key_type: ValueType
+    features: tuple[tuple[str, ValueType], ...]
+    timestamp_field: str
+    project: str
+    key_version: int
+    key_ttl_seconds: int | None = None
+
+    @classmethod
+    def of(cls, view: FeatureView, join_key: str, key_type: ValueType, project: str,
+           key_version: int, key_ttl_seconds: int | None = None) -> Layout:
+        return cls(view.name, join_key, key_type,
+                   tuple((f.name, f.dtype.to_value_type()) for f in view.features),
+                   view.batch_source.timestamp_field, project, key_version, key_ttl_seconds)
+
+
 def latest_snapshots(snapshots: ds.Dataset, key: str, timestamp: str, start: datetime,
                      end: datetime) -> pa.Table:
     """Each entity's latest snapshot in [start, end], as Feast's materialization picks it."""
@@ -198,14 +220,13 @@ def entity_keys(join_key: str, values: pa.Array, key_type: ValueType, project: s
             for value in values.to_pylist()]
 
 
-def _columns(rows: pa.Table, view: FeatureView) -> tuple[list[bytes], list[list[bytes]]]:
+def _columns(rows: pa.Table, layout: Layout) -> tuple[list[bytes], list[list[bytes]]]:
     """The view's fields (its features', then its timestamp's) and, per field, every row's
     serialized value."""
-    fields = [_mmh3(f"{view.name}:{feature.name}") for feature in view.features]
-    values = [encode_values(rows[feature.name], feature.dtype.to_value_type())
-              for feature in view.features]
-    fields.append(f"_ts:{view.name}".encode())
-    values.append(encode_timestamps(rows[view.batch_source.timestamp_field]))
+    fields = [_mmh3(f"{layout.view}:{name}") for name, _ in layout.features]
+    values = [encode_values(rows[name], value_type) for name, value_type in layout.features]
+    fields.append(f"_ts:{layout.view}".encode())
+    values.append(encode_timestamps(rows[layout.timestamp_field]))
     return fields, values
 
 
@@ -221,15 +242,14 @@ def _chunks(client: Any, keys: list[bytes]) -> list[np.ndarray]:
             for low in range(0, len(part), CHUNK)]
 
 
-def write_view(client: Any, rows: pa.Table, view: FeatureView, join_key: str,
-               key_type: ValueType, project: str, version: int, *,
-               key_ttl_seconds: int | None = None,
+def write_view(client: Any, rows: pa.Table, layout: Layout,
                progress: Callable[[int], None] | None = None) -> Written:
-    """Write ``rows`` (one per entity) into ``view``'s fields; how many entities changed."""
-    keys = entity_keys(join_key, rows[join_key], key_type, project, version)
-    fields, values = _columns(rows, view)
+    """Write ``rows`` (one per entity) into the view's fields; how many entities changed."""
+    keys = entity_keys(layout.join_key, rows[layout.join_key], layout.key_type,
+                       layout.project, layout.key_version)
+    fields, values = _columns(rows, layout)
     by_row = list(zip(*values, strict=True))  # per entity: its values, then its timestamp
-    head = [key_ttl_seconds or 0, len(fields) - 1, *fields]
+    head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
     # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot load).
     digest = client.script_load(COMPARE_AND_SET)
     changed = written = 0

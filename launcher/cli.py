@@ -273,13 +273,22 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
 @click.option("--full", is_flag=True, help="Materialize every snapshot again, not only new ones.")
 @click.option("--end", type=click.DateTime(),
               help="Materialize up to this UTC time (default: now).")
-def publish(path: str | None, data: str | None, full: bool, end: datetime | None) -> None:
-    """Register the feature views with Feast and materialize them into Redis."""
+@click.option("--spark", "with_spark", is_flag=True,
+              help="Write from Spark tasks, each its partitions' entities (etl.spark "
+                   "settings; for entity tables beyond one process)")
+def publish(path: str | None, data: str | None, full: bool, end: datetime | None,
+            with_spark: bool) -> None:
+    """Register the feature views with Feast and write them into Redis."""
     from feature_store.publish import publish as run_publish
 
     repo = _repo(path, data)
     _progress(f"online store {redact(repo.redis_url)}")
-    summary = run_publish(repo, full=full, progress=_progress,
+    spark = None
+    if with_spark:
+        from etl.session import build_session
+
+        spark = build_session(_config(path).etl.spark)
+    summary = run_publish(repo, full=full, progress=_progress, spark=spark,
                           end=end.replace(tzinfo=timezone.utc) if end else None)
     click.echo(json.dumps(summary.to_json()))
 

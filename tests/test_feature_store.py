@@ -204,7 +204,8 @@ def test_feast_cli_apply_and_materialize(tmp_path, handmade_output, redis_server
     assert _online(feature_repo, [{"user_id": "u1", "item_id": "i1"}])["user_events"] == [7]
 
 
-def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, redis_server):
+def test_cli_publish_training_set_and_redis_commands(spark, tmp_path, handmade_output,
+                                                    redis_server):
     config = copy_project(tmp_path)
     config_file = tmp_path / "featureline.yaml"
     config_file.write_text(json.dumps(config.model_dump(mode="json")))
@@ -214,6 +215,14 @@ def test_cli_publish_training_set_and_redis_commands(tmp_path, handmade_output, 
                                      str(handmade_output)], env={"REDIS_URL": url})
     assert published.exit_code == 0, published.output
     assert json.loads(published.stdout.splitlines()[-1])["keys_written"] == 4
+    # Again from Spark tasks (the test run's session), the whole dataset: nothing changed.
+    again = runner.invoke(main, ["publish", "--config", str(config_file), "--data",
+                                 str(handmade_output), "--spark", "--full"],
+                          env={"REDIS_URL": url})
+    assert again.exit_code == 0, again.output
+    assert {k: v for k, v in json.loads(again.stdout.splitlines()[-1]).items()
+            if k in ("keys_written", "keys_changed", "keys_removed")} == {
+        "keys_written": 4, "keys_changed": 0, "keys_removed": 0}
     pd.DataFrame({"user_id": ["u1", "u2"], "item_id": ["i1", "i9"],
                   "event_timestamp": pd.to_datetime(["2026-01-05", "2026-01-04"], utc=True)}
                  ).to_parquet(tmp_path / "rows.parquet")
@@ -385,3 +394,21 @@ def test_the_writer_encodes_values_and_keys_as_feast_does():
                                                  entity_values=[Value(**{field: v})]))
                     for v in values]
         assert entity_keys("user_id", pa.array(values), key_type, "proj", 3) == expected
+
+
+def test_publishing_from_spark_writes_the_same_store(spark, tmp_path, job_output, redis_server):
+    """Spark tasks writing their partitions: the same keys and bytes as one process, the same
+    counts; over the store a second time, nothing changed."""
+    single, parallel = fresh_db(redis_server, 10), fresh_db(redis_server, 11)
+    project = copy_project(tmp_path, ttl="30d").feature_store
+    end = _utc("2100-01-01")
+    expected = publish(open_repo(project, job_output.output, url=single), end=end,
+                       progress=lambda _: None)
+    repo = open_repo(project, job_output.output, url=parallel)
+    summary = publish(repo, end=end, spark=spark, progress=lambda _: None)
+    assert _redis_dump(parallel) == _redis_dump(single)
+    assert ({v.name: v.keys for v in summary.views}
+            == {v.name: v.keys for v in expected.views})
+    assert summary.keys_changed == expected.keys_changed == summary.keys
+    again = publish(repo, full=True, end=end, spark=spark, progress=lambda _: None)
+    assert (again.keys_changed, again.keys_removed) == (0, 0)

@@ -1,0 +1,57 @@
+"""Publishing from Spark, for entity tables beyond one process (docs/ARCHITECTURE.md,
+"Publishing"): each partition of the latest snapshots is written by its own task with the
+single-process writer (``feature_store/writer.py``), straight to Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from feature_store.writer import Layout, Written, entity_keys
+
+
+def latest_frame(spark: SparkSession, path: Path, layout: Layout, start: datetime,
+                 end: datetime) -> DataFrame:
+    """Each entity's latest snapshot in [start, end], as Feast's materialization picks it."""
+    frame = spark.read.parquet(str(path))
+    stamp = F.col(layout.timestamp_field)
+    low, high = (t.astimezone(timezone.utc) for t in (start, end))
+    frame = frame.where((stamp >= F.lit(low)) & (stamp <= F.lit(high)))
+    columns = [layout.join_key, layout.timestamp_field, *(name for name, _ in layout.features)]
+    latest = F.max_by(F.struct(*columns), stamp).alias("row")
+    return frame.groupBy(layout.join_key).agg(latest).select("row.*")
+
+
+def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: datetime,
+                     end: datetime, url: str, cluster: bool, *, keys_needed: bool) -> Written:
+    """Write the view from Spark tasks; ``keys_needed``: also return every written Redis key
+    (a replace looks for the entities no longer there)."""
+    from core import redis
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from feature_store.writer import write_view
+
+        client = redis.client(url, cluster=cluster)
+        try:
+            for batch in batches:
+                result = write_view(client, pa.Table.from_batches([batch]), layout)
+                yield pa.RecordBatch.from_pydict({"keys": [result.keys],
+                                                  "changed": [result.changed]})
+        finally:
+            client.close()
+
+    latest = latest_frame(spark, path, layout, start, end)
+    totals = (latest.mapInArrow(write, "keys long, changed long")
+              .agg(F.sum("keys").alias("keys"), F.sum("changed").alias("changed")).first())
+    written: set[bytes] = set()
+    if keys_needed:
+        values: Any = latest.select(layout.join_key).toArrow()[layout.join_key]
+        written = set(entity_keys(layout.join_key, values, layout.key_type, layout.project,
+                                  layout.key_version))
+    return Written(int(totals["keys"] or 0), int(totals["changed"] or 0), written)
