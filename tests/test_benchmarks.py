@@ -104,3 +104,12 @@ def test_bench_train_smoke(job_output):
     assert report["input_only"]["tfrecord_vs_parquet"] > 0
     for path in ("tfrecord", "parquet_pandas"):
         assert report["fit"][path]["rows_per_s"] > 0 and len(report["fit"][path]["epoch_s"]) == 1
+
+
+def test_bench_publish_smoke(spark):
+    report = _load("bench_publish").run([1500], spark, feast_engine=False)
+    json.dumps(report)
+    (entry,) = report["runs"]
+    assert entry["entities"] == 1500
+    for path in ("single_process_keys_per_s", "spark_local2_keys_per_s", "raw_hset_keys_per_s"):
+        assert entry[path] > 0
