@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import errors
@@ -58,8 +59,12 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
             services.close()
             app.state.services = None
 
-    app = FastAPI(title="Featureline ranking API", version=__version__, lifespan=lifespan,
-                  description="Online features, embedding lookups, and both in one call.")
+    # /docs and /redoc load their JavaScript and CSS from this process (FastAPI's way of
+    # self-hosting them, packaged): they work air-gapped.
+    app = FastAPIOffline(title="Featureline ranking API", version=__version__,
+                         lifespan=lifespan,
+                         description="Online features, embedding lookups, and both in one "
+                                     "call.")
     for module in (features, embeddings, ranking, admin, health):
         app.include_router(module.router)
     limits = config.api.limits

@@ -312,3 +312,20 @@ def test_fuzzing_finds_no_server_error(case):
     """Generated requests (valid and invalid) against every operation: never a 5xx."""
     headers = ADMIN if case.path.startswith("/v1/admin") else READ
     case.call_and_validate(headers=headers, checks=[not_a_server_error])
+
+
+def test_docs_load_with_no_network(client):
+    """/docs and /redoc name only assets this app serves (no CDN), and every one loads."""
+    import re
+
+    for page, kinds in (("/docs", ("swagger-ui-bundle.js", "swagger-ui.css")),
+                        ("/redoc", ("redoc.standalone.js",))):
+        html = client.get(page)
+        assert html.status_code == 200, page
+        urls = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", html.text)
+        assert urls and not [u for u in urls if "//" in u], urls  # nothing off this server
+        assert all(any(u.endswith(kind) for u in urls) for kind in kinds), urls
+        for url in urls:
+            asset = client.get(url)
+            assert asset.status_code == 200 and len(asset.content) > 0, url
+    assert "swagger" in client.get("/docs").text.lower()
