@@ -16,6 +16,11 @@ class FeaturelineError(Exception):
     http_status: ClassVar[int] = 500
     # A 503 that clears by itself: the API adds a ``Retry-After`` header.
     retry_after: ClassVar[bool] = False
+    # The command line's exit status: 2 for a usage or configuration error (the user fixes
+    # the command or the file), 1 for a failure while running.
+    exit_code: ClassVar[int] = 1
+    # What to do about it, printed by the command line under the error's one line.
+    hint: ClassVar[str | None] = None
 
     def fields(self) -> dict[str, Any]:
         """Extra members of the API's error body (``field``, ``limit``…); none by default."""
@@ -27,6 +32,7 @@ class NotFoundError(FeaturelineError, KeyError):
     is."""
 
     http_status = 404
+    exit_code = 2
 
     def __str__(self) -> str:
         return str(self.args[0])  # KeyError's own str() would quote the message
@@ -37,6 +43,7 @@ class UnprocessableError(FeaturelineError):
     is where it is."""
 
     http_status = 422
+    exit_code = 2
 
     def __init__(self, field: str | None, message: str) -> None:
         self.field = field
@@ -58,6 +65,9 @@ class ConfigError(FeaturelineError):
     ``key`` is the dotted path of the setting (``features[2].columns``), so a user can find it.
     """
 
+    exit_code = 2
+    hint = "fix that setting in the configuration file (--config) or the flag that sets it"
+
     def __init__(self, key: str, message: str) -> None:
         self.key = key
         self.message = message
@@ -67,7 +77,10 @@ class ConfigError(FeaturelineError):
 class MetadataNotFoundError(FeaturelineError):
     """An ETL output folder without metadata.json (the ETL has not run there)."""
 
+    exit_code = 2
+    hint = ("run `featureline etl run` first, or point --data (api.data, etl.output.path) at "
+            "an ETL output folder")
+
     def __init__(self, path: str) -> None:
         self.path = path
-        super().__init__(f"{path}: no metadata.json; run `featureline etl run` first "
-                         "or pass --data <ETL output folder>")
+        super().__init__(f"{path}: no metadata.json (no ETL output there)")

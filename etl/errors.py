@@ -12,6 +12,9 @@ class LabelRuleError(ConfigError):
 class RawLogSchemaError(FeaturelineError):
     """The raw log lacks a column the configuration maps a role onto."""
 
+    exit_code = 2
+    hint = "map the role onto the log's column in etl.source.columns, or fix the log"
+
     def __init__(self, path: str, column: str, available: list[str]) -> None:
         self.path = path
         self.column = column
@@ -22,6 +25,9 @@ class RawLogSchemaError(FeaturelineError):
 
 class NoInputError(FeaturelineError):
     """The source path or glob matched no file, or every row was quarantined."""
+
+    exit_code = 2
+    hint = "check --input (etl.source.path): a file, a folder or a glob of raw logs"
 
 
 class OutputLockedError(FeaturelineError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import glob
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -207,6 +208,17 @@ def _as_text(column: Column, dtype: str) -> Column:
 
 
 _READERS = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
+
+
+def require_local_input(source: SourceConfig) -> None:
+    """A local source path that matches nothing is an error before Spark starts (Spark says
+    so only once it runs, amid its own log lines). Remote URLs, and globs with braces, which
+    only Spark expands, are left to Spark."""
+    path = source.path
+    if ("://" in path and not path.startswith("file://")) or "{" in path:
+        return
+    if not glob.glob(path.removeprefix("file://")):
+        raise NoInputError(f"{path}: no file or folder matches the source path")
 
 
 def read_raw(spark: SparkSession, source: SourceConfig) -> DataFrame:

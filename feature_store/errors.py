@@ -14,6 +14,8 @@ class OnlineStoreUnavailableError(FeatureStoreError, UnavailableError):
     """The Redis online store did not answer; a caller may retry."""
 
     retry_after = True
+    hint = ("start the embedded server (`featureline redis start`) or set REDIS_URL to a "
+            "running Redis")
 
     def __init__(self, url: str, reason: str) -> None:
         self.url = redact(url)
@@ -28,6 +30,9 @@ class UnknownFeatureServiceError(FeatureStoreError, NotFoundError):
 
 class EntityRowsError(FeatureStoreError):
     """The entity rows of a training set lack a column or hold unusable values."""
+
+    exit_code = 2
+    hint = "entity rows: Parquet with the join keys (user_id, item_id) and event_timestamp"
 
     def __init__(self, path: str, message: str) -> None:
         self.path = path

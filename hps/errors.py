@@ -8,6 +8,9 @@ from core.errors import FeaturelineError, NotFoundError, UnavailableError
 class TableFileError(FeaturelineError):
     """An embedding file that cannot be imported: wrong size, wrong dim, duplicates, empty."""
 
+    exit_code = 2
+    hint = "check the table's source, format and dim in the parameter server's hps.yaml"
+
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         super().__init__(f"{path}: {reason}")

@@ -95,7 +95,10 @@ def run_job(path: str | None = None, input_path: str | None = None,
     if properties:
         config.spark.properties.update(properties)
     from etl import job
+    from etl.ingest import require_local_input
     from etl.session import build_session
+
+    require_local_input(config.source)
 
     spark = build_session(config.spark, from_profile=not submitted)
     return job.run(config, spark, progress=_progress).metadata
@@ -405,10 +408,15 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
     import uvicorn
 
     from api.settings import check_exposure
+    from core.metadata import read_metadata
     from launcher.serving import load_serving_config
 
     file = config_path(path)
     config = load_serving_config(file)  # errors surface here, before any worker starts
+    read_metadata(config.data)  # the ETL output the API encodes ids with
+    if config.api.hps is not None and not Path(config.api.hps).is_file():
+        raise ConfigError("api.hps", f"{config.api.hps}: no such file (the parameter "
+                                     "server's hps.yaml or ps.json)")
     try:
         check_exposure(host or config.api.host, config.api.auth)
     except ValueError as exc:
@@ -423,7 +431,8 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
 
 
 def run_command(command: click.Command) -> None:
-    """Run a click command; typed Featureline errors become one clear line and exit code 2."""
+    """Run a click command; a typed Featureline error becomes one line and a hint, exit code 2
+    for a usage or configuration error, 1 for a failure while running."""
     try:
         command(standalone_mode=False)
     except click.exceptions.Abort:
@@ -433,7 +442,9 @@ def run_command(command: click.Command) -> None:
         sys.exit(exc.exit_code)
     except FeaturelineError as exc:
         click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
 
 
 def run() -> None:

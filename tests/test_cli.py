@@ -14,9 +14,11 @@ import pyarrow.parquet as pq
 import yaml
 from click.testing import CliRunner
 
+from feature_store.redis_server import free_port
 from hps.config import load_hps_config
 from hps.formats import read_hugectr
 from launcher.cli import main
+from tests.feast_data import write_handmade_output
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -55,6 +57,42 @@ def test_config_errors_stop_before_spark_with_the_key(tmp_path):
     assert bad_column.returncode == 2
     assert "etl.features[0].columns: unknown column 'genre'" in bad_column.stderr
     assert "Spark" not in bad_column.stderr  # no session was started
+
+
+def _one_error(result: subprocess.CompletedProcess, code: int) -> list[str]:
+    """The command failed with ``code``, printing one error line and one hint, no traceback
+    and no Spark or Java output; those two lines."""
+    assert result.returncode == code, result.stderr
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[")]
+    assert [line.split(":")[0] for line in lines] == ["error", "hint"], result.stderr
+    for noise in ("Traceback", "Exception", "WARN", "Spark", "at org.", "uvicorn"):
+        assert noise not in result.stderr, result.stderr
+    return lines
+
+
+def test_each_front_door_error_is_one_line_a_hint_and_its_exit_code(tmp_path):
+    missing = _one_error(_featureline("etl", "run", "--input", str(tmp_path / "no/*.jsonl"),
+                                      "--output", str(tmp_path / "out")), 2)
+    assert "no file or folder matches" in missing[0] and "--input" in missing[1]
+    assert not (tmp_path / "out").exists()
+    nowhere = tmp_path / "nowhere"
+    config = tmp_path / "serve.yaml"
+    config.write_text(f"api:\n  data: {nowhere}\n")
+    for command in (("serve", "--config", str(config)), ("publish", "--data", str(nowhere)),
+                    ("training-set", "--data", str(nowhere), "--entities", "rows.parquet",
+                     "--out", str(tmp_path / "ts.parquet"))):
+        error, hint = _one_error(_featureline(*command), 2)
+        assert f"{nowhere}: no metadata.json" in error and "featureline etl run" in hint
+    config.write_text("api:\n  port: eighty\n")
+    error, _ = _one_error(_featureline("serve", "--config", str(config)), 2)
+    assert error.startswith("error: api.port:")
+    # A runtime failure: the online store does not answer.
+    output = write_handmade_output(tmp_path / "handmade")
+    down = subprocess.run([str(BIN / "featureline"), "publish", "--data", str(output)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**os.environ, "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    error, hint = _one_error(down, 1)
+    assert "is unavailable" in error and "featureline redis start" in hint
 
 
 def test_gpu_profile_without_the_rapids_jar_is_a_clear_error(tmp_path):
