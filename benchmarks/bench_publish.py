@@ -121,6 +121,7 @@ def run(sizes: list[int], spark: Any = None, feast_engine: bool = True) -> dict[
         for entities in sizes:
             runs.append(measure(spark, server, Path(tmp) / f"n{entities}", entities,
                                 feast_engine))
+            print(json.dumps(runs[-1]), file=sys.stderr, flush=True)  # kept if a later size fails
     return {"benchmark": "publish",
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version(),

@@ -15,6 +15,8 @@ from pyspark.sql import functions as F
 
 from feature_store.writer import Layout, Written, entity_keys
 
+BULK_TIMEOUT_S = 60.0
+
 
 def latest_frame(spark: SparkSession, path: Path, layout: Layout, start: datetime,
                  end: datetime) -> DataFrame:
@@ -37,7 +39,8 @@ def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: dat
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from feature_store.writer import write_view
 
-        client = redis.client(url, cluster=cluster)
+        # Bulk writes share the server with every other task: a patient socket.
+        client = redis.client(url, cluster=cluster, timeout_s=BULK_TIMEOUT_S)
         try:
             for batch in batches:
                 result = write_view(client, pa.Table.from_batches([batch]), layout)

@@ -34,9 +34,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-# Entities per script call, and per pipelined round trip.
+# Entities per script call, per pipelined round trip, and encoded at a time.
 CHUNK = 200
 BATCH = 10_000
+SLICE = 100_000
 # Sets each entity's fields and returns how many entities had a feature value that differs
 # from the stored one (or were new). KEYS: the entities. ARGV: the key ttl (0: none), the
 # number n of feature fields, the n fields, the timestamp field, then per entity its n values
@@ -244,25 +245,31 @@ def _chunks(client: Any, keys: list[bytes]) -> list[np.ndarray]:
 
 def write_view(client: Any, rows: pa.Table, layout: Layout,
                progress: Callable[[int], None] | None = None) -> Written:
-    """Write ``rows`` (one per entity) into the view's fields; how many entities changed."""
-    keys = entity_keys(layout.join_key, rows[layout.join_key], layout.key_type,
-                       layout.project, layout.key_version)
-    fields, values = _columns(rows, layout)
-    by_row = list(zip(*values, strict=True))  # per entity: its values, then its timestamp
-    head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
+    """Write ``rows`` (one per entity) into the view's fields; how many entities changed.
+    Encoded ``SLICE`` rows at a time, so memory stays bounded whatever the table's size."""
     # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot load).
     digest = client.script_load(COMPARE_AND_SET)
     changed = written = 0
-    chunks = _chunks(client, keys)
-    per_batch = max(1, BATCH // CHUNK)
-    for low in range(0, len(chunks), per_batch):
-        pipe = client.pipeline(transaction=False)
-        for chunk in chunks[low:low + per_batch]:
-            indices = chunk.tolist()
-            pipe.execute_command("EVALSHA", digest, len(indices), *[keys[i] for i in indices],
-                                 *head, *[value for i in indices for value in by_row[i]])
-            written += len(indices)
-        changed += int(sum(pipe.execute()))
-        if progress is not None:
-            progress(written)
-    return Written(written, changed, set(keys))
+    written_keys: set[bytes] = set()
+    for offset in range(0, rows.num_rows, SLICE):
+        part = rows.slice(offset, SLICE)
+        keys = entity_keys(layout.join_key, part[layout.join_key], layout.key_type,
+                           layout.project, layout.key_version)
+        fields, values = _columns(part, layout)
+        by_row = list(zip(*values, strict=True))  # per entity: its values, then its timestamp
+        head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
+        chunks = _chunks(client, keys)
+        per_batch = max(1, BATCH // CHUNK)
+        for low in range(0, len(chunks), per_batch):
+            pipe = client.pipeline(transaction=False)
+            for chunk in chunks[low:low + per_batch]:
+                indices = chunk.tolist()
+                pipe.execute_command("EVALSHA", digest, len(indices),
+                                     *[keys[i] for i in indices], *head,
+                                     *[value for i in indices for value in by_row[i]])
+                written += len(indices)
+            changed += int(sum(pipe.execute()))
+            if progress is not None:
+                progress(written)
+        written_keys.update(keys)
+    return Written(written, changed, written_keys)

@@ -334,6 +334,7 @@ def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_ou
     # Many script calls and round trips, even on the small output.
     monkeypatch.setattr(writer, "CHUNK", 7)
     monkeypatch.setattr(writer, "BATCH", 30)
+    monkeypatch.setattr(writer, "SLICE", 50)
     ours, feasts = fresh_db(redis_server, 8), fresh_db(redis_server, 9)
     project = copy_project(tmp_path, ttl="30d").feature_store
     repo = open_repo(project, job_output.output, url=ours)
