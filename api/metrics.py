@@ -1,4 +1,6 @@
-"""Prometheus metrics: latency per route, errors by kind, the HPS hit rate per tier."""
+"""Prometheus metrics: latency per route, errors by kind, the HPS keys per tier and tier
+health, online updates and their lag, the online store's health and the version stamps
+(what k8s/monitoring's dashboard and alert rules read)."""
 
 from __future__ import annotations
 
@@ -61,10 +63,47 @@ class UpdatesCollector(Collector):
             "featureline_hps_updates", "Update messages by outcome: applied, or dead-lettered "
             "(could never apply; kept in the model's dead-letter stream)",
             labels=["model", "outcome"])
+        lag = GaugeMetricFamily(
+            "featureline_hps_update_lag_seconds", "How far the update consumer is behind its "
+            "stream: the newest message's time less the last one delivered", labels=["model"])
         for consumer in self.consumers():
             updates.add_metric([consumer.model, "applied"], consumer.applied)
             updates.add_metric([consumer.model, "dead_lettered"], consumer.dead_lettered)
+            behind = consumer.lag_seconds()
+            if behind is not None:
+                lag.add_metric([consumer.model], behind)
         yield updates
+        yield lag
+
+
+class StoreCollector(Collector):
+    """The online store's health and the version stamps (docs/ARCHITECTURE.md, "Version
+    stamps"), read at scrape time as /readyz reads them."""
+
+    def __init__(self, ping: Callable[[], bool], versions: Callable[[], Any]) -> None:
+        self.ping = ping
+        self.versions = versions
+
+    def collect(self) -> Iterator[Metric]:
+        up = self.ping()
+        available = GaugeMetricFamily("featureline_online_store_available",
+                                      "1 when the online store's Redis answers, else 0")
+        available.add_metric([], 1.0 if up else 0.0)
+        yield available
+        info = GaugeMetricFamily(
+            "featureline_dataset_info", "The dataset whose vocabularies the API encodes ids "
+            "with, and the one the online store holds (1 per pair)",
+            labels=["api_dataset", "online_dataset"])
+        compatible = GaugeMetricFamily(
+            "featureline_versions_compatible", "1 when the online store and every embedding "
+            "table encode ids as the API does, else 0")
+        if up:
+            versions = self.versions()
+            online = (versions.online_store or {}).get("dataset_version", "")
+            info.add_metric([versions.dataset_version, online], 1.0)
+            compatible.add_metric([], 0.0 if versions.problems else 1.0)
+        yield info
+        yield compatible
 
 
 class Metrics:
@@ -88,6 +127,9 @@ class Metrics:
 
     def watch_tiers(self, health: Callable[[], dict[str, bool]]) -> None:
         self.registry.register(TiersCollector(health))
+
+    def watch_store(self, ping: Callable[[], bool], versions: Callable[[], Any]) -> None:
+        self.registry.register(StoreCollector(ping, versions))
 
     def watch_updates(self, consumers: Callable[[], list[Any]]) -> None:
         self.registry.register(UpdatesCollector(consumers))

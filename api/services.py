@@ -16,6 +16,7 @@ from api.broadcast import ReloadListener, announce
 from api.errors import LimitExceededError, UnknownEntityKeyError
 from api.metrics import Metrics
 from api.settings import Scope, ServingConfig, api_keys
+from api.versions import check
 from api.vocabulary import Vocabularies
 from core.errors import UnavailableError
 from core.metadata import dataset_version, encoded_name, read_metadata
@@ -104,6 +105,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
                 for column, entry in metadata.get("vocabularies", {}).items()}
     services = Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
                         dataset_version(metadata), lineages)
+    metrics.watch_store(reader.ping, lambda: check(services))
     if hps is not None:
         services.listener = ReloadListener(reader.client, reader.project, hps).start()
         services.consumers = start_consumers(hps)

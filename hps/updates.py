@@ -53,6 +53,15 @@ class Update:
     vectors: np.ndarray
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _millis(message_id: bytes | str) -> int:
+    """The time part of a stream message id (``<ms>-<seq>``)."""
+    return int(_text(message_id).split("-")[0])
+
+
 def stream_name(model: str) -> str:
     return f"hps:updates:{model}"
 
@@ -140,6 +149,22 @@ class UpdateConsumer:
         except redis_py.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    def lag_seconds(self) -> float | None:
+        """How far behind the stream this consumer's group is, in time: the newest message's
+        id (milliseconds when it was added) less the last one delivered to the group; None
+        when Redis does not answer or the group is not there yet."""
+        stream = stream_name(self.model)
+        try:
+            last = self.client.xinfo_stream(stream)["last-generated-id"]
+            groups = self.client.xinfo_groups(stream)
+        except redis_py.RedisError:
+            return None
+        delivered = next((g["last-delivered-id"] for g in groups
+                          if _text(g["name"]) == self.group), None)
+        if delivered is None:
+            return None
+        return max(0.0, (_millis(last) - _millis(delivered)) / 1000)
 
     def poll(self, count: int = 100) -> int:
         """Apply the available messages (waiting up to ``block_ms`` for one); how many."""

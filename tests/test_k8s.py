@@ -92,6 +92,44 @@ SPARK_APPLICATION_SCHEMA = {
 }
 
 
+# The Prometheus Operator's kinds (monitoring.coreos.com/v1), the fields k8s/monitoring uses,
+# as its CRDs define them; a misspelt field fails.
+_METADATA = {"type": "object", "required": ["name"]}
+OPERATOR_SCHEMAS = {
+    "ServiceMonitor": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _METADATA,
+            "spec": {"type": "object", "additionalProperties": False,
+                     "required": ["selector", "endpoints"], "properties": {
+                         "selector": {"type": "object", "properties": {
+                             "matchLabels": {"type": "object"}}},
+                         "endpoints": {"type": "array", "minItems": 1, "items": {
+                             "type": "object", "additionalProperties": False,
+                             "properties": {"port": {"type": "string"},
+                                            "path": {"type": "string"},
+                                            "interval": {"type": "string"},
+                                            "scheme": {"enum": ["http", "https"]}}}}}}}},
+    "PrometheusRule": {
+        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"}, "metadata": _METADATA,
+            "spec": {"type": "object", "additionalProperties": False, "required": ["groups"],
+                     "properties": {"groups": {"type": "array", "items": {
+                         "type": "object", "additionalProperties": False,
+                         "required": ["name", "rules"], "properties": {
+                             "name": {"type": "string"}, "interval": {"type": "string"},
+                             "rules": {"type": "array", "items": {
+                                 "type": "object", "additionalProperties": False,
+                                 "required": ["expr"], "properties": {
+                                     "alert": {"type": "string"},
+                                     "record": {"type": "string"},
+                                     "expr": {"type": "string"}, "for": {"type": "string"},
+                                     "labels": {"type": "object"},
+                                     "annotations": {"type": "object"}}}}}}}}}}},
+}
+
+
 def _documents(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
@@ -105,6 +143,8 @@ def _manifests() -> list[Path]:
 def _validate(document: dict[str, Any]) -> None:
     if document["kind"] == "SparkApplication":
         jsonschema.validate(document, SPARK_APPLICATION_SCHEMA)
+    elif document["kind"] in OPERATOR_SCHEMAS:
+        jsonschema.validate(document, OPERATOR_SCHEMAS[document["kind"]])
     else:
         kubernetes_validate.validate(document, KUBERNETES_VERSION, strict=True)
 
