@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -36,6 +37,8 @@ from etl.vocabulary import PreviousVocabularies, lineage_entry, load_previous, p
 logger = logging.getLogger("featureline.etl")
 
 KEYS = ("user_id", "item_id", "ts")
+# Seconds between progress lines while a stage runs.
+PROGRESS_EVERY_S = 5.0
 SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array<long>"}
 
 
@@ -46,13 +49,27 @@ class JobResult:
 
 
 class StageTimer:
-    """Times the job's stages and tags the Spark jobs each one runs."""
+    """Times the job's stages, tags the Spark jobs each one runs, and while a stage runs
+    reports every ``PROGRESS_EVERY_S`` seconds the Spark stages and tasks done (in our own
+    lines: the profiles switch Spark's console bar off)."""
 
     def __init__(self, progress: Callable[[str], None],
                  spark: SparkSession | None = None) -> None:
         self.seconds: dict[str, float] = {}
         self.progress = progress
         self.context = spark.sparkContext if spark is not None else None
+
+    def _watch(self, stage: str, started: float, done: threading.Event) -> None:
+        assert self.context is not None
+        tracker = self.context.statusTracker()
+        while not done.wait(PROGRESS_EVERY_S):
+            running = [info for info in map(tracker.getStageInfo, tracker.getActiveStageIds())
+                       if info is not None]
+            if running:
+                finished = sum(info.numCompletedTasks for info in running)
+                total = sum(info.numTasks for info in running)
+                self.progress(f"{stage}: {time.perf_counter() - started:.0f}s, "
+                              f"{len(running)} Spark stage(s) running, tasks {finished}/{total}")
 
     def _tag(self, stage: str | None) -> None:
         if self.context is not None:
@@ -64,9 +81,14 @@ class StageTimer:
         self.progress(f"{stage} ...")
         start = time.perf_counter()
         self._tag(stage)
+        done = threading.Event()
+        if self.context is not None:
+            threading.Thread(target=self._watch, args=(stage, start, done), daemon=True,
+                             name=f"progress-{stage}").start()
         try:
             yield
         finally:
+            done.set()
             self._tag(None)
         self.seconds[stage] = round(time.perf_counter() - start, 3)
         self.progress(f"{stage} done in {self.seconds[stage]:.1f}s")

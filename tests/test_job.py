@@ -4,6 +4,8 @@ idempotence, atomic failure."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -213,3 +215,16 @@ def test_the_split_boundary_does_not_depend_on_the_machine_time_zone(spark, zone
         monkeypatch.undo()
         time.tzset()
     assert boundary == datetime(2026, 1, 5, tzinfo=timezone.utc)
+
+
+def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):
+    monkeypatch.setattr(job, "PROGRESS_EVERY_S", 0.2)
+    lines: list[str] = []
+    timer = job.StageTimer(lines.append, spark)
+    with timer("slow"):
+        spark.sparkContext.parallelize(range(4), 4).map(
+            lambda x: time.sleep(1.5) or x).count()
+    progress = [line for line in lines if line.startswith("slow: ")]
+    assert progress, lines
+    assert re.search(r"slow: \d+s, 1 Spark stage\(s\) running, tasks \d/4$", progress[0])
+    assert lines[0] == "slow ..." and lines[-1].startswith("slow done in ")
