@@ -413,3 +413,59 @@ def test_publishing_from_spark_writes_the_same_store(spark, tmp_path, job_output
     assert summary.keys_changed == expected.keys_changed == summary.keys
     again = publish(repo, full=True, end=end, spark=spark, progress=lambda _: None)
     assert (again.keys_changed, again.keys_removed) == (0, 0)
+
+
+def _wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.stdout.read() if process.stdout else ""
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer in {timeout_s:.0f}s")
+
+
+def test_feast_ui_and_feast_serve_on_our_repository(tmp_path, handmade_output, redis_server):
+    """The README's one-liners: `feast ui` lists our feature views, `feast serve` answers
+    with the values `featureline publish` wrote."""
+    import urllib.request
+
+    config = copy_project(tmp_path)
+    repo = Path(config.feature_store.repo)
+    url = fresh_db(redis_server, 12)
+    publish(open_repo(config.feature_store, handmade_output, url=url), progress=lambda _: None)
+    env = {**os.environ, "FEATURELINE_OUTPUT": str(handmade_output),
+           "FEAST_REDIS_CONNECTION": feast_connection_string(url)}
+    ui_port, serve_port = free_port(), free_port()
+    servers = [subprocess.Popen([str(BIN / "feast"), *command], cwd=repo, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for command in (["ui", "-h", "127.0.0.1", "-p", str(ui_port)],
+                               ["serve", "-h", "127.0.0.1", "-p", str(serve_port)])]
+    try:
+        base = f"http://127.0.0.1:{ui_port}"
+        _wait_for(f"{base}/health", servers[0])
+        with urllib.request.urlopen(f"{base}/api/v1/feature_views?project=featureline",
+                                    timeout=30) as answer:
+            views = {v["spec"]["name"] for v in json.load(answer)["featureViews"]}
+        assert views == {"user_features", "item_features"}
+        serve = f"http://127.0.0.1:{serve_port}"
+        _wait_for(f"{serve}/health", servers[1])
+        body = json.dumps({"feature_service": "ranking",
+                           "entities": {"user_id": ["u1", "u2"], "item_id": ["i2", "i1"]}})
+        request = urllib.request.Request(f"{serve}/get-online-features", data=body.encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            served = json.load(answer)
+        names = served["metadata"]["feature_names"]
+        values = {n: r["values"] for n, r in zip(names, served["results"], strict=True)}
+        assert values["user_events"] == [7, 2] and values["item_events"] == [9, 5]
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=30)
