@@ -96,8 +96,10 @@ def run_job(path: str | None = None, input_path: str | None = None,
         config.spark.properties.update(properties)
     from etl import job
     from etl.ingest import require_local_input
-    from etl.session import build_session
+    from etl.session import build_session, spark_properties
 
+    # Before Spark starts: the settings (the profile, the RAPIDS jar), then the input.
+    spark_properties(config.spark, from_profile=not submitted)
     require_local_input(config.source)
 
     spark = build_session(config.spark, from_profile=not submitted)
@@ -413,14 +415,14 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
 
     file = config_path(path)
     config = load_serving_config(file)  # errors surface here, before any worker starts
-    read_metadata(config.data)  # the ETL output the API encodes ids with
-    if config.api.hps is not None and not Path(config.api.hps).is_file():
-        raise ConfigError("api.hps", f"{config.api.hps}: no such file (the parameter "
-                                     "server's hps.yaml or ps.json)")
     try:
         check_exposure(host or config.api.host, config.api.auth)
     except ValueError as exc:
         raise ConfigError("--host", str(exc)) from None
+    read_metadata(config.data)  # the ETL output the API encodes ids with
+    if config.api.hps is not None and not Path(config.api.hps).is_file():
+        raise ConfigError("api.hps", f"{config.api.hps}: no such file (the parameter "
+                                     "server's hps.yaml or ps.json)")
     if file is not None:
         os.environ[CONFIG_ENV] = str(file.resolve())
     if not config.api.auth.enabled:

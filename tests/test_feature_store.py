@@ -158,8 +158,9 @@ def test_redis_down_is_a_clear_error(tmp_path, handmade_output):
 
 
 def test_no_etl_output_is_a_clear_error(tmp_path):
-    with pytest.raises(MetadataNotFoundError, match="featureline etl run"):
+    with pytest.raises(MetadataNotFoundError, match=r"nothing: no metadata\.json") as error:
         open_repo(copy_project(tmp_path).feature_store, tmp_path / "nothing", url="redis://127.0.0.1:1/0")
+    assert "featureline etl run" in error.value.hint
 
 
 def test_connection_string_and_config_checks():
