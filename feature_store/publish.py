@@ -165,7 +165,8 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             table = metadata["entities"][entity]
             registered = store.get_feature_view(view.name)
             last = registered.most_recent_end_time
-            start = (_earliest(_snapshots(repo, entity), table["timestamp_field"])
+            snapshots = _snapshots(repo, entity)
+            start = (_earliest(snapshots, table["timestamp_field"])
                      if replace or last is None else _as_utc(last))
             view_started = time.perf_counter()
             layout = Layout.of(registered, table["join_key"],
@@ -179,10 +180,11 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                                           start, end, repo.redis_url, cluster,
                                           keys_needed=bool(before))
             else:
-                rows = latest_snapshots(_snapshots(repo, entity), table["join_key"],
+                rows = latest_snapshots(snapshots, table["join_key"],
                                         table["timestamp_field"], start, end)
                 result = write_view(client, rows, layout,
-                                    _Progress(view.name, rows.num_rows, progress))
+                                    _Progress(view.name, rows.num_rows, progress),
+                                    keep_keys=bool(before))
             store.registry.apply_materialization(registered, store.project, start, end)
             written |= result.written_keys
             changed += result.changed

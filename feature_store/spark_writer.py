@@ -43,7 +43,8 @@ def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: dat
         client = redis.client(url, cluster=cluster, timeout_s=BULK_TIMEOUT_S)
         try:
             for batch in batches:
-                result = write_view(client, pa.Table.from_batches([batch]), layout)
+                result = write_view(client, pa.Table.from_batches([batch]), layout,
+                                    keep_keys=False)
                 yield pa.RecordBatch.from_pydict({"keys": [result.keys],
                                                   "changed": [result.changed]})
         finally:

@@ -244,9 +244,11 @@ def _chunks(client: Any, keys: list[bytes]) -> list[np.ndarray]:
 
 
 def write_view(client: Any, rows: pa.Table, layout: Layout,
-               progress: Callable[[int], None] | None = None) -> Written:
+               progress: Callable[[int], None] | None = None, *,
+               keep_keys: bool = True) -> Written:
     """Write ``rows`` (one per entity) into the view's fields; how many entities changed.
-    Encoded ``SLICE`` rows at a time, so memory stays bounded whatever the table's size."""
+    Encoded ``SLICE`` rows at a time, so memory stays bounded whatever the table's size;
+    ``keep_keys``: also return every key written (a replace looks for stale entities)."""
     # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot load).
     digest = client.script_load(COMPARE_AND_SET)
     changed = written = 0
@@ -271,5 +273,6 @@ def write_view(client: Any, rows: pa.Table, layout: Layout,
             changed += int(sum(pipe.execute()))
             if progress is not None:
                 progress(written)
-        written_keys.update(keys)
+        if keep_keys:
+            written_keys.update(keys)
     return Written(written, changed, written_keys)
