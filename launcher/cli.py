@@ -243,7 +243,7 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     metadata = run_job(input_path=str(raw), input_format="jsonl", output=str(output))
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
-    _progress(f"[3/{steps}] publish: Feast apply + materialize into Redis")
+    _progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")
     from launcher.demo import publish_demo, serve_demo, train_tables
 
     redis_url = publish_demo(config, output, click.echo, _progress)
