@@ -61,8 +61,10 @@ def _promtool(cache: Path) -> Path:
         if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
             pytest.skip("promtool is not installed and this is no Debian machine to fetch it")
         cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["apt-get", "download", PROMETHEUS_DEB], cwd=cache, check=True,
-                       capture_output=True, timeout=300)
+        fetched = subprocess.run(["apt-get", "download", PROMETHEUS_DEB], cwd=cache,
+                                 capture_output=True, text=True, timeout=300)
+        if fetched.returncode != 0:  # the rules' schema is still checked in test_k8s.py
+            pytest.skip(f"promtool could not be fetched from Debian: {fetched.stderr[-300:]}")
         (deb,) = cache.glob("prometheus_*.deb")
         subprocess.run(["dpkg-deb", "-x", str(deb), str(cache)], check=True, timeout=300)
         deb.unlink()
