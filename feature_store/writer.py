@@ -118,6 +118,11 @@ def latest_snapshots(snapshots: ds.Dataset, key: str, timestamp: str, start: dat
     return rows.filter(pa.array(first))
 
 
+def _array(column: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One contiguous array, whether a table's column comes in chunks or not."""
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
 def _sliced(block: np.ndarray, lengths: np.ndarray) -> list[bytes]:
     """Row i of ``block`` cut to ``lengths[i]`` bytes, as one bytes object each."""
     if len(lengths) == 0:
@@ -177,7 +182,7 @@ def _encoded_fixed(values: pa.Array, kind: str) -> list[bytes]:
 
 def encode_values(column: pa.Array, feast_type: ValueType) -> list[bytes]:
     """The serialized Feast ``Value`` of each element, as Feast's materialization stores it."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    column = _array(column)
     if feast_type == ValueType.DOUBLE:
         return _encoded_fixed(column, "double")
     if feast_type == ValueType.FLOAT:
@@ -189,7 +194,7 @@ def encode_values(column: pa.Array, feast_type: ValueType) -> list[bytes]:
 
 def encode_timestamps(column: pa.Array) -> list[bytes]:
     """The view's ``_ts:`` field: a serialized protobuf Timestamp, once per distinct time."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    column = _array(column)
     micros = column.cast(pa.timestamp("us")).cast(pa.int64()).to_numpy(zero_copy_only=False)
     distinct, inverse = np.unique(micros, return_inverse=True)
     encoded = []
@@ -204,7 +209,7 @@ def entity_keys(join_key: str, values: pa.Array, key_type: ValueType, project: s
                 version: int) -> list[bytes]:
     """Feast's Redis key of each entity (``_redis_key``): the serialized entity key, then the
     project; string and int64 keys assembled from their parts, others through Feast."""
-    values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    values = _array(values)
     suffix = project.encode("utf-8")
     if version >= 3 and key_type in (ValueType.STRING, ValueType.INT64):
         prefix = serialize_entity_key_prefix([join_key], version)

@@ -27,8 +27,8 @@ from core.metadata import encoded_name, read_metadata
 from core.redis import REDIS_URL_ENV, redact
 from etl.features.base import LABEL, SPLIT
 from feature_store.redis_server import free_port
-from hps.formats import write_hugectr
 from launcher.config import FeaturelineConfig
+from trainer.export import write_tables
 
 EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
 START_TIMEOUT_S = 90.0
@@ -99,18 +99,9 @@ def write_embedding_tables(output: Path, root: Path) -> Path:
     widths = {column: plan[encoded_name(column)]["width"] for column in EMBEDDED_TABLES}
     vectors = interaction_embeddings(output, widths)
     shutil.rmtree(root, ignore_errors=True)  # a fresh RocksDB imports the new tables
-    tables = []
-    for column, name in EMBEDDED_TABLES.items():
-        keys = np.arange(len(vectors[column]), dtype=np.int64)
-        write_hugectr(root / "tables" / name, keys, vectors[column])
-        tables.append({"name": name, "dim": widths[column],
-                       "source": str((root / "tables" / name).resolve()),
-                       "vocabulary_version": metadata["vocabularies"][column]["version"]})
-    config = root / "hps.yaml"
-    config.write_text(yaml.safe_dump({
-        "models": [{"name": "ranker", "cache_fraction": 0.5, "tables": tables}],
-        "persistent_db": {"path": str((root / "rocksdb").resolve())}}, sort_keys=False))
-    return config
+    return write_tables(root, {name: (vectors[column],
+                                      metadata["vocabularies"][column]["version"])
+                               for column, name in EMBEDDED_TABLES.items()})
 
 
 DEMO_EPOCHS = 3

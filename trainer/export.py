@@ -33,19 +33,29 @@ def vocabulary_version(metadata: dict[str, Any], owner: str) -> str | None:
     return None
 
 
-def export(model: Any, metadata: dict[str, Any], out: Path, model_name: str = "ranker"
-           ) -> Path:
-    """Every embedding table of ``model`` under ``out/tables/<name>`` and ``out/hps.yaml``;
-    the config's path. The parameter server imports a table again when its files change."""
-    names = table_names(metadata)
-    tables = []
-    for owner, spec in embedding_tables(metadata).items():
-        folder = (out / "tables" / names[owner]).resolve()
-        write_hugectr(folder, np.arange(spec.rows, dtype=np.int64), table_weights(model, owner))
-        tables.append({"name": names[owner], "dim": spec.width, "source": str(folder),
-                       "vocabulary_version": vocabulary_version(metadata, owner)})
+def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
+                 model_name: str = "ranker") -> Path:
+    """Each table (name → [rows, dim] vectors keyed by row number, its vocabulary version)
+    under ``out/tables/<name>``, and ``out/hps.yaml`` importing them; the config's path. The
+    parameter server imports a table again when its files change."""
+    entries = []
+    for name, (vectors, version) in tables.items():
+        folder = (out / "tables" / name).resolve()
+        write_hugectr(folder, np.arange(len(vectors), dtype=np.int64), vectors)
+        entries.append({"name": name, "dim": int(vectors.shape[1]), "source": str(folder),
+                        "vocabulary_version": version})
     config = out / HPS_CONFIG
     config.write_text(yaml.safe_dump({
-        "models": [{"name": model_name, "cache_fraction": 0.5, "tables": tables}],
+        "models": [{"name": model_name, "cache_fraction": 0.5, "tables": entries}],
         "persistent_db": {"path": str((out / "rocksdb").resolve())}}, sort_keys=False))
     return config
+
+
+def export(model: Any, metadata: dict[str, Any], out: Path, model_name: str = "ranker"
+           ) -> Path:
+    """Every embedding table of ``model``, named by :func:`table_names` and tagged with its
+    vocabulary version (:func:`write_tables`)."""
+    names = table_names(metadata)
+    return write_tables(out, {names[owner]: (table_weights(model, owner),
+                                             vocabulary_version(metadata, owner))
+                              for owner in embedding_tables(metadata)}, model_name)
