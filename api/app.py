@@ -14,11 +14,11 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import errors
-from api.routes import admin, embeddings, features, health, ranking
-from api.services import Services, open_services
-from api.settings import ServingConfig
-from core import __version__
+from featureline.api import errors
+from featureline.api.routes import admin, embeddings, features, health, ranking
+from featureline.api.services import Services, open_services
+from featureline.api.settings import ServingConfig
+from featureline.core import __version__
 
 
 async def _read_within(request: Request, limit: int) -> bool:

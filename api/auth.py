@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.settings import Scope
+from featureline.api.settings import Scope
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`")
 _RANK = {"read": 0, "admin": 1}

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis as redis_py
 
-from hps import ParameterServer
+from featureline.hps import ParameterServer
 
 logger = logging.getLogger("featureline.api")
 

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from core.errors import FeaturelineError, UnprocessableError
+from featureline.core.errors import FeaturelineError, UnprocessableError
 
 logger = logging.getLogger("featureline.api")
 

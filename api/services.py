@@ -12,18 +12,18 @@ from typing import Any
 from fastapi import Request
 from feast import ValueType
 
-from api.broadcast import ReloadListener, announce
-from api.errors import LimitExceededError, UnknownEntityKeyError
-from api.metrics import Metrics
-from api.settings import Scope, ServingConfig, api_keys
-from api.versions import check
-from api.vocabulary import Vocabularies
-from core.errors import UnavailableError
-from core.metadata import dataset_version, encoded_name, read_metadata
-from feature_store.online import OnlineReader
-from feature_store.repo import open_repo
-from hps import ParameterServer
-from hps.updates import UpdateConsumer, start_consumers
+from featureline.api.broadcast import ReloadListener, announce
+from featureline.api.errors import LimitExceededError, UnknownEntityKeyError
+from featureline.api.metrics import Metrics
+from featureline.api.settings import Scope, ServingConfig, api_keys
+from featureline.api.versions import check
+from featureline.api.vocabulary import Vocabularies
+from featureline.core.errors import UnavailableError
+from featureline.core.metadata import dataset_version, encoded_name, read_metadata
+from featureline.feature_store.online import OnlineReader
+from featureline.feature_store.repo import open_repo
+from featureline.hps import ParameterServer
+from featureline.hps.updates import UpdateConsumer, start_consumers
 
 logger = logging.getLogger("featureline.api")
 

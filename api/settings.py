@@ -9,10 +9,10 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from core.errors import ConfigError
-from core.metadata import DEFAULT_OUTPUT
-from core.settings import Settings
-from feature_store.settings import FeatureStoreConfig
+from featureline.core.errors import ConfigError
+from featureline.core.metadata import DEFAULT_OUTPUT
+from featureline.core.settings import Settings
+from featureline.feature_store.settings import FeatureStoreConfig
 
 API_KEYS_ENV = "FEATURELINE_API_KEYS"
 Scope = Literal["read", "admin"]

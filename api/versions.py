@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from api.models import Versions
-from core.metadata import compatible
+from featureline.api.models import Versions
+from featureline.core.metadata import compatible
 
 if TYPE_CHECKING:
-    from api.services import Services
+    from featureline.api.services import Services
 
 
 def check(services: Services) -> Versions:

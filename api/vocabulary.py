@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from core.errors import NotFoundError, UnprocessableError
-from core.metadata import FIRST_ID, OOV_ID, VOCABULARY_DIR, encoded_name
+from featureline.core.errors import NotFoundError, UnprocessableError
+from featureline.core.metadata import FIRST_ID, OOV_ID, VOCABULARY_DIR, encoded_name
 
 
 class UnknownVocabularyError(NotFoundError):

@@ -36,11 +36,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_feast import SNAPSHOT, write_output
 
-from feature_store.publish import publish
-from feature_store.redis_server import EmbeddedRedis, free_port
-from feature_store.repo import feast_connection_string, open_repo
-from hps.formats import write_hugectr
-from launcher.config import parse_config
+from featureline.config import parse_config
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import EmbeddedRedis, free_port
+from featureline.feature_store.repo import feast_connection_string, open_repo
+from featureline.hps.formats import write_hugectr
 
 REPO = Path(__file__).resolve().parent.parent / "feature_store" / "feast_repo"
 BIN = Path(sys.executable).parent

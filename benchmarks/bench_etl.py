@@ -20,10 +20,10 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from etl import job
-from etl.config import EtlConfig, SparkSettings, with_overrides
-from etl.datagen import write_log
-from etl.session import build_session
+from featureline.etl import job
+from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
+from featureline.etl.datagen import write_log
+from featureline.etl.session import build_session
 
 BENCH_SPARK = SparkSettings(master="local[2]", properties={
     "spark.driver.memory": "12g", "spark.ui.enabled": "false",

@@ -37,10 +37,10 @@ from feast.infra.online_stores.helpers import _mmh3
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 
-from feature_store.publish import publish
-from feature_store.redis_server import EmbeddedRedis
-from feature_store.repo import open_repo
-from launcher.config import parse_config
+from featureline.config import parse_config
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import EmbeddedRedis
+from featureline.feature_store.repo import open_repo
 
 REPO = Path(__file__).resolve().parent.parent / "feature_store" / "feast_repo"
 SNAPSHOT = datetime(2026, 1, 10, tzinfo=timezone.utc)

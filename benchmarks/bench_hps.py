@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import redis
 
-from feature_store.redis_server import EmbeddedRedis
-from hps import ParameterServer
-from hps.config import HpsConfig
-from hps.formats import write_hugectr
+from featureline.feature_store.redis_server import EmbeddedRedis
+from featureline.hps import ParameterServer
+from featureline.hps.config import HpsConfig
+from featureline.hps.formats import write_hugectr
 
 
 def zipf_positions(n: int, size: int, alpha: float, rng: np.random.Generator) -> np.ndarray:

@@ -30,13 +30,13 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_feast import SNAPSHOT, _project, raw_hset, write_output
 
-from etl.config import SparkSettings
-from etl.session import build_session
-from feature_store.redis_server import EmbeddedRedis
-from feature_store.repo import open_repo
-from feature_store.spark_writer import write_with_spark
-from feature_store.writer import Layout, latest_snapshots, write_view
-from launcher.config import parse_config
+from featureline.config import parse_config
+from featureline.etl.config import SparkSettings
+from featureline.etl.session import build_session
+from featureline.feature_store.redis_server import EmbeddedRedis
+from featureline.feature_store.repo import open_repo
+from featureline.feature_store.spark_writer import write_with_spark
+from featureline.feature_store.writer import Layout, latest_snapshots, write_view
 
 BENCH_SPARK = SparkSettings(master="local[2]", properties={
     "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "6g",

@@ -30,9 +30,9 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from etl.tfrecord import dataset
-from etl.tfrecord.layout import Group, build_layout
-from etl.tfrecord.records import encode
+from featureline.etl.tfrecord import dataset
+from featureline.etl.tfrecord.layout import Group, build_layout
+from featureline.etl.tfrecord.records import encode
 
 LABEL = {"name": "label", "short_name": "y", "dtype": "int64"}
 N_CATEGORICAL, N_CONTINUOUS, HISTORY = 6, 17, 10

@@ -27,9 +27,9 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from core.metadata import read_metadata
-from etl.tfrecord import dataset
-from trainer.model import build_model, label_group
+from featureline.core.metadata import read_metadata
+from featureline.etl.tfrecord import dataset
+from featureline.trainer.model import build_model, label_group
 
 BATCH = 4096
 
@@ -135,10 +135,10 @@ def run(output: Path, epochs: int = 2, batch_size: int = BATCH) -> dict[str, Any
 
 
 def _etl(events: int, workdir: Path) -> Path:
-    from etl import job
-    from etl.config import EtlConfig, with_overrides
-    from etl.datagen import write_log
-    from etl.session import build_session
+    from featureline.etl import job
+    from featureline.etl.config import EtlConfig, with_overrides
+    from featureline.etl.datagen import write_log
+    from featureline.etl.session import build_session
 
     raw = workdir / "events.jsonl"
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),

@@ -52,12 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_api import REPO, _Connections, _wait_ready
 from bench_feast import SNAPSHOT, write_output
 
-from etl.datagen import write_log
-from feature_store.publish import publish
-from feature_store.redis_server import EmbeddedRedis, free_port
-from feature_store.repo import open_repo
-from hps.formats import write_hugectr
-from launcher.config import parse_config
+from featureline.config import parse_config
+from featureline.etl.datagen import write_log
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import EmbeddedRedis, free_port
+from featureline.feature_store.repo import open_repo
+from featureline.hps.formats import write_hugectr
 
 BIN = Path(sys.executable).parent
 ROUTES = ("/v1/features", "/v1/embeddings/lookup", "/v1/ranking-inputs")

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.errors import MetadataNotFoundError
+from featureline.core.errors import MetadataNotFoundError
 
 METADATA_FILE = "metadata.json"
 # Where the ETL writes and every later stage reads, unless configured otherwise.

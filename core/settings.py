@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.errors import ConfigError
+from featureline.core.errors import ConfigError
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _DURATION_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}

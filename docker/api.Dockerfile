@@ -10,7 +10,9 @@ COPY etl etl
 COPY feature_store feature_store
 COPY hps hps
 COPY api api
+COPY trainer trainer
 COPY launcher launcher
+COPY spark_conf spark_conf
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM python:3.11-slim

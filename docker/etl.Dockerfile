@@ -9,7 +9,9 @@ COPY etl etl
 COPY feature_store feature_store
 COPY hps hps
 COPY api api
+COPY trainer trainer
 COPY launcher launcher
+COPY spark_conf spark_conf
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM apache/spark:4.1.1-scala2.13-java17-python3-ubuntu

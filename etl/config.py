@@ -17,20 +17,20 @@ from typing import Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
 
-from core.metadata import DEFAULT_OUTPUT
-from core.settings import Settings, duration_seconds, validate
-from etl.errors import LabelRuleError
-from etl.features import OP_SETTINGS
-from etl.features.base import CATEGORICAL_SELECTOR, CONTINUOUS_SELECTOR, ColumnRoles
-from etl.features.categorify import CategorifySettings
-from etl.features.count_encode import CountEncodeSettings
-from etl.features.cyclic_time import CyclicTimeSettings
-from etl.features.hashed_cross import HashedCrossSettings
-from etl.features.history import HistorySettings
-from etl.features.lag_features import LagFeaturesSettings
-from etl.features.model_ready import ModelReadyConfig
-from etl.features.normalize import NormalizeSettings
-from etl.features.target_encode import TargetEncodeSettings
+from featureline.core.metadata import DEFAULT_OUTPUT
+from featureline.core.settings import Settings, duration_seconds, validate
+from featureline.etl.errors import LabelRuleError
+from featureline.etl.features import OP_SETTINGS
+from featureline.etl.features.base import CATEGORICAL_SELECTOR, CONTINUOUS_SELECTOR, ColumnRoles
+from featureline.etl.features.categorify import CategorifySettings
+from featureline.etl.features.count_encode import CountEncodeSettings
+from featureline.etl.features.cyclic_time import CyclicTimeSettings
+from featureline.etl.features.hashed_cross import HashedCrossSettings
+from featureline.etl.features.history import HistorySettings
+from featureline.etl.features.lag_features import LagFeaturesSettings
+from featureline.etl.features.model_ready import ModelReadyConfig
+from featureline.etl.features.normalize import NormalizeSettings
+from featureline.etl.features.target_encode import TargetEncodeSettings
 
 ROLES = ("user_id", "item_id", "event_type", "ts", "value")
 REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")

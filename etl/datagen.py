@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.ingest import REASONS
+from featureline.etl.ingest import REASONS
 
 FUNNEL = ("view", "click", "add_to_cart", "purchase")
 # P(click | view), P(add_to_cart | click), P(purchase | add_to_cart), scaled by item appeal.

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from etl.config import EmbeddingPlanConfig
-from etl.features.base import FeatureSpec
+from featureline.etl.config import EmbeddingPlanConfig
+from featureline.etl.features.base import FeatureSpec
 
 ALIGNMENT_BYTES = 16
 FLOAT32_BYTES = 4

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
-from etl.features.base import LABEL
+from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
+from featureline.etl.features.base import LABEL
 
 ENTITIES = {"user": "user_id", "item": "item_id"}
 

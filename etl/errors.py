@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import ConfigError, FeaturelineError
+from featureline.core.errors import ConfigError, FeaturelineError
 
 
 class LabelRuleError(ConfigError):

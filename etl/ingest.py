@@ -20,9 +20,9 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from core.settings import duration_seconds
-from etl.config import REQUIRED_ROLES, EtlConfig, SourceConfig, ValidationConfig
-from etl.errors import NoInputError, RawLogSchemaError
+from featureline.core.settings import duration_seconds
+from featureline.etl.config import REQUIRED_ROLES, EtlConfig, SourceConfig, ValidationConfig
+from featureline.etl.errors import NoInputError, RawLogSchemaError
 
 RECORD = "record"
 REASON = "reason"

@@ -17,22 +17,27 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from core import __version__
-from core.errors import ConfigError
-from core.metadata import EVENT_TIMESTAMP, METADATA_FILE, VOCABULARY_DIR
-from etl import ingest
-from etl.config import EtlConfig, LabelRule, categorical_columns
-from etl.embedding_plan import embedding_plan
-from etl.entities import ENTITIES, entity_snapshots
-from etl.errors import NoInputError
-from etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
-from etl.features.categorify import Categorify
-from etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
-from etl.outputs import local_path, staged_directory, write_json, write_parquet
-from etl.qualification import STAGE_PROPERTY
-from etl.tfrecord.layout import build_layout
-from etl.tfrecord.writer import write_split
-from etl.vocabulary import PreviousVocabularies, lineage_entry, load_previous, previous_output
+from featureline.core import __version__
+from featureline.core.errors import ConfigError
+from featureline.core.metadata import EVENT_TIMESTAMP, METADATA_FILE, VOCABULARY_DIR
+from featureline.etl import ingest
+from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
+from featureline.etl.embedding_plan import embedding_plan
+from featureline.etl.entities import ENTITIES, entity_snapshots
+from featureline.etl.errors import NoInputError
+from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
+from featureline.etl.features.categorify import Categorify
+from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
+from featureline.etl.outputs import local_path, staged_directory, write_json, write_parquet
+from featureline.etl.qualification import STAGE_PROPERTY
+from featureline.etl.tfrecord.layout import build_layout
+from featureline.etl.tfrecord.writer import write_split
+from featureline.etl.vocabulary import (
+    PreviousVocabularies,
+    lineage_entry,
+    load_previous,
+    previous_output,
+)
 
 logger = logging.getLogger("featureline.etl")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from launcher.cli import job_options, run_command, run_job, summary
+from featureline.cli import job_options, run_command, run_job, summary
 
 
 @click.command()

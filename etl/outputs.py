@@ -2,9 +2,9 @@
 moved into place only when the whole job has succeeded, so a failed job leaves no
 half-written output and the previous output stays intact.
 
-The move is one atomic exchange of the two folders (``core.files.publish_directory``): at
-every instant the output path holds either the complete previous output or the complete new
-one, whatever happens to the process.
+The move is one atomic exchange of the two folders
+(``featureline.core.files.publish_directory``): at every instant the output path holds either
+the complete previous output or the complete new one, whatever happens to the process.
 A lock file beside the output admits one run at a time: a second run fails at once, naming
 the holder. The run holding the lock removes staging and retired folders a killed run left.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-from core.errors import ConfigError
-from core.files import publish_directory, staging_folder
-from etl.errors import OutputLockedError
+from featureline.core.errors import ConfigError
+from featureline.core.files import publish_directory, staging_folder
+from featureline.etl.errors import OutputLockedError
 
 
 def local_path(path: str) -> Path:

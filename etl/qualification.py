@@ -7,9 +7,9 @@ the plugin would run on the GPU — on a machine without one. Its jar comes in t
 first use (pinned versions below) into a cache outside the repository and reused.
 
 The report is per stage of our job: each Spark job is tagged with the stage that ran it
-(``STAGE_PROPERTY``, set by ``etl.job.StageTimer``), so every Spark stage the tool measures
-is attributed to ingest, features, write_examples, … ; each unsupported operator comes with
-the place in our code that produces it (docs/ARCHITECTURE.md, "GPU").
+(``STAGE_PROPERTY``, set by ``featureline.etl.job.StageTimer``), so every Spark stage the
+tool measures is attributed to ingest, features, write_examples, … ; each unsupported operator
+comes with the place in our code that produces it (docs/ARCHITECTURE.md, "GPU").
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from core.errors import FeaturelineError
-from core.files import publish_directory, staging_folder
+from featureline.core.errors import FeaturelineError
+from featureline.core.files import publish_directory, staging_folder
 
 TOOLS_VERSION = "26.8.4"  # spark-rapids-user-tools on PyPI (its jar: 26.08.4)
 SPARK_JARS_VERSION = "3.5.7"  # pyspark sdist whose deps/jars the tool runs on

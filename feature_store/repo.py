@@ -3,7 +3,7 @@ online store pointed at ``REDIS_URL`` (or the embedded server), and the definiti
 output.
 
 Feast's CLI reads the same repository: its ``featureline_repo.py`` builds the definitions
-with :func:`feature_store.definitions.build`, and ``feature_store.yaml`` takes the Redis
+with :func:`featureline.feature_store.definitions.build`, and ``feature_store.yaml`` takes the Redis
 connection from ``FEAST_REDIS_CONNECTION`` (``featureline redis env`` prints it, derived from
 ``REDIS_URL``).
 """
@@ -11,6 +11,7 @@ connection from ``FEAST_REDIS_CONNECTION`` (``featureline redis env`` prints it,
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,14 +23,18 @@ import yaml
 from feast import FeatureStore
 from feast.repo_config import RepoConfig
 
-from core.errors import ConfigError
-from core.redis import REDIS_URL_ENV, UNAVAILABLE_ERRORS
-from feature_store.definitions import Definitions, build
-from feature_store.errors import OnlineStoreUnavailableError
-from feature_store.redis_server import redis_url
-from feature_store.settings import FeatureStoreConfig
+from featureline.core.errors import ConfigError
+from featureline.core.redis import REDIS_URL_ENV, UNAVAILABLE_ERRORS
+from featureline.feature_store.definitions import Definitions, build
+from featureline.feature_store.errors import OnlineStoreUnavailableError
+from featureline.feature_store.redis_server import redis_url
+from featureline.feature_store.settings import FeatureStoreConfig
 
 FEAST_YAML = {"duckdb": "feature_store.yaml", "spark": "feature_store.spark.yaml"}
+# The repository the package ships: the checkout's feast_repo/, or its copy in an installed
+# wheel, where it is a template (Feast keeps its registry under the repository).
+PACKAGED_REPO = Path(__file__).resolve().parent / "feast_repo"
+REPO_FILES = (*FEAST_YAML.values(), "featureline_repo.py")
 CONNECTION_ENV = "FEAST_REDIS_CONNECTION"
 # A server that is down or unreachable is an error within seconds, not a hang.
 TIMEOUTS = ("socket_connect_timeout=2", "socket_timeout=10")
@@ -59,7 +64,8 @@ def repo_config(repo: Path, settings: FeatureStoreConfig, url: str) -> RepoConfi
     """``feature_store.yaml`` (or its Spark variant) with the online store at ``url``."""
     path = repo / FEAST_YAML[settings.offline_store]
     if not path.is_file():
-        raise ConfigError("feature_store.repo", f"{path} not found")
+        raise ConfigError("feature_store.repo", f"{path} not found (a Feast repository like "
+                          f"{PACKAGED_REPO}: copy that folder and point this setting at it)")
     raw = yaml.safe_load(os.path.expandvars(path.read_text()))
     raw["online_store"] = {**raw["online_store"], "redis_type": settings.redis_type,
                            "connection_string": feast_connection_string(url,
@@ -67,6 +73,14 @@ def repo_config(repo: Path, settings: FeatureStoreConfig, url: str) -> RepoConfi
     config = RepoConfig(**raw)
     config.repo_path = repo
     return config
+
+
+def copy_packaged_repo(target: Path) -> Path:
+    """A Feast repository at ``target`` made of the package's files; ``target``."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name in REPO_FILES:
+        shutil.copy(PACKAGED_REPO / name, target / name)
+    return target
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import field_validator
 
-from core.settings import Settings, duration_seconds
+from featureline.core.settings import Settings, duration_seconds
 
 
 class FeatureStoreConfig(Settings):

@@ -13,7 +13,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from feature_store.writer import Layout, Written, entity_keys
+from featureline.feature_store.writer import Layout, Written, entity_keys
 
 BULK_TIMEOUT_S = 60.0
 
@@ -34,10 +34,10 @@ def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: dat
                      end: datetime, url: str, cluster: bool, *, keys_needed: bool) -> Written:
     """Write the view from Spark tasks; ``keys_needed``: also return every written Redis key
     (a replace looks for the entities no longer there)."""
-    from core import redis
+    from featureline.core import redis
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from feature_store.writer import write_view
+        from featureline.feature_store.writer import write_view
 
         # Bulk writes share the server with every other task: a patient socket.
         client = redis.client(url, cluster=cluster, timeout_s=BULK_TIMEOUT_S)

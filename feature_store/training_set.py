@@ -19,9 +19,13 @@ from feast import FeatureService
 from feast.errors import FeatureServiceNotFoundException
 from feast.type_map import feast_value_type_to_pa
 
-from core.metadata import EVENT_TIMESTAMP
-from feature_store.errors import EntityRowsError, FeatureStoreError, UnknownFeatureServiceError
-from feature_store.repo import FeatureRepo
+from featureline.core.metadata import EVENT_TIMESTAMP
+from featureline.feature_store.errors import (
+    EntityRowsError,
+    FeatureStoreError,
+    UnknownFeatureServiceError,
+)
+from featureline.feature_store.repo import FeatureRepo
 
 ROW = "__featureline_row"
 

@@ -2,6 +2,6 @@
 store (an in-process hash map, Redis or Redis Cluster) → L3 persistent store (RocksDB) → the
 table's default vector."""
 
-from hps.server import ParameterServer
+from featureline.hps.server import ParameterServer
 
 __all__ = ["ParameterServer"]

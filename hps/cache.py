@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from hps.hash_index import HashIndex
+from featureline.hps.hash_index import HashIndex
 
 Device = Literal["auto", "cpu", "gpu"]
 

@@ -10,11 +10,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field
 
-from core.errors import ConfigError
-from core.settings import Settings, validate
-from hps.cache import Device
-from hps.formats import Format
-from hps.slots import OverflowPolicy
+from featureline.core.errors import ConfigError
+from featureline.core.settings import Settings, validate
+from featureline.hps.cache import Device
+from featureline.hps.formats import Format
+from featureline.hps.slots import OverflowPolicy
 
 
 class TableConfig(Settings):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.errors import FeaturelineError, NotFoundError, UnavailableError
+from featureline.core.errors import FeaturelineError, NotFoundError, UnavailableError
 
 
 class TableFileError(FeaturelineError):

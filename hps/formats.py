@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from core.files import publish_directory, staging_folder
-from hps.errors import TableFileError
+from featureline.core.files import publish_directory, staging_folder
+from featureline.hps.errors import TableFileError
 
 Format = Literal["hugectr", "npy", "parquet"]
 KEY_FILE = "key"

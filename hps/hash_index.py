@@ -93,7 +93,7 @@ def _delete(keys, entries):
 
 
 class HashIndex:
-    """``find`` / ``assign`` like :class:`hps.slots.SlotIndex`, least-used eviction."""
+    """``find`` / ``assign`` like :class:`featureline.hps.slots.SlotIndex`, least-used eviction."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
-from hps.errors import PersistentStoreBusyError, PersistentStoreError
-from hps.formats import key_bytes
+from featureline.hps.errors import PersistentStoreBusyError, PersistentStoreError
+from featureline.hps.formats import key_bytes
 
 logger = logging.getLogger("featureline.hps")
 

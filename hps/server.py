@@ -22,14 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from core import redis
-from core.errors import ConfigError
-from hps.cache import EmbeddingCache, make_cache
-from hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
-from hps.errors import PersistentStoreError, UnknownModelError, UnknownTableError
-from hps.formats import fingerprint, read_table
-from hps.persistent import PersistentStore, RocksDBStore
-from hps.volatile import HashMapStore, RedisStore, VolatileStore
+from featureline.core import redis
+from featureline.core.errors import ConfigError
+from featureline.hps.cache import EmbeddingCache, make_cache
+from featureline.hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
+from featureline.hps.errors import PersistentStoreError, UnknownModelError, UnknownTableError
+from featureline.hps.formats import fingerprint, read_table
+from featureline.hps.persistent import PersistentStore, RocksDBStore
+from featureline.hps.volatile import HashMapStore, RedisStore, VolatileStore
 
 logger = logging.getLogger("featureline.hps")
 

@@ -2,7 +2,7 @@
 
 The vectors live in the store's array; this only decides which slot holds which key and
 which keys leave when the store is full. (The L1 cache uses the compiled
-:class:`hps.hash_index.HashIndex`.)
+:class:`featureline.hps.hash_index.HashIndex`.)
 """
 
 from __future__ import annotations

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 import redis as redis_py
 
-from core import redis
-from core.errors import ConfigError
-from hps.errors import UnknownModelError
-from hps.server import ParameterServer
+from featureline.core import redis
+from featureline.core.errors import ConfigError
+from featureline.hps.errors import UnknownModelError
+from featureline.hps.server import ParameterServer
 
 logger = logging.getLogger("featureline.hps")
 

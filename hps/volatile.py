@@ -12,8 +12,8 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from hps.formats import key_bytes
-from hps.slots import OverflowPolicy, SlotIndex
+from featureline.hps.formats import key_bytes
+from featureline.hps.slots import OverflowPolicy, SlotIndex
 
 logger = logging.getLogger("featureline.hps")
 
@@ -89,7 +89,7 @@ class RedisStore(VolatileStore):
                  namespace: str = "hps", batch_size: int = 10_000,
                  timeout_s: float = 1.0, cluster: bool = False,
                  retry_after_s: float = 5.0) -> None:
-        from core import redis
+        from featureline.core import redis
 
         self._errors = redis.UNAVAILABLE_ERRORS
         self.client = redis.client(url, cluster=cluster, timeout_s=timeout_s,

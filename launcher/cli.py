@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from core.errors import ConfigError, FeaturelineError
-from core.redis import REDIS_URL_ENV, redact
-from launcher.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
+from featureline.core.errors import ConfigError, FeaturelineError
+from featureline.core.redis import REDIS_URL_ENV, redact
+from featureline.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
 if TYPE_CHECKING:
-    from feature_store.repo import FeatureRepo
-    from launcher.config import FeaturelineConfig
+    from featureline.config import FeaturelineConfig
+    from featureline.feature_store.repo import FeatureRepo
 
 
 def _split_list(value: str | None) -> list[str] | None:
@@ -59,7 +59,7 @@ def main() -> None:
 def datagen(events: int, users: int, items: int, days: int, out: str, seed: int,
             bad_fraction: float, fmt: str) -> None:
     """Write a synthetic interaction log (Zipf popularity, sessions, a purchase funnel)."""
-    from etl.datagen import write_log
+    from featureline.etl.datagen import write_log
 
     start = time.perf_counter()
     log = write_log(out, events=events, users=users, items=items, days=days, seed=seed,
@@ -84,8 +84,8 @@ def run_job(path: str | None = None, input_path: str | None = None,
 
     ``submitted``: running under spark-submit, which has applied the properties file.
     """
-    from etl.config import with_overrides
-    from launcher.config import load_config
+    from featureline.config import load_config
+    from featureline.etl.config import with_overrides
 
     config = with_overrides(
         load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
@@ -94,9 +94,9 @@ def run_job(path: str | None = None, input_path: str | None = None,
         refit_vocabularies=refit_vocabularies, valid_days=valid_days)
     if properties:
         config.spark.properties.update(properties)
-    from etl import job
-    from etl.ingest import require_local_input
-    from etl.session import build_session, spark_properties
+    from featureline.etl import job
+    from featureline.etl.ingest import require_local_input
+    from featureline.etl.session import build_session, spark_properties
 
     # Before Spark starts: the settings (the profile, the RAPIDS jar), then the input.
     spark_properties(config.spark, from_profile=not submitted)
@@ -193,7 +193,7 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
     temporary folder unless --output is given) with Spark event logging on."""
     import tempfile
 
-    from etl.qualification import qualify, render
+    from featureline.etl.qualification import qualify, render
 
     with tempfile.TemporaryDirectory(prefix="featureline-events-") as work:
         if event_log is None:
@@ -226,11 +226,13 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     """Generate a sample log and run the whole pipeline on embedded defaults."""
     from datetime import timedelta
 
-    from etl.datagen import write_log
-    from launcher.config import load_config
+    from featureline.config import load_config
+    from featureline.etl.datagen import write_log
 
     started = time.perf_counter()
-    config = load_config(config_path(path))
+    from featureline.demo import demo_repo
+
+    config = demo_repo(load_config(config_path(path)), Path(out), click.echo)
     raw = Path(out) / "raw" / "events.jsonl"
     output = Path(out) / "output"
     steps = 5 if serve else 3
@@ -244,7 +246,7 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     _progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")
-    from launcher.demo import publish_demo, serve_demo, train_tables
+    from featureline.demo import publish_demo, serve_demo, train_tables
 
     redis_url = publish_demo(config, output, click.echo, _progress)
     if serve:
@@ -259,14 +261,14 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
 
 
 def _config(path: str | None) -> FeaturelineConfig:
-    from launcher.config import load_config  # the ETL's settings, which import Spark code
+    from featureline.config import load_config  # the ETL's settings, which import Spark code
 
     return load_config(config_path(path))
 
 
 def _repo(path: str | None, data: str | None) -> FeatureRepo:
     """The Feast repository over ``--data`` (default: the configuration's ETL output)."""
-    from feature_store.repo import open_repo
+    from featureline.feature_store.repo import open_repo
 
     config = _config(path)
     return open_repo(config.feature_store, data or config.etl.output.path)
@@ -284,13 +286,13 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
 def publish(path: str | None, data: str | None, full: bool, end: datetime | None,
             with_spark: bool) -> None:
     """Register the feature views with Feast and write them into Redis."""
-    from feature_store.publish import publish as run_publish
+    from featureline.feature_store.publish import publish as run_publish
 
     repo = _repo(path, data)
     _progress(f"online store {redact(repo.redis_url)}")
     spark = None
     if with_spark:
-        from etl.session import build_session
+        from featureline.etl.session import build_session
 
         spark = build_session(_config(path).etl.spark)
     summary = run_publish(repo, full=full, progress=_progress, spark=spark,
@@ -314,7 +316,7 @@ def train(path: str | None, data: str | None, out: str, epochs: int, batch_size:
     """Train the reference ranking model on the ETL's TFRecords and export its embedding
     tables for the parameter server (needs TensorFlow: the [tf] extra)."""
     try:
-        from trainer.train import train as run_train
+        from featureline.trainer.train import train as run_train
     except ImportError as exc:
         raise click.ClickException(f"featureline train needs TensorFlow ({exc.name} is not "
                                    "installed): pip install 'featureline[tf]'") from None
@@ -334,7 +336,7 @@ def train(path: str | None, data: str | None, out: str, epochs: int, batch_size:
 def training_set(path: str | None, data: str | None, entity_rows: str, service: str,
                  out: str) -> None:
     """Join point-in-time correct features onto entity rows (every row comes back)."""
-    from feature_store.training_set import training_set as run_training_set
+    from featureline.feature_store.training_set import training_set as run_training_set
 
     started = time.perf_counter()
     repo = _repo(path, data)
@@ -356,7 +358,7 @@ def _redis_dir(path: str | None) -> str:
 @config_option
 def redis_start(path: str | None) -> None:
     """Start the embedded server (or find it running) and print its URL."""
-    from feature_store.redis_server import start_server
+    from featureline.feature_store.redis_server import start_server
 
     click.echo(start_server(_redis_dir(path)))
 
@@ -365,7 +367,7 @@ def redis_start(path: str | None) -> None:
 @config_option
 def redis_stop(path: str | None) -> None:
     """Stop the embedded server, saving its data."""
-    from feature_store.redis_server import stop_server
+    from featureline.feature_store.redis_server import stop_server
 
     click.echo("stopped" if stop_server(_redis_dir(path)) else "not running")
 
@@ -374,7 +376,7 @@ def redis_stop(path: str | None) -> None:
 @config_option
 def redis_status(path: str | None) -> None:
     """Where the online store is: REDIS_URL, or the embedded server's state."""
-    from feature_store.redis_server import server_status
+    from featureline.feature_store.redis_server import server_status
 
     if os.environ.get(REDIS_URL_ENV):
         click.echo(json.dumps({"url": redact(os.environ[REDIS_URL_ENV]),
@@ -390,8 +392,8 @@ def redis_status(path: str | None) -> None:
 @config_option
 def redis_env(path: str | None) -> None:
     """Shell exports for Feast's CLI: eval "$(featureline redis env)"."""
-    from feature_store.redis_server import redis_url
-    from feature_store.repo import CONNECTION_ENV, feast_connection_string
+    from featureline.feature_store.redis_server import redis_url
+    from featureline.feature_store.repo import CONNECTION_ENV, feast_connection_string
 
     config = _config(path)
     url = redis_url(config.feature_store.redis_dir)
@@ -409,9 +411,9 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
     """Serve the ranking API (online features, embeddings, ranking inputs)."""
     import uvicorn
 
-    from api.settings import check_exposure
-    from core.metadata import read_metadata
-    from launcher.serving import load_serving_config
+    from featureline.api.settings import check_exposure
+    from featureline.core.metadata import read_metadata
+    from featureline.serving import load_serving_config
 
     file = config_path(path)
     config = load_serving_config(file)  # errors surface here, before any worker starts
@@ -428,7 +430,7 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
     if not config.api.auth.enabled:
         click.echo("warning: API authentication is off (api.auth.enabled: false); "
                    "for local use only", err=True)
-    uvicorn.run("launcher.serving:app_from_env", factory=True, host=host or config.api.host,
+    uvicorn.run("featureline.serving:app_from_env", factory=True, host=host or config.api.host,
                 port=port or config.api.port, workers=workers, log_level="warning")
 
 

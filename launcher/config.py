@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import Field
 
-from api.settings import ApiConfig, ServingConfig
-from core.settings import Settings, read_yaml, validate
-from etl.config import OP_NAMES, EtlConfig
-from feature_store.settings import FeatureStoreConfig
+from featureline.api.settings import ApiConfig, ServingConfig
+from featureline.core.settings import Settings, read_yaml, validate
+from featureline.etl.config import OP_NAMES, EtlConfig
+from featureline.feature_store.settings import FeatureStoreConfig
 
 
 class FeaturelineConfig(Settings):

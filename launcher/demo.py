@@ -23,12 +23,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from core.metadata import encoded_name, read_metadata
-from core.redis import REDIS_URL_ENV, redact
-from etl.features.base import LABEL, SPLIT
-from feature_store.redis_server import free_port
-from launcher.config import FeaturelineConfig
-from trainer.export import write_tables
+from featureline.config import FeaturelineConfig
+from featureline.core.metadata import encoded_name, read_metadata
+from featureline.core.redis import REDIS_URL_ENV, redact
+from featureline.etl.features.base import LABEL, SPLIT
+from featureline.feature_store.redis_server import free_port
+from featureline.trainer.export import write_tables
 
 EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
 START_TIMEOUT_S = 90.0
@@ -42,14 +42,29 @@ def sample_ids(output: Path, count: int = 3) -> dict[str, list[str]]:
             for entity, table in metadata["entities"].items()}
 
 
+def demo_repo(config: FeaturelineConfig, out: Path, echo: Callable[[str], None]
+              ) -> FeaturelineConfig:
+    """``config``, or where its Feast repository is missing (an installed package run outside
+    a checkout), ``config`` with a copy of the package's repository under ``out``."""
+    from featureline.feature_store.repo import copy_packaged_repo
+
+    if Path(config.feature_store.repo).is_dir():
+        return config
+    repo = copy_packaged_repo(out / "feast_repo").resolve()
+    echo(f"no Feast repository at {config.feature_store.repo}: using a copy of the "
+         f"package's, {repo}")
+    store = config.feature_store.model_copy(update={"repo": str(repo)})
+    return config.model_copy(update={"feature_store": store})
+
+
 def publish_demo(config: FeaturelineConfig, output: Path, echo: Callable[[str], None],
                  progress: Callable[[str], None]) -> str:
     """Publish the demo's output and show a few rows as the online store now serves them;
     the online store's URL."""
     import pandas as pd
 
-    from feature_store.publish import publish
-    from feature_store.repo import open_repo
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.repo import open_repo
 
     repo = open_repo(config.feature_store, output)
     published = publish(repo, full=True, progress=progress)
@@ -112,7 +127,7 @@ def train_tables(output: Path, root: Path, echo: Callable[[str], None],
     """The reference model trained on the demo's TFRecords, its tables exported under
     ``root``; without TensorFlow, a factorisation of the interactions instead. The hps.yaml."""
     try:
-        from trainer.train import train
+        from featureline.trainer.train import train
     except ImportError as exc:
         echo(f"TensorFlow is not installed ({exc.name}; the [tf] extra): serving a "
              "factorisation of the interactions instead of trained embeddings")
@@ -153,7 +168,7 @@ def start_server(config_file: Path, pid_file: Path, redis_url: str, log: Path) -
     settings = yaml.safe_load(config_file.read_text())["api"]
     with log.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "launcher.cli", "serve", "--config", str(config_file)],
+            [sys.executable, "-m", "featureline.cli", "serve", "--config", str(config_file)],
             env={**os.environ, REDIS_URL_ENV: redis_url}, stdout=sink, stderr=sink,
             start_new_session=True)
     pid_file.write_text(str(process.pid))

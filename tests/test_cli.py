@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import yaml
 from click.testing import CliRunner
 
-from feature_store.redis_server import free_port
-from hps.config import load_hps_config
-from hps.formats import read_hugectr
-from launcher.cli import main
+from featureline.cli import main
+from featureline.feature_store.redis_server import free_port
+from featureline.hps.config import load_hps_config
+from featureline.hps.formats import read_hugectr
 from tests.feast_data import write_handmade_output
 
 BIN = Path(sys.executable).parent
@@ -176,7 +176,7 @@ def test_the_demo_serves_the_embeddings_it_trained(demo_run):
 
 
 def test_csv_and_parquet_logs_through_the_whole_job(spark, tmp_path):
-    from etl.datagen import write_log
+    from featureline.etl.datagen import write_log
 
     for fmt in ("csv", "parquet"):
         log = write_log(tmp_path / f"events.{fmt}", events=3000, users=80, items=60, days=4,

@@ -2,10 +2,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import ConfigError
-from etl.config import EtlConfig, LabelRule, with_overrides
-from etl.errors import LabelRuleError
-from launcher.config import FeaturelineConfig, load_config, parse_config
+from featureline.config import FeaturelineConfig, load_config, parse_config
+from featureline.core.errors import ConfigError
+from featureline.etl.config import EtlConfig, LabelRule, with_overrides
+from featureline.etl.errors import LabelRuleError
 
 REPO = Path(__file__).resolve().parent.parent
 

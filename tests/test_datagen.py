@@ -5,7 +5,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from etl.datagen import BAD_KINDS_PARQUET, BAD_KINDS_TEXT, FUNNEL, generate_events, write_log
+from featureline.etl.datagen import (
+    BAD_KINDS_PARQUET,
+    BAD_KINDS_TEXT,
+    FUNNEL,
+    generate_events,
+    write_log,
+)
 
 
 def test_deterministic_for_a_seed():

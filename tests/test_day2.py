@@ -14,13 +14,13 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from core.metadata import compatible
-from etl import job
-from feature_store.online import OnlineReader
-from feature_store.publish import publish
-from feature_store.repo import open_repo
-from hps.formats import write_hugectr
+from featureline.api.app import create_app
+from featureline.core.metadata import compatible
+from featureline.etl import job
+from featureline.feature_store.online import OnlineReader
+from featureline.feature_store.publish import publish
+from featureline.feature_store.repo import open_repo
+from featureline.hps.formats import write_hugectr
 from tests.feast_data import copy_project, fresh_db, write_handmade_output
 from tests.job_config import make_config
 

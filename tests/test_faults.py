@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.settings import ApiConfig, AuthConfig, api_keys
-from core.errors import ConfigError
-from core.redis import redact
-from feature_store.errors import OnlineStoreUnavailableError
-from feature_store.publish import publish
-from feature_store.repo import online_store_errors, open_repo
-from launcher.config import parse_config
+from featureline.api.app import create_app
+from featureline.api.settings import ApiConfig, AuthConfig, api_keys
+from featureline.config import parse_config
+from featureline.core.errors import ConfigError
+from featureline.core.redis import redact
+from featureline.feature_store.errors import OnlineStoreUnavailableError
+from featureline.feature_store.publish import publish
+from featureline.feature_store.repo import online_store_errors, open_repo
 from tests.feast_data import copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent

@@ -17,19 +17,19 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-from core.errors import ConfigError, MetadataNotFoundError
-from feature_store.errors import (
+from featureline.cli import main
+from featureline.config import parse_config
+from featureline.core.errors import ConfigError, MetadataNotFoundError
+from featureline.feature_store.errors import (
     EntityRowsError,
     OnlineStoreUnavailableError,
     UnknownFeatureServiceError,
 )
-from feature_store.publication import KEY_PREFIX
-from feature_store.publish import publish
-from feature_store.redis_server import free_port
-from feature_store.repo import feast_connection_string, open_repo
-from feature_store.training_set import training_set
-from launcher.cli import main
-from launcher.config import parse_config
+from featureline.feature_store.publication import KEY_PREFIX
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import free_port
+from featureline.feature_store.repo import feast_connection_string, open_repo
+from featureline.feature_store.training_set import training_set
 from tests.feast_data import REPO, copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent
@@ -294,7 +294,7 @@ def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
     """feature_store.redis_type: redis_cluster — publish and read through a real cluster."""
     from redis.cluster import RedisCluster
 
-    from feature_store.online import OnlineReader
+    from featureline.feature_store.online import OnlineReader
 
     RedisCluster.from_url(redis_cluster.url).flushall()
     config = copy_project(tmp_path)
@@ -316,7 +316,7 @@ def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
 def test_the_online_reader_refuses_feast_settings_it_does_not_implement(tmp_path,
                                                                        handmade_output,
                                                                        online_url):
-    from feature_store.online import OnlineReader
+    from featureline.feature_store.online import OnlineReader
 
     repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
     publish(repo, progress=lambda _: None)
@@ -330,7 +330,7 @@ def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_ou
                                                                 redis_server, monkeypatch):
     """Our writer against Feast's own materialize of the same output into another database:
     every key, field and value byte for byte (the view timestamps included)."""
-    from feature_store import writer
+    from featureline.feature_store import writer
 
     # Many script calls and round trips, even on the small output.
     monkeypatch.setattr(writer, "CHUNK", 7)
@@ -371,7 +371,7 @@ def test_the_writer_encodes_values_and_keys_as_feast_does():
     from feast.type_map import python_values_to_proto_values
     from feast.value_type import ValueType
 
-    from feature_store.writer import encode_values, entity_keys
+    from featureline.feature_store.writer import encode_values, entity_keys
 
     columns = [
         (ValueType.DOUBLE, pa.array([0.0, -1.5, 1e300, 0.1, None, float("inf"), float("nan")],

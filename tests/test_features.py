@@ -10,20 +10,20 @@ import pytest
 import xxhash
 from pyspark.sql import functions as F
 
-from core.errors import ConfigError
-from core.transforms import apply as apply_transform
-from etl.config import EtlConfig
-from etl.features.base import TS_MICROS, FeatureSpec, epoch_micros
-from etl.features.categorify import Categorify
-from etl.features.count_encode import CountEncode
-from etl.features.cyclic_time import CyclicTime
-from etl.features.hashed_cross import HashedCross
-from etl.features.history import History
-from etl.features.lag_features import LagFeatures
-from etl.features.model_ready import ModelReady, ModelReadyConfig
-from etl.features.normalize import Normalize
-from etl.features.pipeline import FeaturePipeline
-from etl.features.target_encode import FOLD, TargetEncode, fold_of_event
+from featureline.core.errors import ConfigError
+from featureline.core.transforms import apply as apply_transform
+from featureline.etl.config import EtlConfig
+from featureline.etl.features.base import TS_MICROS, FeatureSpec, epoch_micros
+from featureline.etl.features.categorify import Categorify
+from featureline.etl.features.count_encode import CountEncode
+from featureline.etl.features.cyclic_time import CyclicTime
+from featureline.etl.features.hashed_cross import HashedCross
+from featureline.etl.features.history import History
+from featureline.etl.features.lag_features import LagFeatures
+from featureline.etl.features.model_ready import ModelReady, ModelReadyConfig
+from featureline.etl.features.normalize import Normalize
+from featureline.etl.features.pipeline import FeaturePipeline
+from featureline.etl.features.target_encode import FOLD, TargetEncode, fold_of_event
 
 T0 = datetime(2026, 1, 5, 0, 0, 0)  # a Monday, UTC
 SCHEMA = ("user_id string, item_id string, event_type string, ts timestamp, value double, "

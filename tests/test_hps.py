@@ -10,17 +10,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from hps import ParameterServer
-from hps.cache import GpuCache, HostCache, gpu_available
-from hps.config import HpsConfig, load_hps_config
-from hps.errors import (
+from featureline.hps import ParameterServer
+from featureline.hps.cache import GpuCache, HostCache, gpu_available
+from featureline.hps.config import HpsConfig, load_hps_config
+from featureline.hps.errors import (
     PersistentStoreError,
     TableFileError,
     UnknownModelError,
     UnknownTableError,
 )
-from hps.formats import read_hugectr, read_npy, read_parquet, write_hugectr
-from hps.slots import SlotIndex
+from featureline.hps.formats import read_hugectr, read_npy, read_parquet, write_hugectr
+from featureline.hps.slots import SlotIndex
 
 DIM = 8
 
@@ -190,7 +190,7 @@ def test_config_file_and_errors(tmp_path):
 def test_host_cache_is_the_fallback_without_a_gpu():
     assert isinstance(HostCache(4, 2), HostCache)
     if not gpu_available():
-        from hps.cache import make_cache
+        from featureline.hps.cache import make_cache
 
         assert make_cache(4, 2).device == "cpu"
 
@@ -227,7 +227,7 @@ def test_sync_and_async_insertion(tmp_path, threshold, mode):
 def test_hugectr_ps_json(tmp_path, caplog):
     import json
 
-    from core.errors import ConfigError
+    from featureline.core.errors import ConfigError
 
     keys, vectors = _table(n=20)
     write_hugectr(tmp_path / "wdl0_sparse_2000.model", keys, vectors)
@@ -325,7 +325,7 @@ def test_redis_volatile_store(tmp_path, redis_server, policy):
 
 
 def test_redis_down_falls_through_to_rocksdb(tmp_path):
-    from feature_store.redis_server import EmbeddedRedis
+    from featureline.feature_store.redis_server import EmbeddedRedis
 
     with EmbeddedRedis(tmp_path / "redis") as redis_server:
         keys, vectors, config = _redis_server_config(tmp_path, redis_server.url)
@@ -348,7 +348,7 @@ def _updatable_server(tmp_path, n=200):
 
 
 def test_published_updates_reach_every_tier(tmp_path, redis_server):
-    from hps.updates import UpdateConsumer, publish
+    from featureline.hps.updates import UpdateConsumer, publish
 
     keys, vectors, server = _updatable_server(tmp_path)
     model = f"m-{tmp_path.name}"
@@ -372,7 +372,7 @@ def test_published_updates_reach_every_tier(tmp_path, redis_server):
 
 def test_a_restarted_consumer_resumes_after_its_last_acknowledged_message(
         tmp_path, redis_server, monkeypatch):
-    from hps.updates import UpdateConsumer, publish
+    from featureline.hps.updates import UpdateConsumer, publish
 
     keys, _, server = _updatable_server(tmp_path)
     model = f"m-{tmp_path.name}"
@@ -440,7 +440,7 @@ def test_lookups_while_updates_apply_never_see_a_mixed_vector(tmp_path):
 
 
 def test_update_messages_round_trip_and_reject_garbage():
-    from hps.updates import UpdateFormatError, decode_update, encode_update
+    from featureline.hps.updates import UpdateFormatError, decode_update, encode_update
 
     keys, vectors = _table(n=3)
     update = decode_update(encode_update("items", keys, vectors))
@@ -454,7 +454,7 @@ def test_update_messages_round_trip_and_reject_garbage():
 
 
 def test_hash_index_agrees_with_a_dict_through_many_evictions():
-    from hps.hash_index import HashIndex
+    from featureline.hps.hash_index import HashIndex
 
     rng = np.random.default_rng(3)
     index = HashIndex(64)
@@ -474,7 +474,7 @@ def test_hash_index_agrees_with_a_dict_through_many_evictions():
 
 
 def test_hash_index_evicts_the_least_used():
-    from hps.hash_index import HashIndex
+    from featureline.hps.hash_index import HashIndex
 
     index = HashIndex(4)
     index.assign(np.array([1, 2, 3, 4]))
@@ -505,7 +505,7 @@ def test_a_background_insertion_never_writes_an_older_value_over_an_update(tmp_p
 
 
 def test_a_table_published_while_it_is_read_is_read_whole(tmp_path, monkeypatch):
-    from hps import formats
+    from featureline.hps import formats
 
     folder = tmp_path / "items"
     old_keys = np.arange(4, dtype=np.int64)
@@ -533,7 +533,7 @@ def test_a_table_published_while_it_is_read_is_read_whole(tmp_path, monkeypatch)
 
 
 def test_an_import_cut_short_or_a_changed_source_is_imported_again(tmp_path):
-    from hps.persistent import RocksDBStore
+    from featureline.hps.persistent import RocksDBStore
 
     keys, vectors = _table()
     # A crash mid-import: some rows of the table in RocksDB, no mark of a finished import.
@@ -578,7 +578,7 @@ def test_a_blackholed_l2_costs_one_timeout_then_lookups_skip_it(tmp_path):
     import socket
     import time
 
-    from hps.volatile import RedisStore
+    from featureline.hps.volatile import RedisStore
 
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))

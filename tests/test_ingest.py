@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 
-from etl import ingest
-from etl.config import EtlConfig, with_overrides
-from etl.errors import NoInputError, RawLogSchemaError
+from featureline.etl import ingest
+from featureline.etl.config import EtlConfig, with_overrides
+from featureline.etl.errors import NoInputError, RawLogSchemaError
 
 GOOD = {"user_id": "u1", "item_id": "i1", "event_type": "view", "ts": "2026-01-05T10:00:00Z",
         "value": 3.5, "price": 9.99, "category": "c1", "device": "mobile"}

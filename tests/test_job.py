@@ -14,10 +14,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from core.errors import ConfigError
-from etl import job
-from etl.datagen import BAD_KINDS_TEXT
-from etl.errors import NoInputError
+from featureline.core.errors import ConfigError
+from featureline.etl import job
+from featureline.etl.datagen import BAD_KINDS_TEXT
+from featureline.etl.errors import NoInputError
 from tests.job_config import make_config
 
 

@@ -16,13 +16,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from core.redis import REDIS_URL_ENV
-from etl.session import read_properties, spark_conf_dir
-from feature_store.repo import CONNECTION_ENV
-from hps.config import load_hps_config
-from hps.server import HPS_REDIS_URL_ENV
-from launcher.config import load_config
-from launcher.serving import CONFIG_ENV, OUTPUT_ENV
+from featureline.config import load_config
+from featureline.core.redis import REDIS_URL_ENV
+from featureline.etl.session import read_properties, spark_conf_dir
+from featureline.feature_store.repo import CONNECTION_ENV
+from featureline.hps.config import load_hps_config
+from featureline.hps.server import HPS_REDIS_URL_ENV
+from featureline.serving import CONFIG_ENV, OUTPUT_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 K8S = REPO / "k8s"

@@ -13,7 +13,13 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from etl.qualification import JOB_STAGES, UNTAGGED, QualificationError, job_stages, summarize
+from featureline.etl.qualification import (
+    JOB_STAGES,
+    UNTAGGED,
+    QualificationError,
+    job_stages,
+    summarize,
+)
 
 BIN = Path(sys.executable).parent
 
@@ -90,7 +96,7 @@ def test_every_stage_of_the_job_runs_on_supported_operators(small_log, tmp_path)
 
 
 def test_a_registry_failure_is_a_clear_error(tmp_path, monkeypatch):
-    from etl import qualification
+    from featureline.etl import qualification
 
     monkeypatch.setenv(qualification.CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(qualification, "TOOLS_VERSION", "0.0.0-no-such-version")

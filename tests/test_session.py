@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from etl.config import SparkSettings
-from etl.errors import RapidsJarNotFoundError
-from etl.session import RAPIDS_PLUGIN, read_properties, spark_conf_dir, spark_properties
+from featureline.etl.config import SparkSettings
+from featureline.etl.errors import RapidsJarNotFoundError
+from featureline.etl.session import RAPIDS_PLUGIN, read_properties, spark_conf_dir, spark_properties
 
 
 @pytest.fixture(autouse=True)

@@ -14,12 +14,12 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
-from etl import tfrecord  # noqa: E402
-from etl.job import KEYS, label_spec  # noqa: E402
-from etl.tfrecord import wire  # noqa: E402
-from etl.tfrecord.layout import Group, build_layout  # noqa: E402
-from etl.tfrecord.records import TFRecordCorruptError, read_file  # noqa: E402
-from etl.tfrecord.writer import write_split  # noqa: E402
+from featureline.etl import tfrecord  # noqa: E402
+from featureline.etl.job import KEYS, label_spec  # noqa: E402
+from featureline.etl.tfrecord import wire  # noqa: E402
+from featureline.etl.tfrecord.layout import Group, build_layout  # noqa: E402
+from featureline.etl.tfrecord.records import TFRecordCorruptError, read_file  # noqa: E402
+from featureline.etl.tfrecord.writer import write_split  # noqa: E402
 
 
 def _examples(job_output, split="train") -> pd.DataFrame:
@@ -189,7 +189,7 @@ def test_a_retried_task_leaves_one_file(tmp_path, monkeypatch):
     """Attempt 0 dies half-way through its file; attempt 1 succeeds; only its file lands."""
     import pyarrow as pa
 
-    from etl.tfrecord import writer as tfwriter
+    from featureline.etl.tfrecord import writer as tfwriter
 
     groups = [Group("c", "int64", ("x",), 1), Group("y", "int64", ("label",), 1)]
     batch = pa.RecordBatch.from_pydict({"x": list(range(100)), "label": [1] * 100})

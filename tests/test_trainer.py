@@ -10,17 +10,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.metadata import encoded_name
-from hps.config import load_hps_config
-from hps.server import ParameterServer
-from trainer.model import table_weights
+from featureline.core.metadata import encoded_name
+from featureline.hps.config import load_hps_config
+from featureline.hps.server import ParameterServer
+from featureline.trainer.model import table_weights
 
 EPOCHS = 4
 
 
 @pytest.fixture(scope="module")
 def trained(job_output, tmp_path_factory):
-    from trainer.train import train
+    from featureline.trainer.train import train
 
     out = tmp_path_factory.mktemp("model")
     return train(job_output.output, out, epochs=EPOCHS, batch_size=512, progress=lambda _: None)
@@ -47,7 +47,7 @@ def test_the_model_beats_the_popularity_baseline(job_output, trained):
 
 def test_the_baseline_is_each_items_smoothed_training_click_rate(job_output):
     """From the Parquet examples with pandas, against the trainer's from the TFRecords."""
-    from trainer.train import BASELINE_SMOOTHING, popularity
+    from featureline.trainer.train import BASELINE_SMOOTHING, popularity
 
     rates, prior = popularity(job_output.metadata | {"output": str(job_output.output)})
     train = pd.read_parquet(job_output.output / "examples" / "split=train")

@@ -18,12 +18,12 @@ import pytest
 import redis
 import yaml
 
-from feature_store.publish import publish
-from feature_store.redis_server import free_port
-from feature_store.repo import open_repo
-from hps.formats import write_hugectr
-from hps.updates import dead_letter_stream, stream_name
-from hps.updates import publish as publish_update
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import free_port
+from featureline.feature_store.repo import open_repo
+from featureline.hps.formats import write_hugectr
+from featureline.hps.updates import dead_letter_stream, stream_name
+from featureline.hps.updates import publish as publish_update
 from tests.feast_data import copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent

@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from core.metadata import encoded_name
-from hps.formats import write_hugectr
-from trainer.model import embedding_tables, table_weights
+from featureline.core.metadata import encoded_name
+from featureline.hps.formats import write_hugectr
+from featureline.trainer.model import embedding_tables, table_weights
 
 HPS_CONFIG = "hps.yaml"
 

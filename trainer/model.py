@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.metadata import PADDING_ID
+from featureline.core.metadata import PADDING_ID
 
 LABEL_KIND = "label"
 
@@ -45,7 +45,7 @@ def embedding_tables(metadata: dict[str, Any]) -> dict[str, TableSpec]:
 def build_model(metadata: dict[str, Any], bottom: tuple[int, ...] = (64, 32),
                 top: tuple[int, ...] = (256, 128), seed: int = 0) -> Any:
     """The Keras model; its inputs are the TFRecord groups as
-    ``etl.tfrecord.dataset(grouped=True)`` gives them, less the label's."""
+    ``featureline.etl.tfrecord.dataset(grouped=True)`` gives them, less the label's."""
     import keras
     from keras import layers, ops
 

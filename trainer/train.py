@@ -14,11 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from core.errors import ConfigError
-from core.metadata import encoded_name, read_metadata
-from etl.tfrecord.reader import dataset, read_numpy
-from trainer.export import export
-from trainer.model import build_model, label_group
+from featureline.core.errors import ConfigError
+from featureline.core.metadata import encoded_name, read_metadata
+from featureline.etl.tfrecord.reader import dataset, read_numpy
+from featureline.trainer.export import export
+from featureline.trainer.model import build_model, label_group
 
 MODEL_FILE = "model.keras"
 REPORT_FILE = "training.json"

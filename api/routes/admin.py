@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from api.auth import require
-from api.models import ErrorBody, ReloadResponse
-from api.services import Services, get_services
+from featureline.api.auth import require
+from featureline.api.models import ErrorBody, ReloadResponse
+from featureline.api.services import Services, get_services
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require("admin"))])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 503)}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from api.auth import require
-from api.models import (
+from featureline.api.auth import require
+from featureline.api.models import (
     ErrorBody,
     LookupRequest,
     LookupResponse,
@@ -13,9 +13,9 @@ from api.models import (
     ModelsResponse,
     TableInfo,
 )
-from api.responses import FastJSONResponse
-from api.services import Services, get_services
-from api.versions import check
+from featureline.api.responses import FastJSONResponse
+from featureline.api.services import Services, get_services
+from featureline.api.versions import check
 
 router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"],
                    dependencies=[Depends(require("read"))])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
-from api.auth import require
-from api.models import ErrorBody, FeaturesRequest, FeaturesResponse
-from api.responses import FastJSONResponse
-from api.services import Services, get_services
+from featureline.api.auth import require
+from featureline.api.models import ErrorBody, FeaturesRequest, FeaturesResponse
+from featureline.api.responses import FastJSONResponse
+from featureline.api.services import Services, get_services
 
 router = APIRouter(prefix="/v1", tags=["features"], dependencies=[Depends(require("read"))])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from api.models import Health
-from api.services import Services, get_services
-from api.versions import check
+from featureline.api.models import Health
+from featureline.api.services import Services, get_services
+from featureline.api.versions import check
 
 router = APIRouter(tags=["health"])
 

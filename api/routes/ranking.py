@@ -6,15 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter, Depends
 
-from api.auth import require
-from api.models import (
+from featureline.api.auth import require
+from featureline.api.models import (
     ErrorBody,
     RankingInputsRequest,
     RankingInputsResponse,
 )
-from api.responses import FastJSONResponse
-from api.services import Services, get_services
-from feature_store.online import OnlineFeatures
+from featureline.api.responses import FastJSONResponse
+from featureline.api.services import Services, get_services
+from featureline.feature_store.online import OnlineFeatures
 
 router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}

@@ -16,7 +16,7 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from core.settings import Settings
+from featureline.core.settings import Settings
 
 LABEL = "label"
 SPLIT = "split"

@@ -19,8 +19,8 @@ from pydantic import Field
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
-from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
+from featureline.etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
 class CategorifySettings(OpSettings):

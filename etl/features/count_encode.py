@@ -8,8 +8,8 @@ from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from core.transforms import LOG1P_STANDARDIZE
-from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.core.transforms import LOG1P_STANDARDIZE
+from featureline.etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
 def encoded_name(column: str) -> str:

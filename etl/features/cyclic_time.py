@@ -8,8 +8,8 @@ from typing import Literal
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from core.transforms import NONE
-from etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.core.transforms import NONE
+from featureline.etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 PERIODS = {"hour": (F.hour, 24), "dow": (F.weekday, 7)}
 

@@ -12,8 +12,8 @@ from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from core.metadata import FIRST_ID
-from etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.core.metadata import FIRST_ID
+from featureline.etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 logger = logging.getLogger("featureline.etl")
 

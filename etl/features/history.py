@@ -14,8 +14,8 @@ from pydantic import Field
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from core.metadata import PADDING_ID, encoded_name
-from etl.features.base import TS_MICROS, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.core.metadata import PADDING_ID, encoded_name
+from featureline.etl.features.base import TS_MICROS, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 HISTORY = "user_hist_items"
 

@@ -14,10 +14,10 @@ from pydantic import Field, field_validator
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
-from core.metadata import PADDING_ID, encoded_name
-from core.settings import duration_seconds
-from core.transforms import LOG1P_STANDARDIZE
-from etl.features.base import (
+from featureline.core.metadata import PADDING_ID, encoded_name
+from featureline.core.settings import duration_seconds
+from featureline.core.transforms import LOG1P_STANDARDIZE
+from featureline.etl.features.base import (
     MICROS,
     TS_MICROS,
     ColumnRoles,

@@ -19,10 +19,10 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from core.errors import ConfigError
-from core.settings import Settings
-from core.transforms import LOG1P_STANDARDIZE, NONE, Transform, missing_indicator
-from etl.features.base import FeatureSpec
+from featureline.core.errors import ConfigError
+from featureline.core.settings import Settings
+from featureline.core.transforms import LOG1P_STANDARDIZE, NONE, Transform, missing_indicator
+from featureline.etl.features.base import FeatureSpec
 
 
 class ModelReadyConfig(Settings):

@@ -8,8 +8,8 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from core.transforms import NONE
-from etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.core.transforms import NONE
+from featureline.etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 
 def encoded_name(column: str) -> str:

@@ -8,10 +8,17 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from etl.config import EtlConfig
-from etl.features.base import SPLIT, TRAIN, TS_MICROS, FeatureOp, FeatureSpec, epoch_micros
-from etl.features.model_ready import ModelReady
-from etl.short_names import assign_short_names
+from featureline.etl.config import EtlConfig
+from featureline.etl.features.base import (
+    SPLIT,
+    TRAIN,
+    TS_MICROS,
+    FeatureOp,
+    FeatureSpec,
+    epoch_micros,
+)
+from featureline.etl.features.model_ready import ModelReady
+from featureline.etl.short_names import assign_short_names
 
 LABEL_SHORT_NAME = "y"
 

@@ -16,7 +16,7 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from etl.features.base import (
+from featureline.etl.features.base import (
     LABEL,
     SPLIT,
     TRAIN,

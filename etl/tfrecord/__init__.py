@@ -3,7 +3,7 @@
 ``dataset(...)`` reads them in tf.data, ``read_numpy(...)`` without TensorFlow.
 """
 
-from etl.tfrecord.reader import dataset, files, read_numpy
-from etl.tfrecord.records import TFRecordCorruptError
+from featureline.etl.tfrecord.reader import dataset, files, read_numpy
+from featureline.etl.tfrecord.records import TFRecordCorruptError
 
 __all__ = ["TFRecordCorruptError", "dataset", "files", "read_numpy"]

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from core.metadata import METADATA_FILE
-from etl.tfrecord.layout import Group
-from etl.tfrecord.records import read_file
+from featureline.core.metadata import METADATA_FILE
+from featureline.etl.tfrecord.layout import Group
+from featureline.etl.tfrecord.records import read_file
 
 
 def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> dict[str, Any]:

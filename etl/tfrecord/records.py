@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from core.errors import FeaturelineError
-from etl.tfrecord import wire
-from etl.tfrecord.layout import Group
+from featureline.core.errors import FeaturelineError
+from featureline.etl.tfrecord import wire
+from featureline.etl.tfrecord.layout import Group
 
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")

@@ -1,7 +1,8 @@
 """Write ``tfrecord/<split>/part-NNNNN.tfrecord[.gz]`` from the examples, inside the Spark job.
 
-Each task encodes its rows with :mod:`etl.tfrecord.records` through ``mapInArrow`` and writes
-its file straight to the output filesystem (a local path or any pyarrow filesystem URI)
+Each task encodes its rows with :mod:`featureline.etl.tfrecord.records` through
+``mapInArrow`` and writes its file straight to the output filesystem (a local path or any
+pyarrow filesystem URI)
 under a commit protocol: tasks write to ``_temporary/<job>/``; only the attempts whose
 results Spark returns are moved into place, then ``_temporary`` goes. A retried or
 speculative task, or a failed job, leaves no partial or duplicate file.
@@ -21,8 +22,8 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from etl.tfrecord.layout import Group
-from etl.tfrecord.records import encode
+from featureline.etl.tfrecord.layout import Group
+from featureline.etl.tfrecord.records import encode
 
 TEMPORARY = "_temporary"
 RESULT_SCHEMA = "partition int, path string, rows long"

@@ -7,6 +7,6 @@ output it describes: ``FEATURELINE_OUTPUT``, else ``etl.output.path`` of the con
 
 from pathlib import Path
 
-from launcher.serving import feast_definitions
+from featureline.serving import feast_definitions
 
 globals().update(feast_definitions(Path(__file__).parent).named())
