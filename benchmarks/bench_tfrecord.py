@@ -8,8 +8,12 @@ Read: tf.data parse to dense tensors at a training batch of 65,536 rows, for pre
 on/off × grouped types and short names on/off; examples/s (the median of several timed
 passes after a warm-up pass, with the slowest and fastest) and file size for each. The
 grouped layout is read both as named columns and as its grouped tensors, and at a batch of
-1,000 rows (not a multiple of the prebatch size: re-batched). TensorFlow's thread pools are
-its defaults (the report states them).
+1,000 rows (not a multiple of the prebatch size: re-batched). The passes are interleaved —
+pass 1 of every layout, then pass 2 of every layout, … — so a slow spell of the machine
+falls on all of them alike, and a pass reads the file as many times as it takes to read at
+least ``READ_MIN_ROWS`` rows (a fast layout reads 1M rows in 0.2 s, where one hiccup of
+the machine would halve the rate). TensorFlow's thread pools are its defaults (the report
+states them).
 
     python benchmarks/bench_tfrecord.py --rows 1000000
     python benchmarks/bench_tfrecord.py --smoke
@@ -23,6 +27,7 @@ import os
 import platform
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +43,8 @@ LABEL = {"name": "label", "short_name": "y", "dtype": "int64"}
 N_CATEGORICAL, N_CONTINUOUS, HISTORY = 6, 17, 10
 READ_BATCH = 65_536
 SMALL_BATCH = 1_000
-READ_PASSES = 5
+READ_PASSES = 7
+READ_MIN_ROWS = 4_000_000
 
 
 def feature_list() -> list[dict[str, Any]]:
@@ -118,27 +124,52 @@ def plain_write(path: Path, source: Path, repeats: int = REPEATS) -> float:
     return best
 
 
-def read_rate(path: Path, groups: list[Group], prebatch: int, rows: int,
-              batch_size: int = READ_BATCH, grouped: bool = False,
-              passes: int = READ_PASSES) -> dict[str, int]:
-    """Rows per second over ``passes`` timed passes after one warm-up pass: median, min,
-    max."""
-    metadata = {"output": str(path.parent), "tfrecord": {
-        "prebatch_size": prebatch, "compression": "",
-        "groups": {g.name: g.to_json() for g in groups},
-        "files": [{"path": path.name, "split": "train", "rows": rows}]}}
-    label = next(g.name for g in groups if "label" in g.columns) if grouped else "label"
-    rates = []
-    for _ in range(passes + 1):
+@dataclass(frozen=True)
+class ReadCase:
+    """One way of reading one file: a row of the read table."""
+
+    path: Path
+    groups: list[Group]
+    prebatch: int
+    rows: int
+    batch_size: int = READ_BATCH
+    grouped: bool = False
+
+    def repeats(self, min_rows: int) -> int:
+        """Times a pass reads the file: enough for ``min_rows`` rows when prebatched."""
+        return max(1, -(-min_rows // self.rows)) if self.prebatch > 1 else 1
+
+    def timed_pass(self, min_rows: int) -> float:
+        """Rows per second of one pass."""
+        repeats = self.repeats(min_rows)
+        metadata = {"output": str(self.path.parent), "tfrecord": {
+            "prebatch_size": self.prebatch, "compression": "",
+            "groups": {g.name: g.to_json() for g in self.groups},
+            "files": [{"path": self.path.name, "split": "train", "rows": self.rows}] * repeats}}
+        label = (next(g.name for g in self.groups if "label" in g.columns) if self.grouped
+                 else "label")
         start = time.perf_counter()
         seen = 0
-        for batch in dataset(metadata, batch_size=batch_size, grouped=grouped):
+        for batch in dataset(metadata, batch_size=self.batch_size, grouped=self.grouped):
             seen += int(batch[label].shape[0])
-        assert seen == rows, (seen, rows)
-        rates.append(rows / (time.perf_counter() - start))
-    timed = sorted(rates[1:])
-    return {"rows_per_s": round(float(np.median(timed))), "min": round(timed[0]),
-            "max": round(timed[-1])}
+        assert seen == self.rows * repeats, (seen, self.rows, repeats)
+        return seen / (time.perf_counter() - start)
+
+
+def read_rates(cases: dict[str, ReadCase], passes: int = READ_PASSES,
+               min_rows: int = READ_MIN_ROWS) -> dict[str, dict[str, int]]:
+    """Each case's rows per second over ``passes`` timed passes after one warm-up pass
+    (median, slowest, fastest), the cases' passes interleaved."""
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for number in range(passes + 1):
+        for name, case in cases.items():
+            rate = case.timed_pass(min_rows)
+            if number:  # pass 0 warms up
+                rates[name].append(rate)
+    return {name: {"rows_per_s": round(float(np.median(r))), "min": round(min(r)),
+                   "max": round(max(r)), "rows_per_pass": cases[name].rows
+                   * cases[name].repeats(min_rows)}
+            for name, r in rates.items()}
 
 
 def _warm_up(root: Path, features: list[dict[str, Any]]) -> None:
@@ -146,10 +177,11 @@ def _warm_up(root: Path, features: list[dict[str, Any]]) -> None:
     groups = build_layout(features, LABEL, group_types=True, short_names=True)
     path = root / "warm-up.tfrecord"
     write_ours(path, make_columns(1000, seed=1), groups, 100, repeats=1)
-    read_rate(path, groups, 100, 1000, passes=1)
+    read_rates({"warm-up": ReadCase(path, groups, 100, 1000)}, passes=1, min_rows=1000)
 
 
-def run(rows: int, tf_rows: int) -> dict[str, Any]:
+def run(rows: int, tf_rows: int, passes: int = READ_PASSES,
+        min_rows: int = READ_MIN_ROWS) -> dict[str, Any]:
     columns = make_columns(rows)
     features = feature_list()
     layouts = {
@@ -169,12 +201,13 @@ def run(rows: int, tf_rows: int) -> dict[str, Any]:
                                   .get_inter_op_parallelism_threads() or "default (0)",
                                   "intra_op_threads": tf.config.threading
                                   .get_intra_op_parallelism_threads() or "default (0)"},
-                              "read_passes": READ_PASSES}
+                              "read_passes": passes, "read_min_rows_per_pass": min_rows}
     with tempfile.TemporaryDirectory(prefix="bench-tfrecord-") as tmp:
         root = Path(tmp)
         _warm_up(root, features)
         write: dict[str, Any] = {}
-        read: dict[str, Any] = {}
+        cases: dict[str, ReadCase] = {}
+        sizes: dict[str, int] = {}
         for name, (prebatch, grouped, short) in layouts.items():
             groups = build_layout(features, LABEL, group_types=grouped, short_names=short)
             path = root / f"{name.replace(' ', '_').replace(',', '')}.tfrecord"
@@ -182,13 +215,16 @@ def run(rows: int, tf_rows: int) -> dict[str, Any]:
                                        repeats=REPEATS if prebatch > 1 else 1)
             write[name] = {"rows_per_s": round(rows / seconds), "mb_per_s":
                            round(size / seconds / 1e6, 1), "bytes": size}
-            read[name] = {**read_rate(path, groups, prebatch, rows),
-                          "bytes_per_row": round(size / rows, 1)}
+            cases[name] = ReadCase(path, groups, prebatch, rows)
+            sizes[name] = size
             if name == "prebatched+grouped+short":
-                read[f"{name}, grouped tensors"] = read_rate(path, groups, prebatch, rows,
+                cases[f"{name}, grouped tensors"] = ReadCase(path, groups, prebatch, rows,
                                                              grouped=True)
-                read[f"{name}, batch {SMALL_BATCH}"] = read_rate(
+                cases[f"{name}, batch {SMALL_BATCH}"] = ReadCase(
                     path, groups, prebatch, rows, batch_size=SMALL_BATCH)
+        read: dict[str, Any] = read_rates(cases, passes, min_rows)
+        for name, size in sizes.items():
+            read[name]["bytes_per_row"] = round(size / rows, 1)
         full = root / "prebatched+grouped+short.tfrecord"
         plain_s = plain_write(root / "plain.bin", full)
         tf_subset = {k: v[:tf_rows] for k, v in columns.items()}
@@ -229,8 +265,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="rows timed through TensorFlow's per-row path (it is slow)")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
     args = parser.parse_args(argv)
-    rows, tf_rows = (5000, 1000) if args.smoke else (args.rows, min(args.tf_rows, args.rows))
-    print(json.dumps(run(rows, tf_rows), indent=2))
+    if args.smoke:
+        report = run(5000, 1000, passes=2, min_rows=10_000)
+    else:
+        report = run(args.rows, min(args.tf_rows, args.rows))
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

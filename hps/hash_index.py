@@ -10,6 +10,9 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+# cache=True: compiled once into __pycache__/ beside this file, found again by this file's
+# size and time stamp; the cache names the module (featureline.…), so a cache written
+# under another module name must not match: editing this file invalidates it.
 # An entry is (key, slot) side by side, so a probe reads one cache line; the slot column
 # doubles as the state: >= 0 held, EMPTY never used, DELETED a tombstone.
 KEY, SLOT = 0, 1

@@ -35,7 +35,7 @@ def test_bench_etl_smoke(spark):
 
 def test_bench_tfrecord_smoke():
     pytest.importorskip("tensorflow")
-    report = _load("bench_tfrecord").run(rows=3000, tf_rows=300)
+    report = _load("bench_tfrecord").run(rows=3000, tf_rows=300, passes=2, min_rows=6000)
     json.dumps(report)
     write, read = report["write"], report["read"]
     assert write["tensorflow per-row path"]["rows_per_s"] > 0

@@ -17,6 +17,9 @@ import crc32c
 import numba
 import numpy as np
 
+# cache=True: compiled once into __pycache__/ beside this file, found again by this file's
+# size and time stamp; the cache names the module (featureline.…), so a cache written
+# under another module name must not match: editing this file invalidates it.
 _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")
 _CRC = struct.Struct("<I")
