@@ -76,6 +76,21 @@ class UpdatesCollector(Collector):
         yield lag
 
 
+class FeatureCacheCollector(Collector):
+    """Entities answered from the process's feature cache, and those read from Redis."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+
+    def collect(self) -> Iterator[Metric]:
+        lookups = CounterMetricFamily(
+            "featureline_feature_cache_lookups", "Entity lookups of the online-feature cache, "
+            "by result (hit: answered from memory; miss: read from Redis)", labels=["result"])
+        lookups.add_metric(["hit"], self.cache.hits)
+        lookups.add_metric(["miss"], self.cache.misses)
+        yield lookups
+
+
 class StoreCollector(Collector):
     """The online store's health and the version stamps (docs/ARCHITECTURE.md, "Version
     stamps"), read at scrape time as /readyz reads them."""
@@ -130,6 +145,9 @@ class Metrics:
 
     def watch_store(self, ping: Callable[[], bool], versions: Callable[[], Any]) -> None:
         self.registry.register(StoreCollector(ping, versions))
+
+    def watch_feature_cache(self, cache: Any) -> None:
+        self.registry.register(FeatureCacheCollector(cache))
 
     def watch_updates(self, consumers: Callable[[], list[Any]]) -> None:
         self.registry.register(UpdatesCollector(consumers))

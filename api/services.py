@@ -20,7 +20,7 @@ from featureline.api.versions import check
 from featureline.api.vocabulary import Vocabularies
 from featureline.core.errors import UnavailableError
 from featureline.core.metadata import dataset_version, encoded_name, read_metadata
-from featureline.feature_store.online import OnlineReader
+from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
 from featureline.hps.updates import UpdateConsumer, start_consumers
@@ -91,7 +91,9 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
                   redis_url: str | None = None) -> Services:
     output = output or config.data
     repo = open_repo(config.feature_store, output, url=redis_url)
-    reader = OnlineReader.from_store(repo.store, repo.redis_url)
+    caching = config.api.feature_cache
+    cache = ValueCache(caching.ttl_s, caching.max_entities) if caching.ttl_s > 0 else None
+    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache)
     hps = ParameterServer.from_config(config.api.hps) if config.api.hps else None
     metrics = Metrics()
     if hps is not None:
@@ -106,6 +108,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     services = Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
                         dataset_version(metadata), lineages)
     metrics.watch_store(reader.ping, lambda: check(services))
+    if cache is not None:
+        metrics.watch_feature_cache(cache)
     if hps is not None:
         services.listener = ReloadListener(reader.client, reader.project, hps).start()
         services.consumers = start_consumers(hps)

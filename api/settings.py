@@ -46,6 +46,14 @@ class RankingConfig(Settings):
         default_factory=lambda: {"user_id_cat": "user", "item_id_cat": "item"})
 
 
+class FeatureCacheConfig(Settings):
+    # Seconds an entity's online values are answered from this process's memory; a publish
+    # empties the cache at once (the store's stamp is read with every request). 0: off.
+    ttl_s: float = Field(default=5.0, ge=0)
+    # Entities held per process (emptied when full).
+    max_entities: int = Field(default=50_000, ge=1)
+
+
 class ApiConfig(Settings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
@@ -58,6 +66,7 @@ class ApiConfig(Settings):
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     ranking: RankingConfig = RankingConfig()
+    feature_cache: FeatureCacheConfig = FeatureCacheConfig()
 
     @model_validator(mode="after")
     def _not_open_to_the_network(self) -> ApiConfig:

@@ -6,6 +6,10 @@ and uses Feast's own helpers for the keys (``_redis_key``), the field names (``_
 the values (``feast_value_type_to_python_type``), so its answers equal the SDK's (tested).
 On top, each value gets a status: present, not found, or outside the view's ttl.
 
+With a :class:`ValueCache`, entities read recently are answered from memory for at most its
+``ttl_s`` seconds, and never across a publish: every read fetches the publication stamp in the
+same round trip, and a new stamp empties the cache (docs/ARCHITECTURE.md, "Version stamps").
+
 It implements Feast's Redis layout as Feast 0.67 writes it with the repository's settings;
 a Feast setting that changes the layout and that it does not implement (online feature-view
 versioning) stops it at start, naming the setting, instead of reading the wrong fields.
@@ -29,7 +33,11 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from featureline.core import redis
 from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
 from featureline.feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
-from featureline.feature_store.publication import Publication, read_publication
+from featureline.feature_store.publication import (
+    Publication,
+    publication_key,
+    read_publication,
+)
 from featureline.feature_store.repo import online_store_errors
 
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
@@ -66,6 +74,21 @@ class MissingEntityError(FeatureStoreError, UnprocessableError):
     def __init__(self, join_key: str, view: str) -> None:
         self.join_key = join_key
         super().__init__(join_key, f"entities.{join_key} is required by feature view {view!r}")
+
+
+class ValueCache:
+    """Decoded values of the entities read lately: ``(view, id)`` → ``(expires, values, the
+    view's timestamp in seconds)``, for ``ttl_s`` seconds at most, while the publication they
+    were read under is the store's (cleared when the store's stamp changes, or when full)."""
+
+    def __init__(self, ttl_s: float, max_entities: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_entities = max_entities
+        # (publication stamp, entries): swapped whole, so a reader holds a consistent pair.
+        self.state: tuple[bytes | None, dict[tuple[str, Any], tuple[float, list[Any],
+                                                                     int | None]]] = (None, {})
+        self.hits = 0
+        self.misses = 0
 
 
 @dataclass(frozen=True)
@@ -107,8 +130,10 @@ def check_supported(store: FeatureStore) -> None:
 
 class OnlineReader:
     def __init__(self, client: Any, project: str, key_version: int,
-                 views: dict[str, ViewLayout], services: dict[str, list[str]], url: str) -> None:
+                 views: dict[str, ViewLayout], services: dict[str, list[str]], url: str,
+                 cache: ValueCache | None = None) -> None:
         self.client = client
+        self.cache = cache
         self.project = project
         self.key_version = key_version
         self.views = views
@@ -117,7 +142,8 @@ class OnlineReader:
         self._keys: dict[tuple[str, Any], bytes] = {}
 
     @classmethod
-    def from_store(cls, store: FeatureStore, url: str) -> OnlineReader:
+    def from_store(cls, store: FeatureStore, url: str,
+                   cache: ValueCache | None = None) -> OnlineReader:
         """The layout of what is registered in ``store``, read through a client of ``url``."""
         check_supported(store)
         views = {}
@@ -135,7 +161,7 @@ class OnlineReader:
         cluster = str(getattr(store.config.online_store, "redis_type", "redis")).endswith(
             "redis_cluster")
         return cls(redis.client(url, cluster=cluster), store.project,
-                   store.config.entity_key_serialization_version, views, services, url)
+                   store.config.entity_key_serialization_version, views, services, url, cache)
 
     def references(self, service: str | None = None,
                    features: Sequence[str] | None = None) -> list[tuple[str, str]]:
@@ -170,48 +196,73 @@ class OnlineReader:
         wanted: dict[str, list[str]] = {}
         for view, name in references:
             wanted.setdefault(view, []).append(name)
-        plan = []  # (layout, its distinct ids in first-seen order, its ids by row)
+        cache = self.cache
+        stamp, entries = cache.state if cache is not None else (None, {})
+        clock = time.monotonic()
+        plan = []  # (layout, ids read from Redis, entries found in the cache, ids by row)
         pipe = self.client.pipeline(transaction=False)
+        if cache is not None:
+            pipe.hget(publication_key(self.project), "published_at")
         for view in wanted:
             layout = self.views[view]
             if layout.join_key not in entities:
                 raise MissingEntityError(layout.join_key, view)
             ids = entities[layout.join_key]
-            distinct = list(dict.fromkeys(ids))
-            for value in distinct:
-                pipe.hmget(self._key(layout, value), list(layout.fields))
-            plan.append((layout, distinct, ids))
+            fetched, found = [], {}
+            for value in dict.fromkeys(ids):
+                entry = entries.get((view, value))
+                if entry is not None and entry[0] > clock:
+                    found[value] = entry
+                else:
+                    fetched.append(value)
+                    pipe.hmget(self._key(layout, value), list(layout.fields))
+            plan.append((layout, fetched, found, ids))
         with online_store_errors(self.url):
             answers = pipe.execute()
+        if cache is not None:
+            current, *answers = answers
+            if current != stamp:  # a publish since these entries were read: none of them
+                entries = {}
+                cache.state = (current, entries)
+                if any(found for _, _, found, _ in plan):
+                    return self.read(references, entities)
+            cache.hits += sum(len(found) for _, _, found, _ in plan)
+            cache.misses += sum(len(fetched) for _, fetched, _, _ in plan)
+            if len(entries) >= cache.max_entities:
+                entries.clear()
         now = time.time()
         result = OnlineFeatures([], {}, {})
         start = 0
-        for layout, distinct, ids in plan:
-            stored = answers[start:start + len(distinct)]
-            start += len(distinct)
-            decoded = {value: self._decode(layout, fields, now)
-                       for value, fields in zip(distinct, stored, strict=True)}
+        for layout, fetched, found, ids in plan:
+            stored = answers[start:start + len(fetched)]
+            start += len(fetched)
+            for value, fields in zip(fetched, stored, strict=True):
+                found[value] = (clock + cache.ttl_s if cache else 0.0,
+                                *self._decode(layout, fields))
+                if cache is not None:
+                    entries[(layout.name, value)] = found[value]
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
-                column = [decoded[value][0][index] for value in ids]
-                state = [decoded[value][1] if column[i] is not None else Status.NOT_FOUND
-                         for i, value in enumerate(ids)]
+                column = [found[value][1][index] for value in ids]
+                state = [self._status(layout, found[value][2], now) if column[i] is not None
+                         else Status.NOT_FOUND for i, value in enumerate(ids)]
                 result.names.append(name)
                 result.values[name] = column
                 result.status[name] = state
         return result
 
     @staticmethod
-    def _decode(layout: ViewLayout, fields: list[bytes | None],
-                now: float) -> tuple[list[Any], Status]:
+    def _decode(layout: ViewLayout, fields: list[bytes | None]) -> tuple[list[Any], int | None]:
+        """The stored values of one entity, and the view's timestamp (seconds) if any."""
         *raw, stamp = fields
         values = [None if v is None else decode_value(v) for v in raw]
-        status = Status.PRESENT
-        if stamp is not None and layout.ttl_s:
-            seconds = Timestamp.FromString(stamp).seconds
-            if now - seconds > layout.ttl_s:
-                status = Status.OUTSIDE_TTL
-        return values, status
+        return values, None if stamp is None else Timestamp.FromString(stamp).seconds
+
+    @staticmethod
+    def _status(layout: ViewLayout, seconds: int | None, now: float) -> Status:
+        if seconds is not None and layout.ttl_s and now - seconds > layout.ttl_s:
+            return Status.OUTSIDE_TTL
+        return Status.PRESENT
 
     def publication(self) -> Publication | None:
         """The stamp of the dataset last published into this store (None before any)."""

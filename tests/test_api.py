@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
+from feast.protos.feast.types.Value_pb2 import Value
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from featureline.api.app import create_app
 from featureline.api.models import FeaturesResponse, RankingInputsResponse
 from featureline.config import parse_config
-from featureline.feature_store.online import OnlineReader
+from featureline.feature_store.online import OnlineReader, ValueCache
+from featureline.feature_store.publication import publication_key
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import EmbeddedRedis
 from featureline.feature_store.repo import open_repo
@@ -296,6 +300,81 @@ def test_online_reader_marks_values_outside_the_ttl(tmp_path, redis_server):
                          {"user_id": ["u1", "zz"], "item_id": ["i1", "i1"]})
     assert result.values["user_events"] == [7, None]
     assert [s.value for s in result.status["user_events"]] == ["outside_ttl", "not_found"]
+
+
+def _published_reader(tmp_path, redis_server, cache: ValueCache | None) -> OnlineReader:
+    output = write_handmade_output(tmp_path / "output")
+    url = fresh_db(redis_server, 9)
+    repo = open_repo(copy_project(tmp_path, ttl="3650d").feature_store, output, url=url)
+    publish(repo, progress=lambda _: None)
+    return OnlineReader.from_store(repo.store, url, cache)
+
+
+def _overwrite(reader: OnlineReader, join_key: str, entity: str, feature: str,
+               value: int) -> None:
+    """Change one stored value behind the reader's back, as another writer would."""
+    (layout,) = [v for v in reader.views.values()
+                 if v.join_key == join_key and feature in v.features]
+    reader.client.hset(reader._key(layout, entity), layout.fields[layout.features.index(feature)],
+                       Value(int64_val=value).SerializeToString())
+
+
+ROWS = {"user_id": ["u1", "u1", "u2"], "item_id": ["i1", "i2", "i1"]}
+
+
+def test_cached_values_are_served_for_their_ttl_then_read_again(tmp_path, redis_server):
+    cache = ValueCache(ttl_s=0.5, max_entities=100)
+    reader = _published_reader(tmp_path, redis_server, cache)
+    references = reader.references("ranking")
+    assert reader.read(references, ROWS).values["user_events"] == [7, 7, 2]
+    assert (cache.hits, cache.misses) == (0, 4)  # u1, u2, i1, i2
+    _overwrite(reader, "user_id", "u1", "user_events", 99)
+    again = reader.read(references, ROWS)
+    assert again.values["user_events"] == [7, 7, 2]  # from memory, within the ttl
+    assert [s.value for s in again.status["user_events"]] == ["present"] * 3
+    assert (cache.hits, cache.misses) == (4, 4)
+    time.sleep(0.6)
+    assert reader.read(references, ROWS).values["user_events"] == [99, 99, 2]
+    assert (cache.hits, cache.misses) == (4, 8)
+    uncached = _published_reader(tmp_path / "b", redis_server, None)
+    _overwrite(uncached, "user_id", "u1", "user_events", 99)
+    assert uncached.read(references, ROWS).values == reader.read(references, ROWS).values
+
+
+def test_a_publish_empties_the_cache_at_once(tmp_path, redis_server):
+    cache = ValueCache(ttl_s=3600, max_entities=100)
+    reader = _published_reader(tmp_path, redis_server, cache)
+    references = reader.references("ranking")
+    reader.read(references, ROWS)
+    _overwrite(reader, "user_id", "u1", "user_events", 99)
+    assert reader.read(references, ROWS).values["user_events"] == [7, 7, 2]
+    reader.client.hset(publication_key(reader.project), "published_at", "a later publish")
+    assert reader.read(references, ROWS).values["user_events"] == [99, 99, 2]
+
+
+def test_an_unreachable_store_is_an_error_even_when_every_entity_is_cached(tmp_path,
+                                                                           redis_server):
+    from featureline.core import redis as redis_clients
+    from featureline.feature_store.errors import OnlineStoreUnavailableError
+    from featureline.feature_store.redis_server import free_port
+
+    reader = _published_reader(tmp_path, redis_server, ValueCache(3600, 100))
+    references = reader.references("ranking")
+    reader.read(references, ROWS)
+    reader.client = redis_clients.client(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(OnlineStoreUnavailableError):
+        reader.read(references, ROWS)
+
+
+def test_the_api_counts_its_cache_lookups(client):
+    body = {"service": "ranking", "entities": {"user_id": ["u1"], "item_id": ["i1"]}}
+    for _ in range(2):
+        assert client.post("/v1/features", headers=READ, json=body).status_code == 200
+    text = client.get("/metrics").text
+    counts = {result: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              for result in ("hit", "miss")
+              if line.startswith(f'featureline_feature_cache_lookups_total{{result="{result}"}}')}
+    assert counts["hit"] >= 2 and counts["miss"] >= 2
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")
