@@ -241,11 +241,15 @@ class OnlineReader:
                                 *self._decode(layout, fields))
                 if cache is not None:
                     entries[(layout.name, value)] = found[value]
+            # Once per entity, not per feature: its stored values, and their status.
+            status = {value: self._status(layout, entry[2], now) for value, entry in found.items()}
+            rows = [found[value][1] for value in ids]
+            row_status = [status[value] for value in ids]
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
-                column = [found[value][1][index] for value in ids]
-                state = [self._status(layout, found[value][2], now) if column[i] is not None
-                         else Status.NOT_FOUND for i, value in enumerate(ids)]
+                column = [values[index] for values in rows]
+                state = [Status.NOT_FOUND if value is None else present
+                         for value, present in zip(column, row_status, strict=True)]
                 result.names.append(name)
                 result.values[name] = column
                 result.status[name] = state
