@@ -192,8 +192,9 @@ def measure(url: str, bodies: list[dict[str, Any]], rates: list[float], seconds:
     steps: list[dict[str, Any]] = []
     offset = 0
     for rate in rates:
-        if steps and _saturated(steps[-1]):
-            steps.append({"rate": rate, "not_run": f"saturated at {steps[-1]['rate']} req/s"})
+        if steps and ("not_run" in steps[-1] or _saturated(steps[-1])):
+            steps.append({"rate": rate, "not_run": steps[-1].get(
+                "not_run", f"saturated at {steps[-1]['rate']} req/s")})
             continue
         count = max(1, int(rate * seconds))
         steps.append(asyncio.run(_open_loop(url, bodies[offset:offset + count], rate,

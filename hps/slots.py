@@ -22,7 +22,12 @@ class SlotIndex:
         self.capacity = capacity
         self.policy = policy
         self._slots: dict[int, int] = {}  # insertion-ordered: the first key is the oldest
-        self._free = list(range(capacity - 1, -1, -1))
+        # Free slots: those evictions gave back (reused first, last in first out), then the
+        # never used [_unused, capacity). Not a list of every free slot: at the default 10M
+        # that list held 10M ints (~360 MB), and the collector's full passes walked it
+        # (~50 ms each: the API's p99).
+        self._released: list[int] = []
+        self._unused = 0
         self._uses = np.zeros(capacity, dtype=np.int64)
         self._rng = np.random.default_rng(seed)
 
@@ -52,18 +57,24 @@ class SlotIndex:
         for key in victims:
             slot = self._slots.pop(key)
             self._uses[slot] = 0
-            self._free.append(slot)
+            self._released.append(slot)
+
+    def _take(self) -> int:
+        if self._released:
+            return self._released.pop()
+        self._unused += 1
+        return self._unused - 1
 
     def assign(self, keys: np.ndarray) -> np.ndarray:
         """Slots for ``keys`` (unique), evicting others if needed; at most ``capacity`` keys
         are placed — the rest get -1."""
         keys_list = keys.tolist()[: self.capacity]
         new = [k for k in keys_list if k not in self._slots]
-        shortfall = len(new) - len(self._free)
+        shortfall = len(new) - len(self._released) - (self.capacity - self._unused)
         if shortfall > 0:
             self._evict(shortfall, keep=set(keys_list))
         for key in new:
-            self._slots[key] = self._free.pop()
+            self._slots[key] = self._take()
         slots = np.full(len(keys), -1, dtype=np.int64)
         slots[: len(keys_list)] = [self._slots[k] for k in keys_list]
         return slots

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 
@@ -176,6 +177,18 @@ def test_overflow_policies(policy, survivor):
     index.assign(np.array([4, 5]))  # two must go
     held = {k for k in (1, 2, 3, 4, 5) if index.find(np.array([k]))[0] >= 0}
     assert {4, 5} <= held and survivor in held and len(held) == 3
+
+
+def test_slots_are_handed_out_in_order_and_reused_last_freed_first():
+    index = SlotIndex(10_000_000)  # the default L2 capacity: no per-slot Python objects
+    assert index.assign(np.array([7, 8, 9])).tolist() == [0, 1, 2]
+    assert sum(sys.getsizeof(v) for v in vars(index).values()
+               if not isinstance(v, np.ndarray)) < 10_000
+    small = SlotIndex(3)
+    small.assign(np.array([1, 2, 3]))
+    assert small.assign(np.array([4])).tolist() == [0]  # the oldest (1) gave its slot
+    assert small.assign(np.array([5, 6])).tolist() == [2, 1]  # 2 and 3 gave theirs, last first
+    assert small.find(np.array([1, 2, 3, 4, 5, 6])).tolist() == [-1, -1, -1, 0, 2, 1]
 
 
 def test_config_file_and_errors(tmp_path):
