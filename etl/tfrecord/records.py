@@ -51,7 +51,7 @@ def encode(arrays: dict[str, np.ndarray], groups: list[Group], prebatch_size: in
             payload = buffer[offsets[record]:offsets[record + 1]]
             entries.append(wire.feature_entry(keys[group.name], payload,
                                               group.dtype == "float32"))
-        yield wire.frame(wire.example(entries))
+        yield wire.framed_example(entries)
 
 
 def _open(path: Path, compression: str) -> bytes:

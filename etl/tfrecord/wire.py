@@ -34,14 +34,11 @@ TAG_PACKED_VALUE = 0x0A  # FloatList.value / Int64List.value, packed
 
 
 def masked_crc(data: bytes | memoryview) -> int:
-    crc = crc32c.crc32c(data)
+    return _mask(crc32c.crc32c(data))
+
+
+def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame(data: bytes) -> bytes:
-    """One TFRecord record around ``data``."""
-    length = _LENGTH.pack(len(data))
-    return b"".join((length, _CRC.pack(masked_crc(length)), data, _CRC.pack(masked_crc(data))))
 
 
 def varint(value: int) -> bytes:
@@ -55,31 +52,34 @@ def varint(value: int) -> bytes:
 
 
 @numba.njit(cache=True, nogil=True)
-def _varint_lengths(unsigned: np.ndarray) -> np.ndarray:
-    lengths = np.empty(unsigned.size, dtype=np.int64)
-    for i in range(unsigned.size):
-        value = unsigned[i]
-        length = 1
-        while value >= 0x80:
-            value >>= np.uint64(7)
-            length += 1
-        lengths[i] = length
-    return lengths
+def _pack_varints(unsigned: np.ndarray, values_per_record: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Every value as a varint, and each record's end offset, in one pass.
 
-
-@numba.njit(cache=True, nogil=True)
-def _write_varints(unsigned: np.ndarray, total: int) -> np.ndarray:
-    out = np.empty(total, dtype=np.uint8)
+    The buffer is sized for the worst case (10 bytes a value) and not filled: the pages past
+    the end are never touched. The caller keeps ``[:ends[-1]]``.
+    """
+    out = np.empty(unsigned.size * 10, dtype=np.uint8)
+    ends = np.empty(values_per_record.size, dtype=np.int64)
     position = 0
-    for i in range(unsigned.size):
-        value = unsigned[i]
-        while value >= 0x80:
-            out[position] = np.uint8((value & np.uint64(0x7F)) | np.uint64(0x80))
-            value >>= np.uint64(7)
+    index = 0
+    for record in range(values_per_record.size):
+        for _ in range(values_per_record[record]):
+            value = unsigned[index]
+            index += 1
+            while value >= 0x80:
+                out[position] = np.uint8((value & np.uint64(0x7F)) | np.uint64(0x80))
+                value >>= np.uint64(7)
+                position += 1
+            out[position] = np.uint8(value)
             position += 1
-        out[position] = np.uint8(value)
-        position += 1
-    return out
+        ends[record] = position
+    return out, ends
+
+
+def _unsigned(values: np.ndarray) -> np.ndarray:
+    """int64 values as protobuf encodes them: two's complement, read unsigned."""
+    return np.ascontiguousarray(values, dtype=np.int64).view(np.uint64).ravel()
 
 
 def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -88,9 +88,10 @@ def encode_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Compiled with numba: a byte loop per value, which numpy can only express as several
     passes over the whole array.
     """
-    unsigned = np.ascontiguousarray(values, dtype=np.int64).view(np.uint64).ravel()
-    lengths = _varint_lengths(unsigned)
-    return _write_varints(unsigned, int(lengths.sum())), lengths
+    unsigned = _unsigned(values)
+    encoded, ends = _pack_varints(unsigned, np.ones(unsigned.size, dtype=np.int64))
+    size = int(ends[-1]) if ends.size else 0
+    return encoded[:size], np.diff(ends, prepend=0)
 
 
 def decode_varints(data: np.ndarray, where: str = "") -> np.ndarray:
@@ -119,16 +120,13 @@ def group_payloads(values: np.ndarray, rows_per_record: np.ndarray, width: int
     ``rows_per_record[r]`` rows. Returns the byte buffer and, per record, its [start, end).
     """
     counts = rows_per_record * width
-    if values.dtype == np.float32:
-        buffer = np.ascontiguousarray(values, dtype="<f4").tobytes()
-        byte_counts = counts * 4
-    else:
-        encoded, lengths = encode_varints(values)
-        buffer = encoded.tobytes()
-        record_starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        byte_counts = np.add.reduceat(lengths, record_starts)
-    offsets = np.concatenate(([0], np.cumsum(byte_counts)))
-    return memoryview(buffer), offsets
+    if values.dtype == np.float32:  # the little-endian floats as they lie, not copied
+        floats = np.ascontiguousarray(values, dtype="<f4")
+        offsets = np.concatenate(([0], np.cumsum(counts * 4)))
+        return memoryview(floats).cast("B"), offsets
+    encoded, ends = _pack_varints(_unsigned(values), counts)
+    offsets = np.concatenate(([0], ends))
+    return memoryview(encoded[:offsets[-1]]), offsets
 
 
 def feature_entry(key: bytes, payload: memoryview, is_float: bool) -> list[bytes | memoryview]:
@@ -143,6 +141,14 @@ def feature_entry(key: bytes, payload: memoryview, is_float: bool) -> list[bytes
     return [bytes([TAG_FEATURES_ENTRY]), varint(entry_size), *head, *kind, *packed, payload]
 
 
-def example(entries: list[list[bytes | memoryview]]) -> bytes:
-    body = b"".join(piece for entry in entries for piece in entry)
-    return b"".join((bytes([TAG_EXAMPLE_FEATURES]), varint(len(body)), body))
+def framed_example(entries: list[list[bytes | memoryview]]) -> bytes:
+    """One TFRecord record (length, its CRC, the data, its CRC) holding the Example of
+    ``entries``; the payloads are checksummed where they lie and copied once, into it."""
+    size = sum(len(piece) for entry in entries for piece in entry)
+    pieces = [bytes([TAG_EXAMPLE_FEATURES]), varint(size),
+              *(piece for entry in entries for piece in entry)]
+    crc = 0
+    for piece in pieces:
+        crc = crc32c.crc32c(piece, crc)
+    length = _LENGTH.pack(1 + len(pieces[1]) + size)
+    return b"".join((length, _CRC.pack(masked_crc(length)), *pieces, _CRC.pack(_mask(crc))))
