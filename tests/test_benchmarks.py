@@ -47,6 +47,25 @@ def test_bench_tfrecord_smoke():
     assert write["ours_vs_tensorflow"] > 0 and read["full_vs_per_example_long_names"] > 0
 
 
+def test_bench_api_smoke():
+    """Three servers (ours cached and uncached, feast serve) on a tiny store: every rate
+    answered, the cache's hit rate read from the cached server's /metrics."""
+    report = _load("bench_api").run(200, seconds=0.5, rates=[10, 20])
+    json.dumps(report)
+    for rows in ("1_entities", "100_entities"):
+        section = report["features"][rows]
+        assert set(section) == {"featureline", "featureline, no cache", "feast serve"}
+        for result in section.values():
+            assert [s["rate"] for s in result["steps"]] == [10, 20]
+            first = result["steps"][0]
+            assert first["errors"] == 0 and first["p99_ms"] >= first["p50_ms"] > 0
+        assert 0 <= section["featureline"]["cache_hit_rate"] <= 1
+        assert "cache_hit_rate" not in section["featureline, no cache"]
+    ranking = report["ranking_inputs_1x100"]
+    assert ranking["featureline"]["cache_hit_rate"] > 0  # popular items come back
+    assert ranking["featureline, no cache"]["cache_hit_rate"] is None
+
+
 def test_bench_hps_smoke():
     report = _load("bench_hps").run(keys_n=2000, dim=8, batch_sizes=[64], repeats=3, alpha=1.2)
     json.dumps(report)
