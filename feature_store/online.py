@@ -261,8 +261,7 @@ class OnlineReader:
         """The stored values of one entity, and the view's timestamp (seconds) if any.
 
         Tuples of scalars: the garbage collector stops tracking them, so thousands of cached
-        entities do not trigger its full passes (~140 ms each with lists: the p99 of a busy
-        server)."""
+        entities do not make it run full passes (each a pause on a busy server's requests)."""
         *raw, stamp = fields
         values = tuple(None if v is None else decode_value(v) for v in raw)
         return values, None if stamp is None else Timestamp.FromString(stamp).seconds

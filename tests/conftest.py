@@ -88,11 +88,10 @@ def demo_run(spark, tmp_path_factory, redis_server):
     from featureline.cli import main
     from featureline.demo import stop_server
     from featureline.feature_store.redis_server import free_port
+    from featureline.feature_store.repo import copy_packaged_repo
 
     out = tmp_path_factory.mktemp("demo")
-    repo = out / "feature_store"
-    repo.mkdir()
-    shutil.copy(REPO / "feature_store" / "feast_repo" / "feature_store.yaml", repo)
+    repo = copy_packaged_repo(out / "feature_store")
     config = out / "config.yaml"
     config.write_text(json.dumps({"feature_store": {"repo": str(repo)},
                                   "api": {"port": free_port()}}))
