@@ -6,14 +6,16 @@ SerializeToString → tf.io.TFRecordWriter) on the same rows, and vs writing the
 with a plain file write (the disk bound).
 Read: tf.data parse to dense tensors at a training batch of 65,536 rows, for prebatching
 on/off × grouped types and short names on/off; examples/s (the median of several timed
-passes after a warm-up pass, with the slowest and fastest) and file size for each. The
-grouped layout is read both as named columns and as its grouped tensors, and at a batch of
-1,000 rows (not a multiple of the prebatch size: re-batched). The passes are interleaved —
-pass 1 of every layout, then pass 2 of every layout, … — so a slow spell of the machine
-falls on all of them alike, and a pass reads the file as many times as it takes to read at
-least ``READ_MIN_ROWS`` rows (a fast layout reads 1M rows in 0.2 s, where one hiccup of
-the machine would halve the rate). TensorFlow's thread pools are its defaults (the report
-states them).
+passes after a warm-up pass, with the slowest and fastest) and file size for each. A
+prebatched layout is read as the job writes a split: files of whole records, the one short
+record in a file of its own, read last. The grouped layout is also read as its grouped
+tensors, at a batch of 1,000 rows (not a multiple of the prebatch size: re-batched), and
+as older outputs were written, a short record at the end of every file (re-batched). The
+passes are interleaved — pass 1 of every layout, then pass 2 of every layout, … — so a slow
+spell of the machine falls on all of them alike, and a pass reads the file as many times
+as it takes to read at least ``READ_MIN_ROWS`` rows (a fast layout reads 1M rows in 0.2 s,
+where one hiccup of the machine would halve the rate). TensorFlow's thread pools are its
+defaults (the report states them).
 
     python benchmarks/bench_tfrecord.py --rows 1000000
     python benchmarks/bench_tfrecord.py --smoke
@@ -37,7 +39,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from featureline.etl.tfrecord import dataset
 from featureline.etl.tfrecord.layout import Group, build_layout
-from featureline.etl.tfrecord.records import encode
+from featureline.etl.tfrecord.records import encode, framed_records
 
 LABEL = {"name": "label", "short_name": "y", "dtype": "int64"}
 N_CATEGORICAL, N_CONTINUOUS, HISTORY = 6, 17, 10
@@ -124,9 +126,22 @@ def plain_write(path: Path, source: Path, repeats: int = REPEATS) -> float:
     return best
 
 
+def split_tail(path: Path, rows: int, prebatch: int) -> tuple[Path, int, Path, int]:
+    """The file's whole records and its last, short record as two files, the way the job
+    lays out a split: (whole, rows, tail, rows)."""
+    assert rows % prebatch, f"{rows} rows make whole records of {prebatch}: no short record"
+    content = path.read_bytes()
+    *_, (last, _) = framed_records(content, str(path))
+    whole, tail = path.with_suffix(".whole.tfrecord"), path.with_suffix(".tail.tfrecord")
+    whole.write_bytes(content[:last])
+    tail.write_bytes(content[last:])
+    return whole, rows - rows % prebatch, tail, rows % prebatch
+
+
 @dataclass(frozen=True)
 class ReadCase:
-    """One way of reading one file: a row of the read table."""
+    """One way of reading one file: a row of the read table. A pass reads ``path``
+    :meth:`repeats` times, then ``tail`` (a file holding one short record) once."""
 
     path: Path
     groups: list[Group]
@@ -134,25 +149,32 @@ class ReadCase:
     rows: int
     batch_size: int = READ_BATCH
     grouped: bool = False
+    tail: Path | None = None
+    tail_rows: int = 0
 
     def repeats(self, min_rows: int) -> int:
         """Times a pass reads the file: enough for ``min_rows`` rows when prebatched."""
         return max(1, -(-min_rows // self.rows)) if self.prebatch > 1 else 1
 
+    def rows_per_pass(self, min_rows: int) -> int:
+        return self.rows * self.repeats(min_rows) + self.tail_rows
+
     def timed_pass(self, min_rows: int) -> float:
         """Rows per second of one pass."""
         repeats = self.repeats(min_rows)
+        files = [{"path": self.path.name, "split": "train", "rows": self.rows}] * repeats
+        if self.tail is not None:
+            files.append({"path": self.tail.name, "split": "train", "rows": self.tail_rows})
         metadata = {"output": str(self.path.parent), "tfrecord": {
-            "prebatch_size": self.prebatch, "compression": "",
-            "groups": {g.name: g.to_json() for g in self.groups},
-            "files": [{"path": self.path.name, "split": "train", "rows": self.rows}] * repeats}}
+            "prebatch_size": self.prebatch, "compression": "", "files": files,
+            "groups": {g.name: g.to_json() for g in self.groups}}}
         label = (next(g.name for g in self.groups if "label" in g.columns) if self.grouped
                  else "label")
         start = time.perf_counter()
         seen = 0
         for batch in dataset(metadata, batch_size=self.batch_size, grouped=self.grouped):
             seen += int(batch[label].shape[0])
-        assert seen == self.rows * repeats, (seen, self.rows, repeats)
+        assert seen == self.rows_per_pass(min_rows), (seen, self.rows, repeats)
         return seen / (time.perf_counter() - start)
 
 
@@ -167,8 +189,7 @@ def read_rates(cases: dict[str, ReadCase], passes: int = READ_PASSES,
             if number:  # pass 0 warms up
                 rates[name].append(rate)
     return {name: {"rows_per_s": round(float(np.median(r))), "min": round(min(r)),
-                   "max": round(max(r)), "rows_per_pass": cases[name].rows
-                   * cases[name].repeats(min_rows)}
+                   "max": round(max(r)), "rows_per_pass": cases[name].rows_per_pass(min_rows)}
             for name, r in rates.items()}
 
 
@@ -215,13 +236,20 @@ def run(rows: int, tf_rows: int, passes: int = READ_PASSES,
                                        repeats=REPEATS if prebatch > 1 else 1)
             write[name] = {"rows_per_s": round(rows / seconds), "mb_per_s":
                            round(size / seconds / 1e6, 1), "bytes": size}
-            cases[name] = ReadCase(path, groups, prebatch, rows)
             sizes[name] = size
+            if prebatch == 1:
+                cases[name] = ReadCase(path, groups, prebatch, rows)
+                continue
+            whole, whole_rows, tail, tail_rows = split_tail(path, rows, prebatch)
+            split = {"tail": tail, "tail_rows": tail_rows}
+            cases[name] = ReadCase(whole, groups, prebatch, whole_rows, **split)
             if name == "prebatched+grouped+short":
-                cases[f"{name}, grouped tensors"] = ReadCase(path, groups, prebatch, rows,
-                                                             grouped=True)
+                cases[f"{name}, grouped tensors"] = ReadCase(whole, groups, prebatch,
+                                                             whole_rows, grouped=True, **split)
                 cases[f"{name}, batch {SMALL_BATCH}"] = ReadCase(
-                    path, groups, prebatch, rows, batch_size=SMALL_BATCH)
+                    whole, groups, prebatch, whole_rows, batch_size=SMALL_BATCH, **split)
+                cases[f"{name}, short record in every file"] = ReadCase(
+                    path, groups, prebatch, rows)
         read: dict[str, Any] = read_rates(cases, passes, min_rows)
         for name, size in sizes.items():
             read[name]["bytes_per_row"] = round(size / rows, 1)
@@ -251,6 +279,9 @@ def run(rows: int, tf_rows: int, passes: int = READ_PASSES,
             / read["per example, per column, long names"]["max"], 1),
         "grouped_vs_per_column": round(
             grouped_read / read["prebatched, per column, long names"]["rows_per_s"], 2),
+        "exact_batches_vs_rebatched": round(
+            grouped_read / read["prebatched+grouped+short, short record in every file"]
+            ["rows_per_s"], 2),
         "grouped_tensors_vs_per_column": round(
             read["prebatched+grouped+short, grouped tensors"]["rows_per_s"]
             / read["prebatched, per column, long names"]["rows_per_s"], 2),

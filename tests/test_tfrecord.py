@@ -18,7 +18,11 @@ from featureline.etl import tfrecord  # noqa: E402
 from featureline.etl.job import KEYS, label_spec  # noqa: E402
 from featureline.etl.tfrecord import wire  # noqa: E402
 from featureline.etl.tfrecord.layout import Group, build_layout  # noqa: E402
-from featureline.etl.tfrecord.records import TFRecordCorruptError, read_file  # noqa: E402
+from featureline.etl.tfrecord.records import (  # noqa: E402
+    TFRecordCorruptError,
+    encode,
+    read_file,
+)
 from featureline.etl.tfrecord.writer import write_split  # noqa: E402
 
 
@@ -64,6 +68,9 @@ def test_job_writes_tfrecords_tensorflow_reads(job_output):
         files = [job_output.output / f["path"] for f in section["files"] if f["split"] == split]
         assert sum(f["rows"] for f in section["files"] if f["split"] == split) == \
             metadata["split"]["rows"][split]
+        # Whole records in every file but the split's last (the reader relies on it).
+        rows = [f["rows"] for f in section["files"] if f["split"] == split]
+        assert [r % section["prebatch_size"] for r in rows[:-1]] == [0] * (len(rows) - 1)
         got = _tf_rows(files, groups, section["compression"])
         expected = _examples(job_output, split)[list(got.columns)]
         pd.testing.assert_frame_equal(_comparable(got, metadata),
@@ -97,13 +104,17 @@ def test_every_layout(spark, job_output, tmp_path, prebatch, grouped, short, com
     expected = _examples(job_output)[list(got.columns)]
     pd.testing.assert_frame_equal(_comparable(got, metadata), _comparable(expected, metadata),
                                   check_dtype=False)
-    # Records of `prebatch` rows, the last one of each file smaller: no row lost.
+    # Records of `prebatch` rows, only the split's very last one smaller: no row lost.
+    counts = []
     for entry, path in zip(files, paths, strict=True):
-        counts = [len(r) for r in tf.data.TFRecordDataset(str(path), compression).map(
+        in_file = [len(r) for r in tf.data.TFRecordDataset(str(path), compression).map(
             lambda s, g=groups[-1]: tf.io.parse_single_example(
                 s, {g.name: tf.io.VarLenFeature(tf.int64)})[g.name].values)]
-        full, rest = divmod(entry["rows"], prebatch)
-        assert counts == [prebatch] * full + ([rest] if rest else [])
+        assert sum(in_file) == entry["rows"]
+        counts += in_file
+    full, rest = divmod(len(expected), prebatch)
+    assert counts == [prebatch] * full + ([rest] if rest else [])
+    assert not list(tmp_path.glob("_temporary*"))
     # The numpy reader agrees with TensorFlow, without it.
     decoded = pd.DataFrame({k: (list(map(tuple, v)) if v.ndim == 2 else v) for k, v in
                             _read_all(paths, groups, compression).items()})
@@ -205,11 +216,14 @@ def test_a_retried_task_leaves_one_file(tmp_path, monkeypatch):
     monkeypatch.setattr(tfwriter.TaskContext, "get", staticmethod(lambda: _Attempt(1)))
     results = [r for out in task(iter([batch])) for r in out.to_pylist()]
     assert [r["path"].rsplit("-", 1)[-1] for r in results] == ["1.tfrecord"]
-    files = tfwriter.commit(str(tmp_path), "train", results, "")
+    files = tfwriter.commit(task, results)
     tfwriter.abort(str(tmp_path), "job1")
     on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    assert on_disk == ["train/part-00000.tfrecord"] == [f["path"] for f in files]
-    assert read_file(tmp_path / files[0]["path"], groups)["x"].tolist() == list(range(100))
+    # The task's 6 whole records, then its 4 leftover rows carried into the last file.
+    assert on_disk == ["train/part-00000.tfrecord", "train/part-00001.tfrecord"]
+    assert [f["path"] for f in files] == on_disk and [f["rows"] for f in files] == [96, 4]
+    assert np.concatenate([read_file(tmp_path / f["path"], groups)["x"] for f in files]
+                          ).tolist() == list(range(100))
 
 
 @pytest.mark.parametrize("batch_size", [1000, 4096, 5000, 10_000, 100_000])
@@ -226,6 +240,31 @@ def test_dataset_batches_hold_exactly_the_requested_rows(job_output, batch_size)
     for name in ("item_id_cat", "user_hist_items", "item_id_te", "label"):
         assert np.array_equal(np.concatenate([b[name].numpy() for b in batches]),
                               numpy_rows[name]), name
+
+
+@pytest.mark.parametrize(("file_rows", "batch_size", "shuffle"), [
+    pytest.param([96, 96, 40], 32, 0, id="job-layout"),  # batches of whole records
+    pytest.param([96, 96, 40], 32, 8, id="job-layout-shuffled"),  # the short one stays last
+    pytest.param([100, 100, 36], 32, 0, id="short-record-in-every-file"),  # re-batched
+    pytest.param([96, 96, 40], 20, 0, id="not-a-multiple"),  # re-batched
+])
+def test_batches_are_exact_whatever_the_files(tmp_path, file_rows, batch_size, shuffle):
+    groups = [Group("c", "int64", ("x",), 1), Group("y", "int64", ("label",), 1)]
+    entries, start = [], 0
+    for number, rows in enumerate(file_rows):
+        arrays = {"c": np.arange(start, start + rows)[:, None],
+                  "y": np.ones((rows, 1), dtype=np.int64)}
+        (tmp_path / f"part-{number}.tfrecord").write_bytes(b"".join(encode(arrays, groups, 16)))
+        entries.append({"path": f"part-{number}.tfrecord", "split": "train", "rows": rows})
+        start += rows
+    metadata = {"output": str(tmp_path), "tfrecord": {
+        "prebatch_size": 16, "compression": "", "files": entries,
+        "groups": {g.name: g.to_json() for g in groups}}}
+    batches = list(tfrecord.dataset(metadata, batch_size=batch_size, parallel_reads=2,
+                                    shuffle=shuffle, seed=3))
+    full, rest = divmod(start, batch_size)
+    assert [int(b["x"].shape[0]) for b in batches] == [batch_size] * full + [rest]
+    assert sorted(np.concatenate([b["x"].numpy() for b in batches])) == list(range(start))
 
 
 def test_grouped_mode_gives_the_stored_blocks_in_metadata_order(job_output):

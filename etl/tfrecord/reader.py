@@ -65,7 +65,10 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
     last batch fewer), whatever the prebatch size. Needs the ``[tf]`` extra.
 
     Records hold ``prebatch_size`` rows: ``ceil(batch_size / prebatch_size)`` of them are
-    parsed at once, in one op, and the parsed rows re-batched to ``batch_size``.
+    parsed at once, in one op. When ``batch_size`` is a multiple of ``prebatch_size`` and
+    the split's one short record is its last (what the job writes), those are the batches;
+    otherwise the parsed rows are re-batched to ``batch_size``, which costs up to half the
+    read rate (benchmarks/README.md).
 
     ``grouped=False``: long names → ``[rows]`` (``[rows, K]`` for multi-hot lists), each
     group split into its columns by one op. ``grouped=True``: the groups as stored, group
@@ -74,7 +77,8 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
     metadata.json takes, with no split at all.
 
     ``shuffle=N``: the records (``prebatch_size`` rows each) come in a random order, from a
-    buffer of N records (``seed`` for a repeatable order); the rows in a record stay together.
+    buffer of N records (``seed`` for a repeatable order); the rows in a record stay together,
+    and the short record stays last.
     """
     import tensorflow as tf
 
@@ -82,10 +86,18 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     metadata = _metadata(path_or_metadata)
     groups, section = layout(metadata)
-    paths = [str(p) for p in files(metadata, split)]
+    prebatch = section["prebatch_size"]
+    root = Path(metadata.get("output", "."))
+    entries = [f for f in section["files"] if f["split"] == split]
+    # Files of whole records may come in any order; a file with a short record must come
+    # last, and only one can (older outputs had a short record at the end of every file).
+    short = [str(root / f["path"]) for f in entries if f["rows"] % prebatch]
+    whole = [str(root / f["path"]) for f in entries if not f["rows"] % prebatch]
+    exact = batch_size % prebatch == 0 and len(short) <= 1
+    if not exact:
+        whole, short = whole + short, []
     spec = {g.name: tf.io.RaggedFeature(tf.float32 if g.dtype == "float32" else tf.int64,
                                         row_splits_dtype=tf.int64) for g in groups}
-    records_per_batch = -(-batch_size // section["prebatch_size"])
 
     def to_blocks(serialized: Any) -> dict[str, Any]:
         parsed = tf.io.parse_example(serialized, spec)
@@ -102,13 +114,19 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
         return columns
 
     reads = parallel_reads if parallel_reads is not None else tf.data.AUTOTUNE
-    records = tf.data.TFRecordDataset(paths, compression_type=section["compression"],
-                                      num_parallel_reads=reads)
+    compression = section["compression"]
+    records = tf.data.TFRecordDataset(tf.constant(whole, tf.string),
+                                      compression_type=compression, num_parallel_reads=reads)
     if shuffle:
         records = records.shuffle(shuffle, seed=seed)
-    batches = (records.batch(records_per_batch)
-               .map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE)
-               .rebatch(batch_size))
-    if not grouped:
-        batches = batches.map(to_columns, num_parallel_calls=tf.data.AUTOTUNE)
+    if short:
+        records = records.concatenate(tf.data.TFRecordDataset(short, compression))
+    batches = records.batch(-(-batch_size // prebatch))
+    if exact:
+        parse = to_blocks if grouped else (lambda serialized: to_columns(to_blocks(serialized)))
+        batches = batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+        batches = batches.map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
+        if not grouped:
+            batches = batches.map(to_columns, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

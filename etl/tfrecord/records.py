@@ -64,23 +64,30 @@ def _open(path: Path, compression: str) -> bytes:
 def records(path: Path, compression: str = "") -> Iterator[tuple[int, memoryview]]:
     """(offset, data) of every record, CRCs checked."""
     try:
-        content = memoryview(_open(path, compression))
+        content = _open(path, compression)
     except (OSError, EOFError) as exc:
         raise TFRecordCorruptError(str(path), 0, f"cannot decompress: {exc}") from None
+    return framed_records(content, str(path))
+
+
+def framed_records(content: bytes, name: str) -> Iterator[tuple[int, memoryview]]:
+    """(offset, data) of every record in a file's uncompressed bytes; ``name`` goes into
+    errors."""
+    view = memoryview(content)
     offset = 0
-    while offset < len(content):
-        if offset + _HEADER.size > len(content):
-            raise TFRecordCorruptError(str(path), offset, "truncated record header")
-        length, length_crc = _HEADER.unpack_from(content, offset)
-        if wire.masked_crc(content[offset:offset + 8]) != length_crc:
-            raise TFRecordCorruptError(str(path), offset, "length CRC mismatch")
+    while offset < len(view):
+        if offset + _HEADER.size > len(view):
+            raise TFRecordCorruptError(name, offset, "truncated record header")
+        length, length_crc = _HEADER.unpack_from(view, offset)
+        if wire.masked_crc(view[offset:offset + 8]) != length_crc:
+            raise TFRecordCorruptError(name, offset, "length CRC mismatch")
         start = offset + _HEADER.size
         end = start + length
-        if end + _FOOTER.size > len(content):
-            raise TFRecordCorruptError(str(path), offset, "truncated record")
-        data = content[start:end]
-        if wire.masked_crc(data) != _FOOTER.unpack_from(content, end)[0]:
-            raise TFRecordCorruptError(str(path), offset, "data CRC mismatch")
+        if end + _FOOTER.size > len(view):
+            raise TFRecordCorruptError(name, offset, "truncated record")
+        data = view[start:end]
+        if wire.masked_crc(data) != _FOOTER.unpack_from(view, end)[0]:
+            raise TFRecordCorruptError(name, offset, "data CRC mismatch")
         yield offset, data
         offset = end + _FOOTER.size
 
@@ -135,23 +142,31 @@ def parse_example(data: memoryview) -> dict[str, np.ndarray]:
     return out
 
 
-def read_file(path: Path, groups: list[Group], compression: str = "") -> dict[str, np.ndarray]:
-    """Every row of one file: long column name → [rows] or [rows, width] values."""
+def group_arrays(framed: Iterator[tuple[int, memoryview]], groups: list[Group], name: str
+                 ) -> dict[str, np.ndarray]:
+    """The records' rows as group name → [rows, group.width] values (what :func:`encode`
+    takes)."""
     parts: dict[str, list[np.ndarray]] = {g.name: [] for g in groups}
-    for offset, data in records(path, compression):
+    for offset, data in framed:
         try:
             parsed = parse_example(data)
         except (ValueError, IndexError) as exc:
-            raise TFRecordCorruptError(str(path), offset, f"bad Example: {exc}") from None
+            raise TFRecordCorruptError(name, offset, f"bad Example: {exc}") from None
         for group in groups:
             if group.name not in parsed:
-                raise TFRecordCorruptError(str(path), offset, f"no feature {group.name!r}")
+                raise TFRecordCorruptError(name, offset, f"no feature {group.name!r}")
             parts[group.name].append(parsed[group.name].reshape(-1, group.width))
+    return {g.name: (np.concatenate(parts[g.name]) if parts[g.name] else
+                     np.zeros((0, g.width), np.float32 if g.dtype == "float32" else np.int64))
+            for g in groups}
+
+
+def read_file(path: Path, groups: list[Group], compression: str = "") -> dict[str, np.ndarray]:
+    """Every row of one file: long column name → [rows] or [rows, width] values."""
+    arrays = group_arrays(records(path, compression), groups, str(path))
     columns: dict[str, np.ndarray] = {}
     for group in groups:
-        dtype = np.float32 if group.dtype == "float32" else np.int64
-        values = (np.concatenate(parts[group.name]) if parts[group.name]
-                  else np.zeros((0, group.width), dtype=dtype))
+        values = arrays[group.name]
         for index, column in enumerate(group.columns):
             block = values[:, index * group.column_width:(index + 1) * group.column_width]
             columns[column] = block[:, 0] if group.column_width == 1 else block

@@ -6,6 +6,10 @@ pyarrow filesystem URI)
 under a commit protocol: tasks write to ``_temporary/<job>/``; only the attempts whose
 results Spark returns are moved into place, then ``_temporary`` goes. A retried or
 speculative task, or a failed job, leaves no partial or duplicate file.
+
+Every record holds ``prebatch_size`` rows except the split's very last one: each task
+writes whole records and sets its leftover rows aside; the driver carries them into the
+split's last files.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from featureline.etl.tfrecord.layout import Group
-from featureline.etl.tfrecord.records import encode
+from featureline.etl.tfrecord.records import encode, framed_records, group_arrays
 
 TEMPORARY = "_temporary"
-RESULT_SCHEMA = "partition int, path string, rows long"
+RESULT_SCHEMA = "partition int, path string, rows long, rest_path string, rest_rows long"
 _RESULT_ARROW = pa.schema([("partition", pa.int32()), ("path", pa.string()),
-                           ("rows", pa.int64())])
+                           ("rows", pa.int64()), ("rest_path", pa.string()),
+                           ("rest_rows", pa.int64())])
 
 
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -57,17 +62,15 @@ def _group_arrays(batch: pa.RecordBatch, groups: list[Group]) -> dict[str, np.nd
     return arrays
 
 
-def _prebatched(batches: Iterator[pa.RecordBatch], groups: list[Group], prebatch_size: int
-                ) -> Iterator[dict[str, np.ndarray]]:
-    """Group arrays in chunks of whole records; the rows left at the end come last, so
-    only the final record of a file is smaller than ``prebatch_size``."""
+def _whole_records(chunks: Iterator[dict[str, np.ndarray]], groups: list[Group],
+                   prebatch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Group arrays re-cut into chunks of whole records; the rows left at the end (fewer
+    than ``prebatch_size``) come last, as one chunk of their own."""
     pending: list[dict[str, np.ndarray]] = []
     pending_rows = 0
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        pending.append(_group_arrays(batch, groups))
-        pending_rows += batch.num_rows
+    for chunk in chunks:
+        pending.append(chunk)
+        pending_rows += len(chunk[groups[0].name])
         if pending_rows >= prebatch_size:
             arrays = {g.name: np.concatenate([p[g.name] for p in pending]) for g in groups}
             whole = pending_rows - pending_rows % prebatch_size
@@ -80,7 +83,14 @@ def _prebatched(batches: Iterator[pa.RecordBatch], groups: list[Group], prebatch
 
 @dataclass(frozen=True)
 class TaskWriter:
-    """The function ``mapInArrow`` runs in each task (pickled to the executors)."""
+    """The function ``mapInArrow`` runs in each task (pickled to the executors).
+
+    A task writes only whole records (``prebatch_size`` rows) to its file; the rows left
+    over go to a file of their own, and :func:`commit` carries every task's leftovers into
+    the split's last two files. So the split's only short record is its very last one,
+    which is what lets the reader batch records without re-batching rows
+    (docs/ARCHITECTURE.md, "TFRecords").
+    """
 
     root: str
     split: str
@@ -94,27 +104,55 @@ class TaskWriter:
         partition = context.partitionId() if context else 0
         attempt = context.attemptNumber() if context else 0
         filesystem, root = _filesystem(self.root)
-        path = (f"{root}/{TEMPORARY}/{self.job_id}/{self.split}/"
-                f"part-{partition:05d}-attempt-{attempt}{file_suffix(self.compression)}")
-        filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        rows = 0
-        codec = "gzip" if self.compression == "GZIP" else None
-        with filesystem.open_output_stream(path, compression=codec) as stream:
-            for arrays in _prebatched(batches, self.groups, self.prebatch_size):
-                for record in encode(arrays, self.groups, self.prebatch_size):
-                    stream.write(record)
-                rows += len(arrays[self.groups[0].name])
-        if rows == 0:
-            filesystem.delete_file(path)
+        stem = f"{self.staging(root)}/part-{partition:05d}-attempt-{attempt}"
+        filesystem.create_dir(self.staging(root), recursive=True)
+        chunks = _whole_records((_group_arrays(b, self.groups) for b in batches
+                                 if b.num_rows), self.groups, self.prebatch_size)
+        leftover: list[dict[str, np.ndarray]] = []
+        path = stem + file_suffix(self.compression)
+        rows = self.write(filesystem, path, chunks, leftover)
+        rest_path = f"{stem}.rest.tfrecord"
+        rest_rows = self.write(filesystem, rest_path, iter(leftover), compressed=False)
+        if rows == 0 and rest_rows == 0:
             return
         yield pa.RecordBatch.from_pydict(
-            {"partition": [partition], "path": [path], "rows": [rows]}, schema=_RESULT_ARROW)
+            {"partition": [partition], "path": [path if rows else None], "rows": [rows],
+             "rest_path": [rest_path if rest_rows else None], "rest_rows": [rest_rows]},
+            schema=_RESULT_ARROW)
+
+    def staging(self, root: str) -> str:
+        return f"{root}/{TEMPORARY}/{self.job_id}/{self.split}"
+
+    def write(self, filesystem: pafs.FileSystem, path: str,
+              chunks: Iterator[dict[str, np.ndarray]],
+              leftover: list[dict[str, np.ndarray]] | None = None, compressed: bool = True
+              ) -> int:
+        """Write the chunks' records to ``path`` (no file if there are none), a short chunk
+        appended to ``leftover`` instead when one is given; returns the rows written."""
+        rows = 0
+        codec = "gzip" if compressed and self.compression == "GZIP" else None
+        stream = None
+        try:
+            for arrays in chunks:
+                count = len(arrays[self.groups[0].name])
+                if leftover is not None and count < self.prebatch_size:  # only the last
+                    leftover.append(arrays)
+                    continue
+                stream = stream or filesystem.open_output_stream(path, compression=codec)
+                for record in encode(arrays, self.groups, self.prebatch_size):
+                    stream.write(record)
+                rows += count
+        finally:
+            if stream is not None:
+                stream.close()
+        return rows
 
 
 def write_split(frame: DataFrame, root: str, split: str, groups: list[Group],
                 prebatch_size: int, compression: str, shuffle_keys: list[str],
                 job_id: str | None = None) -> list[dict[str, Any]]:
-    """Write one split; returns ``[{"path", "split", "rows"}]`` with paths relative to root.
+    """Write one split; returns ``[{"path", "split", "rows"}]`` with paths relative to root,
+    in reading order (the file holding the split's one short record last).
 
     Rows are laid out in a pseudo-random but repeatable order (a hash of ``shuffle_keys``),
     so one prebatched record mixes users and items as a training batch should.
@@ -125,23 +163,50 @@ def write_split(frame: DataFrame, root: str, split: str, groups: list[Group],
     ordered = frame.sortWithinPartitions(F.xxhash64(*shuffle_keys)).select(*columns)
     try:
         results = ordered.mapInArrow(writer, RESULT_SCHEMA).collect()
-        return commit(root, split, [r.asDict() for r in results], compression)
+        return commit(writer, [r.asDict() for r in results])
     finally:
         abort(root, job_id)
 
 
-def commit(root: str, split: str, results: list[dict[str, Any]], compression: str
-           ) -> list[dict[str, Any]]:
-    """Move the files of the attempts Spark returned into place; any other attempt's file
-    (a failed or speculative duplicate) stays in ``_temporary`` for :func:`abort`."""
-    filesystem, base = _filesystem(root)
-    filesystem.create_dir(f"{base}/{split}", recursive=True)
+def commit(writer: TaskWriter, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Move the files of the attempts Spark returned into place, then carry their leftover
+    rows into two more files: whole records, then the one short record. Any other attempt's
+    files (a failed or speculative duplicate) stay in ``_temporary`` for :func:`abort`."""
+    filesystem, base = _filesystem(writer.root)
+    filesystem.create_dir(f"{base}/{writer.split}", recursive=True)
+    suffix = file_suffix(writer.compression)
+    results = sorted(results, key=lambda r: r["partition"])
     files = []
-    for result in sorted(results, key=lambda r: r["partition"]):
-        name = f"{split}/part-{result['partition']:05d}{file_suffix(compression)}"
-        filesystem.move(result["path"], f"{base}/{name}")
-        files.append({"path": name, "split": split, "rows": result["rows"]})
+    for result in results:
+        if result["path"]:
+            name = f"{writer.split}/part-{result['partition']:05d}{suffix}"
+            filesystem.move(result["path"], f"{base}/{name}")
+            files.append({"path": name, "split": writer.split, "rows": result["rows"]})
+    rests = [r["rest_path"] for r in results if r["rest_rows"]]
+    if not rests:
+        return files
+    staging = writer.staging(base)
+    chunks = _whole_records((_read_rest(filesystem, path, writer.groups) for path in rests),
+                            writer.groups, writer.prebatch_size)
+    short: list[dict[str, np.ndarray]] = []
+    whole = writer.write(filesystem, f"{staging}/carried{suffix}", chunks, short)
+    carried = [("carried", whole),
+               ("short", writer.write(filesystem, f"{staging}/short{suffix}", iter(short)))]
+    number = results[-1]["partition"] + 1
+    for temporary, rows in carried:
+        if rows:
+            name = f"{writer.split}/part-{number:05d}{suffix}"
+            filesystem.move(f"{staging}/{temporary}{suffix}", f"{base}/{name}")
+            files.append({"path": name, "split": writer.split, "rows": rows})
+            number += 1
     return files
+
+
+def _read_rest(filesystem: pafs.FileSystem, path: str, groups: list[Group]
+               ) -> dict[str, np.ndarray]:
+    with filesystem.open_input_stream(path) as stream:
+        content = stream.readall()
+    return group_arrays(framed_records(content, path), groups, path)
 
 
 def abort(root: str, job_id: str) -> None:
