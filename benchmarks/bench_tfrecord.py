@@ -154,7 +154,9 @@ class ReadCase:
 
     def repeats(self, min_rows: int) -> int:
         """Times a pass reads the file: enough for ``min_rows`` rows when prebatched."""
-        return max(1, -(-min_rows // self.rows)) if self.prebatch > 1 else 1
+        if self.prebatch == 1 or not self.rows:  # not self.rows: the tail is all there is
+            return 1
+        return max(1, -(-min_rows // self.rows))
 
     def rows_per_pass(self, min_rows: int) -> int:
         return self.rows * self.repeats(min_rows) + self.tail_rows
