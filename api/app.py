@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from featureline.api import errors
 from featureline.api.routes import admin, embeddings, features, health, ranking
@@ -21,21 +22,92 @@ from featureline.api.settings import ServingConfig
 from featureline.core import __version__
 
 
-async def _read_within(request: Request, limit: int) -> bool:
-    """Read a body of unknown length (chunked), stopping as soon as it passes ``limit``; the
-    body read is kept for the route. False when it is too large."""
+async def _read_within(receive: Receive, limit: int) -> bytes | None:
+    """Read a body of unknown length (chunked), stopping as soon as it passes ``limit``:
+    the body, or None when it is too large."""
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
         if size > limit:
-            return False
-        chunks.append(chunk)
-    request._body = b"".join(chunks)  # Starlette hands a cached body on to the route
-    return True
+            return None
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the route the body read already, then the client's own."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
 
 
 # Every response names the dataset whose vocabularies encoded its ids.
 DATASET_VERSION_HEADER = "X-Featureline-Dataset-Version"
+_VERSION_HEADER = DATASET_VERSION_HEADER.lower().encode()
+
+
+class ServingMiddleware:
+    """The body limit, the dataset version header and the latency histogram, as a plain ASGI
+    middleware: Starlette's ``@app.middleware("http")`` runs every request through extra
+    tasks and memory streams, a cost each ranking call pays (docs/ARCHITECTURE.md,
+    "Processes that serve")."""
+
+    def __init__(self, app: ASGIApp, owner: FastAPI, max_body_bytes: int,
+                 count_error: Callable[[str], None]) -> None:
+        self.app = app
+        self.owner = owner
+        self.max_body_bytes = max_body_bytes
+        self.count_error = count_error
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        limit = self.max_body_bytes
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        too_large = length is not None and length.isdigit() and int(length) > limit
+        if length is None and scope["method"] in {"POST", "PUT", "PATCH"}:
+            body = await _read_within(receive, limit)
+            too_large = body is None
+            receive = _replay(body or b"", receive)
+        services: Services | None = getattr(self.owner.state, "services", None)
+        status = 500
+
+        async def send_with_version(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            if message["type"] == "http.response.start" and services is not None:
+                message["headers"] = [*message.get("headers", ()),
+                                      (_VERSION_HEADER, services.dataset_version.encode())]
+            await send(message)
+
+        if too_large:
+            self.count_error("LimitExceededError")
+            response = JSONResponse(
+                {"error": "LimitExceededError", "field": "body", "limit": limit,
+                 "message": f"body: larger than the limit of {limit} bytes"}, 413)
+            await response(scope, receive, send_with_version)
+        else:
+            await self.app(scope, receive, send_with_version)
+        if services is not None:
+            route = scope.get("route")
+            services.metrics.latency.labels(
+                route=getattr(route, "path", "unmatched"), method=scope["method"],
+                status=str(status)).observe(time.perf_counter() - started)
 
 
 def create_app(config: ServingConfig | None = None, *, output: str | Path | None = None,
@@ -84,30 +156,6 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
         return JSONResponse({"error": kind, "message": str(exc.detail)}, exc.status_code,
                             headers=exc.headers)
 
-    @app.middleware("http")
-    async def body_limit_and_latency(request: Request,
-                                     call_next: Callable[[Request], Awaitable[Response]]
-                                     ) -> Response:
-        started = time.perf_counter()
-        length = request.headers.get("content-length")
-        too_large = length is not None and length.isdigit() and int(length) > limits.max_body_bytes
-        if length is None and request.method in {"POST", "PUT", "PATCH"}:
-            too_large = not await _read_within(request, limits.max_body_bytes)
-        if too_large:
-            count_error("LimitExceededError")
-            response: Response = JSONResponse(
-                {"error": "LimitExceededError", "field": "body", "limit": limits.max_body_bytes,
-                 "message": f"body: larger than the limit of {limits.max_body_bytes} bytes"},
-                413)
-        else:
-            response = await call_next(request)
-        route = request.scope.get("route")
-        services: Services | None = getattr(app.state, "services", None)
-        if services is not None:
-            response.headers[DATASET_VERSION_HEADER] = services.dataset_version
-            services.metrics.latency.labels(
-                route=getattr(route, "path", "unmatched"), method=request.method,
-                status=str(response.status_code)).observe(time.perf_counter() - started)
-        return response
-
+    app.add_middleware(ServingMiddleware, owner=app, max_body_bytes=limits.max_body_bytes,
+                       count_error=count_error)
     return app

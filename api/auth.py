@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -23,11 +23,13 @@ def _scope_of(keys: dict[str, Scope], presented: str) -> Scope | None:
     return found
 
 
-def require(scope: Scope) -> Callable[..., None]:
+def require(scope: Scope) -> Callable[..., Awaitable[None]]:
     """A dependency: 401 without a known key, 403 with a key of a lower scope."""
 
-    def check(request: Request,
-              credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+    # async: it does no I/O, and a plain def would hop to the thread pool on every request
+    async def check(request: Request,
+                    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
+                    ) -> None:
         services = request.app.state.services
         if not services.config.api.auth.enabled:
             return

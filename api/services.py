@@ -118,5 +118,6 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     return services
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: FastAPI runs a plain def dependency in its thread pool, a hop per request.
     return request.app.state.services
