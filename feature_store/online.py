@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+import hiredis
 from feast import FeatureStore
 from feast.infra.online_stores.helpers import _mmh3, _redis_key
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
@@ -140,6 +141,7 @@ class OnlineReader:
         self.services = services
         self.url = url
         self._keys: dict[tuple[str, Any], bytes] = {}
+        self._cluster = not hasattr(client, "connection_pool")
 
     @classmethod
     def from_store(cls, store: FeatureStore, url: str,
@@ -179,16 +181,20 @@ class OnlineReader:
             pairs.append((view, name))
         return pairs
 
-    def _key(self, layout: ViewLayout, value: Any) -> bytes:
-        cached = self._keys.get((layout.join_key, value))
-        if cached is None:
-            (proto,) = python_values_to_proto_values([value], layout.value_type)
-            entity = EntityKey(join_keys=[layout.join_key], entity_values=[proto])
-            cached = _redis_key(self.project, entity, self.key_version)
-            if len(self._keys) >= KEY_CACHE_SIZE:
-                self._keys.clear()
-            self._keys[(layout.join_key, value)] = cached
-        return cached
+    def _redis_keys(self, layout: ViewLayout, values: list[Any]) -> list[bytes]:
+        """The Redis key of each entity id, as Feast makes it; the ids not seen lately are
+        converted to protos in one call (Feast's conversion costs ~8 µs a call, whatever its
+        length)."""
+        keys, join_key = self._keys, layout.join_key
+        new = [value for value in values if (join_key, value) not in keys]
+        if new:
+            if len(keys) + len(new) > KEY_CACHE_SIZE:
+                keys.clear()
+            for value, proto in zip(new, python_values_to_proto_values(new, layout.value_type),
+                                    strict=True):
+                entity = EntityKey(join_keys=[join_key], entity_values=[proto])
+                keys[(join_key, value)] = _redis_key(self.project, entity, self.key_version)
+        return [keys[(join_key, value)] for value in values]
 
     def read(self, references: list[tuple[str, str]],
              entities: dict[str, Sequence[Any]]) -> OnlineFeatures:
@@ -200,9 +206,9 @@ class OnlineReader:
         stamp, entries = cache.state if cache is not None else (None, {})
         clock = time.monotonic()
         plan = []  # (layout, ids read from Redis, entries found in the cache, ids by row)
-        pipe = self.client.pipeline(transaction=False)
+        commands: list[tuple[Any, ...]] = []
         if cache is not None:
-            pipe.hget(publication_key(self.project), "published_at")
+            commands.append(("HGET", publication_key(self.project), "published_at"))
         for view in wanted:
             layout = self.views[view]
             if layout.join_key not in entities:
@@ -215,10 +221,11 @@ class OnlineReader:
                     found[value] = entry
                 else:
                     fetched.append(value)
-                    pipe.hmget(self._key(layout, value), list(layout.fields))
+            commands.extend(("HMGET", key, *layout.fields)
+                            for key in self._redis_keys(layout, fetched))
             plan.append((layout, fetched, found, ids))
         with online_store_errors(self.url):
-            answers = pipe.execute()
+            answers = self._execute(commands)
         if cache is not None:
             current, *answers = answers
             if current != stamp:  # a publish since these entries were read: none of them
@@ -254,6 +261,36 @@ class OnlineReader:
                 result.values[name] = column
                 result.status[name] = state
         return result
+
+    def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The replies to ``commands``, sent in one round trip.
+
+        redis-py's pipeline spends ~10 µs of Python per command (its command stack, response
+        callbacks, error bookkeeping) — 2 ms for a 200-entity read. Here hiredis packs the
+        commands in C and the replies are read off one pooled connection, retried as the
+        client's pipeline retries (a dropped connection is reopened). A Redis Cluster client
+        keeps the pipeline, which routes each key to its node."""
+        if self._cluster:
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            return pipe.execute()
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        packed = b"".join(map(hiredis.pack_command, commands))
+
+        def round_trip() -> list[Any]:
+            connection.send_packed_command([packed])
+            return [connection.read_response() for _ in commands]
+
+        try:
+            return connection.retry.call_with_retry(round_trip,
+                                                    lambda _: connection.disconnect())
+        except BaseException:
+            connection.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            pool.release(connection)
 
     @staticmethod
     def _decode(layout: ViewLayout, fields: list[bytes | None]

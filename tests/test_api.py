@@ -315,7 +315,8 @@ def _overwrite(reader: OnlineReader, join_key: str, entity: str, feature: str,
     """Change one stored value behind the reader's back, as another writer would."""
     (layout,) = [v for v in reader.views.values()
                  if v.join_key == join_key and feature in v.features]
-    reader.client.hset(reader._key(layout, entity), layout.fields[layout.features.index(feature)],
+    (key,) = reader._redis_keys(layout, [entity])
+    reader.client.hset(key, layout.fields[layout.features.index(feature)],
                        Value(int64_val=value).SerializeToString())
 
 
