@@ -186,15 +186,19 @@ class OnlineReader:
         converted to protos in one call (Feast's conversion costs ~8 µs a call, whatever its
         length)."""
         keys, join_key = self._keys, layout.join_key
-        new = [value for value in values if (join_key, value) not in keys]
-        if new:
-            if len(keys) + len(new) > KEY_CACHE_SIZE:
+        # Looked up once: requests in other threads may empty the shared cache meanwhile.
+        found = [keys.get((join_key, value)) for value in values]
+        missing = [i for i, key in enumerate(found) if key is None]
+        if missing:
+            if len(keys) + len(missing) > KEY_CACHE_SIZE:
                 keys.clear()
-            for value, proto in zip(new, python_values_to_proto_values(new, layout.value_type),
-                                    strict=True):
+            protos = python_values_to_proto_values([values[i] for i in missing],
+                                                   layout.value_type)
+            for i, proto in zip(missing, protos, strict=True):
                 entity = EntityKey(join_keys=[join_key], entity_values=[proto])
-                keys[(join_key, value)] = _redis_key(self.project, entity, self.key_version)
-        return [keys[(join_key, value)] for value in values]
+                found[i] = keys[(join_key, values[i])] = _redis_key(self.project, entity,
+                                                                    self.key_version)
+        return found  # type: ignore[return-value]  # every None filled above
 
     def read(self, references: list[tuple[str, str]],
              entities: dict[str, Sequence[Any]]) -> OnlineFeatures:
