@@ -398,6 +398,34 @@ def test_the_writer_encodes_values_and_keys_as_feast_does():
         assert entity_keys("user_id", pa.array(values), key_type, "proj", 3) == expected
 
 
+
+def test_the_online_reader_makes_feasts_keys():
+    from feast.value_type import ValueType
+
+    from featureline.feature_store.online import OnlineReader, ViewLayout, _feast_keys
+
+    cases = {"users": (ValueType.STRING, ["u1", "", "ünïcode", "x" * 300]),
+             "items": (ValueType.INT64, [0, -3, 2**40, 2**63 - 1]),
+             "days": (ValueType.INT32, [0, 7, -1])}  # no assembled form: Feast's functions
+    views = {name: ViewLayout(name, f"{name}_id", value_type, ("f",), (b"f", b"_ts"), None)
+             for name, (value_type, _) in cases.items()}
+    reader = OnlineReader(None, "proj", 3, views, {}, "redis://unused")
+    for name, (value_type, ids) in cases.items():
+        expected = _feast_keys("proj", f"{name}_id", value_type, 3, ids)
+        assert reader._redis_keys(views[name], ids) == expected, name
+        assert reader._redis_keys(views[name], ids[:1]) == expected[:1], name  # cached
+    # Ids of the wrong type or range take Feast's path: its keys, or its error.
+    def outcome(make):
+        try:
+            return make()
+        except Exception as error:  # the error's type is what is compared
+            return type(error)
+
+    for ids in (["7"], [2**64], [True]):
+        ours = outcome(lambda: reader._redis_keys(views["items"], ids))  # noqa: B023
+        feasts = outcome(lambda: _feast_keys("proj", "items_id", ValueType.INT64, 3, ids))  # noqa: B023
+        assert ours == feasts, ids
+
 def test_publishing_from_spark_writes_the_same_store(spark, tmp_path, job_output, redis_server):
     """Spark tasks writing their partitions: the same keys and bytes as one process, the same
     counts; over the store a second time, nothing changed."""
