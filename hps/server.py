@@ -28,6 +28,7 @@ from featureline.hps.cache import EmbeddingCache, make_cache
 from featureline.hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
 from featureline.hps.errors import PersistentStoreError, UnknownModelError, UnknownTableError
 from featureline.hps.formats import fingerprint, read_table
+from featureline.hps.hash_index import warm_up
 from featureline.hps.persistent import PersistentStore, RocksDBStore
 from featureline.hps.volatile import HashMapStore, RedisStore, VolatileStore
 
@@ -133,6 +134,7 @@ class ParameterServer:
                 raise
             self.persistent = self._emptied(self.persistent)
             self.tables = self._load_all()
+        warm_up()  # the cache index's compiled code, loaded before the first lookup
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-insert")
         self._pending: list[Future[None]] = []
         self._repair_lock = threading.Lock()

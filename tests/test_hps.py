@@ -658,3 +658,24 @@ def test_a_replica_found_damaged_at_start_is_imported_again(tmp_path):
     np.testing.assert_array_equal(server.lookup("ranker", "items", keys), vectors)
     assert server.health()["l3"] is True
     server.close()
+
+
+def test_a_new_server_has_the_cache_index_compiled_before_its_first_lookup(tmp_path):
+    # In a fresh process (this one may have run lookups already): loading the compiled code
+    # is ~0.3 s that the first ranking request used to pay.
+    import subprocess
+
+    keys, vectors = _table(100)
+    write_hugectr(tmp_path / "items", keys, vectors)
+    config = {"models": [{"name": "ranker", "tables": [
+                  {"name": "items", "dim": DIM, "source": str(tmp_path / "items")}]}],
+              "persistent_db": {"path": str(tmp_path / "rocks")}, "cache_device": "cpu"}
+    script = f"""
+from featureline.hps import ParameterServer, hash_index
+from featureline.hps.config import HpsConfig
+jitted = (hash_index._find, hash_index._find_gather, hash_index._insert, hash_index._delete)
+assert not any(f.signatures for f in jitted)
+ParameterServer(HpsConfig.model_validate({config!r}))
+assert all(f.signatures for f in jitted), [f.signatures for f in jitted]
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
