@@ -32,6 +32,7 @@ from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
+from redis.cluster import RedisCluster
 
 from featureline.core import redis
 from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
@@ -156,7 +157,7 @@ class OnlineReader:
         self.services = services
         self.url = url
         self._keys: dict[tuple[str, Any], bytes] = {}
-        self._cluster = not hasattr(client, "connection_pool")
+        self._cluster = isinstance(client, RedisCluster)
 
     @classmethod
     def from_store(cls, store: FeatureStore, url: str,
