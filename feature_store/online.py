@@ -18,13 +18,12 @@ versioning) stops it at start, naming the setting, instead of reading the wrong 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import hiredis
-import pyarrow as pa
 from feast import FeatureStore
 from feast.infra.online_stores.helpers import _mmh3, _redis_key
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
@@ -61,9 +60,11 @@ def decode_value(raw: bytes) -> Any:
     return feast_value_type_to_python_type(proto)
 
 
-# Entity ids whose keys the publisher's writer assembles from their parts (as Arrow arrays).
-_ASSEMBLED_IDS: dict[ValueType, tuple[type, pa.DataType]] = {
-    ValueType.STRING: (str, pa.string()), ValueType.INT64: (int, pa.int64())}
+# Entity ids whose keys the publisher's writer assembles from their parts: their Python type,
+# and the ids of that type it can take.
+_ASSEMBLED_IDS: dict[ValueType, tuple[type, Callable[[Any], bool]]] = {
+    ValueType.STRING: (str, lambda _: True),
+    ValueType.INT64: (int, lambda value: -(2**63) <= value < 2**63)}
 
 
 def _feast_keys(project: str, join_key: str, value_type: ValueType, version: int,
@@ -205,15 +206,10 @@ class OnlineReader:
         kept for the ids seen lately."""
         assembled = _ASSEMBLED_IDS.get(layout.value_type)
         if assembled is not None and self.key_version >= 3:
-            id_type, arrow_type = assembled
-            if all(type(value) is id_type for value in values):
-                try:
-                    ids = pa.array(values, arrow_type)
-                except OverflowError:  # an int64 id out of range: Feast's error below
-                    pass
-                else:
-                    return entity_keys(layout.join_key, ids, layout.value_type, self.project,
-                                       self.key_version)
+            id_type, fits = assembled
+            if all(type(value) is id_type and fits(value) for value in values):
+                return entity_keys(layout.join_key, list(values), layout.value_type,
+                                   self.project, self.key_version)
         keys, join_key = self._keys, layout.join_key
         # Looked up once: requests in other threads may empty the shared cache meanwhile.
         found = [keys.get((join_key, value)) for value in values]

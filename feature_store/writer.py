@@ -205,25 +205,27 @@ def encode_timestamps(column: pa.Array) -> list[bytes]:
     return [encoded[i] for i in inverse]
 
 
-def entity_keys(join_key: str, values: pa.Array, key_type: ValueType, project: str,
-                version: int) -> list[bytes]:
+def entity_keys(join_key: str, values: pa.Array | list[Any], key_type: ValueType,
+                project: str, version: int) -> list[bytes]:
     """Feast's Redis key of each entity (``_redis_key``): the serialized entity key, then the
-    project; string and int64 keys assembled from their parts, others through Feast."""
-    values = _array(values)
+    project; string and int64 keys assembled from their parts, others through Feast.
+    ``values``: an Arrow column, or a list of ids of the key's Python type (str, int)."""
+    if not isinstance(values, list):
+        values = _array(values).to_pylist()
     suffix = project.encode("utf-8")
     if version >= 3 and key_type in (ValueType.STRING, ValueType.INT64):
         prefix = serialize_entity_key_prefix([join_key], version)
         kind = struct.pack("<I", key_type.value)
         if key_type == ValueType.STRING:
-            parts = (value.encode("utf8") for value in values.to_pylist())
+            parts = (value.encode("utf8") for value in values)
         else:
-            parts = (struct.pack("<q", value) for value in values.to_pylist())
+            parts = (struct.pack("<q", value) for value in values)
         return [prefix + kind + struct.pack("<I", len(part)) + part + suffix for part in parts]
     field = "string_val" if key_type == ValueType.STRING else "int64_val"
     return [serialize_entity_key(EntityKey(join_keys=[join_key],
                                            entity_values=[Value(**{field: value})]),
                                  entity_key_serialization_version=version) + suffix
-            for value in values.to_pylist()]
+            for value in values]
 
 
 def _columns(rows: pa.Table, layout: Layout) -> tuple[list[bytes], list[list[bytes]]]:
