@@ -66,6 +66,25 @@ def test_bench_api_smoke():
     assert ranking["featureline, no cache"]["cache_hit_rate"] is None
 
 
+
+def test_bench_api_compares_p99_where_ours_is_under_budget():
+    bench = _load("bench_api")
+
+    def result(*steps):
+        within = [rate for rate, p99 in steps if p99 is not None and p99 <= 10]
+        return {"steps": [{"rate": rate, "p99_ms": p99} if p99 is not None
+                          else {"rate": rate, "not_run": "saturated"} for rate, p99 in steps],
+                "max_rate_p99_under_10ms": max(within, default=None)}
+
+    ours = result((50, 6.0), (100, 8.0), (200, 30.0))
+    # Both measured at ours' best rate: a plain ratio there.
+    assert bench._p99_vs(ours, result((50, 20.0), (100, 40.0), (200, 900.0))) == {
+        "at_rate": 100, "ratio": 0.2, "upper_bound": False}
+    # Theirs saturated at 50: ours at 100 against theirs at 50, an upper bound.
+    assert bench._p99_vs(ours, result((50, 400.0), (100, None), (200, None))) == {
+        "at_rate": 50, "ratio": 0.02, "upper_bound": True}
+    assert bench._p99_vs(result((50, 12.0), (100, 30.0)), ours) is None
+
 def test_bench_hps_smoke():
     report = _load("bench_hps").run(keys_n=2000, dim=8, batch_sizes=[64], repeats=3, alpha=1.2)
     json.dumps(report)
