@@ -6,6 +6,7 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
 
     python benchmarks/bench_etl.py                        # 1M and 10M events
     python benchmarks/bench_etl.py --sizes 20000 --smoke  # the tiny size CI runs
+    python benchmarks/bench_etl.py --sizes 1000000 --profile  # + the slowest Spark stages
 """
 
 from __future__ import annotations
@@ -23,17 +24,31 @@ from pyspark.sql import SparkSession
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import write_log
+from featureline.etl.qualification import STAGE_PROPERTY, stage_times
 from featureline.etl.session import build_session
 
 BENCH_SPARK = SparkSettings(master="local[2]", properties={
     "spark.driver.memory": "12g", "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "8"})
+# Spark stages listed per size with --profile.
+PROFILE_TOP = 10
+
+
+def _profiled(settings: SparkSettings, event_log: Path) -> SparkSettings:
+    """``settings`` writing an uncompressed event log (read while the session runs)."""
+    return settings.model_copy(update={"properties": {
+        **settings.properties, "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": event_log.as_uri(), "spark.eventLog.compress": "false"}})
 
 
 def _read_baseline(spark: SparkSession, path: Path) -> float:
-    start = time.perf_counter()
-    spark.read.json(str(path)).count()
-    return time.perf_counter() - start
+    spark.sparkContext.setLocalProperty(STAGE_PROPERTY, "read_baseline")
+    try:
+        start = time.perf_counter()
+        spark.read.json(str(path)).count()
+        return time.perf_counter() - start
+    finally:
+        spark.sparkContext.setLocalProperty(STAGE_PROPERTY, None)  # type: ignore[arg-type]
 
 
 def measure(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
@@ -60,12 +75,20 @@ def measure(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
     }
 
 
-def run(sizes: list[int], spark: SparkSession | None = None) -> dict[str, Any]:
+def run(sizes: list[int], spark: SparkSession | None = None,
+        event_log: Path | None = None) -> dict[str, Any]:
+    """``event_log``: the folder of the session's event log, whose slowest Spark stages are
+    listed per size (``--profile``)."""
     spark = spark or build_session(BENCH_SPARK)
     runs = []
+    seen: set[int] = set()
     with tempfile.TemporaryDirectory(prefix="bench-etl-") as tmp:
         for events in sizes:
             runs.append(measure(spark, events, Path(tmp)))
+            if event_log is not None:
+                stages = [s for s in stage_times(event_log) if s["stage_id"] not in seen]
+                seen.update(s["stage_id"] for s in stages)
+                runs[-1]["spark_stages"] = stages[:PROFILE_TOP]
     smallest = runs[0]
     for entry in runs:
         per_event = entry["job_s"] / entry["events"]
@@ -84,9 +107,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="1000000,10000000",
                         help="comma-separated event counts")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+    parser.add_argument("--profile", action="store_true",
+                        help=f"list each size's {PROFILE_TOP} slowest Spark stages, with the "
+                             "stage of the job that ran each (from an event log)")
     args = parser.parse_args(argv)
     sizes = [20_000, 40_000] if args.smoke else [int(s) for s in args.sizes.split(",")]
-    print(json.dumps(run(sizes), indent=2))
+    if not args.profile:
+        print(json.dumps(run(sizes), indent=2))
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-etl-events-") as event_log:
+        spark = build_session(_profiled(BENCH_SPARK, Path(event_log)))
+        print(json.dumps(run(sizes, spark, Path(event_log)), indent=2))
 
 
 if __name__ == "__main__":

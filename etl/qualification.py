@@ -10,6 +10,9 @@ The report is per stage of our job: each Spark job is tagged with the stage that
 (``STAGE_PROPERTY``, set by ``featureline.etl.job.StageTimer``), so every Spark stage the
 tool measures is attributed to ingest, features, write_examples, … ; each unsupported operator
 comes with the place in our code that produces it (docs/ARCHITECTURE.md, "GPU").
+
+The same tags attribute wall and task time: :func:`stage_times` lists a log's Spark stages,
+slowest first, with the stage of our job that ran each (``bench_etl.py --profile``).
 """
 
 from __future__ import annotations
@@ -176,6 +179,56 @@ def job_stages(event_log: Path) -> dict[str, dict[int, str]]:
                     for stage in event.get("Stage IDs", []):
                         stages[app].setdefault(int(stage), ours)
     return dict(stages)
+
+
+# Task metrics of a completed Spark stage, as its event names them → stage_times' keys.
+_STAGE_METRICS = {"internal.metrics.executorRunTime": "task_s",
+                  "internal.metrics.jvmGCTime": "gc_s",
+                  "internal.metrics.shuffle.write.bytesWritten": "shuffle_write_mb",
+                  "internal.metrics.memoryBytesSpilled": "spilled_memory_mb",
+                  "internal.metrics.diskBytesSpilled": "spilled_disk_mb"}
+
+
+def stage_times(event_log: Path, property_name: str = STAGE_PROPERTY) -> list[dict[str, Any]]:
+    """Every completed Spark stage of the log, slowest first: the value of ``property_name``
+    its first job was submitted with (by default the stage of our job), its name (the call
+    that ran it), wall and task seconds, GC seconds, shuffle written and spilled megabytes.
+    Where a run's time went, Spark stage by Spark stage (``bench_etl.py --profile``)."""
+    owners: dict[tuple[Path, int], str] = {}
+    stages = []
+    for path in sorted(_event_files(event_log), key=_rolling_order):
+        if path.name.startswith("appstatus_"):
+            continue
+        # An application's log is one file, or one folder of rolled files (Spark 4's v2).
+        app = path.parent if path.parent.name.startswith("eventlog_v2_") else path
+        with contextlib.closing(_lines(path)) as lines:  # type: ignore[type-var]
+            for line in lines:
+                if '"SparkListenerJobStart"' in line:
+                    event = json.loads(line)
+                    owner = (event.get("Properties") or {}).get(property_name) or UNTAGGED
+                    for stage in event.get("Stage IDs", []):
+                        owners.setdefault((app, int(stage)), owner)
+                elif '"SparkListenerStageCompleted"' in line:
+                    info = json.loads(line)["Stage Info"]
+                    if "Submission Time" not in info or "Completion Time" not in info:
+                        continue  # skipped: its output was reused
+                    metrics = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
+                    entry = {"owner": owners.get((app, int(info["Stage ID"])), UNTAGGED),
+                             "stage_id": info["Stage ID"], "name": info["Stage Name"],
+                             "tasks": info["Number of Tasks"],
+                             "wall_s": (info["Completion Time"] - info["Submission Time"]) / 1e3}
+                    for metric, key in _STAGE_METRICS.items():
+                        value = int(metrics.get(metric) or 0)
+                        entry[key] = (round(value / 1e3, 3) if key.endswith("_s")
+                                      else round(value / 2**20, 1))
+                    stages.append(entry)
+    return sorted(stages, key=lambda s: -s["wall_s"])
+
+
+def _rolling_order(path: Path) -> tuple[str, int, str]:
+    """Rolled files of a v2 log in the order written (``events_2_…`` before ``events_10_…``)."""
+    match = re.match(r"events_(\d+)_", path.name)
+    return str(path.parent), int(match.group(1)) if match else 0, path.name
 
 
 def _rows(path: Path) -> list[dict[str, str]]:

@@ -18,6 +18,7 @@ from featureline.etl.qualification import (
     UNTAGGED,
     QualificationError,
     job_stages,
+    stage_times,
     summarize,
 )
 
@@ -46,6 +47,47 @@ def test_spark_stages_are_attributed_to_the_job_stage_that_ran_them_first(tmp_pa
     (folder / "appstatus_app-1").write_text("")
     assert job_stages(tmp_path) == {"app-1": {0: "ingest", 1: "ingest", 2: "features",
                                               3: UNTAGGED}}
+
+
+def _stage_completed(stage: int, name: str, submitted: int | None, completed: int | None,
+                     **metrics: int) -> str:
+    info = {"Stage ID": stage, "Stage Name": name, "Number of Tasks": 2,
+            "Accumulables": [{"Name": f"internal.metrics.{k}", "Value": v}
+                             for k, v in metrics.items()]}
+    if submitted is not None:
+        info |= {"Submission Time": submitted, "Completion Time": completed}
+    return _event("SparkListenerStageCompleted", **{"Stage Info": info})
+
+
+def test_stage_times_lists_spark_stages_slowest_first_with_their_job_stage(tmp_path):
+    folder = tmp_path / "eventlog_v2_app-1"
+    folder.mkdir()
+    first = [
+        _event("SparkListenerJobStart", **{"Stage IDs": [0, 1],
+                                            "Properties": {"featureline.stage": "ingest"}}),
+        _stage_completed(0, "csv at ingest.py:99", 1_000, 3_500, executorRunTime=4_800,
+                         jvmGCTime=120, **{"shuffle.write.bytesWritten": 3 * 2**20}),
+        _event("SparkListenerJobStart", **{"Stage IDs": [2],
+                                            "Properties": {"featureline.stage": "features"}}),
+    ]
+    # Rolled files are read in the order written (events_10 after events_2): stage 2's job
+    # started in the first file and the stage completed in the later one.
+    later = [
+        _stage_completed(2, "first at model_ready.py:68", 4_000, 14_000,
+                         executorRunTime=19_500, memoryBytesSpilled=5 * 2**20),
+        _stage_completed(1, "count at job.py:150", None, None),  # skipped: no times
+        _event("SparkListenerJobStart", **{"Stage IDs": [3], "Properties": {}}),
+        _stage_completed(3, "json at bench.py:1", 14_000, 14_500),
+    ]
+    (folder / "events_2_app-1").write_text("\n".join(first))
+    (folder / "events_10_app-1").write_text("\n".join(later))
+    (folder / "appstatus_app-1").write_text("")
+    stages = stage_times(tmp_path)
+    assert [(s["stage_id"], s["owner"], s["wall_s"]) for s in stages] == [
+        (2, "features", 10.0), (0, "ingest", 2.5), (3, UNTAGGED, 0.5)]
+    assert stages[0]["task_s"] == 19.5 and stages[0]["spilled_memory_mb"] == 5.0
+    assert stages[1]["gc_s"] == 0.12 and stages[1]["shuffle_write_mb"] == 3.0
+    assert stages[1]["name"] == "csv at ingest.py:99" and stages[1]["tasks"] == 2
 
 
 def test_the_report_sums_task_time_per_job_stage(tmp_path):
