@@ -117,7 +117,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="bench-etl-events-") as event_log:
         spark = build_session(_profiled(BENCH_SPARK, Path(event_log)))
-        print(json.dumps(run(sizes, spark, Path(event_log)), indent=2))
+        try:
+            print(json.dumps(run(sizes, spark, Path(event_log)), indent=2))
+        finally:
+            spark.stop()  # closes the log before its folder goes
 
 
 if __name__ == "__main__":
