@@ -205,7 +205,8 @@ def label_spec() -> dict[str, Any]:
 
 def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlConfig,
                      staging: Path) -> dict[str, Any]:
-    """Encode the examples just written into prebatched TFRecords, one file per task."""
+    """Encode the examples just written into prebatched TFRecords, one file per Parquet
+    file (and the split's carried leftovers)."""
     options = config.tfrecord
     compression = "GZIP" if options.compression == "gzip" else ""
     groups = build_layout([s.to_json() for s in specs], label_spec(),
@@ -213,9 +214,9 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
     files = []
     for split in (TRAIN, VALID):
         source = staging / "examples" / f"{SPLIT}={split}"
-        if source.is_dir():
-            files += write_split(spark.read.parquet(str(source)), str(staging / "tfrecord"),
-                                 split, groups, options.prebatch_size, compression, list(KEYS))
+        files += write_split(spark, sorted(str(p) for p in source.glob("*.parquet")),
+                             str(staging / "tfrecord"), split, groups,
+                             options.prebatch_size, compression)
     return {"prebatch_size": options.prebatch_size, "compression": compression,
             "groups": {g.name: g.to_json() for g in groups},
             "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -15,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
 from featureline.etl import tfrecord  # noqa: E402
-from featureline.etl.job import KEYS, label_spec  # noqa: E402
+from featureline.etl.job import label_spec  # noqa: E402
 from featureline.etl.tfrecord import wire  # noqa: E402
 from featureline.etl.tfrecord.layout import Group, build_layout  # noqa: E402
 from featureline.etl.tfrecord.records import (  # noqa: E402
@@ -24,6 +25,11 @@ from featureline.etl.tfrecord.records import (  # noqa: E402
     read_file,
 )
 from featureline.etl.tfrecord.writer import write_split  # noqa: E402
+
+
+def _parquet_files(job_output, split="train") -> list[str]:
+    return sorted(str(p) for p in (job_output.output / "examples" / f"split={split}")
+                  .glob("*.parquet"))
 
 
 def _examples(job_output, split="train") -> pd.DataFrame:
@@ -97,8 +103,8 @@ def test_every_layout(spark, job_output, tmp_path, prebatch, grouped, short, com
         assert all(1 <= len(n) <= 3 for n in names)
     else:
         assert ("categorical" if grouped else "user_id_cat") in names
-    source = spark.read.parquet(str(job_output.output / "examples" / "split=train"))
-    files = write_split(source, str(tmp_path), "train", groups, prebatch, compression, list(KEYS))
+    files = write_split(spark, _parquet_files(job_output), str(tmp_path), "train", groups,
+                        prebatch, compression)
     paths = [tmp_path / f["path"] for f in files]
     got = _tf_rows(paths, groups, compression)
     expected = _examples(job_output)[list(got.columns)]
@@ -175,12 +181,29 @@ def test_corrupt_and_truncated_files_name_file_and_offset(job_output, tmp_path):
             list(tf.data.TFRecordDataset(str(bad)))
 
 
+def test_rows_are_mixed_in_a_repeatable_order(spark, job_output, tmp_path):
+    groups = build_layout(job_output.metadata["features"], label_spec(), group_types=False,
+                          short_names=False)
+    written = [write_split(spark, _parquet_files(job_output), str(tmp_path / name), "train",
+                           groups, 64, "") for name in ("first", "second")]
+    assert written[0] == written[1]
+    for entry in written[0]:
+        assert (tmp_path / "first" / entry["path"]).read_bytes() == \
+            (tmp_path / "second" / entry["path"]).read_bytes()
+    # The first file's first record mixes users; the Parquet file holds them in user order.
+    first = read_file(tmp_path / "first" / written[0][0]["path"], groups)
+    in_file = pq.read_table(_parquet_files(job_output)[0]).to_pandas()
+    record = first["user_id_cat"][:64]
+    assert len(np.unique(record)) > len(np.unique(in_file["user_id_cat"][:64])) + 8
+
+
 def test_failed_write_leaves_no_stray_files(spark, tmp_path):
-    frame = spark.createDataFrame([(str(i), "i", i, "not-a-number") for i in range(50)],
-                                  "user_id string, item_id string, ts long, bad string")
+    source = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"bad": [str(i) if i < 40 else "not-a-number" for i in range(50)]}),
+                   source)
     groups = [Group("c", "int64", ("bad",), 1)]
     with pytest.raises(Exception, match=r"not-a-number|invalid literal|could not convert"):
-        write_split(frame, str(tmp_path / "out"), "train", groups, 8, "", ["user_id"])
+        write_split(spark, [str(source)], str(tmp_path / "out"), "train", groups, 8, "")
     leftovers = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert leftovers == []
 

@@ -1,11 +1,13 @@
 """Write ``tfrecord/<split>/part-NNNNN.tfrecord[.gz]`` from the examples, inside the Spark job.
 
-Each task encodes its rows with :mod:`featureline.etl.tfrecord.records` through
-``mapInArrow`` and writes its file straight to the output filesystem (a local path or any
-pyarrow filesystem URI)
-under a commit protocol: tasks write to ``_temporary/<job>/``; only the attempts whose
-results Spark returns are moved into place, then ``_temporary`` goes. A retried or
-speculative task, or a failed job, leaves no partial or duplicate file.
+One Spark task per Parquet file of the split reads it with pyarrow (the rows go from the
+file to NumPy with none of Spark's row or Arrow conversions, which cost several times the
+encoding: benchmarks/README.md), encodes its rows with
+:mod:`featureline.etl.tfrecord.records` and writes its file straight to the output
+filesystem (a local path or any pyarrow filesystem URI) under a commit protocol: tasks
+write to ``_temporary/<job>/``; only the attempts whose results Spark returns are moved
+into place, then ``_temporary`` goes. A retried or speculative task, or a failed job, leaves
+no partial or duplicate file.
 
 Every record holds ``prebatch_size`` rows except the split's very last one: each task
 writes whole records and sets its leftover rows aside; the driver carries them into the
@@ -22,15 +24,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from featureline.etl.tfrecord.layout import Group
 from featureline.etl.tfrecord.records import encode, framed_records, group_arrays
 
 TEMPORARY = "_temporary"
-RESULT_SCHEMA = "partition int, path string, rows long, rest_path string, rest_rows long"
 _RESULT_ARROW = pa.schema([("partition", pa.int32()), ("path", pa.string()),
                            ("rows", pa.int64()), ("rest_path", pa.string()),
                            ("rest_rows", pa.int64())])
@@ -83,7 +84,7 @@ def _whole_records(chunks: Iterator[dict[str, np.ndarray]], groups: list[Group],
 
 @dataclass(frozen=True)
 class TaskWriter:
-    """The function ``mapInArrow`` runs in each task (pickled to the executors).
+    """The function each task runs on its rows (pickled to the executors).
 
     A task writes only whole records (``prebatch_size`` rows) to its file; the rows left
     over go to a file of their own, and :func:`commit` carries every task's leftovers into
@@ -148,22 +149,48 @@ class TaskWriter:
         return rows
 
 
-def write_split(frame: DataFrame, root: str, split: str, groups: list[Group],
-                prebatch_size: int, compression: str, shuffle_keys: list[str],
-                job_id: str | None = None) -> list[dict[str, Any]]:
-    """Write one split; returns ``[{"path", "split", "rows"}]`` with paths relative to root,
-    in reading order (the file holding the split's one short record last).
+@dataclass(frozen=True)
+class ParquetRows:
+    """The rows of one Parquet file of a split as Arrow batches, each row group in a
+    pseudo-random but repeatable order: permuted by a generator seeded with the file's and
+    the group's positions, so one prebatched record mixes users and items as a training
+    batch should (the examples are sorted by user), and the same files give the same
+    records."""
 
-    Rows are laid out in a pseudo-random but repeatable order (a hash of ``shuffle_keys``),
-    so one prebatched record mixes users and items as a training batch should.
-    """
+    files: list[str]
+    columns: list[str]
+
+    def __call__(self, index: int) -> Iterator[pa.RecordBatch]:
+        filesystem, path = _filesystem(self.files[index])
+        with filesystem.open_input_file(path) as handle:
+            parquet = pq.ParquetFile(handle)
+            for group in range(parquet.num_row_groups):
+                table = parquet.read_row_group(group, columns=self.columns)
+                order = np.random.default_rng([index, group]).permutation(table.num_rows)
+                yield from table.take(order).to_batches()
+
+
+def write_split(spark: SparkSession, files: list[str], root: str, split: str,
+                groups: list[Group], prebatch_size: int, compression: str,
+                job_id: str | None = None) -> list[dict[str, Any]]:
+    """Write one split from its Parquet ``files``, one Spark task per file; returns
+    ``[{"path", "split", "rows"}]`` with paths relative to root, in reading order (the file
+    holding the split's one short record last)."""
+    if not files:
+        return []
     job_id = job_id or uuid.uuid4().hex[:12]
     writer = TaskWriter(root, split, job_id, groups, prebatch_size, compression)
-    columns = [c for g in groups for c in g.columns]
-    ordered = frame.sortWithinPartitions(F.xxhash64(*shuffle_keys)).select(*columns)
+    rows = ParquetRows(list(files), [c for g in groups for c in g.columns])
+
+    def task(indices: Iterator[int]) -> Iterator[dict[str, Any]]:
+        for index in indices:  # one per task: its partition is its file's position
+            for result in writer(rows(index)):
+                yield from result.to_pylist()
+
     try:
-        results = ordered.mapInArrow(writer, RESULT_SCHEMA).collect()
-        return commit(writer, [r.asDict() for r in results])
+        results = spark.sparkContext.parallelize(range(len(files)), len(files)) \
+            .mapPartitions(task).collect()
+        return commit(writer, results)
     finally:
         abort(root, job_id)
 
