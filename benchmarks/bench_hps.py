@@ -4,9 +4,11 @@ A table of ``--keys`` int64 keys × ``--dim`` float32, Zipf (α = ``--alpha``) k
 batches of each ``--batches`` size. Paths: all keys in L1 (``l1_hit``), L1 too small so L2
 answers (``l2``), L1 and L2 too small so RocksDB answers (``l3``). Baselines: a numpy gather
 of the same rows from a dense array by position (the CPU memory bound), a Python dict of
-key → vector, and Redis MGET of the same keys on a local server.
+key → vector, and Redis MGET of the same keys on a local server. ``--gpu`` adds the L1-hit
+path with the cache in GPU memory (``l1_hit_gpu``: CuPy gather, copied back to the host).
 
     python benchmarks/bench_hps.py --keys 1000000 --dim 64
+    python benchmarks/bench_hps.py --gpu        # on a machine with an NVIDIA GPU and CuPy
     python benchmarks/bench_hps.py --smoke
 """
 
@@ -51,12 +53,12 @@ def timed(fn: Callable[[np.ndarray], Any], batches: list[np.ndarray]) -> dict[st
 
 
 def _server(root: Path, name: str, source: Path, dim: int, fraction: float, capacity: int,
-            ) -> ParameterServer:
+            device: str = "cpu") -> ParameterServer:
     return ParameterServer(HpsConfig.model_validate({
         "models": [{"name": "m", "cache_fraction": fraction, "hit_rate_threshold": 1.0,
                     "tables": [{"name": "t", "dim": dim, "source": str(source)}]}],
         "volatile_db": {"capacity": capacity},
-        "persistent_db": {"path": str(root / name)}, "cache_device": "cpu"}))
+        "persistent_db": {"path": str(root / name)}, "cache_device": device}))
 
 
 def _warm(server: ParameterServer, keys: np.ndarray, chunk: int = 500_000) -> None:
@@ -66,8 +68,8 @@ def _warm(server: ParameterServer, keys: np.ndarray, chunk: int = 500_000) -> No
     server.wait_for_insertions()
 
 
-def run(keys_n: int, dim: int, batch_sizes: list[int], repeats: int, alpha: float
-        ) -> dict[str, Any]:
+def run(keys_n: int, dim: int, batch_sizes: list[int], repeats: int, alpha: float,
+        gpu: bool = False) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     keys = rng.choice(2**40, size=keys_n, replace=False).astype(np.int64)
     vectors = rng.standard_normal((keys_n, dim)).astype(np.float32)
@@ -83,8 +85,13 @@ def run(keys_n: int, dim: int, batch_sizes: list[int], repeats: int, alpha: floa
         warm_l2 = _server(root, "rocks-l2", root / "table", dim, 1 / keys_n, keys_n)
         _warm(warm_l2, keys)  # everything into L2
         cold = _server(root, "rocks-l3", root / "table", dim, 1 / keys_n, 1)
+        servers = [("l1_hit", hot), ("l2", warm_l2), ("l3", cold)]
+        if gpu:
+            servers.append(("l1_hit_gpu", _server(root, "rocks-gpu", root / "table", dim, 1.0,
+                                                   1, device="gpu")))
+            _warm(servers[-1][1], keys)
         lookup_of = {name: (lambda s: lambda b: s.lookup("m", "t", b))(server)
-                     for name, server in (("l1_hit", hot), ("l2", warm_l2), ("l3", cold))}
+                     for name, server in servers}
         dense = vectors  # rows by position
         by_key = {int(k): vectors[i] for i, k in enumerate(keys)}
         with EmbeddedRedis(root / "redis") as server:
@@ -109,8 +116,11 @@ def run(keys_n: int, dim: int, batch_sizes: list[int], repeats: int, alpha: floa
                 entry["l1_hit_vs_numpy_gather"] = round(entry["l1_hit"]["keys_per_s"] / gather, 3)
                 entry["l1_hit_vs_dict"] = round(
                     entry["l1_hit"]["keys_per_s"] / entry["python_dict"]["keys_per_s"], 2)
+                if gpu:
+                    entry["l1_hit_gpu_vs_host"] = round(
+                        entry["l1_hit_gpu"]["keys_per_s"] / entry["l1_hit"]["keys_per_s"], 3)
                 results[str(size)] = entry
-        for server in (hot, warm_l2, cold):
+        for _, server in servers:
             server.close()
     return {"benchmark": "hps", "keys": keys_n, "dim": dim, "zipf_alpha": alpha,
             "repeats": repeats, "load_s": round(load_s, 2),
@@ -125,13 +135,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1024,16384,131072")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--alpha", type=float, default=1.2)
+    parser.add_argument("--gpu", action="store_true",
+                        help="also time L1 hits with the cache in GPU memory (needs CuPy)")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
     args = parser.parse_args(argv)
     if args.smoke:
-        report = run(2000, 16, [64, 256], 3, args.alpha)
+        report = run(2000, 16, [64, 256], 3, args.alpha, args.gpu)
     else:
         report = run(args.keys, args.dim, [int(b) for b in args.batches.split(",")],
-                     args.repeats, args.alpha)
+                     args.repeats, args.alpha, args.gpu)
     print(json.dumps(report, indent=2))
 
 

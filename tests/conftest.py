@@ -1,5 +1,9 @@
 """One local SparkSession for the whole run (the machine has 2 cores), and one job output
-that several test modules read."""
+that several test modules read.
+
+Spark and the ETL are imported inside the fixtures that need them, so test modules that use
+neither (the parameter server's, say) also run where pyspark is not installed: the GPU
+machine the ``gpu`` tests run on."""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
-from tests.job_config import TEST_SPARK, make_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,6 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def spark():
     from featureline.etl.session import build_session
+    from tests.job_config import TEST_SPARK
 
     session = build_session(TEST_SPARK)
     yield session
@@ -42,6 +46,7 @@ def small_log(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def job_output(spark, small_log, tmp_path_factory):
     from featureline.etl import job
+    from tests.job_config import make_config
 
     config = make_config(tmp_path_factory.mktemp("job"), small_log)
     return job.run(config, spark, progress=lambda _: None)

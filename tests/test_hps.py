@@ -217,6 +217,16 @@ def test_gpu_cache_matches_host_cache():
     for (hit_a, got_a), (hit_b, got_b) in [(gpu.lookup(keys), host.lookup(keys))]:
         np.testing.assert_array_equal(hit_a, hit_b)
         np.testing.assert_array_equal(got_a, got_b)
+        assert 0 < hit_a.sum() < len(keys)  # both hits and misses (zero rows) were compared
+        assert not got_a[~hit_a].any()
+    held = keys[:300][host.lookup(keys[:300])[0]]
+    for cache in (gpu, host):
+        cache.refresh(held[:50], -vectors[:50])
+    hit, got = gpu.lookup(held)
+    assert hit.all()
+    np.testing.assert_array_equal(got, host.lookup(held)[1])
+    np.testing.assert_array_equal(got[:50], -vectors[:50])
+    np.testing.assert_array_equal(gpu.lookup(keys[:0])[1].shape, (0, DIM))
 
 
 @pytest.mark.parametrize(("threshold", "mode"), [(1.0, "sync"), (0.0, "async")])
