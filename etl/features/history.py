@@ -31,6 +31,7 @@ class HistorySettings(OpSettings):
 
 class History(FeatureOp):
     name = "history"
+    runs = "sorts_rows"
 
     def __init__(self, k: int) -> None:
         super().__init__()
