@@ -133,18 +133,27 @@ def read_parquet(path: str | Path, dim: int) -> tuple[np.ndarray, np.ndarray]:
     return _checked(keys, vectors, dim, str(path))
 
 
-def fingerprint(source: str | Path, fmt: Format) -> str:
-    """Which version of a table source this is: the size and modification time of each of
-    its files (a published folder is a new folder, so its files are new too)."""
+def _source_stats(source: str | Path, fmt: Format) -> list[os.stat_result]:
     if fmt == "hugectr":
         paths = [Path(source) / KEY_FILE, Path(source) / VECTOR_FILE]
     else:
         paths = [Path(part) for part in str(source).split(",")]
     try:
-        stats = [path.stat() for path in paths]
+        return [path.stat() for path in paths]
     except FileNotFoundError as exc:
         raise TableFileError(str(exc.filename), "missing") from None
-    return ";".join(f"{s.st_size}:{s.st_mtime_ns}:{s.st_ino}" for s in stats)
+
+
+def fingerprint(source: str | Path, fmt: Format) -> str:
+    """Which version of a table source this is: the size and modification time of each of
+    its files (a published folder is a new folder, so its files are new too)."""
+    return ";".join(f"{s.st_size}:{s.st_mtime_ns}:{s.st_ino}"
+                    for s in _source_stats(source, fmt))
+
+
+def source_written(source: str | Path, fmt: Format) -> float:
+    """When the newest file of a table source was written, in seconds since the epoch."""
+    return max(s.st_mtime for s in _source_stats(source, fmt))
 
 
 def read_table(source: str | Path, fmt: Format, dim: int) -> tuple[np.ndarray, np.ndarray]:

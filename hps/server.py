@@ -27,7 +27,7 @@ from featureline.core.errors import ConfigError
 from featureline.hps.cache import EmbeddingCache, make_cache
 from featureline.hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
 from featureline.hps.errors import PersistentStoreError, UnknownModelError, UnknownTableError
-from featureline.hps.formats import fingerprint, read_table
+from featureline.hps.formats import fingerprint, read_table, source_written
 from featureline.hps.hash_index import warm_up
 from featureline.hps.persistent import PersistentStore, RocksDBStore
 from featureline.hps.volatile import HashMapStore, RedisStore, VolatileStore
@@ -121,6 +121,9 @@ class ParameterServer:
         self.config = config
         self.persistent = persistent or RocksDBStore.first_free(config.persistent_db.path)
         self.volatile = volatile or volatile_store(config.volatile_db)
+        # How many times L3 was imported again from the sources (a damaged replica): update
+        # consumers then replay what the sources do not hold (hps/updates.py).
+        self.rebuilds = 0
         try:
             self.tables = self._load_all()
         except PersistentStoreError:
@@ -134,6 +137,7 @@ class ParameterServer:
                 raise
             self.persistent = self._emptied(self.persistent)
             self.tables = self._load_all()
+            self.rebuilds += 1
         warm_up()  # the cache index's compiled code, loaded before the first lookup
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-insert")
         self._pending: list[Future[None]] = []
@@ -207,7 +211,8 @@ class ParameterServer:
         """Rebuild a damaged RocksDB replica from the table sources beside it, then swap it
         in (docs/ARCHITECTURE.md, "Faults"). Until then lookups that need a damaged file
         are answered 503 and ``health()`` reports L3 down. Vectors of online updates since
-        the import are not in the sources: they live on only where L1 or L2 hold them."""
+        the import are not in the sources: the model's update consumers replay them from the
+        stream once ``rebuilds`` has grown (hps/updates.py)."""
         damaged = self.persistent
         entries = [entry for tables in self.tables.values() for entry in tables.values()]
         unsourced = [entry.key for entry in entries if entry.config.source is None]
@@ -236,9 +241,24 @@ class ParameterServer:
             self.persistent = RocksDBStore(damaged.path)
             for entry in entries:
                 entry.size = self.persistent.size(entry.key)
+            self.rebuilds += 1
         shutil.rmtree(aside, ignore_errors=True)
         logger.warning("%s was damaged: rebuilt from the table sources in %.1fs",
                        damaged.path, time.monotonic() - started)
+
+    def sources_written(self, model: str) -> float | None:
+        """When the newest file of the model's table sources was written (seconds since the
+        epoch); None when a table has no source."""
+        entries = self.table_entries(model)
+        if any(entry.config.source is None for entry in entries):
+            return None
+        return max(source_written(entry.config.source, entry.config.format)
+                   for entry in entries if entry.config.source is not None)
+
+    def table_entries(self, model: str) -> list[Table]:
+        if model not in self.tables:
+            raise UnknownModelError(model, list(self.tables))
+        return list(self.tables[model].values())
 
     def table(self, model: str, table: str) -> Table:
         if model not in self.tables:

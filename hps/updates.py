@@ -14,7 +14,11 @@ Redis timeouts and restarts (it waits and reads again).
 
 Every serving process applies every update to its own tiers, so each consumes the stream in
 a consumer group of its own (:func:`replica_group`: the host and the persistent store's
-replica folder), created at the start of the retained stream.
+replica folder). The tables were imported from their sources, which hold the training up to
+when they were written, so a new group starts at the messages added since then
+(:func:`replay_from`), not at older ones that would overwrite newer trained vectors; and when
+the server imports its replica again (a damaged RocksDB file), the group is moved back there,
+so the updates the sources do not hold are applied again.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ MAGIC = b"HPU1"
 _HEADER = struct.Struct("<4sH")
 _SIZES = struct.Struct("<II")
 FIELD = b"u"
+# Stream ids are Redis's clock, a source's time the writer's: replays start this much before
+# the source was written, so an update made just after it is never skipped (re-applying one
+# made just before it is the lesser harm).
+CLOCK_MARGIN_MS = 5_000
 
 
 class UpdateFormatError(ValueError):
@@ -68,6 +76,15 @@ def stream_name(model: str) -> str:
 
 def dead_letter_stream(model: str) -> str:
     return f"{stream_name(model)}:dead"
+
+
+def replay_from(server: ParameterServer, model: str) -> str:
+    """The first stream id the model's tables do not already hold: a little before their
+    sources were written, or the start of the stream when a table has no source."""
+    written = server.sources_written(model)
+    if written is None:
+        return "0"
+    return f"{max(0, int(written * 1000) - CLOCK_MARGIN_MS)}-0"
 
 
 def replica_group(prefix: str, replica: str) -> str:
@@ -138,17 +155,32 @@ class UpdateConsumer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._backlog = True  # first re-read what this consumer had not acknowledged
+        # The server's rebuilds this consumer has replayed the stream for; a server that
+        # rebuilt its replica while it started is replayed for at the first poll.
+        self._rebuilds_seen = 0
         self._ensure_group()
 
     def _ensure_group(self) -> None:
-        """The consumer group, created at the start of the retained stream when missing (a
-        Redis restarted without persistence loses it)."""
+        """The consumer group, created at ``replay_from`` when missing (a new replica, or a
+        Redis restarted without persistence)."""
         try:
-            self.client.xgroup_create(stream_name(self.model), self.group, id="0",
-                                      mkstream=True)
+            self.client.xgroup_create(stream_name(self.model), self.group,
+                                      id=replay_from(self.server, self.model), mkstream=True)
         except redis_py.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    def _replay_after_rebuild(self) -> None:
+        """After the server imported its replica again, deliver the stream again from
+        ``replay_from``: the updates since the sources were written are in no tier now."""
+        rebuilds = self.server.rebuilds
+        if rebuilds == self._rebuilds_seen:
+            return
+        start = replay_from(self.server, self.model)
+        self.client.xgroup_setid(stream_name(self.model), self.group, start)
+        logger.warning("%s: the replica was imported again; replaying its update stream from "
+                       "%s", self.model, start)
+        self._rebuilds_seen = rebuilds
 
     def lag_seconds(self) -> float | None:
         """How far behind the stream this consumer's group is, in time: the newest message's
@@ -168,6 +200,7 @@ class UpdateConsumer:
 
     def poll(self, count: int = 100) -> int:
         """Apply the available messages (waiting up to ``block_ms`` for one); how many."""
+        self._replay_after_rebuild()
         start_id = "0" if self._backlog else ">"
         response = self.client.xreadgroup(self.group, self.name, {stream_name(self.model):
                                                                   start_id},
@@ -205,6 +238,10 @@ class UpdateConsumer:
                     self._stop.wait(1.0)
                     with contextlib.suppress(redis_py.RedisError):
                         self._ensure_group()
+                except Exception:  # a tier failed (L3 damaged, say): the message stays
+                    logger.exception("applying an update of %s failed; retrying", self.model)
+                    self._backlog = True  # read the unacknowledged message again first
+                    self._stop.wait(1.0)
 
         self._thread = threading.Thread(target=loop, name=f"hps-updates-{self.model}",
                                         daemon=True)

@@ -431,6 +431,79 @@ def test_a_restarted_consumer_resumes_after_its_last_acknowledged_message(
     server.close()
 
 
+def test_updates_since_the_sources_were_written_are_replayed_after_a_rebuild(
+        tmp_path, redis_server):
+    import redis
+
+    from featureline.hps.updates import UpdateConsumer, encode_update, publish, stream_name
+
+    model = f"m-{tmp_path.name}"
+    written_ms = int(time.time() * 1000)
+    keys, vectors, server = _updatable_server(tmp_path, n=20_000)
+    server.tables[model] = server.tables.pop("m")
+    # An update made a minute before the sources were written: the tables already hold it,
+    # and applying it now would put an older vector over the trained one.
+    redis.Redis.from_url(redis_server.url).xadd(
+        stream_name(model), {"u": encode_update("items", keys[5:6], np.full((1, DIM), 9.0,
+                                                                              np.float32))},
+        id=f"{written_ms - 60_000}-0")
+    consumer = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
+    fresh = np.full((5, DIM), 7.0, np.float32)
+    publish(model, "items", keys[:5], fresh, url=redis_server.url)
+    while consumer.poll():
+        pass
+    consumer.poll()
+    assert consumer.applied == 1  # the new replica's group starts after the old update
+    table = server.table(model, "items")
+    _damage_largest_table_file(tmp_path / "rocks")
+    with pytest.raises(PersistentStoreError):  # and the server starts rebuilding L3
+        server.lookup(model, "items", keys)
+    deadline = time.monotonic() + 60
+    while server.repairing and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.rebuilds == 1
+    found, from_disk = server.persistent.lookup(table.key, keys[:6], DIM)
+    assert found.all() and not (from_disk[:5] == 7.0).any()  # the sources' vectors again
+    while consumer.poll():
+        pass
+    assert consumer.applied == 2  # replayed: the update since the sources, not the old one
+    found, from_disk = server.persistent.lookup(table.key, keys[:6], DIM)
+    np.testing.assert_array_equal(from_disk[:5], fresh)
+    np.testing.assert_array_equal(from_disk[5], vectors[5])
+    server.close()
+
+
+def test_a_consumer_thread_outlives_a_tier_failure_and_applies_the_message_later(
+        tmp_path, redis_server, monkeypatch):
+    from featureline.hps.updates import UpdateConsumer, publish
+
+    keys, _, server = _updatable_server(tmp_path)
+    model = f"m-{tmp_path.name}"
+    server.tables[model] = server.tables.pop("m")
+    original = server.apply_update
+    failures = []
+
+    def fail_once(*args):
+        if not failures:
+            failures.append(args)
+            raise PersistentStoreError("m/items", "simulated write failure")
+        original(*args)
+
+    monkeypatch.setattr(server, "apply_update", fail_once)
+    consumer = UpdateConsumer(server, model, url=redis_server.url, block_ms=100).start()
+    try:
+        publish(model, "items", keys[:1], np.full((1, DIM), 4.0, np.float32),
+                url=redis_server.url)
+        deadline = time.monotonic() + 20
+        while consumer.applied == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        consumer.stop()
+    assert failures and consumer.applied == 1
+    np.testing.assert_array_equal(server.lookup(model, "items", keys[:1]), [[4.0] * DIM])
+    server.close()
+
+
 def test_lookups_while_updates_apply_never_see_a_mixed_vector(tmp_path):
     keys, vectors, server = _updatable_server(tmp_path, n=500)
     stop = threading.Event()
