@@ -274,27 +274,6 @@ def test_feature_plans_have_no_row_at_a_time_python(spark):
     assert "BatchEvalPython" in _plan(with_udf)
 
 
-def test_window_ops_run_on_the_narrow_rows_with_the_configured_values_and_columns(spark):
-    rows = [(f"u{n % 3}", "abcd"[n % 4], n * 600 + (n % 2), n % 2,
-             "train" if n < 20 else "valid", float(n), "cd"[n % 2]) for n in range(26)]
-    events = frame(spark, rows).withColumn("price", F.col("value") * 2).withColumn(
-        "device", F.col("category"))
-    pipeline = FeaturePipeline(EtlConfig())
-    train = events.where(F.col("split") == "train")
-    for op in pipeline.ops:
-        op.fit(train)
-    assert [op.name for op in pipeline.transform_order()][:3] == [
-        "categorify", "lag_features", "history"]
-    assert sorted(op.name for op in pipeline.transform_order()) == sorted(
-        op.name for op in pipeline.ops)
-    configured = events
-    for op in pipeline.ops:
-        configured = op.transform(configured)
-    reordered = pipeline.transform_ops(events)
-    assert reordered.columns == configured.columns
-    assert sorted(map(repr, reordered.collect())) == sorted(map(repr, configured.collect()))
-
-
 def test_epoch_micros_equals_unix_micros(spark):
     """The GPU-friendly microsecond key agrees with Spark's unix_micros to the microsecond."""
     rng = np.random.default_rng(3)

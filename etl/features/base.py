@@ -134,10 +134,6 @@ class FeatureOp(ABC):
     """A feature transform with an explicit fit on the training split."""
 
     name: str
-    # Where the pipeline runs the transform (FeaturePipeline.transform_order): ops whose
-    # output other ops read (categorify's ids) first, then ops that sort every row of a
-    # partition (windows), then the rest; the configured order holds within each.
-    runs: ClassVar[Literal["first", "sorts_rows", "after"]] = "after"
 
     def __init__(self) -> None:
         # Statistics cached for the transforms; ``release`` frees them.

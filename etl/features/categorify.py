@@ -38,7 +38,6 @@ class CategorifySettings(OpSettings):
 
 class Categorify(FeatureOp):
     name = "categorify"
-    runs = "first"
 
     def __init__(self, columns: list[str], freq_threshold: int = 1) -> None:
         super().__init__()

@@ -31,7 +31,6 @@ class HistorySettings(OpSettings):
 
 class History(FeatureOp):
     name = "history"
-    runs = "sorts_rows"
 
     def __init__(self, k: int) -> None:
         super().__init__()

@@ -51,7 +51,6 @@ class LagFeaturesSettings(OpSettings):
 
 class LagFeatures(FeatureOp):
     name = "lag_features"
-    runs = "sorts_rows"
 
     def __init__(self, windows: list[str]) -> None:
         super().__init__()

@@ -48,31 +48,12 @@ class FeaturePipeline:
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
             op.fit(train)
-        featured = self.transform_ops(events).drop(TS_MICROS).persist(StorageLevel.MEMORY_AND_DISK)
+        for op in self.ops:
+            events = op.transform(events)
+        featured = events.drop(TS_MICROS).persist(StorageLevel.MEMORY_AND_DISK)
         self._featured = featured
         self.model_ready.fit(featured.where(F.col(SPLIT) == TRAIN))
         return self.model_ready.transform(featured)
-
-    def transform_order(self) -> list[FeatureOp]:
-        """The ops in the order their transforms run: the window ops sort every row of a user,
-        so they run on the narrow rows, right after the categorify they read, before the
-        other ops' joins widen them (docs/ARCHITECTURE.md,
-        "Where new things go"). An op reads only
-        event columns and categorify's ids, so the values do not depend on the order."""
-        return [op for runs in ("first", "sorts_rows", "after")
-                for op in self.ops if op.runs == runs]
-
-    def transform_ops(self, events: DataFrame) -> DataFrame:
-        """Every op's transform, in ``transform_order``; the columns come out in the
-        configured order of the ops that added them."""
-        added: dict[int, list[str]] = {}
-        for op in self.transform_order():
-            before = set(events.columns)
-            events = op.transform(events)
-            added[id(op)] = [c for c in events.columns if c not in before]
-        inputs = [c for c in events.columns
-                  if not any(c in columns for columns in added.values())]
-        return events.select(*inputs, *(c for op in self.ops for c in added[id(op)]))
 
     def _op_features(self) -> list[FeatureSpec]:
         return [spec for op in self.ops for spec in op.features()]
