@@ -370,12 +370,18 @@ def _updatable_server(tmp_path, n=200):
     return keys, vectors, ParameterServer(config)
 
 
+def _server_with_own_stream(tmp_path, n=200):
+    """An updatable server whose model has a name (so an update stream) of this test's own."""
+    keys, vectors, server = _updatable_server(tmp_path, n=n)
+    model = f"m-{tmp_path.name}"
+    server.tables[model] = server.tables.pop("m")
+    return keys, vectors, server, model
+
+
 def test_published_updates_reach_every_tier(tmp_path, redis_server):
     from featureline.hps.updates import UpdateConsumer, publish
 
-    keys, vectors, server = _updatable_server(tmp_path)
-    model = f"m-{tmp_path.name}"
-    server.tables[model] = server.tables.pop("m")  # a stream of its own for this test
+    keys, vectors, server, model = _server_with_own_stream(tmp_path)
     server.lookup(model, "items", keys[:50])  # cached in L1 and L2 now
     consumer = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
     fresh = np.full((5, DIM), 7.0, dtype=np.float32)
@@ -397,9 +403,7 @@ def test_a_restarted_consumer_resumes_after_its_last_acknowledged_message(
         tmp_path, redis_server, monkeypatch):
     from featureline.hps.updates import UpdateConsumer, publish
 
-    keys, _, server = _updatable_server(tmp_path)
-    model = f"m-{tmp_path.name}"
-    server.tables[model] = server.tables.pop("m")
+    keys, _, server, model = _server_with_own_stream(tmp_path)
     first = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
     publish(model, "items", keys[:1], np.full((1, DIM), 1.0, np.float32), url=redis_server.url)
     first.poll()
@@ -437,10 +441,8 @@ def test_updates_since_the_sources_were_written_are_replayed_after_a_rebuild(
 
     from featureline.hps.updates import UpdateConsumer, encode_update, publish, stream_name
 
-    model = f"m-{tmp_path.name}"
     written_ms = int(time.time() * 1000)
-    keys, vectors, server = _updatable_server(tmp_path, n=20_000)
-    server.tables[model] = server.tables.pop("m")
+    keys, vectors, server, model = _server_with_own_stream(tmp_path, n=20_000)
     # An update made a minute before the sources were written: the tables already hold it,
     # and applying it now would put an older vector over the trained one.
     redis.Redis.from_url(redis_server.url).xadd(
@@ -477,9 +479,7 @@ def test_a_consumer_thread_outlives_a_tier_failure_and_applies_the_message_later
         tmp_path, redis_server, monkeypatch):
     from featureline.hps.updates import UpdateConsumer, publish
 
-    keys, _, server = _updatable_server(tmp_path)
-    model = f"m-{tmp_path.name}"
-    server.tables[model] = server.tables.pop("m")
+    keys, _, server, model = _server_with_own_stream(tmp_path)
     original = server.apply_update
     failures = []
 
