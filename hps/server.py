@@ -249,16 +249,13 @@ class ParameterServer:
     def sources_written(self, model: str) -> float | None:
         """When the newest file of the model's table sources was written (seconds since the
         epoch); None when a table has no source."""
-        entries = self.table_entries(model)
-        if any(entry.config.source is None for entry in entries):
-            return None
-        return max(source_written(entry.config.source, entry.config.format)
-                   for entry in entries if entry.config.source is not None)
-
-    def table_entries(self, model: str) -> list[Table]:
         if model not in self.tables:
             raise UnknownModelError(model, list(self.tables))
-        return list(self.tables[model].values())
+        sources = [(entry.config.source, entry.config.format)
+                   for entry in self.tables[model].values()]
+        if any(source is None for source, _ in sources):
+            return None
+        return max(source_written(source, fmt) for source, fmt in sources if source is not None)
 
     def table(self, model: str, table: str) -> Table:
         if model not in self.tables:
