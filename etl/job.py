@@ -53,10 +53,18 @@ class JobResult:
     metadata: dict[str, Any]
 
 
+@dataclass
+class Stage:
+    """What a stage says of its work when it is done (``StageTimer``'s last line)."""
+
+    summary: str = ""
+
+
 class StageTimer:
     """Times the job's stages, tags the Spark jobs each one runs, and while a stage runs
     reports every ``PROGRESS_EVERY_S`` seconds the Spark stages and tasks done (in our own
-    lines: the profiles switch Spark's console bar off)."""
+    lines: the profiles switch Spark's console bar off); a stage's last line adds what it
+    wrote (``Stage.summary``)."""
 
     def __init__(self, progress: Callable[[str], None],
                  spark: SparkSession | None = None) -> None:
@@ -82,7 +90,7 @@ class StageTimer:
             self.context.setJobDescription(f"featureline {stage}" if stage else None)  # type: ignore[arg-type]
 
     @contextmanager
-    def __call__(self, stage: str) -> Iterator[None]:
+    def __call__(self, stage: str) -> Iterator[Stage]:
         self.progress(f"{stage} ...")
         start = time.perf_counter()
         self._tag(stage)
@@ -90,13 +98,15 @@ class StageTimer:
         if self.context is not None:
             threading.Thread(target=self._watch, args=(stage, start, done), daemon=True,
                              name=f"progress-{stage}").start()
+        outcome = Stage()
         try:
-            yield
+            yield outcome
         finally:
             done.set()
             self._tag(None)
         self.seconds[stage] = round(time.perf_counter() - start, 3)
-        self.progress(f"{stage} done in {self.seconds[stage]:.1f}s")
+        summary = f": {outcome.summary}" if outcome.summary else ""
+        self.progress(f"{stage} done in {self.seconds[stage]:.1f}s{summary}")
 
 
 def _as_text(value: str | float) -> str:
@@ -264,21 +274,31 @@ def run(config: EtlConfig, spark: SparkSession,
     previous = _extend_vocabularies(spark, config, pipeline, output)
     try:
         with staged_directory(output) as staging:
-            with timer("ingest"):
+            with timer("ingest") as stage:
                 events, rows = _ingest(spark, config, staging, cached)
-            with timer("split"):
+                stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
+                                 f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
+                                 f"{rows['duplicates']:,} duplicates removed")
+            with timer("split") as stage:
                 events, split = _split(events, config)
-            with timer("features"):
+                stage.summary = ", ".join(f"{name} {count:,}"
+                                          for name, count in split["rows"].items())
+            with timer("features") as stage:
                 featured = pipeline.fit_transform(events)
                 specs = pipeline.features()
-            with timer("write_examples"):
+                stage.summary = f"{len(specs)} features"
+            with timer("write_examples") as stage:
                 _write_examples(featured, specs, config, staging / "examples")
+                stage.summary = f"{rows['accepted']:,} examples"
             tfrecord = None
             if config.tfrecord.enabled:
-                with timer("write_tfrecord"):
+                with timer("write_tfrecord") as stage:
                     tfrecord = _write_tfrecords(spark, specs, config, staging)
-            with timer("entities"):
+                    stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
+                                     f"{len(tfrecord['files'])} files")
+            with timer("entities") as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
+                stage.summary = ", ".join(entities)
             with timer("artifacts"):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,

@@ -44,12 +44,19 @@ def small_log(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def job_output(spark, small_log, tmp_path_factory):
+def job_run(spark, small_log, tmp_path_factory):
+    """The job on the small log: its result and the progress lines it printed."""
     from featureline.etl import job
     from tests.job_config import make_config
 
     config = make_config(tmp_path_factory.mktemp("job"), small_log)
-    return job.run(config, spark, progress=lambda _: None)
+    lines: list[str] = []
+    return job.run(config, spark, progress=lines.append), lines
+
+
+@pytest.fixture(scope="session")
+def job_output(job_run):
+    return job_run[0]
 
 
 def _has_gpu() -> bool:

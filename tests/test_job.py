@@ -217,6 +217,30 @@ def test_the_split_boundary_does_not_depend_on_the_machine_time_zone(spark, zone
     assert boundary == datetime(2026, 1, 5, tzinfo=timezone.utc)
 
 
+def test_each_stage_says_what_it_wrote_when_done(job_run):
+    result, lines = job_run
+    metadata = result.metadata
+    rows = metadata["rows"]
+    done = dict(line.split(" done in ", 1) for line in lines if " done in " in line)
+    assert list(done) == ["ingest", "split", "features", "write_examples", "write_tfrecord",
+                          "entities", "artifacts"]
+    summary = {stage: text.partition("s: ")[2] for stage, text in done.items()}
+    assert summary["ingest"] == (
+        f"{rows['read']:,} rows read, {rows['accepted']:,} events accepted, "
+        f"{sum(rows['quarantined'].values()):,} quarantined, "
+        f"{rows['duplicates']:,} duplicates removed")
+    assert rows["read"] == (rows["accepted"] + rows["duplicates"]
+                            + sum(rows["quarantined"].values()))
+    split = metadata["split"]["rows"]
+    assert summary["split"] == f"train {split['train']:,}, valid {split['valid']:,}"
+    assert summary["features"] == f"{len(metadata['features'])} features"
+    assert summary["write_examples"] == f"{rows['accepted']:,} examples"
+    files = metadata["tfrecord"]["files"]
+    assert summary["write_tfrecord"] == f"{rows['accepted']:,} rows in {len(files)} files"
+    assert summary["entities"] == ", ".join(metadata["entities"])
+    assert summary["artifacts"] == ""  # none: its tables are listed in metadata.json
+
+
 def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):
     monkeypatch.setattr(job, "PROGRESS_EVERY_S", 0.2)
     lines: list[str] = []
