@@ -162,22 +162,38 @@ def _lines(path: Path) -> Iterator[str]:
             yield from lines
 
 
-def job_stages(event_log: Path) -> dict[str, dict[int, str]]:
-    """Per application, Spark stage id → the stage of our job whose Spark job ran it first."""
-    stages: dict[str, dict[int, str]] = defaultdict(dict)
-    for path in _event_files(event_log):
-        app = None
+def _events(event_log: Path, kinds: tuple[str, ...]
+            ) -> Iterator[tuple[Path, str | None, dict[str, Any]]]:
+    """The log's events of ``kinds`` in the order written, each with its application's log
+    (one file, or one folder of rolled files: Spark 4's v2 logs) and its App ID once the
+    application's start event has been read (None before)."""
+    app_ids: dict[Path, str | None] = {}
+    for path in sorted(_event_files(event_log), key=_rolling_order):
         if path.name.startswith("appstatus_"):
             continue
+        log = path.parent if path.parent.name.startswith("eventlog_v2_") else path
         with contextlib.closing(_lines(path)) as lines:  # type: ignore[type-var]
             for line in lines:
                 if '"SparkListenerApplicationStart"' in line:
-                    app = json.loads(line).get("App ID")
-                elif '"SparkListenerJobStart"' in line and app is not None:
-                    event = json.loads(line)
-                    ours = (event.get("Properties") or {}).get(STAGE_PROPERTY) or UNTAGGED
-                    for stage in event.get("Stage IDs", []):
-                        stages[app].setdefault(int(stage), ours)
+                    app_ids[log] = json.loads(line).get("App ID")
+                elif any(f'"{kind}"' in line for kind in kinds):
+                    yield log, app_ids.get(log), json.loads(line)
+
+
+def _owners(event: dict[str, Any], property_name: str = STAGE_PROPERTY) -> Iterator[
+        tuple[int, str]]:
+    """(Spark stage id, the stage of our job) for each Spark stage of a job-start event."""
+    owner = (event.get("Properties") or {}).get(property_name) or UNTAGGED
+    return ((int(stage), owner) for stage in event.get("Stage IDs", []))
+
+
+def job_stages(event_log: Path) -> dict[str, dict[int, str]]:
+    """Per application, Spark stage id → the stage of our job whose Spark job ran it first."""
+    stages: dict[str, dict[int, str]] = defaultdict(dict)
+    for _, app, event in _events(event_log, ("SparkListenerJobStart",)):
+        if app is not None:
+            for stage, owner in _owners(event):
+                stages[app].setdefault(stage, owner)
     return dict(stages)
 
 
@@ -196,32 +212,24 @@ def stage_times(event_log: Path, property_name: str = STAGE_PROPERTY) -> list[di
     Where a run's time went, Spark stage by Spark stage (``bench_etl.py --profile``)."""
     owners: dict[tuple[Path, int], str] = {}
     stages = []
-    for path in sorted(_event_files(event_log), key=_rolling_order):
-        if path.name.startswith("appstatus_"):
+    for log, _, event in _events(event_log, ("SparkListenerJobStart",
+                                             "SparkListenerStageCompleted")):
+        if event["Event"] == "SparkListenerJobStart":
+            for stage, owner in _owners(event, property_name):
+                owners.setdefault((log, stage), owner)
             continue
-        # An application's log is one file, or one folder of rolled files (Spark 4's v2).
-        app = path.parent if path.parent.name.startswith("eventlog_v2_") else path
-        with contextlib.closing(_lines(path)) as lines:  # type: ignore[type-var]
-            for line in lines:
-                if '"SparkListenerJobStart"' in line:
-                    event = json.loads(line)
-                    owner = (event.get("Properties") or {}).get(property_name) or UNTAGGED
-                    for stage in event.get("Stage IDs", []):
-                        owners.setdefault((app, int(stage)), owner)
-                elif '"SparkListenerStageCompleted"' in line:
-                    info = json.loads(line)["Stage Info"]
-                    if "Submission Time" not in info or "Completion Time" not in info:
-                        continue  # skipped: its output was reused
-                    metrics = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
-                    entry = {"owner": owners.get((app, int(info["Stage ID"])), UNTAGGED),
-                             "stage_id": info["Stage ID"], "name": info["Stage Name"],
-                             "tasks": info["Number of Tasks"],
-                             "wall_s": (info["Completion Time"] - info["Submission Time"]) / 1e3}
-                    for metric, key in _STAGE_METRICS.items():
-                        value = int(metrics.get(metric) or 0)
-                        entry[key] = (round(value / 1e3, 3) if key.endswith("_s")
-                                      else round(value / 2**20, 1))
-                    stages.append(entry)
+        info = event["Stage Info"]
+        if "Submission Time" not in info or "Completion Time" not in info:
+            continue  # skipped: its output was reused
+        metrics = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
+        entry = {"owner": owners.get((log, int(info["Stage ID"])), UNTAGGED),
+                 "stage_id": info["Stage ID"], "name": info["Stage Name"],
+                 "tasks": info["Number of Tasks"],
+                 "wall_s": (info["Completion Time"] - info["Submission Time"]) / 1e3}
+        for metric, key in _STAGE_METRICS.items():
+            value = int(metrics.get(metric) or 0)
+            entry[key] = round(value / 1e3, 3) if key.endswith("_s") else round(value / 2**20, 1)
+        stages.append(entry)
     return sorted(stages, key=lambda s: -s["wall_s"])
 
 
