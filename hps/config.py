@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,7 +14,7 @@ from pydantic import Field
 from featureline.core.errors import ConfigError
 from featureline.core.settings import Settings, validate
 from featureline.hps.cache import Device
-from featureline.hps.formats import Format
+from featureline.hps.formats import Format, source_written
 from featureline.hps.slots import OverflowPolicy
 
 
@@ -38,6 +39,13 @@ class ModelConfig(Settings):
     # Below this running L1 hit rate, missed keys are inserted into the upper tiers before
     # the lookup returns; above it, in the background (HugeCTR's hit_rate_threshold).
     hit_rate_threshold: float = Field(default=0.9, ge=0, le=1)
+
+
+def sources_written(tables: Iterable[TableConfig]) -> float | None:
+    """When the newest file of the tables' sources was written (seconds since the epoch);
+    None when a table has no source."""
+    written = [None if t.source is None else source_written(t.source, t.format) for t in tables]
+    return None if None in written else max(w for w in written if w is not None)
 
 
 class VolatileDbConfig(Settings):

@@ -25,9 +25,15 @@ import numpy as np
 from featureline.core import redis
 from featureline.core.errors import ConfigError
 from featureline.hps.cache import EmbeddingCache, make_cache
-from featureline.hps.config import HpsConfig, TableConfig, VolatileDbConfig, load_hps_config
+from featureline.hps.config import (
+    HpsConfig,
+    TableConfig,
+    VolatileDbConfig,
+    load_hps_config,
+    sources_written,
+)
 from featureline.hps.errors import PersistentStoreError, UnknownModelError, UnknownTableError
-from featureline.hps.formats import fingerprint, read_table, source_written
+from featureline.hps.formats import fingerprint, read_table
 from featureline.hps.hash_index import warm_up
 from featureline.hps.persistent import PersistentStore, RocksDBStore
 from featureline.hps.volatile import HashMapStore, RedisStore, VolatileStore
@@ -251,11 +257,7 @@ class ParameterServer:
         epoch); None when a table has no source."""
         if model not in self.tables:
             raise UnknownModelError(model, list(self.tables))
-        sources = [(entry.config.source, entry.config.format)
-                   for entry in self.tables[model].values()]
-        if any(source is None for source, _ in sources):
-            return None
-        return max(source_written(source, fmt) for source, fmt in sources if source is not None)
+        return sources_written(entry.config for entry in self.tables[model].values())
 
     def table(self, model: str, table: str) -> Table:
         if model not in self.tables:

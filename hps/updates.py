@@ -35,6 +35,7 @@ import redis as redis_py
 
 from featureline.core import redis
 from featureline.core.errors import ConfigError
+from featureline.hps.config import HpsConfig, sources_written
 from featureline.hps.errors import UnknownModelError
 from featureline.hps.server import ParameterServer
 
@@ -78,13 +79,35 @@ def dead_letter_stream(model: str) -> str:
     return f"{stream_name(model)}:dead"
 
 
-def replay_from(server: ParameterServer, model: str) -> str:
-    """The first stream id the model's tables do not already hold: a little before their
-    sources were written, or the start of the stream when a table has no source."""
-    written = server.sources_written(model)
+def _first_unheld(written: float | None) -> str:
+    """The first stream id that sources written at ``written`` may not hold."""
     if written is None:
         return "0"
     return f"{max(0, int(written * 1000) - CLOCK_MARGIN_MS)}-0"
+
+
+def replay_from(server: ParameterServer, model: str) -> str:
+    """The first stream id the model's tables do not already hold: a little before their
+    sources were written, or the start of the stream when a table has no source."""
+    return _first_unheld(server.sources_written(model))
+
+
+def trim(config: HpsConfig, url: str | None = None) -> dict[str, int]:
+    """Remove from each model's stream the updates its configured sources already hold
+    (those before :func:`replay_from`), so the stream keeps only what a replica importing
+    these sources would replay; how many messages each stream lost. A model with a table
+    without a source keeps its whole stream.
+
+    Run it once every replica serves these sources: a replica still on older ones would
+    replay from before them after a rebuild, and find those updates gone.
+    """
+    client = _client(url or (config.updates.url if config.updates else None))
+    removed = {}
+    for model in config.models:
+        written = sources_written(model.tables)
+        removed[model.name] = 0 if written is None else client.xtrim(
+            stream_name(model.name), minid=_first_unheld(written), approximate=False)
+    return removed
 
 
 def replica_group(prefix: str, replica: str) -> str:
@@ -211,6 +234,10 @@ class UpdateConsumer:
             self._backlog = False
         done = 0
         for message_id, fields in messages:
+            if not fields:  # trimmed while pending (see trim): the sources hold it
+                self.client.xack(stream_name(self.model), self.group, message_id)
+                done += 1
+                continue
             payload = fields.get(FIELD)
             try:
                 update = decode_update(payload or b"")

@@ -401,6 +401,30 @@ def redis_env(path: str | None) -> None:
     click.echo(f"export {REDIS_URL_ENV}='{url}'\nexport {CONNECTION_ENV}='{connection}'")
 
 
+@main.group()
+def hps() -> None:
+    """The parameter server's online update streams."""
+
+
+@hps.command("trim-updates")
+@config_option
+@click.option("--hps", "hps_path", type=click.Path(dir_okay=False),
+              help="The parameter server's hps.yaml or ps.json (default: api.hps)")
+def hps_trim_updates(path: str | None, hps_path: str | None) -> None:
+    """Remove from each model's update stream what its table sources already hold.
+
+    Run it once every serving replica serves these sources (after a new export is rolled
+    out): a replica on older sources replays from before them after a rebuild.
+    """
+    from featureline.hps.config import load_hps_config
+    from featureline.hps.updates import trim
+
+    hps_path = hps_path or _config(path).api.hps
+    if hps_path is None:
+        raise ConfigError("api.hps", "no parameter server is configured (or pass --hps)")
+    click.echo(json.dumps({"removed": trim(load_hps_config(hps_path))}))
+
+
 @main.command()
 @config_option
 @click.option("--host", help="Listen address (default: api.host)")

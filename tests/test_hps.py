@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -474,6 +475,51 @@ def test_updates_since_the_sources_were_written_are_replayed_after_a_rebuild(
     np.testing.assert_array_equal(from_disk[5], vectors[5])
     server.close()
 
+
+
+def test_trimming_a_stream_keeps_what_the_sources_do_not_hold(tmp_path, redis_server,
+                                                               monkeypatch):
+    import redis
+    import yaml
+    from click.testing import CliRunner
+
+    from featureline.hps.updates import UpdateConsumer, encode_update, publish, stream_name
+    from featureline.cli import main
+
+    keys, vectors, server, model = _server_with_own_stream(tmp_path)
+    unsourced = f"{model}-unsourced"
+    hps_file = tmp_path / "hps.yaml"
+    hps_file.write_text(yaml.safe_dump({"models": [
+        {"name": model, "tables": [{"name": "items", "dim": DIM,
+                                    "source": str(tmp_path / "items")}]},
+        {"name": unsourced, "tables": [{"name": "items", "dim": DIM}]}]}))
+    client = redis.Redis.from_url(redis_server.url)
+    written_ms = int(server.sources_written(model) * 1000)
+    # Made a minute before the sources were written, read by a replica that then died.
+    client.xadd(stream_name(model), {"u": encode_update("items", keys[:1], np.full(
+        (1, DIM), 9.0, np.float32))}, id=f"{written_ms - 60_000}-0")
+    consumer = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
+    client.xgroup_setid(stream_name(model), consumer.group, "0")
+    assert len(client.xreadgroup(consumer.group, consumer.name, {stream_name(model): ">"})[0][1]) == 1
+    fresh = np.full((1, DIM), 7.0, np.float32)
+    publish(model, "items", keys[1:2], fresh, url=redis_server.url)
+    publish(unsourced, "items", keys[:1], fresh, url=redis_server.url)
+
+    monkeypatch.setenv("REDIS_URL", redis_server.url)
+    result = CliRunner().invoke(main, ["hps", "trim-updates", "--hps", str(hps_file)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"removed": {model: 1, unsourced: 0}}
+    assert client.xlen(stream_name(model)) == 1 and client.xlen(stream_name(unsourced)) == 1
+
+    # The trimmed message, still pending, is acknowledged, not applied nor dead-lettered.
+    while consumer.poll():  # the backlog
+        pass
+    consumer.poll()  # the new message
+    assert (consumer.applied, consumer.dead_lettered) == (1, 0)
+    assert client.xpending(stream_name(model), consumer.group)["pending"] == 0
+    got = server.lookup(model, "items", keys[:2])
+    np.testing.assert_array_equal(got, np.vstack([vectors[:1], fresh]))
+    server.close()
 
 def test_a_consumer_thread_outlives_a_tier_failure_and_applies_the_message_later(
         tmp_path, redis_server, monkeypatch):
