@@ -74,6 +74,15 @@ class ConfigError(FeaturelineError):
         super().__init__(f"{key}: {message}")
 
 
+class OutputLockedError(FeaturelineError):
+    """Another run is writing the same output folder."""
+
+    def __init__(self, path: str, holder: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: another run is writing this output (lock held by "
+                         f"{holder}); wait for it or write elsewhere")
+
+
 class MetadataNotFoundError(FeaturelineError):
     """An ETL output folder without metadata.json (the ETL has not run there)."""
 

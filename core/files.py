@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import json
 import os
 import shutil
+import socket
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
+
+from featureline.core.errors import OutputLockedError
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -54,3 +62,51 @@ def publish_directory(staging: Path, final: Path) -> None:
     os.rename(final, retired)
     os.rename(staging, final)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+@contextmanager
+def output_lock(final: Path) -> Iterator[None]:
+    """One writer at a time on ``final``; the lock file beside it says who holds it."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    path = final.parent / f".{final.name}.lock"
+    with path.open("a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.seek(0)
+            raise OutputLockedError(str(final), lock.read().strip() or "unknown") from None
+        lock.truncate(0)
+        lock.write(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                               "since": datetime.now(timezone.utc).isoformat()}))
+        lock.flush()
+        try:
+            yield
+        finally:
+            lock.truncate(0)
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def remove_leftovers(final: Path) -> list[Path]:
+    """Staging and retired folders of writers that were killed (call holding the lock)."""
+    leftovers = [p for pattern in (f".{final.name}.staging-*", f".{final.name}.old-*")
+                 for p in final.parent.glob(pattern) if p.is_dir()]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)
+    return leftovers
+
+
+@contextmanager
+def staged_directory(final: Path) -> Iterator[Path]:
+    """Yield a fresh staging folder; on success it replaces ``final``, on failure it goes.
+
+    Holds the folder's lock throughout (a second writer fails at once, naming the holder),
+    and first clears what killed writers left behind."""
+    with output_lock(final):
+        remove_leftovers(final)
+        staging = staging_folder(final)
+        try:
+            yield staging
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        publish_directory(staging, final)

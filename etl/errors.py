@@ -30,14 +30,5 @@ class NoInputError(FeaturelineError):
     hint = "check --input (etl.source.path): a file, a folder or a glob of raw logs"
 
 
-class OutputLockedError(FeaturelineError):
-    """Another run is writing the same output folder."""
-
-    def __init__(self, path: str, holder: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: another run is writing this output (lock held by "
-                         f"{holder}); wait for it or write elsewhere")
-
-
 class RapidsJarNotFoundError(ConfigError):
     """The gpu profile was asked for but the RAPIDS Accelerator jar is nowhere to be found."""

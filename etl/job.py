@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from featureline.core import __version__
 from featureline.core.errors import ConfigError
+from featureline.core.files import staged_directory
 from featureline.core.metadata import EVENT_TIMESTAMP, METADATA_FILE, VOCABULARY_DIR
 from featureline.etl import ingest
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
@@ -28,7 +29,7 @@ from featureline.etl.errors import NoInputError
 from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
-from featureline.etl.outputs import local_path, staged_directory, write_json, write_parquet
+from featureline.etl.outputs import local_path, write_json, write_parquet
 from featureline.etl.qualification import STAGE_PROPERTY
 from featureline.etl.tfrecord.layout import build_layout
 from featureline.etl.tfrecord.writer import write_split

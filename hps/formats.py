@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from featureline.core.files import publish_directory, staging_folder
+from featureline.core.files import staged_directory
 from featureline.hps.errors import TableFileError
 
 Format = Literal["hugectr", "npy", "parquet"]
@@ -100,12 +100,11 @@ def _open_together(folder: Path, names: tuple[str, ...]) -> list[BinaryIO]:
 def write_hugectr(folder: str | Path, keys: np.ndarray, vectors: np.ndarray) -> None:
     """Export in HugeCTR's layout. Both files are written into a folder aside, which then
     replaces ``folder`` whole: a reader sees the previous table or the new one, never new
-    keys with old vectors."""
-    folder = Path(folder)
-    staging = staging_folder(folder)
-    for name, array, dtype in ((KEY_FILE, keys, "<i8"), (VECTOR_FILE, vectors, "<f4")):
-        np.ascontiguousarray(array, dtype=dtype).tofile(staging / name)
-    publish_directory(staging, folder)
+    keys with old vectors; a failed or killed export leaves nothing behind (the next one
+    clears what a killed one left), and two at once on one folder are an error."""
+    with staged_directory(Path(folder)) as staging:
+        for name, array, dtype in ((KEY_FILE, keys, "<i8"), (VECTOR_FILE, vectors, "<f4")):
+            np.ascontiguousarray(array, dtype=dtype).tofile(staging / name)
 
 
 def read_npy(keys_path: str | Path, vectors_path: str | Path, dim: int

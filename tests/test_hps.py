@@ -148,6 +148,19 @@ def test_hugectr_round_trip_and_other_formats(tmp_path):
     np.testing.assert_array_equal(read_parquet(tmp_path / "t.parquet", DIM)[0], keys)
 
 
+
+def test_a_failed_or_killed_hugectr_export_leaves_nothing_behind(tmp_path):
+    keys, vectors = _table(n=10)
+    folder = tmp_path / "items"
+    write_hugectr(folder, keys, vectors)
+    (tmp_path / ".items.staging-0123456789ab").mkdir()  # what a killed export left
+    with pytest.raises(ValueError):  # fails after the keys file is written
+        write_hugectr(folder, keys[::-1], np.array([["not a number"]] * 10))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".items.lock", "items"]
+    got_keys, got_vectors = read_hugectr(folder, DIM)  # the previous table, whole
+    np.testing.assert_array_equal(got_keys, keys)
+    np.testing.assert_array_equal(got_vectors, vectors)
+
 def test_bad_files_name_the_file(tmp_path):
     keys, vectors = _table(n=10)
     folder = tmp_path / "sparse"
@@ -483,8 +496,8 @@ def test_trimming_a_stream_keeps_what_the_sources_do_not_hold(tmp_path, redis_se
     import yaml
     from click.testing import CliRunner
 
-    from featureline.hps.updates import UpdateConsumer, encode_update, publish, stream_name
     from featureline.cli import main
+    from featureline.hps.updates import UpdateConsumer, encode_update, publish, stream_name
 
     keys, vectors, server, model = _server_with_own_stream(tmp_path)
     unsourced = f"{model}-unsourced"
@@ -500,7 +513,8 @@ def test_trimming_a_stream_keeps_what_the_sources_do_not_hold(tmp_path, redis_se
         (1, DIM), 9.0, np.float32))}, id=f"{written_ms - 60_000}-0")
     consumer = UpdateConsumer(server, model, url=redis_server.url, block_ms=100)
     client.xgroup_setid(stream_name(model), consumer.group, "0")
-    assert len(client.xreadgroup(consumer.group, consumer.name, {stream_name(model): ">"})[0][1]) == 1
+    read = client.xreadgroup(consumer.group, consumer.name, {stream_name(model): ">"})
+    assert len(read[0][1]) == 1
     fresh = np.full((1, DIM), 7.0, np.float32)
     publish(model, "items", keys[1:2], fresh, url=redis_server.url)
     publish(unsourced, "items", keys[:1], fresh, url=redis_server.url)
@@ -671,7 +685,7 @@ def test_a_table_published_while_it_is_read_is_read_whole(tmp_path, monkeypatch)
     keys, vectors = formats.read_hugectr(folder, DIM)
     np.testing.assert_array_equal(keys, new_keys)
     assert (vectors == 1).all()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["items"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".items.lock", "items"]
 
 
 def test_an_import_cut_short_or_a_changed_source_is_imported_again(tmp_path):

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from featureline.core.errors import OutputLockedError
+from featureline.core.files import output_lock, publish_directory, staged_directory
 from featureline.etl import job
-from featureline.etl.errors import OutputLockedError
-from featureline.etl.outputs import output_lock, publish_directory, staged_directory
 from tests.job_config import make_config
 
 
@@ -60,7 +60,7 @@ def test_a_killed_run_leaves_the_previous_output_and_the_next_clears_its_staging
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from featureline.etl.outputs import staged_directory
+        from featureline.core.files import staged_directory
         with staged_directory(Path({str(final)!r})) as staging:
             (staging / "metadata.json").write_text("half")
             os.kill(os.getpid(), signal.SIGKILL)
