@@ -145,6 +145,16 @@ def test_history_last_k_items_before_the_event(spark):
                    ("u", "5"): [4, 3, 2], ("u", "6"): [5, 4, 3], ("v", "9"): [0, 0, 0]}
 
 
+
+def test_history_when_more_than_2k_events_share_an_instant(spark):
+    # k=3 reads the 6 rows before an event: the 7th to 9th rows at one instant skip all 6
+    # and still get a full row of padding; the next instant sees the latest 3 in item order.
+    rows = [("w", str(item), 0, 0, "train") for item in range(1, 10)]
+    rows.append(("w", "12", 1, 0, "train"))
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    got = {r["item_id"]: r["user_hist_items"] for r in History(k=3).transform(events).collect()}
+    assert got == {**{str(item): [0, 0, 0] for item in range(1, 10)}, "12": [9, 8, 7]}
+
 def test_cyclic_time(spark):
     rows = [("u", "a", 6 * 3600, 0, "train"), ("u", "b", 5 * 86400 + 18 * 3600, 0, "train")]
     out = {r["item_id"]: r for r in CyclicTime().transform(frame(spark, rows)).collect()}

@@ -1,7 +1,7 @@
 """history: the user's last K items strictly before the event, most recent first, 0-padded.
 
 The user's events in (time, item) order; the item ids of the 2K rows before an event are
-collected, less the rows that share its instant (those are not "before" it). A history is
+read, less the rows that share its instant (those are not "before" it). A history is
 short of K only where more than K of a user's events share one instant; it never includes
 the present or the future.
 """
@@ -40,13 +40,19 @@ class History(FeatureOp):
     def transform(self, events: DataFrame) -> DataFrame:
         in_order = Window.partitionBy("user_id").orderBy(TS_MICROS, self.item_column)
         by_time = Window.partitionBy("user_id").orderBy(TS_MICROS)
-        # Plain id lists and positions: far cheaper than collecting (time, item) structs.
-        recent = F.collect_list(self.item_column).over(in_order.rowsBetween(-2 * self.k, -1))
+        # The items of the 2K rows before, most recent first, as 2K offset lookups: each costs
+        # one step per row, where collecting a sliding frame gathers all 2K rows again for
+        # every row (benchmarks/README.md, ETL round 4). Encoded ids are never null, so a
+        # null lag is "before the user's first event".
+        padding = F.lit(PADDING_ID).cast("long")
+        recent = [F.coalesce(F.lag(self.item_column, offset).over(in_order), padding)
+                  for offset in range(1, 2 * self.k + 1)]
+        # Rows before this one at its own instant are the nearest ones: skip them. K more
+        # padding ids keep the slice full when all 2K are skipped.
         same_instant_before = F.row_number().over(in_order) - F.rank().over(by_time)
-        earlier = F.slice(recent, 1, F.greatest(F.size(recent) - same_instant_before, F.lit(0)))
-        items = F.slice(F.reverse(earlier), 1, self.k)
-        padding = F.array_repeat(F.lit(PADDING_ID).cast("long"), F.lit(self.k) - F.size(items))
-        return events.withColumn(HISTORY, F.concat(items, padding))
+        start = F.least(same_instant_before, F.lit(2 * self.k)) + 1
+        return events.withColumn(HISTORY, F.slice(F.array(*recent, *[padding] * self.k),
+                                                  start, self.k))
 
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(HISTORY, "multi_hot", "int64", width=self.k, shares=self.item_column)]
