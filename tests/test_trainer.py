@@ -95,3 +95,46 @@ def test_exported_tables_load_through_the_parameter_server(job_output, trained, 
     finally:
         server.close()
     assert {t.name for t in ranker.tables} >= {"user", "item", "category_x_device"}
+
+
+def test_without_tensorflow_the_demo_serves_a_factorisation_of_the_interactions(
+        job_output, tmp_path, monkeypatch):
+    import sys
+
+    import pyarrow.parquet as pq
+
+    from featureline.demo import EMBEDDED_TABLES, train_tables
+
+    monkeypatch.setitem(sys.modules, "featureline.trainer.train", None)  # import fails
+    said = []
+    hps_config = train_tables(job_output.output, tmp_path, said.append, lambda _: None)
+    assert len(said) == 1 and "TensorFlow is not installed" in said[0]
+    (ranker,) = load_hps_config(hps_config).models
+    tables = {t.name: t for t in ranker.tables}
+    assert set(tables) == set(EMBEDDED_TABLES.values())
+    metadata = job_output.metadata
+    plan = metadata["embedding_plan"]["features"]
+    vectors = {}
+    server = ParameterServer(load_hps_config(hps_config))
+    try:
+        for column, name in EMBEDDED_TABLES.items():
+            feature = plan[encoded_name(column)]
+            assert tables[name].dim == feature["width"]
+            assert tables[name].vocabulary_version == metadata["vocabularies"][column]["version"]
+            vectors[column] = server.lookup("ranker", name, np.arange(feature["cardinality"]))
+    finally:
+        server.close()
+    # The vectors factor the training interactions: a pair seen there scores higher than
+    # the same users with the same items shuffled among them (which keeps the popularity of
+    # each), and far higher than known users and items paired at random.
+    user, item = encoded_name("user_id"), encoded_name("item_id")
+    pairs = pq.read_table(job_output.output / "examples" / "split=train",
+                          columns=[user, item]).to_pandas()
+    users, items = vectors["user_id"][pairs[user]], vectors["item_id"][pairs[item]]
+    rng = np.random.default_rng(0)
+    shuffled = items[rng.permutation(len(items))]
+    anyone = vectors["user_id"][rng.integers(2, len(vectors["user_id"]), len(pairs))]
+    anything = vectors["item_id"][rng.integers(2, len(vectors["item_id"]), len(pairs))]
+    seen = (users * items).sum(axis=1).mean()
+    assert seen > 1.05 * (users * shuffled).sum(axis=1).mean()
+    assert seen > 5 * (anyone * anything).sum(axis=1).mean()
