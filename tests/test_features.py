@@ -135,7 +135,16 @@ def test_lag_features_strictly_before(spark):
     ]
 
 
-def test_history_last_k_items_before_the_event(spark):
+@pytest.fixture(params=["offset lookups", "sliding frame"])
+def history_path(request, monkeypatch):
+    """Each of history's two ways to read the earlier items (by K)."""
+    from featureline.etl.features import history
+
+    monkeypatch.setattr(history, "OFFSET_LOOKUPS_UP_TO_K",
+                        1000 if request.param == "offset lookups" else 0)
+
+
+def test_history_last_k_items_before_the_event(spark, history_path):
     rows = [("u", "2", 0, 0, "train"), ("u", "3", 1, 0, "train"), ("u", "4", 1, 0, "train"),
             ("u", "5", 2, 0, "train"), ("u", "6", 3, 0, "train"), ("v", "9", 0, 0, "train")]
     events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
@@ -146,7 +155,7 @@ def test_history_last_k_items_before_the_event(spark):
 
 
 
-def test_history_when_more_than_2k_events_share_an_instant(spark):
+def test_history_when_more_than_2k_events_share_an_instant(spark, history_path):
     # k=3 reads the 6 rows before an event: the 7th to 9th rows at one instant skip all 6
     # and still get a full row of padding; the next instant sees the latest 3 in item order.
     rows = [("w", str(item), 0, 0, "train") for item in range(1, 10)]
