@@ -311,8 +311,11 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
               show_default=True)
 @click.option("--model-name", default="ranker", show_default=True,
               help="The model name in hps.yaml (what the API's ranking call reads)")
+@click.option("--hps-template", type=click.Path(exists=True, dir_okay=False),
+              help="A deployment's hps.yaml (or ps.json) whose settings the written hps.yaml "
+                   "keeps, with this model's tables replaced by the exported ones")
 def train(path: str | None, data: str | None, out: str, epochs: int, batch_size: int,
-          learning_rate: float, model_name: str) -> None:
+          learning_rate: float, model_name: str, hps_template: str | None) -> None:
     """Train the reference ranking model on the ETL's TFRecords and export its embedding
     tables for the parameter server (needs TensorFlow: the [tf] extra)."""
     try:
@@ -322,7 +325,8 @@ def train(path: str | None, data: str | None, out: str, epochs: int, batch_size:
                                    "installed): pip install 'featureline[tf]'") from None
     result = run_train(data or _config(path).etl.output.path, out, epochs=epochs,
                        batch_size=batch_size, learning_rate=learning_rate,
-                       model_name=model_name, progress=_progress)
+                       model_name=model_name, hps_template=hps_template,
+                       progress=_progress)
     click.echo(result.summary())
 
 

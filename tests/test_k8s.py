@@ -246,7 +246,23 @@ def test_cluster_configuration_is_valid():
               if d["kind"] == "Deployment"
               for m in d["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
     assert str(Path(config.api.auth.keys_file).parent) in mounts
-    assert str(Path(config.api.hps).parent) in mounts
+    assert any(Path(config.api.hps).is_relative_to(mount) for mount in mounts - {"/"})
+
+
+def test_the_daily_train_step_writes_the_parameter_server_configuration_the_api_reads():
+    config = load_config(K8S / "base" / "featureline.yaml")
+    (cronjob,) = _documents(K8S / "base" / "daily-cronjob.yaml")
+    steps = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
+    assert [step["name"] for step in steps] == ["etl", "train", "publish"]
+    train = steps[1]
+    arguments = dict(zip(train["command"][2::2], train["command"][3::2], strict=True))
+    assert train["command"][:2] == ["featureline", "train"]
+    assert Path(arguments["--out"]) / "hps.yaml" == Path(config.api.hps)
+    mounts = {m["name"]: m["mountPath"] for m in train["volumeMounts"]}
+    # The template is the ConfigMap's hps.yaml, and a valid configuration.
+    assert Path(arguments["--hps-template"]) == Path(mounts["config"]) / "hps.yaml"
+    load_hps_config(K8S / "base" / "hps.yaml")
+    assert Path(arguments["--out"]).is_relative_to(mounts["data"])
 
 
 def test_environment_variables_are_the_ones_the_code_reads():

@@ -23,7 +23,14 @@ def trained(job_output, tmp_path_factory):
     from featureline.trainer.train import train
 
     out = tmp_path_factory.mktemp("model")
-    return train(job_output.output, out, epochs=EPOCHS, batch_size=512, progress=lambda _: None)
+    # A deployment's settings the written hps.yaml keeps (its tables are replaced).
+    template = out.parent / f"{out.name}-template.yaml"
+    template.write_text(json.dumps({
+        "models": [{"name": "ranker", "cache_fraction": 0.25,
+                    "tables": [{"name": "user", "dim": 1, "source": "/nowhere"}]}],
+        "persistent_db": {"path": str(out / "replica")}}))
+    return train(job_output.output, out, epochs=EPOCHS, batch_size=512, hps_template=template,
+                 progress=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +86,8 @@ def test_the_model_is_built_from_metadata(job_output, model):
 def test_exported_tables_load_through_the_parameter_server(job_output, trained, model):
     config = load_hps_config(trained.hps_config)
     (ranker,) = config.models
-    assert ranker.name == "ranker"
+    assert (ranker.name, ranker.cache_fraction) == ("ranker", 0.25)  # the template's
+    assert config.persistent_db.path == str(trained.out / "replica")
     versions = {c: v["version"] for c, v in job_output.metadata["vocabularies"].items()}
     owners = {"user": encoded_name("user_id"), "item": encoded_name("item_id")}
     server = ParameterServer(config)
@@ -138,3 +146,31 @@ def test_without_tensorflow_the_demo_serves_a_factorisation_of_the_interactions(
     seen = (users * items).sum(axis=1).mean()
     assert seen > 1.05 * (users * shuffled).sum(axis=1).mean()
     assert seen > 5 * (anyone * anything).sum(axis=1).mean()
+
+
+def test_exported_tables_keep_a_deployments_parameter_server_settings(tmp_path):
+    from featureline.hps.config import HpsConfig
+    from featureline.trainer.export import write_tables
+
+    template = HpsConfig.model_validate({
+        "models": [{"name": "ranker", "cache_fraction": 0.25, "hit_rate_threshold": 0.5,
+                    "tables": [{"name": "user", "dim": 4, "source": "/old/user"}]},
+                   {"name": "other", "tables": [{"name": "t", "dim": 2, "source": "/o/t"}]}],
+        "volatile_db": {"type": "redis", "url": "redis://cache:6379/0"},
+        "persistent_db": {"path": "/tmp/hps/rocksdb"}, "updates": {"group": "hps"}})
+    tables = {"user": (np.ones((5, 3), np.float32), "v-user"),
+              "item": (np.zeros((7, 2), np.float32), "v-item")}
+    written = load_hps_config(write_tables(tmp_path, tables, "ranker", template))
+    ranker, other = written.models
+    assert (ranker.name, ranker.cache_fraction, ranker.hit_rate_threshold) == ("ranker", 0.25, 0.5)
+    assert [(t.name, t.dim, t.source, t.vocabulary_version) for t in ranker.tables] == [
+        ("user", 3, str(tmp_path / "tables" / "user"), "v-user"),
+        ("item", 2, str(tmp_path / "tables" / "item"), "v-item")]
+    assert other == template.models[1]
+    assert (written.volatile_db, written.persistent_db, written.updates) == (
+        template.volatile_db, template.persistent_db, template.updates)
+    # A template without the model gets it added, with the parameter server's defaults.
+    written = load_hps_config(write_tables(tmp_path, tables, "new", template))
+    assert [m.name for m in written.models] == ["ranker", "other", "new"]
+    assert written.models[0].tables == template.models[0].tables
+    assert [t.name for t in written.models[2].tables] == ["user", "item"]

@@ -11,6 +11,7 @@ import numpy as np
 import yaml
 
 from featureline.core.metadata import encoded_name
+from featureline.hps.config import HpsConfig
 from featureline.hps.formats import write_hugectr
 from featureline.trainer.model import embedding_tables, table_weights
 
@@ -34,28 +35,42 @@ def vocabulary_version(metadata: dict[str, Any], owner: str) -> str | None:
 
 
 def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
-                 model_name: str = "ranker") -> Path:
+                 model_name: str = "ranker", template: HpsConfig | None = None) -> Path:
     """Each table (name → [rows, dim] vectors keyed by row number, its vocabulary version)
     under ``out/tables/<name>``, and ``out/hps.yaml`` importing them; the config's path. The
-    parameter server imports a table again when its files change."""
+    parameter server imports a table again when its files change.
+
+    ``template``: the deployment's parameter-server settings (tiers, update streams, other
+    models), kept in the written hps.yaml, where ``model_name``'s tables become these (the
+    model is added when the template has none of that name)."""
     entries = []
     for name, (vectors, version) in tables.items():
         folder = (out / "tables" / name).resolve()
         write_hugectr(folder, np.arange(len(vectors), dtype=np.int64), vectors)
         entries.append({"name": name, "dim": int(vectors.shape[1]), "source": str(folder),
                         "vocabulary_version": version})
+    if template is None:
+        settings: dict[str, Any] = {
+            "models": [{"name": model_name, "cache_fraction": 0.5, "tables": entries}],
+            "persistent_db": {"path": str((out / "rocksdb").resolve())}}
+    else:
+        settings = template.model_dump(mode="json", exclude_unset=True)
+        models = settings["models"]
+        model = next((m for m in models if m["name"] == model_name), None)
+        if model is None:
+            models.append(model := {"name": model_name})
+        model["tables"] = entries
+    HpsConfig.model_validate(settings)
     config = out / HPS_CONFIG
-    config.write_text(yaml.safe_dump({
-        "models": [{"name": model_name, "cache_fraction": 0.5, "tables": entries}],
-        "persistent_db": {"path": str((out / "rocksdb").resolve())}}, sort_keys=False))
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
     return config
 
 
-def export(model: Any, metadata: dict[str, Any], out: Path, model_name: str = "ranker"
-           ) -> Path:
+def export(model: Any, metadata: dict[str, Any], out: Path, model_name: str = "ranker",
+           template: HpsConfig | None = None) -> Path:
     """Every embedding table of ``model``, named by :func:`table_names` and tagged with its
     vocabulary version (:func:`write_tables`)."""
     names = table_names(metadata)
     return write_tables(out, {names[owner]: (table_weights(model, owner),
                                              vocabulary_version(metadata, owner))
-                              for owner in embedding_tables(metadata)}, model_name)
+                              for owner in embedding_tables(metadata)}, model_name, template)

@@ -17,6 +17,7 @@ import numpy as np
 from featureline.core.errors import ConfigError
 from featureline.core.metadata import encoded_name, read_metadata
 from featureline.etl.tfrecord.reader import dataset, read_numpy
+from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
 from featureline.trainer.model import build_model, label_group
 
@@ -100,14 +101,17 @@ def evaluate(labels: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
 
 def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int = 4096,
           learning_rate: float = 1e-3, model_name: str = "ranker", seed: int = 0,
+          hps_template: str | Path | None = None,
           progress: Callable[[str], None] = print) -> TrainResult:
     """Build the model from ``data``'s metadata.json, train it ``epochs`` times over the
     training split, compare it with the popularity baseline on the validation split, and
-    write ``out``: the tables and hps.yaml, the Keras model, and training.json."""
+    write ``out``: the tables and hps.yaml (the settings of ``hps_template`` when given, see
+    ``export.write_tables``), the Keras model, and training.json."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     import keras
 
     started = time.perf_counter()
+    template = load_hps_config(hps_template) if hps_template is not None else None
     metadata = read_metadata(data)
     metadata.setdefault("output", str(data))
     if not metadata.get("tfrecord"):
@@ -143,7 +147,7 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int
                                "prior": prior, **evaluate(labels, item_rate[items])}}
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    hps_config = export(model, metadata, out, model_name)
+    hps_config = export(model, metadata, out, model_name, template)
     with warnings.catch_warnings():
         # Keras 3.15 saving TensorFlow variables under NumPy 2; the file is complete.
         warnings.filterwarnings("ignore", message="__array__ implementation doesn't accept")
