@@ -252,8 +252,12 @@ def test_cluster_configuration_is_valid():
 def test_the_daily_train_step_writes_the_parameter_server_configuration_the_api_reads():
     config = load_config(K8S / "base" / "featureline.yaml")
     (cronjob,) = _documents(K8S / "base" / "daily-cronjob.yaml")
-    steps = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"]
-    assert [step["name"] for step in steps] == ["etl", "train", "publish"]
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    steps = pod["initContainers"]
+    assert [step["name"] for step in steps + pod["containers"]] == [
+        "etl", "train", "publish", "reload", "trim"]
+    # The stream is trimmed after every API process has the new tables, by what they hold.
+    assert pod["containers"][0]["command"][:3] == ["featureline", "hps", "trim-updates"]
     train = steps[1]
     arguments = dict(zip(train["command"][2::2], train["command"][3::2], strict=True))
     assert train["command"][:2] == ["featureline", "train"]
