@@ -24,8 +24,9 @@ STAGES = {name for name in LAYERS if name != "launcher"}
 PUBLIC = {
     "api": {"feature_store.settings", "feature_store.online", "feature_store.repo",
             "feature_store.errors", "hps", "hps.errors", "hps.updates"},
-    # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables.
-    "trainer": {"etl.tfrecord.reader", "hps.formats"},
+    # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables and
+    # the parameter server's configuration for them.
+    "trainer": {"etl.tfrecord.reader", "hps.formats", "hps.config"},
 }
 # Files that tools run by path (spark-submit, Feast's CLI): launcher-level entry points that
 # live where their tool expects them.
