@@ -3,7 +3,10 @@ complete new one, never a mix, whatever happens to the writer.
 
 The swap is one atomic exchange of two paths (Linux ``renameat2(RENAME_EXCHANGE)``); where
 that is not available it falls back to two renames, and a crash between them leaves the
-previous folder beside the path as ``.<name>.old-*``.
+previous folder beside the path as ``.<name>.old-*``. ``staged_directory`` writes a folder
+that way under a lock file beside it (``.<name>.lock``): one writer at a time, a second
+fails at once naming the holder, and the writer holding it first removes the staging and
+retired folders killed writers left (the ETL's output, the trainer's HugeCTR tables).
 """
 
 from __future__ import annotations
