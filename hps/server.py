@@ -78,8 +78,15 @@ class TableStats:
 
 
 def table_key(model: str, table: str) -> str:
-    """How the stores name a table: its namespace in Redis, its column family in RocksDB."""
+    """How the persistent store names a table (its column family in RocksDB)."""
     return f"{model}/{table}"
+
+
+def cache_key(model: str, config: TableConfig) -> str:
+    """How the L2 cache, which processes share, names a table: with its width, so processes
+    serving two widths of one table (a rollout after the embedding plan widened it) never
+    read each other's vectors."""
+    return f"{table_key(model, config.name)}@{config.dim}"
 
 
 @dataclass
@@ -98,6 +105,10 @@ class Table:
     @property
     def key(self) -> str:
         return table_key(self.model, self.config.name)
+
+    @property
+    def cache_key(self) -> str:
+        return cache_key(self.model, self.config)
 
 
 def volatile_store(config: VolatileDbConfig) -> VolatileStore:
@@ -186,7 +197,7 @@ class ParameterServer:
             size = len(keys)  # read_table rejects duplicate keys
             warm = int(size * self.config.volatile_db.initial_cache_rate)
             if warm:
-                self.volatile.insert(key, keys[:warm], vectors[:warm])
+                self.volatile.insert(cache_key(model, config), keys[:warm], vectors[:warm])
         capacity = max(1, math.ceil(size * cache_fraction))
         cache = make_cache(capacity, config.dim, self.config.cache_device)
         return Table(model, config, cache, size, hit_rate_threshold)
@@ -287,7 +298,7 @@ class ParameterServer:
             unique, inverse = np.unique(keys[~hit1], return_inverse=True)
             below = np.full((len(unique), dim), entry.config.default_value, dtype=np.float32)
             found3 = np.zeros(len(unique), dtype=bool)
-            found2, from_volatile = self.volatile.lookup(entry.key, unique, dim)
+            found2, from_volatile = self.volatile.lookup(entry.cache_key, unique, dim)
             below[found2] = from_volatile[found2]
             still = ~found2
             if still.any():
@@ -317,7 +328,7 @@ class ParameterServer:
     def _insert(self, entry: Table, cache_keys: np.ndarray, cache_vectors: np.ndarray,
                 volatile_keys: np.ndarray, volatile_vectors: np.ndarray) -> None:
         if len(volatile_keys):
-            self.volatile.insert(entry.key, volatile_keys, volatile_vectors)
+            self.volatile.insert(entry.cache_key, volatile_keys, volatile_vectors)
         entry.cache.insert(cache_keys, cache_vectors)
 
     def _insert_locked(self, entry: Table, generation: int, *insertion: np.ndarray) -> None:
@@ -340,7 +351,7 @@ class ParameterServer:
         with entry.lock:
             entry.generation += 1
             self.persistent.insert(entry.key, unique, rows)
-            self.volatile.insert(entry.key, unique, rows)
+            self.volatile.insert(entry.cache_key, unique, rows)
             entry.cache.refresh(unique, rows)
 
     def reload(self, model: str) -> dict[str, int]:

@@ -71,7 +71,7 @@ class HashMapStore(VolatileStore):
 class RedisStore(VolatileStore):
     """L2 in Redis, shared by every replica of the server.
 
-    Keys are namespaced ``<namespace>:<model>/<table>:`` + the 8-byte big-endian key, values
+    Keys are namespaced ``<namespace>:<model>/<table>@<dim>:`` + the 8-byte big-endian key, values
     raw float32 bytes; batches go in one pipelined round trip per ``batch_size`` keys. A
     sorted set per table orders the keys for the overflow policy. When Redis cannot be
     reached the store answers "not here" and drops insertions, so lookups fall through to

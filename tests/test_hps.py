@@ -70,7 +70,7 @@ def test_the_cascade_with_small_tiers(tmp_path):
     # 200 more keys: the cache and the hash map overflow, the answers stay exact.
     got = server.lookup("ranker", "items", keys[20:220])
     np.testing.assert_array_equal(got, vectors[20:220])
-    assert len(table.cache) == 20 and server.volatile.size(table.key) == 100
+    assert len(table.cache) == 20 and server.volatile.size(table.cache_key) == 100
     # The first keys were evicted from L1 and L2 (oldest first): back from RocksDB.
     before = table.stats.answered["l3"]
     np.testing.assert_array_equal(server.lookup("ranker", "items", first), vectors[:20])
@@ -84,7 +84,7 @@ def test_initial_cache_rate_fills_the_volatile_store(tmp_path):
     keys, vectors = _table(n=100)
     server = _server(tmp_path, keys, vectors, volatile_db={"initial_cache_rate": 0.3})
     table = server.table("ranker", "items")
-    assert server.volatile.size(table.key) == 30
+    assert server.volatile.size(table.cache_key) == 30
     server.lookup("ranker", "items", keys[:30])
     assert table.stats.answered["l2"] == 30
     server.close()
@@ -328,12 +328,12 @@ def test_redis_cluster_volatile_store(tmp_path, redis_cluster, policy):
         overflow_policy=policy, initial_cache_rate=0.2)
     server = ParameterServer(config)
     table = server.table("m", "items")
-    assert server.volatile.size(table.key) == 60
+    assert server.volatile.size(table.cache_key) == 60
     np.testing.assert_array_equal(server.lookup("m", "items", keys[:60]), vectors[:60])
     assert table.stats.answered["l2"] == 60
     np.testing.assert_array_equal(server.lookup("m", "items", keys), vectors)  # overflow
-    assert server.volatile.size(table.key) == 120
-    stored = client.keys(f"hps:{table.key}:*", target_nodes=RedisCluster.ALL_NODES)
+    assert server.volatile.size(table.cache_key) == 120
+    stored = client.keys(f"hps:{table.cache_key}:*", target_nodes=RedisCluster.ALL_NODES)
     assert len(stored) == 120
     per_node = [node.redis_connection.dbsize() for node in client.get_primaries()]
     assert len(per_node) == 3 and min(per_node) > 0, per_node
@@ -350,16 +350,38 @@ def test_redis_volatile_store(tmp_path, redis_server, policy):
         initial_cache_rate=0.1)
     server = ParameterServer(config)
     table = server.table("m", "items")
-    assert server.volatile.size(table.key) == 30
+    assert server.volatile.size(table.cache_key) == 30
     np.testing.assert_array_equal(server.lookup("m", "items", keys[:30]), vectors[:30])
     assert table.stats.answered["l2"] == 30
     np.testing.assert_array_equal(server.lookup("m", "items", keys), vectors)  # overflow
-    assert server.volatile.size(table.key) == 50
+    assert server.volatile.size(table.cache_key) == 50
     client = redis.Redis.from_url(redis_server.url)
-    assert len(client.keys(f"hps:{table.key}:*")) == 50  # the vectors only
-    assert client.zcard(f"hps:{table.key}#order") == 50
+    assert len(client.keys(f"hps:{table.cache_key}:*")) == 50  # the vectors only
+    assert client.zcard(f"hps:{table.cache_key}#order") == 50
     server.close()
 
+
+
+def test_two_widths_of_a_table_share_one_l2_without_mixing(tmp_path, redis_server):
+    """A rollout after the embedding plan widened a table: processes on the old and the new
+    width share the L2 Redis, each reading its own vectors from it."""
+    servers, tables = [], []
+    for width in (DIM, 2 * DIM):
+        keys, vectors = _table(n=100)[0], _table(n=100, dim=width, seed=width)[1]
+        write_hugectr(tmp_path / f"items{width}", keys, vectors)
+        config = HpsConfig.model_validate({
+            "models": [{"name": f"m-{tmp_path.name}", "cache_fraction": 0.05, "tables": [
+                {"name": "items", "dim": width, "source": str(tmp_path / f"items{width}")}]}],
+            "volatile_db": {"type": "redis", "url": redis_server.url,
+                            "initial_cache_rate": 1.0},
+            "persistent_db": {"path": str(tmp_path / f"rocks{width}")}, "cache_device": "cpu"})
+        servers.append(ParameterServer(config))
+        tables.append((keys, vectors))
+    for server, (keys, vectors) in zip(servers, tables, strict=True):
+        np.testing.assert_array_equal(server.lookup(f"m-{tmp_path.name}", "items", keys),
+                                      vectors)
+        assert server.table(f"m-{tmp_path.name}", "items").stats.answered["l2"] == 100
+        server.close()
 
 def test_redis_down_falls_through_to_rocksdb(tmp_path):
     from featureline.feature_store.redis_server import EmbeddedRedis
@@ -655,7 +677,7 @@ def test_a_background_insertion_never_writes_an_older_value_over_an_update(tmp_p
     gate.set()
     server.wait_for_insertions()
     np.testing.assert_array_equal(server.lookup("ranker", "items", key), newer)
-    hit, cached = server.volatile.lookup("ranker/items", key, DIM)
+    hit, cached = server.volatile.lookup(server.table("ranker", "items").cache_key, key, DIM)
     assert not hit.any() or (cached[hit] == 9.0).all()
     server.close()
 
