@@ -82,17 +82,20 @@ def _string_schema(columns: SourceColumns) -> T.StructType:
 
 
 def _parsed_text(text: DataFrame, parsed: Column, columns: SourceColumns) -> DataFrame:
+    """``text``: the lines (``value``) and their file (``_file``)."""
     blank = F.trim(F.col("value")) == ""
     return text.select(
         F.col("value").alias(RECORD),
-        F.input_file_name().alias(SOURCE_FILE),
+        F.col(_FILE).alias(SOURCE_FILE),
         (blank | parsed[_CORRUPT].isNotNull()).alias(_MALFORMED),
         *(parsed[name].alias(canonical) for name, canonical in columns.mapping.items()),
     )
 
 
 def _lines(spark: SparkSession, paths: str | list[str]) -> DataFrame:
-    """Every line of the files that holds more than whitespace, as ``value``, untouched.
+    """Every line of the files that holds more than whitespace, as ``value``, untouched, and
+    its file as ``_file`` (named while the line is read: after a shuffle, as the CSV reader's
+    repeated header lines go through, ``input_file_name`` is empty).
 
     Read by Spark's CSV scan with one column, no quoting and a separator that text logs do
     not hold (U+0001), because the RAPIDS Accelerator runs that scan on the GPU and not the
@@ -102,7 +105,7 @@ def _lines(spark: SparkSession, paths: str | list[str]) -> DataFrame:
     return (spark.read.schema("value STRING")
             .options(sep=LINE_SEPARATOR, quote="", header="false", mode="PERMISSIVE",
                      ignoreLeadingWhiteSpace="false", ignoreTrailingWhiteSpace="false")
-            .csv(paths))
+            .csv(paths).withColumn(_FILE, F.input_file_name()))
 
 
 def _read_jsonl(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
@@ -157,14 +160,14 @@ def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns)
                               + [T.StructField(_CORRUPT, T.StringType())])
         options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT,
                    "sep": source.csv_delimiter}
-        text = _lines(spark, files).withColumn(_FILE, F.input_file_name())
+        text = _lines(spark, files)
         is_header = F.col("value") == F.lit(header_line)
         # One header line per file goes; any other copy of it is kept as data.
         repeats = (text.where(is_header)
                    .withColumn("_copy", F.row_number().over(Window.partitionBy(_FILE)
                                                             .orderBy(_FILE)))
                    .where(F.col("_copy") > 1).drop("_copy"))
-        body = text.where(~is_header).unionByName(repeats).drop(_FILE)
+        body = text.where(~is_header).unionByName(repeats)
         # A line without quotes and with one field per header column is split as it is (an
         # operator the GPU runs); the others go through Spark's CSV parser, from_csv, which
         # it does not: quoting is what needs a parser (docs/ARCHITECTURE.md, "GPU").

@@ -209,8 +209,9 @@ def test_csv_files_of_a_glob_each_keep_their_own_header(spark, tmp_path):
     rows = _validated(spark, _config(folder / "*.csv", "csv")).collect()
     good = sorted((r["user_id"], r["item_id"]) for r in rows if r["reason"] is None)
     assert good == [("u1", "i1"), ("u2", "i2"), ("u3", "i3")]
-    rejected = [(r["record"], r["reason"]) for r in rows if r["reason"] is not None]
-    assert rejected == [(header, "bad_timestamp")]
+    rejected = [(r["record"], r["reason"], r["source_file"].rsplit("/", 1)[-1])
+                for r in rows if r["reason"] is not None]
+    assert rejected == [(header, "bad_timestamp", "a.csv")]  # its file named, as any row's
     assert len(rows) == 4  # every line but one header line per file
 
 
