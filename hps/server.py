@@ -15,6 +15,7 @@ import math
 import shutil
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from featureline.core.errors import ConfigError
 from featureline.hps.cache import EmbeddingCache, make_cache
 from featureline.hps.config import (
     HpsConfig,
+    ModelConfig,
     TableConfig,
     VolatileDbConfig,
     load_hps_config,
@@ -101,6 +103,9 @@ class Table:
     # Bumped by every update: a background insertion of vectors read before it is dropped,
     # so it can never write an older value over a newer one.
     generation: int = 0
+    # Set when a reload replaced the table (a new width) or removed it: a lookup that waited
+    # for this entry's lock goes to the table's current entry instead.
+    retired: bool = False
 
     @property
     def key(self) -> str:
@@ -134,8 +139,11 @@ def _set_aside(folder: Path) -> Path:
 
 class ParameterServer:
     def __init__(self, config: HpsConfig, persistent: PersistentStore | None = None,
-                 volatile: VolatileStore | None = None) -> None:
+                 volatile: VolatileStore | None = None, config_path: Path | None = None
+                 ) -> None:
         self.config = config
+        # The file the configuration came from: a reload reads its model's tables there again.
+        self.config_path = config_path
         self.persistent = persistent or RocksDBStore.first_free(config.persistent_db.path)
         self.volatile = volatile or volatile_store(config.volatile_db)
         # How many times L3 was imported again from the sources (a damaged replica): update
@@ -177,7 +185,7 @@ class ParameterServer:
 
     @classmethod
     def from_config(cls, path: str | Path) -> ParameterServer:
-        return cls(load_hps_config(path))
+        return cls(load_hps_config(path), config_path=Path(path))
 
     def _load(self, model: str, config: TableConfig, cache_fraction: float,
               hit_rate_threshold: float) -> Table:
@@ -195,12 +203,21 @@ class ParameterServer:
                 self.persistent.drop(key)
             keys, vectors = self._import(self.persistent, key, config, source)
             size = len(keys)  # read_table rejects duplicate keys
-            warm = int(size * self.config.volatile_db.initial_cache_rate)
-            if warm:
-                self.volatile.insert(cache_key(model, config), keys[:warm], vectors[:warm])
+            self._warm(model, config, keys, vectors)
+        return self._entry(model, config, size, cache_fraction, hit_rate_threshold)
+
+    def _entry(self, model: str, config: TableConfig, size: int, cache_fraction: float,
+               hit_rate_threshold: float) -> Table:
         capacity = max(1, math.ceil(size * cache_fraction))
         cache = make_cache(capacity, config.dim, self.config.cache_device)
         return Table(model, config, cache, size, hit_rate_threshold)
+
+    def _warm(self, model: str, config: TableConfig, keys: np.ndarray,
+              vectors: np.ndarray) -> None:
+        """Put the first ``initial_cache_rate`` of a table just imported into L2."""
+        warm = int(len(keys) * self.config.volatile_db.initial_cache_rate)
+        if warm:
+            self.volatile.insert(cache_key(model, config), keys[:warm], vectors[:warm])
 
     @staticmethod
     def _import(store: PersistentStore, key: str, config: TableConfig,
@@ -208,10 +225,15 @@ class ParameterServer:
         """Write the whole of the table's source into ``store``, then its import mark."""
         assert config.source is not None
         keys, vectors = read_table(config.source, config.format, config.dim)
+        ParameterServer._write(store, key, keys, vectors, mark)
+        return keys, vectors
+
+    @staticmethod
+    def _write(store: PersistentStore, key: str, keys: np.ndarray, vectors: np.ndarray,
+               mark: str) -> None:
         store.insert(key, keys, vectors)
         store.compact(key)
         store.set_import_mark(key, mark)
-        return keys, vectors
 
     @property
     def repairing(self) -> bool:
@@ -280,11 +302,10 @@ class ParameterServer:
     def lookup(self, model: str, table: str, keys: np.ndarray | list[int]) -> np.ndarray:
         """Vectors of ``keys`` in request order, shape ``[len(keys), dim]``; duplicates and
         unknown keys allowed (unknown ones get the table's default vector)."""
-        entry = self.table(model, table)
         started = time.perf_counter()
         keys = np.asarray(keys, dtype=np.int64).ravel()
-        dim = entry.config.dim
-        with entry.lock:
+        with self._current(model, table) as entry:
+            dim = entry.config.dim
             # L1 answers duplicates as they come; only its misses are de-duplicated.
             hit1, vectors = entry.cache.lookup(keys)
             stats = entry.stats
@@ -336,45 +357,107 @@ class ParameterServer:
             if entry.generation == generation:  # else an update came after the read
                 self._insert(entry, *insertion)
 
+    @contextlib.contextmanager
+    def _current(self, model: str, table: str) -> Iterator[Table]:
+        """The table's entry, locked; one a reload retired while we waited for its lock is
+        let go for the entry that replaced it."""
+        while True:
+            entry = self.table(model, table)
+            with entry.lock:
+                if not entry.retired:
+                    yield entry
+                    return
+
     def apply_update(self, model: str, table: str, keys: np.ndarray,
                      vectors: np.ndarray) -> None:
         """New values for ``keys``: written to L3 and L2, refreshed where L1 holds them."""
-        entry = self.table(model, table)
         keys = np.asarray(keys, dtype=np.int64).ravel()
         vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.shape != (len(keys), entry.config.dim):
-            raise ValueError(f"{entry.key}: update of shape {vectors.shape}, expected "
-                             f"({len(keys)}, {entry.config.dim})")
         # The last value of a key repeated within one update wins.
         unique, last = np.unique(keys[::-1], return_index=True)
         rows = vectors[::-1][last]
-        with entry.lock:
+        with self._current(model, table) as entry:
+            if vectors.shape != (len(keys), entry.config.dim):
+                raise ValueError(f"{entry.key}: update of shape {vectors.shape}, expected "
+                                 f"({len(keys)}, {entry.config.dim})")
             entry.generation += 1
             self.persistent.insert(entry.key, unique, rows)
             self.volatile.insert(entry.cache_key, unique, rows)
             entry.cache.refresh(unique, rows)
 
     def reload(self, model: str) -> dict[str, int]:
-        """Read the model's table sources again and apply them as an update (L3, L2, L1).
+        """Read the model's settings and table sources again and apply them: the rows of a
+        table whose width is unchanged as an update (L3, L2, L1); a table the configuration
+        widened, or added, imported whole into a new entry that then replaces it (lookups of it
+        wait for the import); a table the configuration no longer lists, removed.
 
-        Keys that left a source stay in L3; a table without a source is left as it is. Every
-        source is read (and checked) before any table changes, so a source that cannot be
-        read leaves all of them as they were. Returns the rows read per table.
+        The settings come from the configuration file again when the server was opened from
+        one (``from_config``; the daily chain's train step rewrites it), so a new width or
+        vocabulary version is served without a restart; server-wide settings (tiers, cache
+        device) still need one. Keys that left a source stay in L3. Every source is read
+        (and checked) before any table changes, so a source that cannot be read, or a
+        configuration that does not load, leaves all of them as they were. Returns the rows
+        read per table.
         """
-        if model not in self.tables:
-            raise UnknownModelError(model, list(self.tables))
+        settings = self._model_settings(model)
+        served = self.tables[model]
+        for config in settings.tables:
+            entry = served.get(config.name)
+            if config.source is None and (entry is None or entry.config.dim != config.dim):
+                raise ConfigError(f"hps.models.{model}.tables.{config.name}",
+                                  "a table without a source can be added or change width only "
+                                  "by a restart with an empty persistent store")
         sources = {}
-        for name, entry in self.tables[model].items():
-            config = entry.config
+        for config in settings.tables:
             if config.source is not None:
                 mark = fingerprint(config.source, config.format)
-                sources[name] = (mark, *read_table(config.source, config.format, config.dim))
-        for name, (mark, keys, vectors) in sources.items():
-            entry = self.tables[model][name]
-            self.apply_update(model, name, keys, vectors)
-            self.persistent.set_import_mark(entry.key, mark)
-            entry.size = self.persistent.size(entry.key)
-        return {name: len(keys) for name, (_, keys, _) in sources.items()}
+                sources[config.name] = (config, mark,
+                                        *read_table(config.source, config.format, config.dim))
+        for name, (config, mark, keys, vectors) in sources.items():
+            entry = served.get(name)
+            if entry is not None and entry.config.dim == config.dim:
+                with entry.lock:
+                    entry.config = config  # its vocabulary version, source, default value
+                self.apply_update(model, name, keys, vectors)
+                self.persistent.set_import_mark(entry.key, mark)
+                entry.size = self.persistent.size(entry.key)
+            else:
+                self._replace(model, settings, config, entry, mark, keys, vectors)
+        for name in [n for n in served if n not in {t.name for t in settings.tables}]:
+            with served[name].lock:
+                served[name].retired = True
+                del served[name]
+        self.config = self.config.model_copy(update={"models": [
+            settings if m.name == model else m for m in self.config.models]})
+        return {name: len(keys) for name, (_, _, keys, _) in sources.items()}
+
+    def _model_settings(self, model: str) -> ModelConfig:
+        """The model's settings as they are now: read again from the configuration file when
+        there is one."""
+        if model not in self.tables:
+            raise UnknownModelError(model, list(self.tables))
+        config = load_hps_config(self.config_path) if self.config_path else self.config
+        settings = next((m for m in config.models if m.name == model), None)
+        if settings is None:
+            raise ConfigError("hps.models", f"{self.config_path}: model {model!r} is no longer "
+                              "configured; it is served as it was until a restart")
+        return settings
+
+    def _replace(self, model: str, settings: ModelConfig, config: TableConfig,
+                 entry: Table | None, mark: str, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Import a table whole into L3 and serve it from a new entry (a new L1 of its width;
+        L2 names it with its width, ``cache_key``), retiring the entry it replaces."""
+        key = table_key(model, config.name)
+        new = self._entry(model, config, len(keys), settings.cache_fraction,
+                          settings.hit_rate_threshold)
+        with entry.lock if entry is not None else contextlib.nullcontext():
+            self.persistent.drop(key)
+            self._write(self.persistent, key, keys, vectors, mark)
+            self._warm(model, config, keys, vectors)
+            self.tables[model][config.name] = new
+            if entry is not None:
+                entry.retired = True
+                entry.generation += 1  # its queued background insertions are dropped
 
     def _queue(self, future: Future[None]) -> None:
         still_running = []

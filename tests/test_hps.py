@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from featureline.core.errors import ConfigError
 from featureline.hps import ParameterServer
 from featureline.hps.cache import GpuCache, HostCache, gpu_available
 from featureline.hps.config import HpsConfig, load_hps_config
@@ -844,3 +845,95 @@ ParameterServer(HpsConfig.model_validate({config!r}))
 assert all(f.signatures for f in jitted), [f.signatures for f in jitted]
 """
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+def _write_config(path, tables, rocks):
+    path.write_text(json.dumps({"hps": {
+        "models": [{"name": "ranker", "tables": tables}],
+        "persistent_db": {"path": str(rocks)}, "cache_device": "cpu"}}))
+
+
+def test_a_reload_serves_the_tables_the_configuration_file_now_lists(tmp_path):
+    # The daily chain's train step rewrites hps.yaml: items widened 8 → 12 with a new
+    # vocabulary version, users added, tags removed; one reload serves all of it.
+    keys, vectors = _table(300)
+    wide_keys, wide = _table(400, dim=12, seed=1)
+    for name, (k, v) in {"items": (keys, vectors), "tags": (keys[:10], vectors[:10]),
+                         "items12": (wide_keys, wide), "users": (keys[:50], vectors[:50] * 2)
+                         }.items():
+        write_hugectr(tmp_path / name, k, v)
+    path, rocks = tmp_path / "hps.yaml", tmp_path / "rocks"
+    _write_config(path, [
+        {"name": "items", "dim": DIM, "source": str(tmp_path / "items"),
+         "vocabulary_version": "v1"},
+        {"name": "tags", "dim": DIM, "source": str(tmp_path / "tags")}], rocks)
+    server = ParameterServer.from_config(path)
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys[:5]), vectors[:5])
+    _write_config(path, [
+        {"name": "items", "dim": 12, "source": str(tmp_path / "items12"),
+         "vocabulary_version": "v2", "default_value": 0.25},
+        {"name": "users", "dim": DIM, "source": str(tmp_path / "users")}], rocks)
+    assert server.reload("ranker") == {"items": 400, "users": 50}
+    np.testing.assert_array_equal(server.lookup("ranker", "items", wide_keys), wide)
+    assert (server.lookup("ranker", "items", keys[:3]) == 0.25).all()  # left with the old width
+    np.testing.assert_array_equal(server.lookup("ranker", "users", keys[:50]), vectors[:50] * 2)
+    with pytest.raises(UnknownTableError):
+        server.lookup("ranker", "tags", keys[:1])
+    stats = server.stats()["ranker"]
+    assert (stats["items"]["dim"], stats["items"]["vocabulary_version"]) == (12, "v2")
+    server.close()
+    # A restart on the same replica serves what the reload imported, without importing again.
+    restarted = ParameterServer.from_config(path)
+    np.testing.assert_array_equal(restarted.lookup("ranker", "items", wide_keys[:7]), wide[:7])
+    restarted.close()
+
+
+def test_a_reload_of_a_configuration_that_cannot_apply_changes_no_table(tmp_path):
+    keys, vectors = _table(100)
+    write_hugectr(tmp_path / "items", keys, vectors)
+    path, rocks = tmp_path / "hps.yaml", tmp_path / "rocks"
+    items = {"name": "items", "dim": DIM, "source": str(tmp_path / "items")}
+    _write_config(path, [items, {"name": "seen", "dim": 4}], rocks)
+    server = ParameterServer.from_config(path)
+    path.write_text("hps: {models: []}")  # does not load
+    with pytest.raises(ConfigError, match=r"hps\.models"):
+        server.reload("ranker")
+    _write_config(path, [items, {"name": "seen", "dim": 6}], rocks)  # unsourced, wider
+    with pytest.raises(ConfigError, match=r"tables\.seen"):
+        server.reload("ranker")
+    write_hugectr(tmp_path / "items16", keys, np.ones((100, 16), dtype=np.float32))
+    _write_config(path, [{**items, "dim": 16, "source": str(tmp_path / "items16")},
+                         {"name": "seen", "dim": 4}, {"name": "new", "dim": 4,
+                                                      "source": str(tmp_path / "missing")}],
+                  rocks)
+    with pytest.raises(TableFileError):  # one source unreadable: nothing applied
+        server.reload("ranker")
+    np.testing.assert_array_equal(server.lookup("ranker", "items", keys[:5]), vectors[:5])
+    assert sorted(server.tables["ranker"]) == ["items", "seen"]
+    server.close()
+
+
+def test_a_lookup_waiting_on_a_replaced_table_reads_the_new_one(tmp_path):
+    keys, vectors = _table(100)
+    write_hugectr(tmp_path / "items", keys, vectors)
+    write_hugectr(tmp_path / "items4", keys, np.full((100, 4), 3.0, dtype=np.float32))
+    path, rocks = tmp_path / "hps.yaml", tmp_path / "rocks"
+    _write_config(path, [{"name": "items", "dim": DIM, "source": str(tmp_path / "items")}],
+                  rocks)
+    server = ParameterServer.from_config(path)
+    old = server.tables["ranker"]["items"]
+    _write_config(path, [{"name": "items", "dim": 4, "source": str(tmp_path / "items4")}], rocks)
+    got = []
+    with old.lock:  # a lookup arrives while the old entry is busy, then the reload replaces it
+        reader = threading.Thread(target=lambda: got.append(
+            server.lookup("ranker", "items", keys[:2])))
+        reader.start()
+        time.sleep(0.2)
+        old.retired = True
+        server.tables["ranker"]["items"] = server._entry(
+            "ranker", load_hps_config(path).models[0].tables[0], 100, 0.5, 0.9)
+        server.persistent.drop("ranker/items")
+        server.persistent.insert("ranker/items", keys, np.full((100, 4), 3.0, np.float32))
+    reader.join(5)
+    assert got and got[0].shape == (2, 4) and (got[0] == 3.0).all()
+    server.close()
