@@ -15,11 +15,10 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis as redis_py
-
-from featureline.hps import ParameterServer
 
 logger = logging.getLogger("featureline.api")
 
@@ -44,10 +43,11 @@ def announce(client: Any, project: str, model: str) -> int:
 class ReloadListener:
     """Reloads the models other processes announce, in a background thread."""
 
-    def __init__(self, client: Any, project: str, server: ParameterServer) -> None:
+    def __init__(self, client: Any, project: str, reload: Callable[[str], object]) -> None:
+        """``reload``: what this process does for an announced model (``Services.reload_here``)."""
         self.client = client
         self.channel = channel(client, project)
-        self.server = server
+        self.reload = reload
         self.reloads = 0
         self._stop = threading.Event()
         self._subscribed = threading.Event()
@@ -80,7 +80,7 @@ class ReloadListener:
             message = json.loads(data)
             if message.get("origin") == process_id():
                 return
-            self.server.reload(message["model"])
+            self.reload(message["model"])
             self.reloads += 1
         except Exception:  # a bad message or a failed reload must not end the listener
             logger.exception("announced reload %r failed", data)

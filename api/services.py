@@ -42,6 +42,8 @@ class Services:
     # Background work of this process: reloads announced by other workers, online updates.
     listener: ReloadListener | None = None
     consumers: list[UpdateConsumer] = field(default_factory=list)
+    # The ETL output served (api.data): a reload reads its vocabularies and stamp again.
+    output: Path | None = None
 
     def parameter_server(self) -> ParameterServer:
         if self.hps is None:
@@ -74,8 +76,20 @@ class Services:
     def reload(self, model: str) -> tuple[dict[str, int], int]:
         """Reload ``model`` here and announce it to every other process: rows read per table,
         and how many processes heard the announcement (this one included)."""
-        rows = self.parameter_server().reload(model)
+        rows = self.reload_here(model)
         return rows, announce(self.reader.client, self.reader.project, model)
+
+    def reload_here(self, model: str) -> dict[str, int]:
+        """The model's tables (``ParameterServer.reload``) and the served output's
+        vocabularies and version stamp, read again: the daily chain rewrote all of them, and
+        ids the new vocabularies added would otherwise be encoded out-of-vocabulary until a
+        restart. Nothing changes unless both read."""
+        server = self.parameter_server()
+        dataset = _dataset(self.output) if self.output is not None else None
+        rows = server.reload(model)
+        if dataset is not None:
+            self.vocabularies, self.lineages, self.dataset_version = dataset
+        return rows
 
     def close(self) -> None:
         for consumer in self.consumers:
@@ -102,20 +116,27 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if config.api.auth.enabled and not keys:
         logger.warning("API authentication is on but no key is configured (api.auth.keys_file, "
                        "FEATURELINE_API_KEYS): every request will be answered 401")
-    metadata = read_metadata(output)
-    lineages = {column: list(entry["lineage"])
-                for column, entry in metadata.get("vocabularies", {}).items()}
-    services = Services(config, reader, Vocabularies.from_output(output), hps, metrics, keys,
-                        dataset_version(metadata), lineages)
+    vocabularies, lineages, version = _dataset(output)
+    services = Services(config, reader, vocabularies, hps, metrics, keys, version, lineages,
+                        output=Path(output))
     metrics.watch_store(reader.ping, lambda: check(services))
     if cache is not None:
         metrics.watch_feature_cache(cache)
     if hps is not None:
-        services.listener = ReloadListener(reader.client, reader.project, hps).start()
+        services.listener = ReloadListener(reader.client, reader.project,
+                                           services.reload_here).start()
         services.consumers = start_consumers(hps)
         metrics.watch_updates(lambda: services.consumers)
         metrics.watch_tiers(hps.health)
     return services
+
+
+def _dataset(output: str | Path) -> tuple[Vocabularies, dict[str, list[str]], str]:
+    """An ETL output's vocabularies, each one's lineage, and its dataset version."""
+    metadata = read_metadata(output)
+    lineages = {column: list(entry["lineage"])
+                for column, entry in metadata.get("vocabularies", {}).items()}
+    return Vocabularies.from_output(output), lineages, dataset_version(metadata)
 
 
 async def get_services(request: Request) -> Services:

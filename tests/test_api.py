@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
@@ -183,10 +186,23 @@ def test_models_and_admin_reload(client, api_setup):
     assert {t["name"]: (t["dim"], t["keys"]) for t in ranker["tables"]} == {
         "user": (DIM, TABLE_ROWS), "item": (DIM, TABLE_ROWS)}
     assert client.post("/v1/admin/models/ranker/reload", headers=READ).status_code == 403
-    # A retrained table: reload serves its new rows.
+
+    def encoded_items():
+        return client.post("/v1/ranking-inputs", headers=READ, json={
+            "user_id": "u1", "item_ids": ["i3", "i1"]}).json()["items"]["encoded_ids"]
+
+    # The next day: a retrained table, and the ETL output's item vocabulary extended by i3.
     write_hugectr(api_setup["root"] / "tables" / "item", np.arange(TABLE_ROWS, dtype=np.int64),
                   table_vectors("item") + 0.5)
+    vocabulary = api_setup["output"] / "artifacts" / "categorify" / "item_id" / "part-0.parquet"
+    yesterday = pq.read_table(vocabulary)
+    metadata = api_setup["output"] / "metadata.json"
+    stamp = metadata.read_text()
     try:
+        assert encoded_items() == [1, encoded_id("i1")]  # i3: out of vocabulary
+        pq.write_table(pa.table({"value": ["i1", "i2", "i3"], "id": pa.array(
+            [encoded_id(v) for v in ("i1", "i2", "i3")], pa.int64())}), vocabulary)
+        metadata.write_text(json.dumps({**json.loads(stamp), "dataset": {"version": "day-2"}}))
         reloaded = client.post("/v1/admin/models/ranker/reload", headers=ADMIN)
         assert reloaded.status_code == 200, reloaded.text
         # One process serves this app: it heard its own announcement.
@@ -195,10 +211,15 @@ def test_models_and_admin_reload(client, api_setup):
         vectors = client.post("/v1/embeddings/lookup", headers=READ, json={
             "model": "ranker", "table": "item", "keys": [2]}).json()["vectors"]
         np.testing.assert_array_equal(vectors, table_vectors("item")[[2]] + 0.5)
+        assert encoded_items() == [encoded_id("i3"), encoded_id("i1")]
+        assert client.get("/healthz").headers["X-Featureline-Dataset-Version"] == "day-2"
     finally:
         write_hugectr(api_setup["root"] / "tables" / "item",
                       np.arange(TABLE_ROWS, dtype=np.int64), table_vectors("item"))
+        pq.write_table(yesterday, vocabulary)
+        metadata.write_text(stamp)
         client.post("/v1/admin/models/ranker/reload", headers=ADMIN)
+    assert encoded_items() == [1, encoded_id("i1")]
     assert client.post("/v1/admin/models/scorer/reload", headers=ADMIN).status_code == 404
 
 

@@ -14,7 +14,8 @@ ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 503)}
 
 @router.post("/models/{name}/reload", response_model=ReloadResponse, responses=ERRORS)
 def reload_model(name: str, services: Services = Depends(get_services)) -> ReloadResponse:
-    """Read the model's table sources again and apply them (L3, L2, refreshed L1), here and in
-    every other API process (announced on Redis; ``workers``: the processes that heard it)."""
+    """Read the model's tables (``api.hps``) and their sources again and apply them (L3, L2,
+    refreshed L1), and the served output's vocabularies, here and in every other API process
+    (announced on Redis; ``workers``: the processes that heard it)."""
     rows, workers = services.reload(name)
     return ReloadResponse(model=name, rows=rows, workers=workers)
