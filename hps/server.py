@@ -167,6 +167,8 @@ class ParameterServer:
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hps-insert")
         self._pending: list[Future[None]] = []
         self._repair_lock = threading.Lock()
+        # One reload at a time (the admin route and announcements from other processes).
+        self._reload_lock = threading.Lock()
         self._repairing: threading.Thread | None = None
 
     def _load_all(self) -> dict[str, dict[str, Table]]:
@@ -399,6 +401,10 @@ class ParameterServer:
         configuration that does not load, leaves all of them as they were. Returns the rows
         read per table.
         """
+        with self._reload_lock:
+            return self._reload(model)
+
+    def _reload(self, model: str) -> dict[str, int]:
         settings = self._model_settings(model)
         served = self.tables[model]
         for config in settings.tables:
