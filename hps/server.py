@@ -432,7 +432,7 @@ class ParameterServer:
         for name in [n for n in served if n not in {t.name for t in settings.tables}]:
             with served[name].lock:
                 served[name].retired = True
-                del served[name]
+                self._serve(model, name, None)
         self.config = self.config.model_copy(update={"models": [
             settings if m.name == model else m for m in self.config.models]})
         return {name: len(keys) for name, (_, _, keys, _) in sources.items()}
@@ -460,10 +460,17 @@ class ParameterServer:
             self.persistent.drop(key)
             self._write(self.persistent, key, keys, vectors, mark)
             self._warm(model, config, keys, vectors)
-            self.tables[model][config.name] = new
+            self._serve(model, config.name, new)
             if entry is not None:
                 entry.retired = True
                 entry.generation += 1  # its queued background insertions are dropped
+
+    def _serve(self, model: str, name: str, entry: Table | None) -> None:
+        """Serve ``entry`` as the table (None: no longer serve it). The model's tables are
+        replaced, not changed, so a thread iterating them (stats, health) never sees them
+        change size."""
+        tables = {n: t for n, t in self.tables[model].items() if n != name}
+        self.tables[model] = tables if entry is None else {**tables, name: entry}
 
     def _queue(self, future: Future[None]) -> None:
         still_running = []
