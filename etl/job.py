@@ -202,10 +202,12 @@ def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlCo
                     path: Path) -> None:
     columns = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind]) for s in specs),
                F.col(LABEL).cast("long"), SPLIT]
-    # Hash-partitioned and sorted by the keys: the same rows land in the same files each run.
+    # Hash-partitioned and sorted by the keys: the same rows land in the same files, in the
+    # same order, each run. The split leads the sort: a write partitioned by it sorts each
+    # task's rows by it unless they already are, and that sort replaced the keys' one.
     examples = (featured.select(*columns)
                 .repartition(config.output.examples_files, *KEYS)
-                .sortWithinPartitions(*KEYS))
+                .sortWithinPartitions(SPLIT, *KEYS))
     write_parquet(examples, path, files=None, partition_by=SPLIT)
 
 

@@ -70,6 +70,25 @@ def test_count_encode_uses_training_counts(spark):
         ("a", 2.0), ("a", 2.0), ("a", 2.0), ("b", 1.0), ("q", 0.0)]
 
 
+def test_count_encode_shares_the_counts_categorify_cached(spark):
+    rows = [("u", "a", 1, 0, "train"), ("u", "a", 2, 0, "train"), ("u", "b", 3, 0, "train"),
+            ("u", None, 4, 0, "train"), ("u", "q", 5, 0, "valid")]
+    events = frame(spark, rows)
+    train = events.where(F.col("split") == "train")
+    categorify, count_encode = Categorify(["item_id"]), CountEncode(["item_id"])
+    categorify.fit(train)
+    count_encode.fit(train)
+    # One cached aggregate for both: count_encode kept nothing of its own.
+    assert count_encode._kept == []
+    assert len(categorify._kept) == 2  # the counts and the vocabulary
+    counts = lambda: sorted((r["item_id"] or "", r["item_id_count"])  # noqa: E731
+                            for r in count_encode.transform(events).collect())
+    expected = [("", 0.0), ("a", 2.0), ("a", 2.0), ("b", 1.0), ("q", 0.0)]
+    assert counts() == expected
+    categorify.release()
+    assert counts() == expected  # computed again once the owner freed it
+
+
 def _expected_target_encoding(rows, folds, smoothing):
     """Plain-Python out-of-fold smoothed means, from the fold each row was assigned."""
     train = [r for r in rows if r["split"] == "train"]
@@ -97,6 +116,29 @@ def test_target_encode_is_out_of_fold_and_smoothed(spark):
     got = {r["_ts_us"]: r["item_id_te"] for r in out.collect()}
     assert got == pytest.approx(expected)
     assert op.prior == pytest.approx(sum(labels) / len(labels))
+
+
+def test_target_encode_priors_count_rows_without_a_value(spark):
+    labels = [1, 0, 1, 1, 0, 1, 0, 0]
+    rows = [("u", "a", n, y, "train") for n, y in enumerate(labels)]
+    rows += [("u", None, 20, 1, "train"), ("u", None, 21, 1, "train"),
+             ("u", None, 50, 0, "valid")]
+    events = frame(spark, rows)
+    op = TargetEncode(["item_id"], folds=2, smoothing=1.0)
+    out = {r["_ts_us"]: r for r in fit_transform(op, events).collect()}
+    assert op.prior == pytest.approx(6 / 10)
+    train = [r for r in events.withColumn(FOLD, fold_of_event(2)).collect()
+             if r["split"] == "train"]
+    for row in train:
+        others = [r for r in train if r[FOLD] != row[FOLD]]
+        prior = sum(r["label"] for r in others) / len(others)
+        assert op.fold_priors[row[FOLD]] == pytest.approx(prior)
+        if row["item_id"] is None:  # no value: the fold's prior, nothing learned
+            assert out[row["_ts_us"]]["item_id_te"] == pytest.approx(prior)
+    valid = next(r for r in out.values() if r["split"] == "valid")
+    assert valid["item_id_te"] == pytest.approx(op.prior)  # no value: the whole split's prior
+    by_value = {r["item_id"]: (r["s"], r["n"]) for r in op.by_value["item_id"].collect()}
+    assert by_value == {"a": (4.0, 8)}
 
 
 def test_target_encode_never_sees_its_own_label(spark):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
@@ -40,6 +41,14 @@ def epoch_micros(ts: Column) -> Column:
     seconds = ts.cast("long")
     fraction = F.round((ts.cast("double") - seconds.cast("double")) * MICROS).cast("long")
     return seconds * MICROS + fraction
+
+
+def value_counts(train: DataFrame, column: str) -> DataFrame:
+    """``column`` and ``count``: how many training rows hold each value (nulls left out).
+    Categorify and count_encode both ask for it; kept by the first (``FeatureOp.keep``), it
+    is one pass over the training rows for both."""
+    return (train.where(F.col(column).isNotNull()).groupBy(column)
+            .agg(F.count(F.lit(1)).cast("long").alias("count")))
 
 
 @dataclass(frozen=True)
@@ -154,8 +163,11 @@ class FeatureOp(ABC):
         return Artifacts()
 
     def keep(self, frame: DataFrame) -> DataFrame:
-        """Cache a fitted statistic for the transforms; ``release`` frees it."""
-        self._kept.append(frame.persist())
+        """Cache a fitted statistic for the transforms; ``release`` frees it. A statistic
+        another op already cached (the same plan: ``value_counts``) is shared, not cached
+        again: Spark finds a cached result by its plan, and that op releases it."""
+        if frame.storageLevel == StorageLevel.NONE:
+            self._kept.append(frame.persist())
         return frame
 
     def release(self) -> None:

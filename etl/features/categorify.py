@@ -20,7 +20,14 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
-from featureline.etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.etl.features.base import (
+    Artifacts,
+    ColumnRoles,
+    FeatureOp,
+    FeatureSpec,
+    OpSettings,
+    value_counts,
+)
 
 
 class CategorifySettings(OpSettings):
@@ -54,8 +61,7 @@ class Categorify(FeatureOp):
 
     def fit(self, train: DataFrame) -> None:
         for column in self.columns:
-            counts = (train.where(F.col(column).isNotNull()).groupBy(column)
-                      .agg(F.count(F.lit(1)).cast("long").alias("count")))
+            counts = self.keep(value_counts(train, column))
             known = self.previous.get(column)
             if known is None:
                 vocabulary = self._ranked(counts, column, FIRST_ID - 1)

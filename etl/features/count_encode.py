@@ -9,7 +9,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from featureline.core.transforms import LOG1P_STANDARDIZE
-from featureline.etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.etl.features.base import (
+    Artifacts,
+    ColumnRoles,
+    FeatureOp,
+    FeatureSpec,
+    OpSettings,
+    value_counts,
+)
 
 
 def encoded_name(column: str) -> str:
@@ -34,9 +41,9 @@ class CountEncode(FeatureOp):
 
     def fit(self, train: DataFrame) -> None:
         for column in self.columns:
-            self.counts[column] = self.keep(
-                train.where(F.col(column).isNotNull()).groupBy(column)
-                .agg(F.count(F.lit(1)).cast("double").alias("count")))
+            counts = self.keep(value_counts(train, column))
+            as_double = F.col("count").cast("double").alias("count")
+            self.counts[column] = counts.select(column, as_double)
 
     def transform(self, events: DataFrame) -> DataFrame:
         for column in self.columns:

@@ -71,21 +71,28 @@ class TargetEncode(FeatureOp):
         self.by_value_fold: dict[str, DataFrame] = {}
 
     def fit(self, train: DataFrame) -> None:
+        """One pass over the training rows per column: label sum and count by (value, fold).
+        The per-value statistics and the fold priors are sums of those (exact: the label is
+        0 or 1), not further passes (benchmarks/README.md, ETL round 5)."""
         train = train.withColumn(FOLD, fold_of_event(self.folds))
-        per_fold = {row[FOLD]: (row["s"], row["n"]) for row in
-                    train.groupBy(FOLD).agg(F.sum(LABEL).alias("s"), F.count(F.lit(1)).alias("n"))
-                    .collect()}
+        stats = [F.sum(LABEL).cast("double").alias("s"), F.count(F.lit(1)).alias("n")]
+        totals = [F.sum("s").alias("s"), F.sum("n").alias("n")]
+        per_fold: dict[int, tuple[float, int]] = {}
+        for column in self.columns:
+            # Rows without a value count towards the fold priors, not the encodings.
+            by_fold = self.keep(train.groupBy(column, FOLD).agg(*stats))
+            known = by_fold.where(F.col(column).isNotNull())
+            self.by_value_fold[column] = known
+            self.by_value[column] = self.keep(known.groupBy(column).agg(*totals))
+            if not per_fold:
+                per_fold = {row[FOLD]: (row["s"], row["n"])
+                            for row in by_fold.groupBy(FOLD).agg(*totals).collect()}
         total = sum(s for s, _ in per_fold.values())
         count = sum(n for _, n in per_fold.values())
         self.prior = total / count if count else 0.0
         for fold in range(self.folds):
             s, n = per_fold.get(fold, (0, 0))
             self.fold_priors[fold] = (total - s) / (count - n) if count > n else self.prior
-        for column in self.columns:
-            stats = [F.sum(LABEL).cast("double").alias("s"), F.count(F.lit(1)).alias("n")]
-            known = train.where(F.col(column).isNotNull())
-            self.by_value[column] = self.keep(known.groupBy(column).agg(*stats))
-            self.by_value_fold[column] = self.keep(known.groupBy(column, FOLD).agg(*stats))
 
     def transform(self, events: DataFrame) -> DataFrame:
         events = events.withColumn(FOLD, fold_of_event(self.folds))
