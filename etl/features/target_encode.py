@@ -77,16 +77,15 @@ class TargetEncode(FeatureOp):
         train = train.withColumn(FOLD, fold_of_event(self.folds))
         stats = [F.sum(LABEL).cast("double").alias("s"), F.count(F.lit(1)).alias("n")]
         totals = [F.sum("s").alias("s"), F.sum("n").alias("n")]
-        per_fold: dict[int, tuple[float, int]] = {}
-        for column in self.columns:
-            # Rows without a value count towards the fold priors, not the encodings.
-            by_fold = self.keep(train.groupBy(column, FOLD).agg(*stats))
-            known = by_fold.where(F.col(column).isNotNull())
+        by_fold = {c: self.keep(train.groupBy(c, FOLD).agg(*stats)) for c in self.columns}
+        # Every training row is in each column's table (a row without a value under null), so
+        # any one gives the fold priors; only rows with a value give encodings.
+        per_fold = {row[FOLD]: (row["s"], row["n"]) for row in
+                    by_fold[self.columns[0]].groupBy(FOLD).agg(*totals).collect()}
+        for column, table in by_fold.items():
+            known = table.where(F.col(column).isNotNull())
             self.by_value_fold[column] = known
             self.by_value[column] = self.keep(known.groupBy(column).agg(*totals))
-            if not per_fold:
-                per_fold = {row[FOLD]: (row["s"], row["n"])
-                            for row in by_fold.groupBy(FOLD).agg(*totals).collect()}
         total = sum(s for s, _ in per_fold.values())
         count = sum(n for _, n in per_fold.values())
         self.prior = total / count if count else 0.0
