@@ -77,17 +77,18 @@ class SourceColumns:
 
 
 def _string_schema(columns: SourceColumns) -> T.StructType:
-    fields = [T.StructField(name, T.StringType()) for name in columns.names]
-    return T.StructType([*fields, T.StructField(_CORRUPT, T.StringType())])
+    return T.StructType([T.StructField(name, T.StringType()) for name in columns.names])
 
 
-def _parsed_text(text: DataFrame, parsed: Column, columns: SourceColumns) -> DataFrame:
-    """``text``: the lines (``value``) and their file (``_file``)."""
+def _parsed_text(text: DataFrame, parsed: Column, malformed: Column,
+                 columns: SourceColumns) -> DataFrame:
+    """``text``: the lines (``value``) and their file (``_file``); ``malformed``: the line
+    holds no record that ``parsed`` could read."""
     blank = F.trim(F.col("value")) == ""
     return text.select(
         F.col("value").alias(RECORD),
         F.col(_FILE).alias(SOURCE_FILE),
-        (blank | parsed[_CORRUPT].isNotNull()).alias(_MALFORMED),
+        (blank | malformed).alias(_MALFORMED),
         *(parsed[name].alias(canonical) for name, canonical in columns.mapping.items()),
     )
 
@@ -109,10 +110,14 @@ def _lines(spark: SparkSession, paths: str | list[str]) -> DataFrame:
 
 
 def _read_jsonl(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
+    """A line is a record when it is one JSON object. Told by ``get_json_object`` rather than
+    from_json's corrupt-record column, which the RAPIDS Accelerator leaves to the CPU
+    (docs/ARCHITECTURE.md, "GPU"); from_json reads a malformed line as all nulls."""
     text = _lines(spark, source.path)
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT}
-    parsed = F.from_json("value", _string_schema(columns), options)
-    return _parsed_text(text, parsed, columns)
+    parsed = F.from_json("value", _string_schema(columns), {"mode": "PERMISSIVE"})
+    is_object = F.coalesce(F.get_json_object(F.col("value"), "$").startswith("{"),
+                           F.lit(False))
+    return _parsed_text(text, parsed, ~is_object, columns)
 
 
 def csv_headers(spark: SparkSession, pattern: str) -> dict[str, list[str]]:
@@ -174,11 +179,11 @@ def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns)
         fields = F.split(F.col("value"), re.escape(source.csv_delimiter), -1)
         plain = ~F.col("value").contains('"') & (F.size(fields) == len(header))
         split = F.struct(*(F.when(fields[i] != "", fields[i]).alias(name)
-                           for i, name in enumerate(header)),
-                         F.lit(None).cast("string").alias(_CORRUPT))
+                           for i, name in enumerate(header)))
         parsed = F.from_csv("value", schema.simpleString(), options)
-        frames += [_parsed_text(body.where(plain), split, columns),
-                   _parsed_text(body.where(~plain), parsed, columns)]
+        frames += [_parsed_text(body.where(plain), split, F.lit(False), columns),
+                   _parsed_text(body.where(~plain), parsed, parsed[_CORRUPT].isNotNull(),
+                                columns)]
     return functools.reduce(DataFrame.unionByName, frames)
 
 

@@ -43,6 +43,15 @@ def epoch_micros(ts: Column) -> Column:
     return seconds * MICROS + fraction
 
 
+def population_std(column: Column) -> Column:
+    """``stddev_pop(column)`` as an aggregate the RAPIDS Accelerator runs over a whole table:
+    it runs ``stddev_samp`` there and ``stddev_pop`` only per group, so the sample deviation
+    scaled by sqrt((n - 1) / n); 0 for one value, null for none, as ``stddev_pop``."""
+    n = F.count(column)
+    scaled = F.stddev_samp(column) * F.sqrt((n - 1) / n)
+    return F.when(n > 0, F.coalesce(scaled, F.lit(0.0)))
+
+
 def value_counts(train: DataFrame, column: str) -> DataFrame:
     """``column`` and ``count``: how many training rows hold each value (nulls left out).
     Categorify and count_encode both ask for it; kept by the first (``FeatureOp.keep``), it

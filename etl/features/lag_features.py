@@ -27,6 +27,9 @@ from featureline.etl.features.base import (
 )
 
 SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
+# The previous row's time and item, in (time, item) order; dropped once read.
+_PREVIOUS_TS = "_previous_ts_us"
+_PREVIOUS_ITEM = "_previous_item"
 
 
 def window_name(window: str) -> str:
@@ -58,28 +61,37 @@ class LagFeatures(FeatureOp):
         self.item_column = encoded_name("item_id")
 
     def transform(self, events: DataFrame) -> DataFrame:
+        # Every frame here is one the RAPIDS Accelerator plans on the GPU: it does not run a
+        # range frame whose upper bound lies behind the current row, nor max() over a struct
+        # (docs/ARCHITECTURE.md, "GPU").
         for scope, keys in SCOPES.items():
             by_time = Window.partitionBy(*keys).orderBy(TS_MICROS)
-            before = by_time.rangeBetween(Window.unboundedPreceding, -1)
-            previous_ts = F.max(TS_MICROS).over(before)
+            in_order = Window.partitionBy(*keys).orderBy(TS_MICROS, self.item_column)
+            # The row before the first one of an instant is the previous instant's last: its
+            # time, and its largest item on a tie in time (so reruns agree).
+            events = events.withColumns({
+                _PREVIOUS_TS: F.lag(TS_MICROS).over(in_order),
+                _PREVIOUS_ITEM: F.lag(self.item_column).over(in_order),
+            })
+            opens_instant = (F.col(_PREVIOUS_TS).isNull()
+                             | (F.col(_PREVIOUS_TS) != F.col(TS_MICROS)))
+            instant = Window.partitionBy(*keys, TS_MICROS)
+            previous_ts = F.max(F.when(opens_instant, F.col(_PREVIOUS_TS))).over(instant)
             columns = {
                 f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS,
             }
-            # Events in [t - w, t) = events before t - events before t - w. Frames that start
-            # at the partition's beginning grow incrementally; a sliding frame would
-            # re-aggregate its whole width for every row.
-            earlier = F.count(F.lit(1)).over(before)
+            # Events in [t - w, t): those in [t - w, t] less those at t itself.
+            at_instant = F.count(F.lit(1)).over(by_time.rangeBetween(0, 0))
             for window in self.windows:
                 span = duration_seconds(window) * MICROS
-                older = F.count(F.lit(1)).over(
-                    by_time.rangeBetween(Window.unboundedPreceding, -span - 1))
-                columns[f"{scope}_events_{window_name(window)}"] = (earlier - older).cast("double")
+                trailing = F.count(F.lit(1)).over(by_time.rangeBetween(-span, 0))
+                columns[f"{scope}_events_{window_name(window)}"] = (
+                    (trailing - at_instant).cast("double"))
             if scope == "user":
-                # The latest earlier event; on a tie in time, the larger id, so reruns agree.
-                latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
-                columns["user_prev_item"] = F.coalesce(latest[self.item_column],
+                previous_item = F.max(F.when(opens_instant, F.col(_PREVIOUS_ITEM))).over(instant)
+                columns["user_prev_item"] = F.coalesce(previous_item,
                                                        F.lit(PADDING_ID).cast("long"))
-            events = events.withColumns(columns)
+            events = events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
         return events
 
     def features(self) -> list[FeatureSpec]:

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from featureline.core.errors import ConfigError
 from featureline.core.settings import Settings
 from featureline.core.transforms import LOG1P_STANDARDIZE, NONE, Transform, missing_indicator
-from featureline.etl.features.base import FeatureSpec
+from featureline.etl.features.base import FeatureSpec, population_std
 
 
 class ModelReadyConfig(Settings):
@@ -63,7 +63,7 @@ class ModelReady:
         for index, name in enumerate(fitted):
             shaped = _shaped(name, self.transforms[name])
             aggregates += [F.mean(shaped).alias(f"m{index}"),
-                           F.stddev_pop(shaped).alias(f"s{index}"),
+                           population_std(shaped).alias(f"s{index}"),
                            F.count(F.col(name)).alias(f"n{index}")]
         row = train.agg(*aggregates).first()
         for index, name in enumerate(fitted):

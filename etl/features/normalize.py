@@ -9,7 +9,14 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from featureline.core.transforms import NONE
-from featureline.etl.features.base import Artifacts, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.etl.features.base import (
+    Artifacts,
+    ColumnRoles,
+    FeatureOp,
+    FeatureSpec,
+    OpSettings,
+    population_std,
+)
 
 
 def encoded_name(column: str) -> str:
@@ -52,7 +59,7 @@ class Normalize(FeatureOp):
         shaped = [self._shaped(F.col(c), fill_values[c]) for c in self.columns]
         row = train.agg(*[x for c, s in zip(self.columns, shaped, strict=True)
                           for x in (F.mean(s).alias(f"{c}_mean"),
-                                    F.stddev_pop(s).alias(f"{c}_std"))]).first()
+                                    population_std(s).alias(f"{c}_std"))]).first()
         for column in self.columns:
             mean = row[f"{column}_mean"] or 0.0
             std = row[f"{column}_std"] or 0.0
