@@ -14,7 +14,7 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: help venv java test lint demo stop bench qualify clean
+.PHONY: help venv java test lint demo stop bench qualify gpu-check clean
 
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
@@ -23,6 +23,7 @@ help:
 	@echo "make stop   stop what the demo left running (the API, the embedded Redis)"
 	@echo "make bench  run the benchmarks (BENCH_ARGS=... to pass options)"
 	@echo "make qualify  will the ETL run on the GPU? NVIDIA's Qualification tool on a run of it"
+	@echo "make gpu-check  will the ETL run on the GPU? the RAPIDS plugin plans it (explain-only, no GPU)"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
@@ -56,6 +57,10 @@ bench: venv java
 qualify: venv java
 	test -f $(QUALIFY_LOG) || $(BIN)/featureline datagen --events $(DEMO_EVENTS) --out $(QUALIFY_LOG) --bad-fraction 0.01
 	$(BIN)/featureline etl qualify --input $(QUALIFY_LOG) --refit-vocabularies $(QUALIFY_ARGS)
+
+gpu-check: venv java
+	test -f $(QUALIFY_LOG) || $(BIN)/featureline datagen --events $(DEMO_EVENTS) --out $(QUALIFY_LOG) --bad-fraction 0.01
+	$(BIN)/featureline etl gpu-check --input $(QUALIFY_LOG) --refit-vocabularies $(GPU_CHECK_ARGS)
 
 clean: stop
 	rm -rf $(VENV) data feature_store/data .pytest_cache spark-warehouse

@@ -15,11 +15,14 @@ COPY spark_conf spark_conf
 RUN pip wheel --no-deps --wheel-dir /wheels .
 
 FROM apache/spark:4.1.1-scala2.13-java17-python3-ubuntu
-ARG RAPIDS_VERSION=26.06.0
+# The pin of etl/rapids.py (tests/test_gpu_plan.py checks they agree).
+ARG RAPIDS_VERSION=26.08.1
+ARG RAPIDS_CLASSIFIER=cuda12
+ARG RAPIDS_JAR=rapids-4-spark_2.13-${RAPIDS_VERSION}-${RAPIDS_CLASSIFIER}.jar
 USER root
 RUN mkdir -p /opt/sparkRapidsPlugin \
- && curl -fsSL -o /opt/sparkRapidsPlugin/rapids-4-spark.jar \
-      "https://repo1.maven.org/maven2/com/nvidia/rapids-4-spark_2.13/${RAPIDS_VERSION}/rapids-4-spark_2.13-${RAPIDS_VERSION}.jar" \
+ && curl -fsSL -o "/opt/sparkRapidsPlugin/${RAPIDS_JAR}" \
+      "https://repo1.maven.org/maven2/com/nvidia/rapids-4-spark_2.13/${RAPIDS_VERSION}/${RAPIDS_JAR}" \
  && cp /opt/spark/examples/src/main/scripts/getGpusResources.sh /opt/sparkRapidsPlugin/ \
  && chmod 0755 /opt/sparkRapidsPlugin/getGpusResources.sh
 COPY --from=wheel /wheels /wheels

@@ -32,3 +32,13 @@ class NoInputError(FeaturelineError):
 
 class RapidsJarNotFoundError(ConfigError):
     """The gpu profile was asked for but the RAPIDS Accelerator jar is nowhere to be found."""
+
+
+class PluginFetchError(FeaturelineError):
+    """The RAPIDS Accelerator jar could not be fetched from Maven; the message says why."""
+
+    hint = "check that Maven (mvn) is installed and Maven Central is reachable, or pass --jar"
+
+
+class GpuPlanError(FeaturelineError):
+    """The explain-only run left no plan to read (the plugin did not load or log)."""

@@ -29,6 +29,7 @@ from featureline.etl.errors import NoInputError
 from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
+from featureline.etl.gpu_plan import STAGE_LOGGER
 from featureline.etl.outputs import local_path, write_json, write_parquet
 from featureline.etl.qualification import STAGE_PROPERTY
 from featureline.etl.tfrecord.layout import build_layout
@@ -89,6 +90,9 @@ class StageTimer:
         if self.context is not None:
             self.context.setLocalProperty(STAGE_PROPERTY, stage)  # type: ignore[arg-type]
             self.context.setJobDescription(f"featureline {stage}" if stage else None)  # type: ignore[arg-type]
+            # In the driver's log too, where the plans the RAPIDS Accelerator logs follow it.
+            log4j = self.context._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
+            log4j.LogManager.getLogger(STAGE_LOGGER).info(stage or "")
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[Stage]:

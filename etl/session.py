@@ -17,10 +17,10 @@ from pyspark.sql import SparkSession
 from featureline.core.errors import ConfigError
 from featureline.etl.config import SparkSettings
 from featureline.etl.errors import RapidsJarNotFoundError
+from featureline.etl.rapids import JAR_NAME, MAVEN_PACKAGE
 
 _PROPERTY = re.compile(r"^([^\s=:#]+)\s*[=:\s]\s*(.*)$")
 RAPIDS_PLUGIN = "com.nvidia.spark.SQLPlugin"
-RAPIDS_MAVEN = "com.nvidia:rapids-4-spark_2.13:26.06.0"
 
 
 def spark_conf_dir() -> Path:
@@ -47,8 +47,8 @@ def _rapids_jar(settings: SparkSettings, properties: dict[str, str]) -> str:
         raise RapidsJarNotFoundError(
             "etl.spark.rapids_jar",
             f"the {settings.profile!r} profile runs the RAPIDS Accelerator, whose jar is not "
-            "found: set RAPIDS_JAR=/path/to/rapids-4-spark_2.13-26.06.0.jar (or etl.spark."
-            f"rapids_jar; Maven coordinates {RAPIDS_MAVEN} work where Maven is reachable)",
+            f"found: set RAPIDS_JAR=/path/to/{JAR_NAME} (or etl.spark.rapids_jar; Maven "
+            f"coordinates {MAVEN_PACKAGE} work where Maven is reachable)",
         )
     if ":" in jar and not jar.startswith(("local:", "file:", "/")) and not jar.endswith(".jar"):
         return jar  # Maven coordinates, resolved by Spark through spark.jars.packages

@@ -213,6 +213,40 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
+@etl.command("gpu-check")
+@job_options
+@click.option("--jar", type=click.Path(exists=True, dir_okay=False),
+              help="The plugin jar (default: the pinned release, fetched with Maven into "
+                   "~/.cache/featureline on first use)")
+@click.option("--plan-log", type=click.Path(dir_okay=False),
+              help="Keep the plugin's plan log (every query, node by node) in this file")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
+def etl_gpu_check(jar: str | None, plan_log: str | None, as_json: bool,
+                  **options: str | None) -> None:
+    """Will every stage run on the GPU? The RAPIDS Accelerator plans the job (gpu profile)
+    in explain-only mode, on this machine's CPU; exits 1 if anything is off the GPU.
+
+    The same flags as `etl run`; the output goes to a temporary folder unless --output is
+    given."""
+    import tempfile
+
+    from featureline.etl import gpu_plan
+    from featureline.etl.rapids import plugin_jar
+
+    if options.get("profile") not in (None, "gpu"):
+        raise click.UsageError("gpu-check plans the local gpu profile; drop --profile")
+    os.environ["RAPIDS_JAR"] = jar or str(plugin_jar())
+    with tempfile.TemporaryDirectory(prefix="featureline-gpu-plan-") as work:
+        log = Path(plan_log) if plan_log else Path(work) / "plan.log"
+        options["output"] = options.get("output") or str(Path(work) / "output")
+        metadata = run_job(**{**options, "profile": "gpu"},  # type: ignore[arg-type]
+                           properties=gpu_plan.explain_properties(log, Path(work)))
+        report = gpu_plan.report(log, metadata["source"]["format"])
+    click.echo(json.dumps(report, indent=2) if as_json else gpu_plan.render(report))
+    if report["off_gpu"]:
+        sys.exit(1)
+
+
 @main.command()
 @click.option("--out", default="data/demo", show_default=True, type=click.Path(file_okay=False))
 @click.option("--events", type=click.IntRange(min=1000), default=200_000, show_default=True)

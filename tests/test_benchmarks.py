@@ -153,3 +153,18 @@ def test_bench_publish_smoke(spark):
     assert entry["entities"] == 1500
     for path in ("single_process_keys_per_s", "spark_local2_keys_per_s", "raw_hset_keys_per_s"):
         assert entry[path] > 0
+
+
+def test_bench_gpu_plan_smoke():
+    from featureline.etl.errors import PluginFetchError
+    from featureline.etl.rapids import plugin_jar
+
+    try:
+        plugin_jar()
+    except PluginFetchError as error:
+        pytest.skip(f"the plugin jar cannot be fetched here: {error}")
+    report = _load("bench_gpu_plan").run(3000, pairs=1)
+    (cpu,), (check,) = report["etl_run_cpu_s"], report["gpu_check_s"]
+    assert cpu > 0 and check > 0
+    assert report["ratio_vs_etl_run_median"] == pytest.approx(check / cpu, rel=0.05)
+    json.dumps(report)

@@ -1,0 +1,161 @@
+"""The GPU plan, checked by the RAPIDS Accelerator itself: the real plugin jar (fetched with
+Maven on first use) plans the job in explain-only mode on this CPU, and no operator or
+expression of any stage is off the GPU. The test skips only where Java, Maven or Maven
+Central is not there. Also: the plugin's plan log is read per stage, and every file that
+names the plugin's release agrees with the pin."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from featureline.etl import gpu_plan, rapids
+from featureline.etl.errors import GpuPlanError, PluginFetchError
+from featureline.etl.qualification import JOB_STAGES
+from featureline.etl.session import read_properties, spark_conf_dir
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+# As the plugin logs it (26.08.1, explain-only), shortened; our stage markers between plans.
+PLAN_LOG = """\
+@@featureline featureline.stage ingest
+{plan}
+*Exec <ProjectExec> will run on GPU
+  *Expression <Alias> _verdict#49.reason AS reason#50 will run on GPU
+  ^Expression <JsonToStructs> from_json(StructField(user_id,StringType,true)) will run on \
+GPU via CPU bridge because JsonToStructs does not support Corrupt Record
+  *Exec <FileSourceScanExec> will run on GPU
+
+@@featureline featureline.stage features
+{plan}
+!Exec <WindowExec> cannot run on GPU because not all expressions can be replaced
+  @Expression <WindowExpression> max(_w0#12) windowspecdefinition(user_id#1) could run on GPU
+    !Expression <Max> max(_w0#12) cannot run on GPU because expression Max max(_w0#12) \
+produces an unsupported type StructType
+  *Partitioning <HashPartitioning> will run on GPU
+  *Exec <SortExec> will run on GPU
+{plan}
+!Exec <WindowExec> cannot run on GPU because not all expressions can be replaced
+  !Expression <Max> max(_w0#97) cannot run on GPU because expression Max max(_w0#97) \
+produces an unsupported type StructType
+{stage_ends}
+@@featureline featureline.stage write_tfrecord
+{stage_ends}
+""".format(plan="@@featureline com.nvidia.spark.rapids.GpuOverrides ",  # the message's "\n…"
+           stage_ends="@@featureline featureline.stage ")
+
+
+def test_the_plan_log_is_read_per_stage_with_every_node_off_the_gpu(tmp_path):
+    log = tmp_path / "plan.log"
+    log.write_text(PLAN_LOG)
+    report = gpu_plan.report(log, "jsonl")
+    assert report["stages"] == {
+        "ingest": {"plans": 1, "operators": 2, "on_gpu": 2, "off_gpu": 0,
+                   "expressions_off_gpu": 1},
+        "features": {"plans": 2, "operators": 3, "on_gpu": 1, "off_gpu": 2,
+                     "expressions_off_gpu": 2},
+        "write_tfrecord": {"plans": 0, "note": gpu_plan.NO_PLAN_NOTES["write_tfrecord"]},
+    }
+    off = [(e["stage"], e["kind"], e["name"], e["count"], e["reason"])
+           for e in report["off_gpu"]]
+    # The CPU bridge runs the expression on the CPU: it counts as off the GPU. Expression
+    # ids are left out, so one node planned twice is one entry seen twice.
+    assert off == [
+        ("ingest", "Expression", "JsonToStructs", 1, "JsonToStructs does not support Corrupt "
+                                                     "Record"),
+        ("features", "Exec", "WindowExec", 2, "not all expressions can be replaced"),
+        ("features", "Expression", "Max", 2, "expression Max max(_w0) produces an unsupported "
+                                             "type StructType"),
+    ]
+    # Each entry names the lines of ours that produce it.
+    window = report["off_gpu"][1]["code"]
+    assert "etl/features/lag_features.py" in " ".join(window)
+    assert all(re.fullmatch(r"etl/[\w/]+\.py:\d+", place) for place in window)
+    text = gpu_plan.render(report)
+    assert "off GPU in features: Exec WindowExec x2" in text
+    assert "write_tfrecord" in text and "no SQL plan" in text
+
+
+def test_a_log_without_plans_is_a_clear_error(tmp_path):
+    log = tmp_path / "plan.log"
+    log.write_text("@@featureline featureline.stage ingest\n")
+    with pytest.raises(GpuPlanError, match="holds no plan"):
+        gpu_plan.report(log, "jsonl")
+    with pytest.raises(GpuPlanError, match="no plan log"):
+        gpu_plan.report(tmp_path / "absent.log", "jsonl")
+
+
+def test_every_file_that_names_the_plugin_follows_the_pin():
+    jar = rapids.JAR_NAME
+    assert jar == f"rapids-4-spark_2.13-{rapids.RAPIDS_VERSION}-{rapids.CUDA_CLASSIFIER}.jar"
+    dockerfile = (REPO / "docker" / "etl.Dockerfile").read_text()
+    assert f"ARG RAPIDS_VERSION={rapids.RAPIDS_VERSION}\n" in dockerfile
+    assert f"ARG RAPIDS_CLASSIFIER={rapids.CUDA_CLASSIFIER}\n" in dockerfile
+    k8s_gpu = read_properties(spark_conf_dir() / "k8s-gpu.conf")
+    assert k8s_gpu["spark.jars"] == f"local://{rapids.IMAGE_JAR}"
+    (overlay,) = yaml.safe_load_all((REPO / "k8s/overlays/gpu/sparkapplication-gpu.yaml")
+                                    .read_text())
+    assert overlay["spec"]["deps"]["jars"] == [f"local://{rapids.IMAGE_JAR}"]
+    # The overlay's plugin settings are the profile's (the plan gpu-check proved).
+    for key, value in overlay["spec"]["sparkConf"].items():
+        if key.startswith("spark.rapids.") or key == "spark.sql.cache.serializer":
+            assert k8s_gpu[key] == value, key
+    local_gpu = read_properties(spark_conf_dir() / "gpu.conf")
+    for key in ("spark.sql.cache.serializer", "spark.rapids.sql.castStringToTimestamp.enabled",
+                "spark.rapids.sql.castStringToFloat.enabled",
+                "spark.rapids.sql.expression.CollectList"):
+        assert local_gpu[key] == k8s_gpu[key], key
+    assert jar in (spark_conf_dir() / "gpu.conf").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert jar in readme and rapids.MAVEN_PACKAGE in readme
+    # Every release named anywhere is the pinned one.
+    for path in [REPO / "README.md", REPO / "docs" / "ARCHITECTURE.md",
+                 REPO / "pyproject.toml", *spark_conf_dir().glob("*.conf")]:
+        named = set(re.findall(r"rapids-4-spark_2\.13[-:](\d+\.\d+\.\d+)", path.read_text()))
+        assert named <= {rapids.RAPIDS_VERSION}, (path, named)
+    # pyspark stays on a Spark version the release supports (4.1.1–4.1.3).
+    import pyspark
+
+    assert re.fullmatch(r"4\.1\.[1-3]", pyspark.__version__), pyspark.__version__
+
+
+def test_a_maven_failure_is_a_clear_error(tmp_path, monkeypatch):
+    if shutil.which("mvn") is None:
+        pytest.skip("no mvn on PATH")
+    monkeypatch.setenv("FEATURELINE_CACHE", str(tmp_path))
+    monkeypatch.setattr(rapids, "MAVEN_ARTIFACT", "com.nvidia:no-such-artifact_2.13:0.0.0")
+    monkeypatch.setattr(rapids, "RAPIDS_VERSION", "0.0.0")
+    with pytest.raises(PluginFetchError, match=r"cannot fetch com\.nvidia:no-such-artifact"):
+        rapids.plugin_jar()
+    assert list(tmp_path.iterdir()) == []  # no half-fetched folder left
+
+
+def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(small_log, tmp_path):
+    if shutil.which("java") is None:
+        pytest.skip("no java on PATH: Spark and the plugin are Java programs")
+    try:
+        jar = rapids.plugin_jar()
+    except PluginFetchError as error:
+        pytest.skip(f"the plugin jar cannot be fetched here: {error}")
+    done = subprocess.run([str(BIN / "featureline"), "etl", "gpu-check", "--input",
+                           str(small_log), "--refit-vocabularies", "--json", "--jar", str(jar)],
+                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.stdout, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["off_gpu"] == [], json.dumps(report["off_gpu"], indent=1)[:3000]
+    assert done.returncode == 0, done.stderr[-3000:]
+    planned = {name for name, stage in report["stages"].items() if stage["plans"]}
+    assert planned == set(JOB_STAGES) - {"write_tfrecord"}
+    for name in planned:
+        stage = report["stages"][name]
+        assert stage["operators"] == stage["on_gpu"] > 0, (name, stage)
+        assert stage["off_gpu"] == stage["expressions_off_gpu"] == 0, (name, stage)
+    assert report["stages"]["write_tfrecord"]["plans"] == 0
