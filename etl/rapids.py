@@ -23,6 +23,7 @@ from featureline.etl.errors import PluginFetchError
 from featureline.etl.qualification import cache_root
 
 RAPIDS_VERSION = "26.08.1"
+RAPIDS_PLUGIN = "com.nvidia.spark.SQLPlugin"
 SCALA_VERSION = "2.13"
 CUDA_CLASSIFIER = "cuda12"
 GROUP = "com.nvidia"

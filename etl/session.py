@@ -17,10 +17,9 @@ from pyspark.sql import SparkSession
 from featureline.core.errors import ConfigError
 from featureline.etl.config import SparkSettings
 from featureline.etl.errors import RapidsJarNotFoundError
-from featureline.etl.rapids import JAR_NAME, MAVEN_PACKAGE
+from featureline.etl.rapids import JAR_NAME, MAVEN_PACKAGE, RAPIDS_PLUGIN
 
 _PROPERTY = re.compile(r"^([^\s=:#]+)\s*[=:\s]\s*(.*)$")
-RAPIDS_PLUGIN = "com.nvidia.spark.SQLPlugin"
 
 
 def spark_conf_dir() -> Path:

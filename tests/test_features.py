@@ -154,7 +154,16 @@ def test_target_encode_never_sees_its_own_label(spark):
     assert any(before[k] != after[k] for k in before if k != row_4)
 
 
-def test_lag_features_strictly_before(spark):
+@pytest.fixture(params=["cpu frames", "gpu frames"])
+def lag_frames(request, monkeypatch):
+    """Each of lag_features' two formulations: the CPU's, and the one the RAPIDS Accelerator
+    plans on the GPU (chosen here without the plugin, which cannot run on this machine)."""
+    from featureline.etl.features import lag_features
+
+    monkeypatch.setattr(lag_features, "plans_for_gpu", lambda spark: request.param == "gpu frames")
+
+
+def test_lag_features_strictly_before(spark, lag_frames):
     # u1: items 5 and 7 at the same instant; (t, item) in seconds.
     rows = [("u1", "5", 0, 0, "train"), ("u1", "5", 10, 0, "train"), ("u1", "7", 10, 0, "train"),
             ("u1", "5", 3500, 0, "train"), ("u1", "9", 90000, 0, "train"),
@@ -175,6 +184,26 @@ def test_lag_features_strictly_before(spark):
         ("u1", 90000, "9", 86500.0, 0.0, 0.0, 4.0, 5, None, 0.0),
         ("u2", 10, "5", None, 0.0, 0.0, 0.0, 0, None, 0.0),
     ]
+
+
+def test_lag_features_cpu_and_gpu_frames_agree_on_every_row(spark, monkeypatch):
+    from featureline.etl.features import lag_features
+
+    rng = np.random.default_rng(5)
+    # Few instants, so that many events share one; gaps across every window's edge.
+    instants = rng.choice(np.arange(0, 9 * 86400, 1800), size=40, replace=False)
+    rows = [(f"u{rng.integers(4)}", str(rng.integers(1, 9)), int(rng.choice(instants)), 0,
+             "train") for _ in range(400)]
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    op = LagFeatures(["1h", "24h", "7d"])
+    results = {}
+    for gpu in (False, True):
+        monkeypatch.setattr(lag_features, "plans_for_gpu", lambda spark, gpu=gpu: gpu)
+        results[gpu] = op.transform(events).cache()
+    assert results[False].columns == results[True].columns
+    assert results[False].exceptAll(results[True]).count() == 0
+    assert results[True].exceptAll(results[False]).count() == 0
+    assert results[True].where(F.col("user_events_7d") > 0).count() > 100
 
 
 @pytest.fixture(params=["offset lookups", "sliding frame"])

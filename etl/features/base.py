@@ -14,10 +14,11 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core.settings import Settings
+from featureline.etl.rapids import RAPIDS_PLUGIN
 
 LABEL = "label"
 SPLIT = "split"
@@ -41,6 +42,14 @@ def epoch_micros(ts: Column) -> Column:
     seconds = ts.cast("long")
     fraction = F.round((ts.cast("double") - seconds.cast("double")) * MICROS).cast("long")
     return seconds * MICROS + fraction
+
+
+def plans_for_gpu(spark: SparkSession) -> bool:
+    """The session runs the RAPIDS Accelerator (or plans for it, in explain-only mode): ops
+    whose fastest CPU formulation the plugin does not run choose another, same values."""
+    conf = spark.conf
+    return (RAPIDS_PLUGIN in (conf.get("spark.plugins", "") or "")
+            and (conf.get("spark.rapids.sql.enabled", "true") or "").lower() != "false")
 
 
 def population_std(column: Column) -> Column:

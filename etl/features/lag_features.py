@@ -3,7 +3,8 @@
 For scope ``user`` (and ``ui``, the user–item pair): seconds since the previous event (missing
 for the first: the model-ready step adds an indicator), the number of events in each trailing
 window ``[t - w, t)``, and for users the previous item's id. Events at the very same instant
-are not "before" one another.
+are not "before" one another. Two formulations give the same values: one for the CPU, one
+for the RAPIDS Accelerator (``plans_for_gpu``); the tests check they agree.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from featureline.etl.features.base import (
     FeatureOp,
     FeatureSpec,
     OpSettings,
+    plans_for_gpu,
 )
 
 SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
@@ -61,38 +63,61 @@ class LagFeatures(FeatureOp):
         self.item_column = encoded_name("item_id")
 
     def transform(self, events: DataFrame) -> DataFrame:
-        # Every frame here is one the RAPIDS Accelerator plans on the GPU: it does not run a
-        # range frame whose upper bound lies behind the current row, nor max() over a struct
-        # (docs/ARCHITECTURE.md, "GPU").
+        frames = (self._frames_to_current_row if plans_for_gpu(events.sparkSession)
+                  else self._frames_before_current_row)
         for scope, keys in SCOPES.items():
-            by_time = Window.partitionBy(*keys).orderBy(TS_MICROS)
-            in_order = Window.partitionBy(*keys).orderBy(TS_MICROS, self.item_column)
-            # The row before the first one of an instant is the previous instant's last: its
-            # time, and its largest item on a tie in time (so reruns agree).
-            events = events.withColumns({
-                _PREVIOUS_TS: F.lag(TS_MICROS).over(in_order),
-                _PREVIOUS_ITEM: F.lag(self.item_column).over(in_order),
-            })
-            opens_instant = (F.col(_PREVIOUS_TS).isNull()
-                             | (F.col(_PREVIOUS_TS) != F.col(TS_MICROS)))
-            instant = Window.partitionBy(*keys, TS_MICROS)
-            previous_ts = F.max(F.when(opens_instant, F.col(_PREVIOUS_TS))).over(instant)
-            columns = {
-                f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS,
-            }
-            # Events in [t - w, t): those in [t - w, t] less those at t itself.
-            at_instant = F.count(F.lit(1)).over(by_time.rangeBetween(0, 0))
-            for window in self.windows:
-                span = duration_seconds(window) * MICROS
-                trailing = F.count(F.lit(1)).over(by_time.rangeBetween(-span, 0))
-                columns[f"{scope}_events_{window_name(window)}"] = (
-                    (trailing - at_instant).cast("double"))
-            if scope == "user":
-                previous_item = F.max(F.when(opens_instant, F.col(_PREVIOUS_ITEM))).over(instant)
-                columns["user_prev_item"] = F.coalesce(previous_item,
-                                                       F.lit(PADDING_ID).cast("long"))
-            events = events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
+            events = frames(events, scope, keys)
         return events
+
+    def _frames_before_current_row(self, events: DataFrame, scope: str,
+                                   keys: tuple[str, ...]) -> DataFrame:
+        """On the CPU: frames from the partition's start to just before the event, which
+        grow incrementally (a sliding frame re-aggregates its whole width for every row:
+        ten times the time at 1M events, benchmarks/README.md)."""
+        by_time = Window.partitionBy(*keys).orderBy(TS_MICROS)
+        before = by_time.rangeBetween(Window.unboundedPreceding, -1)
+        previous_ts = F.max(TS_MICROS).over(before)
+        columns = {f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS}
+        # Events in [t - w, t) = events before t - events before t - w.
+        earlier = F.count(F.lit(1)).over(before)
+        for window in self.windows:
+            span = duration_seconds(window) * MICROS
+            older = F.count(F.lit(1)).over(
+                by_time.rangeBetween(Window.unboundedPreceding, -span - 1))
+            columns[f"{scope}_events_{window_name(window)}"] = (earlier - older).cast("double")
+        if scope == "user":
+            # The latest earlier event; on a tie in time, the larger id, so reruns agree.
+            latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
+            columns["user_prev_item"] = F.coalesce(latest[self.item_column],
+                                                   F.lit(PADDING_ID).cast("long"))
+        return events.withColumns(columns)
+
+    def _frames_to_current_row(self, events: DataFrame, scope: str,
+                               keys: tuple[str, ...]) -> DataFrame:
+        """Under the RAPIDS Accelerator: the same values from frames it plans on the GPU. It
+        runs no range frame whose upper bound lies behind the current row, and no max over a
+        struct (docs/ARCHITECTURE.md, "GPU")."""
+        by_time = Window.partitionBy(*keys).orderBy(TS_MICROS)
+        in_order = Window.partitionBy(*keys).orderBy(TS_MICROS, self.item_column)
+        # The row before the first one of an instant is the previous instant's last: its
+        # time, and its largest item on a tie in time.
+        events = events.withColumns({_PREVIOUS_TS: F.lag(TS_MICROS).over(in_order),
+                                     _PREVIOUS_ITEM: F.lag(self.item_column).over(in_order)})
+        opens_instant = F.col(_PREVIOUS_TS).isNull() | (F.col(_PREVIOUS_TS) != F.col(TS_MICROS))
+        instant = Window.partitionBy(*keys, TS_MICROS)
+        previous_ts = F.max(F.when(opens_instant, F.col(_PREVIOUS_TS))).over(instant)
+        columns = {f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS}
+        # Events in [t - w, t): those in [t - w, t] less those at t itself.
+        at_instant = F.count(F.lit(1)).over(by_time.rangeBetween(0, 0))
+        for window in self.windows:
+            span = duration_seconds(window) * MICROS
+            trailing = F.count(F.lit(1)).over(by_time.rangeBetween(-span, 0))
+            columns[f"{scope}_events_{window_name(window)}"] = (
+                (trailing - at_instant).cast("double"))
+        if scope == "user":
+            previous_item = F.max(F.when(opens_instant, F.col(_PREVIOUS_ITEM))).over(instant)
+            columns["user_prev_item"] = F.coalesce(previous_item, F.lit(PADDING_ID).cast("long"))
+        return events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
 
     def features(self) -> list[FeatureSpec]:
         specs = []
