@@ -19,7 +19,7 @@ import os
 import shutil
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -65,6 +65,20 @@ def publish_directory(staging: Path, final: Path) -> None:
     os.rename(final, retired)
     os.rename(staging, final)
     shutil.rmtree(retired, ignore_errors=True)
+
+
+def fetched_once(final: Path, complete: str, fetch: Callable[[Path], None]) -> Path:
+    """``final``, holding ``complete`` once whole: the first call has ``fetch`` fill a staging
+    folder and publishes it; a failed fetch leaves nothing behind."""
+    if not (final / complete).is_file():
+        staging = staging_folder(final)
+        try:
+            fetch(staging)
+            publish_directory(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return final
 
 
 @contextmanager

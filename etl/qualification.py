@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from featureline.core.errors import FeaturelineError
-from featureline.core.files import publish_directory, staging_folder
+from featureline.core.files import fetched_once
 
 TOOLS_VERSION = "26.8.4"  # spark-rapids-user-tools on PyPI (its jar: 26.08.4)
 SPARK_JARS_VERSION = "3.5.7"  # pyspark sdist whose deps/jars the tool runs on
@@ -91,15 +91,8 @@ def _pip_download(requirement: str, into: Path, *extra: str) -> Path:
 
 def tool_classpath() -> str:
     """The Java class path of the tool: fetched into the cache the first time, then reused."""
-    root = cache_root() / f"qualification-{TOOLS_VERSION}-spark-{SPARK_JARS_VERSION}"
-    if not (root / "READY").is_file():
-        staging = staging_folder(root)
-        try:
-            _fetch(staging)
-            publish_directory(staging, root)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    root = fetched_once(cache_root() / f"qualification-{TOOLS_VERSION}-spark-{SPARK_JARS_VERSION}",
+                        "READY", _fetch)
     jar = next((root / "tools").glob("rapids-4-spark-tools_*.jar"))
     return f"{jar}{os.pathsep}{root / 'spark-jars'}{os.sep}*"
 

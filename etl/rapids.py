@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from featureline.core.files import publish_directory, staging_folder
+from featureline.core.files import fetched_once
 from featureline.etl.errors import PluginFetchError
 from featureline.etl.qualification import cache_root
 
@@ -39,17 +39,7 @@ IMAGE_JAR = f"/opt/sparkRapidsPlugin/{JAR_NAME}"
 def plugin_jar() -> Path:
     """The pinned plugin jar: fetched into the cache the first time, then reused."""
     root = cache_root() / f"rapids-plugin-{RAPIDS_VERSION}-{CUDA_CLASSIFIER}"
-    jar = root / JAR_NAME
-    if jar.is_file():
-        return jar
-    staging = staging_folder(root)
-    try:
-        _fetch(staging)
-        publish_directory(staging, root)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return jar
+    return fetched_once(root, JAR_NAME, _fetch) / JAR_NAME
 
 
 def _fetch(folder: Path) -> None:
