@@ -14,7 +14,7 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: help venv java test lint demo stop bench qualify gpu-check clean
+.PHONY: help venv java test lint demo stop bench qualify gpu-check clean FORCE
 
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
@@ -25,11 +25,21 @@ help:
 	@echo "make qualify  will the ETL run on the GPU? NVIDIA's Qualification tool on a run of it"
 	@echo "make gpu-check  will the ETL run on the GPU? the RAPIDS plugin plans it (explain-only, no GPU)"
 
-$(STAMP): pyproject.toml
+# The package's files: the editable install (setuptools' strict mode, a tree of links that
+# static tools follow) links each one, so a file added or removed means a new install.
+PACKAGE_FILES := $(shell git ls-files --cached --others --exclude-standard -- core etl \
+	feature_store hps api trainer featureline spark_conf 2>/dev/null | sort)
+FILES_STAMP := $(VENV)/.package-files
+
+$(FILES_STAMP): FORCE
+	@mkdir -p $(VENV)
+	@echo '$(PACKAGE_FILES)' | cmp -s - $@ || echo '$(PACKAGE_FILES)' > $@
+
+$(STAMP): pyproject.toml $(FILES_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -64,3 +74,5 @@ gpu-check: venv java
 
 clean: stop
 	rm -rf $(VENV) data feature_store/data .pytest_cache spark-warehouse
+
+FORCE:

@@ -1,4 +1,5 @@
-"""The layers of docs/ARCHITECTURE.md, checked on the source: core ← stages ← launcher.
+"""The layers of docs/ARCHITECTURE.md, checked on the source: core ← stages ← the launcher
+(the ``featureline`` folder, the package itself).
 
 The import graph comes from the source files themselves (every ``import`` and ``from … import``,
 including those inside functions), so a lazy import cannot hide a violation.
@@ -16,9 +17,10 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # Each layer's folder; every module is imported as ``featureline.<stage>.…`` (the launcher's
 # folder is the ``featureline`` package itself, pyproject.toml's package-dir).
+LAUNCHER = "featureline"
 LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "trainer": 1,
-          "launcher": 2}
-STAGES = {name for name in LAYERS if name != "launcher"}
+          LAUNCHER: 2}
+STAGES = {name for name in LAYERS if name != LAUNCHER}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
@@ -38,7 +40,7 @@ SPARK = ("pyspark",)
 def module_name(path: Path) -> str:
     """The module's name relative to ``featureline`` (``etl.job``; the launcher's ``cli``)."""
     parts = path.relative_to(REPO).with_suffix("").parts
-    parts = parts[1:] if parts[0] == "launcher" else parts
+    parts = parts[1:] if parts[0] == LAUNCHER else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -64,16 +66,16 @@ def source_folder(module: str) -> Path | None:
         return None
     if len(parts) > 1 and parts[1] in STAGES:
         return REPO.joinpath(*parts[1:])
-    return REPO.joinpath("launcher", *parts[1:])
+    return REPO.joinpath(LAUNCHER, *parts[1:])
 
 
 def layer_of(name: str) -> str | None:
     """The layer of an imported module: ``featureline.etl.job`` → ``etl``; ``featureline.cli``
-    → ``launcher``; anything outside the namespace → None."""
+    → the launcher's; anything outside the namespace → None."""
     parts = name.split(".")
     if parts[0] != "featureline":
         return None
-    return parts[1] if len(parts) > 1 and parts[1] in STAGES else "launcher"
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else LAUNCHER
 
 
 def import_graph() -> dict[str, tuple[str, set[str]]]:
@@ -94,7 +96,7 @@ def violations(graph: dict[str, tuple[str, set[str]]]) -> list[str]:
         package = path.split("/")[0]
         layer = 2 if path in ENTRY_POINTS else LAYERS[package]
         for name in sorted(imported):
-            if name.split(".")[0] in LAYERS:
+            if name.split(".")[0] in STAGES:
                 found.append(f"{path}: imports {name}, outside the featureline namespace")
                 continue
             target = layer_of(name)
@@ -116,12 +118,12 @@ def test_no_module_imports_a_higher_layer_or_another_stages_internals():
 
 @pytest.mark.parametrize(("module", "path", "imported", "message"), [
     ("core.metadata", "core/metadata.py", {"featureline.etl.config"}, "a higher layer (etl)"),
-    ("etl.job", "etl/job.py", {"featureline.cli"}, "a higher layer (launcher)"),
+    ("etl.job", "etl/job.py", {"featureline.cli"}, "a higher layer (featureline)"),
     ("api.services", "api/services.py", {"featureline.hps.volatile"},
      "inside another stage (hps)"),
     ("hps.server", "hps/server.py", {"featureline.feature_store.repo"}, "inside another stage"),
     ("api.vocabulary", "api/vocabulary.py", {"pyspark.sql"}, "imports Spark"),
-    ("cli", "launcher/cli.py", {"etl.job"}, "outside the featureline namespace"),
+    ("cli", "featureline/cli.py", {"etl.job"}, "outside the featureline namespace"),
 ])
 def test_the_check_finds_each_kind_of_violation(module, path, imported, message):
     graph = {module: (path, imported)}

@@ -12,15 +12,19 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from featureline.core.errors import ConfigError, FeaturelineError
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
+
+# A command's function, before or after click's decorators.
+Command = TypeVar("Command", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from featureline.config import FeaturelineConfig
@@ -112,7 +116,7 @@ data_option = click.option("--data", type=click.Path(file_okay=False),
                            help="ETL output folder with metadata.json (default: etl.output.path)")
 
 
-def job_options(command: click.Command) -> click.Command:
+def job_options(command: Command) -> Command:
     options = [
         config_option,
         click.option("--input", "input_path", help="Raw log path or glob (overrides source.path)"),
