@@ -6,6 +6,7 @@ Each error carries its status (``http_status``, core/errors.py); the handler ask
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -74,5 +75,5 @@ def install(app: FastAPI, retry_after_s: int, count_error: Any) -> None:
                             | {"detail": _jsonable(exc.errors())}, 422)
 
 
-def _jsonable(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _jsonable(errors: Sequence[Any]) -> list[dict[str, Any]]:
     return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]

@@ -142,3 +142,8 @@ class ErrorBody(BaseModel):
     message: str
     field: str | None = None
     limit: int | None = None
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` of a route that answers ``statuses`` with an ErrorBody."""
+    return {status: {"model": ErrorBody} for status in statuses}

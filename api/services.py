@@ -4,7 +4,7 @@ the parameter server, the metrics and the API keys."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ class Services:
         if got > limit:
             raise LimitExceededError(field, limit, got)
 
-    def raw_entities(self, entities: dict[str, Sequence[Any]]) -> dict[str, list[Any]]:
+    def raw_entities(self, entities: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
         """Join key → ids, decoding encoded ids (``user_id_cat``) with the vocabularies."""
         join_keys = {layout.join_key: layout.value_type for layout in self.reader.views.values()}
         raw: dict[str, list[Any]] = {}
@@ -66,7 +66,7 @@ class Services:
             elif column in join_keys:
                 if not all(isinstance(i, int) for i in ids):
                     raise UnknownEntityKeyError(key, [], "encoded ids are integers")
-                raw[column] = self.vocabularies.decode(column, ids)  # type: ignore[arg-type]
+                raw[column] = self.vocabularies.decode(column, ids)
             else:
                 known = [*join_keys, *(encoded_name(c) for c in join_keys
                                        if c in self.vocabularies.encoding)]

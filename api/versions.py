@@ -40,12 +40,12 @@ def check(services: Services) -> Versions:
                 continue
             version = tables[name].config.vocabulary_version
             embeddings[f"{ranking.model}/{name}"] = version
-            column = services.vocabularies.column_of(feature)
-            if version is not None and column in own and not compatible(own[column],
-                                                                         [version]):
+            encoded = services.vocabularies.column_of(feature)
+            if version is not None and encoded in own and not compatible(own[encoded],
+                                                                          [version]):
                 problems.append(
-                    f"embeddings {ranking.model}/{name}: keyed by {column} vocabulary "
-                    f"{version}, not compatible with the API's {own[column][-1]}; export "
+                    f"embeddings {ranking.model}/{name}: keyed by {encoded} vocabulary "
+                    f"{version}, not compatible with the API's {own[encoded][-1]}; export "
                     "the tables from this lineage and reload the model")
     return Versions(dataset_version=services.dataset_version,
                     vocabularies={c: lineage[-1] for c, lineage in own.items()},

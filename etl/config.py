@@ -13,7 +13,7 @@ import hashlib
 import json
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, Union, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -21,7 +21,12 @@ from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
 from featureline.etl.features import OP_SETTINGS
-from featureline.etl.features.base import CATEGORICAL_SELECTOR, CONTINUOUS_SELECTOR, ColumnRoles
+from featureline.etl.features.base import (
+    CATEGORICAL_SELECTOR,
+    CONTINUOUS_SELECTOR,
+    ColumnRoles,
+    OpSettings,
+)
 from featureline.etl.features.categorify import CategorifySettings
 from featureline.etl.features.count_encode import CountEncodeSettings
 from featureline.etl.features.cyclic_time import CyclicTimeSettings
@@ -145,7 +150,10 @@ class LabelRule(Settings):
         return f"{self.column} {self.op} {self.value}"
 
 
-FeatureOpConfig = Annotated[Union[OP_SETTINGS], Field(discriminator="op")]  # noqa: UP007
+if TYPE_CHECKING:  # the union is built from the ops' registry, which type checkers cannot read
+    FeatureOpConfig = OpSettings
+else:
+    FeatureOpConfig = Annotated[Union[OP_SETTINGS], Field(discriminator="op")]  # noqa: UP007
 OP_NAMES = frozenset(get_args(op.model_fields["op"].annotation)[0] for op in OP_SETTINGS)
 
 

@@ -229,7 +229,7 @@ def _text_lines(good: pd.DataFrame, bad: list[dict[str, Any]], kinds: list[str],
     return "\n".join(header + lines) + "\n"
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(handle)

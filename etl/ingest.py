@@ -124,9 +124,10 @@ def csv_headers(spark: SparkSession, pattern: str) -> dict[str, list[str]]:
     """The first line of every file the path or glob names (through Spark's own file system,
     so it works wherever Spark reads: local, HDFS, S3), grouped: header line → files. Empty
     files have no header and hold no rows."""
-    jvm = spark.sparkContext._jvm  # type: ignore[union-attr]
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # a running session's gateway
     path = jvm.org.apache.hadoop.fs.Path(pattern)
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     files = []
     for status in fs.globStatus(path) or []:
         listed = fs.listStatus(status.getPath()) if status.isDirectory() else [status]

@@ -137,7 +137,7 @@ def _valid_from(events: DataFrame, valid_days: int) -> datetime:
     The latest event comes back as epoch seconds: a timestamp collected into Python is a
     naive local time of the machine, which would move the boundary with its time zone.
     """
-    last = events.agg(F.max("ts").cast("long").alias("last")).first()["last"]
+    last = events.agg(F.max("ts").cast("long").alias("last")).collect()[0]["last"]
     latest = datetime.fromtimestamp(last, tz=timezone.utc)
     start = latest.replace(hour=0, minute=0, second=0, microsecond=0)
     return start - timedelta(days=valid_days - 1)
@@ -168,7 +168,7 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
     valid_rows = counts.pop(None, 0)
     # Partition by user before removing duplicates: the user-scoped windows of the features
     # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
     events = ingest.deduplicate(ingest.accepted(validated, config)
                                 .repartition(partitions, "user_id"))
     events = events.withColumn(LABEL, label_column(config.label, config))
@@ -204,8 +204,8 @@ def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, A
 
 def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
                     path: Path) -> None:
-    columns = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind]) for s in specs),
-               F.col(LABEL).cast("long"), SPLIT]
+    columns: list[Column | str] = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind])
+                                            for s in specs), F.col(LABEL).cast("long"), SPLIT]
     # Hash-partitioned and sorted by the keys: the same rows land in the same files, in the
     # same order, each run. The split leads the sort: a write partitioned by it sorts each
     # task's rows by it unless they already are, and that sort replaced the keys' one.

@@ -111,11 +111,11 @@ def _fetch(folder: Path) -> None:
                           "--no-binary", ":all:")
     (folder / "spark-jars").mkdir()
     with tarfile.open(sdist) as archive:
-        for member in archive.getmembers():
-            if member.isfile() and re.search(r"/deps/jars/[^/]+\.jar$", member.name):
-                source = archive.extractfile(member)
+        for entry in archive.getmembers():
+            if entry.isfile() and re.search(r"/deps/jars/[^/]+\.jar$", entry.name):
+                source = archive.extractfile(entry)
                 assert source is not None
-                (folder / "spark-jars" / Path(member.name).name).write_bytes(source.read())
+                (folder / "spark-jars" / Path(entry.name).name).write_bytes(source.read())
     shutil.rmtree(downloads)
     (folder / "READY").write_text(json.dumps({"tools": TOOLS_VERSION,
                                               "spark_jars": SPARK_JARS_VERSION}))

@@ -19,7 +19,7 @@ def _codes() -> itertools.chain[str]:
 
 
 def assign_short_names(
-    names: list[str], overrides: dict[str, str], reserved: set[str] = frozenset()
+    names: list[str], overrides: dict[str, str], reserved: frozenset[str] | set[str] = frozenset()
 ) -> dict[str, str]:
     """Long name → unique short name: the configured one, else initials, else a free code."""
     unknown = set(overrides) - set(names)

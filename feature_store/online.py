@@ -18,7 +18,7 @@ versioning) stops it at start, naming the setting, instead of reading the wrong 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -224,7 +224,7 @@ class OnlineReader:
         return found  # type: ignore[return-value]  # every None filled above
 
     def read(self, references: list[tuple[str, str]],
-             entities: dict[str, Sequence[Any]]) -> OnlineFeatures:
+             entities: Mapping[str, Sequence[Any]]) -> OnlineFeatures:
         """Values of ``references`` for each row of ``entities`` (join key → ids, by row)."""
         wanted: dict[str, list[str]] = {}
         for view, name in references:

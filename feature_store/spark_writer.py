@@ -4,7 +4,7 @@ single-process writer (``feature_store/writer.py``), straight to Redis."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: dat
     (a replace looks for the entities no longer there)."""
     from featureline.core import redis
 
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from featureline.feature_store.writer import write_view
 
         # Bulk writes share the server with every other task: a patient socket.
@@ -52,7 +52,7 @@ def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: dat
 
     latest = latest_frame(spark, path, layout, start, end)
     totals = (latest.mapInArrow(write, "keys long, changed long")
-              .agg(F.sum("keys").alias("keys"), F.sum("changed").alias("changed")).first())
+              .agg(F.sum("keys").alias("keys"), F.sum("changed").alias("changed")).collect()[0])
     written: set[bytes] = set()
     if keys_needed:
         values: Any = latest.select(layout.join_key).toArrow()[layout.join_key]

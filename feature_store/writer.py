@@ -97,6 +97,7 @@ class Layout:
     @classmethod
     def of(cls, view: FeatureView, join_key: str, key_type: ValueType, project: str,
            key_version: int, key_ttl_seconds: int | None = None) -> Layout:
+        assert view.batch_source is not None  # every view is defined over an entity table
         return cls(view.name, join_key, key_type,
                    tuple((f.name, f.dtype.to_value_type()) for f in view.features),
                    view.batch_source.timestamp_field, project, key_version, key_ttl_seconds)

@@ -152,8 +152,9 @@ class RocksDBStore(PersistentStore):
         vectors = np.zeros((len(keys), dim), dtype=np.float32)
         if table not in self._families or not len(keys):
             return found, vectors
+        batch: list[str | int | float | bytes | bool] = list(key_bytes(keys))
         try:
-            values = self._families[table].get(key_bytes(keys))
+            values = self._families[table].get(batch) or []
         except Exception as exc:  # rocksdict raises a bare Exception ("Corruption: ...")
             raise self._unreadable(table, exc) from exc
         for index, value in enumerate(values):

@@ -29,6 +29,7 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import redis as redis_py
@@ -105,8 +106,9 @@ def trim(config: HpsConfig, url: str | None = None) -> dict[str, int]:
     removed = {}
     for model in config.models:
         written = sources_written(model.tables)
-        removed[model.name] = 0 if written is None else client.xtrim(
-            stream_name(model.name), minid=_first_unheld(written), approximate=False)
+        # redis-py types a sync client's replies as possibly awaitable; this one is not.
+        removed[model.name] = 0 if written is None else cast(int, client.xtrim(
+            stream_name(model.name), minid=_first_unheld(written), approximate=False))
     return removed
 
 
@@ -155,8 +157,8 @@ def _client(url: str | None) -> redis_py.Redis:
 def publish(model: str, table: str, keys: np.ndarray, vectors: np.ndarray,
             url: str | None = None) -> str:
     """Append one update to the model's stream (the producer API for training jobs)."""
-    message_id = _client(url).xadd(stream_name(model), {FIELD: encode_update(table, keys,
-                                                                              vectors)})
+    message_id = cast(bytes, _client(url).xadd(stream_name(model),
+                                               {FIELD: encode_update(table, keys, vectors)}))
     return message_id.decode()
 
 
@@ -211,8 +213,8 @@ class UpdateConsumer:
         when Redis does not answer or the group is not there yet."""
         stream = stream_name(self.model)
         try:
-            last = self.client.xinfo_stream(stream)["last-generated-id"]
-            groups = self.client.xinfo_groups(stream)
+            last = cast(dict[str, Any], self.client.xinfo_stream(stream))["last-generated-id"]
+            groups = cast(list[dict[str, Any]], self.client.xinfo_groups(stream))
         except redis_py.RedisError:
             return None
         delivered = next((g["last-delivered-id"] for g in groups
@@ -225,10 +227,9 @@ class UpdateConsumer:
         """Apply the available messages (waiting up to ``block_ms`` for one); how many."""
         self._replay_after_rebuild()
         start_id = "0" if self._backlog else ">"
-        response = self.client.xreadgroup(self.group, self.name, {stream_name(self.model):
-                                                                  start_id},
-                                          count=count, block=None if self._backlog
-                                          else self.block_ms)
+        response = cast(list[Any], self.client.xreadgroup(
+            self.group, self.name, {stream_name(self.model): start_id}, count=count,
+            block=None if self._backlog else self.block_ms))
         messages = response[0][1] if response else []
         if self._backlog and not messages:
             self._backlog = False

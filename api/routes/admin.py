@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from featureline.api.auth import require
-from featureline.api.models import ErrorBody, ReloadResponse
+from featureline.api.models import ReloadResponse, error_responses
 from featureline.api.services import Services, get_services
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require("admin"))])
-ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 503)}
+ERRORS = error_responses(401, 403, 404, 503)
 
 
 @router.post("/models/{name}/reload", response_model=ReloadResponse, responses=ERRORS)

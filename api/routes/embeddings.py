@@ -6,12 +6,12 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from featureline.api.auth import require
 from featureline.api.models import (
-    ErrorBody,
     LookupRequest,
     LookupResponse,
     ModelInfo,
     ModelsResponse,
     TableInfo,
+    error_responses,
 )
 from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
@@ -19,7 +19,7 @@ from featureline.api.versions import check
 
 router = APIRouter(prefix="/v1/embeddings", tags=["embeddings"],
                    dependencies=[Depends(require("read"))])
-ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
+ERRORS = error_responses(401, 403, 404, 413, 422, 503)
 OCTET_STREAM = "application/octet-stream"
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from featureline.api.auth import require
-from featureline.api.models import ErrorBody, FeaturesRequest, FeaturesResponse
+from featureline.api.models import FeaturesRequest, FeaturesResponse, error_responses
 from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
 
 router = APIRouter(prefix="/v1", tags=["features"], dependencies=[Depends(require("read"))])
-ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
+ERRORS = error_responses(401, 403, 404, 413, 422, 503)
 
 
 @router.post("/features", response_model=FeaturesResponse, responses=ERRORS)

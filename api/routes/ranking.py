@@ -8,16 +8,16 @@ from fastapi import APIRouter, Depends
 
 from featureline.api.auth import require
 from featureline.api.models import (
-    ErrorBody,
     RankingInputsRequest,
     RankingInputsResponse,
+    error_responses,
 )
 from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
 from featureline.feature_store.online import OnlineFeatures
 
 router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
-ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422, 503)}
+ERRORS = error_responses(401, 403, 404, 413, 422, 503)
 SERVICE = "ranking"
 
 

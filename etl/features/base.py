@@ -98,6 +98,8 @@ class OpSettings(Settings):
     """The settings every op takes; an op's own model adds ``op: Literal[<name>]`` and its
     parameters, checked when the configuration loads."""
 
+    # The op's name, ``Literal[<name>]`` in each op's model (the configuration's discriminator).
+    op: str
     short_names: dict[str, str] = Field(default_factory=dict)
     # The kind of column the op reads.
     input_kind: ClassVar[Literal["categorical", "continuous"]] = "categorical"

@@ -67,7 +67,7 @@ class Categorify(FeatureOp):
                 vocabulary = self._ranked(counts, column, FIRST_ID - 1)
             else:
                 known = known.select(F.col("value").cast("string"), F.col("id").cast("long"))
-                last_id = known.agg(F.max("id")).first()[0] or FIRST_ID - 1
+                last_id = known.agg(F.max("id")).collect()[0][0] or FIRST_ID - 1
                 kept = known.join(counts.withColumnRenamed(column, "value"), on="value",
                                   how="left").fillna({"count": 0})
                 unseen = counts.join(known, counts[column] == known["value"], how="left_anti")
@@ -118,6 +118,6 @@ def summarize(vocabulary: DataFrame) -> tuple[int, str]:
     hashes, so the same pairs give the same version in any order."""
     row = vocabulary.agg(F.count(F.lit(1)).alias("n"),
                          F.bit_xor(F.xxhash64(F.col("value").cast("string"),
-                                              F.col("id").cast("long"))).alias("digest")).first()
+                                              F.col("id").cast("long"))).alias("digest")).collect()[0]
     size = int(row["n"])
     return size, hashlib.sha256(f"{size}:{row['digest'] or 0}".encode()).hexdigest()[:16]

@@ -65,7 +65,7 @@ class ModelReady:
             aggregates += [F.mean(shaped).alias(f"m{index}"),
                            population_std(shaped).alias(f"s{index}"),
                            F.count(F.col(name)).alias(f"n{index}")]
-        row = train.agg(*aggregates).first()
+        row = train.agg(*aggregates).collect()[0]
         for index, name in enumerate(fitted):
             mean, std = row[f"m{index}"] or 0.0, row[f"s{index}"] or 0.0
             self.stats[name] = {"name": self.transforms[name], "mean": mean,

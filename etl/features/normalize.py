@@ -52,14 +52,14 @@ class Normalize(FeatureOp):
     def fit(self, train: DataFrame) -> None:
         fills = {"mean": F.mean, "median": F.median}
         if self.fill in fills:
-            row = train.agg(*[fills[self.fill](c).alias(c) for c in self.columns]).first()
+            row = train.agg(*[fills[self.fill](c).alias(c) for c in self.columns]).collect()[0]
             fill_values = {c: float(row[c]) if row[c] is not None else 0.0 for c in self.columns}
         else:
             fill_values = dict.fromkeys(self.columns, 0.0)
         shaped = [self._shaped(F.col(c), fill_values[c]) for c in self.columns]
         row = train.agg(*[x for c, s in zip(self.columns, shaped, strict=True)
                           for x in (F.mean(s).alias(f"{c}_mean"),
-                                    population_std(s).alias(f"{c}_std"))]).first()
+                                    population_std(s).alias(f"{c}_std"))]).collect()[0]
         for column in self.columns:
             mean = row[f"{column}_mean"] or 0.0
             std = row[f"{column}_std"] or 0.0

@@ -104,7 +104,7 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
         return {g.name: tf.reshape(parsed[g.name].flat_values, [-1, g.width]) for g in groups}
 
     def to_columns(blocks: dict[str, Any]) -> dict[str, Any]:
-        columns = {}
+        columns: dict[str, Any] = {}
         for group in groups:
             if group.column_width == 1:  # rows of the transpose are contiguous: 1.8x faster
                 parts = tf.unstack(tf.transpose(blocks[group.name]), num=len(group.columns))

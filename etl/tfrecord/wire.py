@@ -125,7 +125,7 @@ def group_payloads(values: np.ndarray, rows_per_record: np.ndarray, width: int
     if values.dtype == np.float32:  # the little-endian floats as they lie, not copied
         floats = np.ascontiguousarray(values, dtype="<f4")
         offsets = np.concatenate(([0], np.cumsum(counts * 4)))
-        return memoryview(floats).cast("B"), offsets
+        return memoryview(floats.data).cast("B"), offsets
     encoded, ends = _pack_varints(_unsigned(values), counts)
     offsets = np.concatenate(([0], ends))
     return memoryview(encoded[:offsets[-1]]), offsets

@@ -17,7 +17,7 @@ split's last files.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,7 +182,7 @@ def write_split(spark: SparkSession, files: list[str], root: str, split: str,
     writer = TaskWriter(root, split, job_id, groups, prebatch_size, compression)
     rows = ParquetRows(list(files), [c for g in groups for c in g.columns])
 
-    def task(indices: Iterator[int]) -> Iterator[dict[str, Any]]:
+    def task(indices: Iterable[int]) -> Iterator[dict[str, Any]]:
         for index in indices:  # one per task: its partition is its file's position
             for result in writer(rows(index)):
                 yield from result.to_pylist()
