@@ -14,12 +14,13 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: help venv java test lint demo stop bench qualify gpu-check clean FORCE
+.PHONY: help venv java test lint typecheck demo stop bench qualify gpu-check clean FORCE
 
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
 	@echo "make test   run the test suite (creates .venv on first use)"
 	@echo "make lint   ruff check"
+	@echo "make typecheck  mypy over the package"
 	@echo "make stop   stop what the demo left running (the API, the embedded Redis)"
 	@echo "make bench  run the benchmarks (BENCH_ARGS=... to pass options)"
 	@echo "make qualify  will the ETL run on the GPU? NVIDIA's Qualification tool on a run of it"
@@ -49,10 +50,16 @@ java:
 
 test: venv java
 	$(BIN)/ruff check .
+	$(MAKE) --no-print-directory typecheck
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .
+
+# mypy over the installed package (the strict editable install's link tree), run outside the
+# checkout so that it reads the package as installed.
+typecheck: venv
+	cd $(VENV) && bin/mypy --config-file ../pyproject.toml -p featureline
 
 demo: venv java
 	$(BIN)/featureline demo --out $(DEMO_DIR) --events $(DEMO_EVENTS)
