@@ -24,8 +24,9 @@ from pyspark.sql import SparkSession
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import write_log
-from featureline.etl.qualification import STAGE_PROPERTY, stage_times
+from featureline.etl.qualification import stage_times
 from featureline.etl.session import build_session
+from featureline.etl.stages import STAGE_PROPERTY
 
 BENCH_SPARK = SparkSettings(master="local[2]", properties={
     "spark.driver.memory": "12g", "spark.ui.enabled": "false",

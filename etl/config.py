@@ -36,6 +36,7 @@ from featureline.etl.features.lag_features import LagFeaturesSettings
 from featureline.etl.features.model_ready import ModelReadyConfig
 from featureline.etl.features.normalize import NormalizeSettings
 from featureline.etl.features.target_encode import TargetEncodeSettings
+from featureline.etl.stages import InputFormat
 
 ROLES = ("user_id", "item_id", "event_type", "ts", "value")
 REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")
@@ -54,7 +55,7 @@ class RoleColumns(Settings):
 
 class SourceConfig(Settings):
     path: str = "data/raw/events.jsonl"
-    format: Literal["jsonl", "csv", "parquet"] = "jsonl"
+    format: InputFormat = "jsonl"
     columns: RoleColumns = RoleColumns()
     # Context columns; the defaults are those of `featureline datagen`.
     categorical: list[str] = Field(default_factory=lambda: ["category", "device"])

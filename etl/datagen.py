@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from featureline.etl.ingest import REASONS
+from featureline.etl.stages import InputFormat
 
 FUNNEL = ("view", "click", "add_to_cart", "purchase")
 # P(click | view), P(add_to_cart | click), P(purchase | add_to_cart), scaled by item appeal.
@@ -43,7 +44,6 @@ SECONDS_BETWEEN_VIEWS = 40.0
 MISSING_VALUE_RATE = 0.03
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
-Format = Literal["jsonl", "csv", "parquet"]
 COLUMNS = ("user_id", "item_id", "event_type", "ts", "value", "price", "category", "device")
 
 # Every kind of bad row, named by the quarantine reason the validator gives it.
@@ -152,7 +152,7 @@ def generate_events(
     })
 
 
-def _corrupt(record: dict[str, Any], kind: str, fmt: Format) -> dict[str, Any]:
+def _corrupt(record: dict[str, Any], kind: str, fmt: InputFormat) -> dict[str, Any]:
     """One good record made bad in exactly the way ``kind`` names."""
     bad = dict(record)
     if kind.startswith("missing_"):
@@ -171,7 +171,7 @@ def _corrupt(record: dict[str, Any], kind: str, fmt: Format) -> dict[str, Any]:
 
 
 def _bad_rows(
-    good: pd.DataFrame, count: int, fmt: Format, rng: np.random.Generator
+    good: pd.DataFrame, count: int, fmt: InputFormat, rng: np.random.Generator
 ) -> tuple[list[dict[str, Any]], list[str], dict[str, int]]:
     kinds = BAD_KINDS_PARQUET if fmt == "parquet" else BAD_KINDS_TEXT
     chosen = [kinds[i % len(kinds)] for i in range(count)]
@@ -208,7 +208,7 @@ def _interleave(lines: list[str], extra: list[str], rng: np.random.Generator) ->
     return out
 
 
-def _text_lines(good: pd.DataFrame, bad: list[dict[str, Any]], kinds: list[str], fmt: Format,
+def _text_lines(good: pd.DataFrame, bad: list[dict[str, Any]], kinds: list[str], fmt: InputFormat,
                 rng: np.random.Generator) -> str:
     encode: Callable[[dict[str, Any]], str]
     if fmt == "jsonl":
@@ -250,7 +250,7 @@ def write_log(
     days: int,
     seed: int = 0,
     bad_fraction: float = 0.0,
-    fmt: Format = "jsonl",
+    fmt: InputFormat = "jsonl",
     start: datetime = DEFAULT_START,
 ) -> GeneratedLog:
     """Write ``events`` log rows to ``out``; ``bad_fraction`` of them are bad rows."""

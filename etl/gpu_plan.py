@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from featureline.etl.errors import GpuPlanError
-from featureline.etl.qualification import JOB_STAGES, UNTAGGED, place_in_code
+from featureline.etl.qualification import place_in_code
 from featureline.etl.rapids import CUDA_CLASSIFIER, RAPIDS_VERSION
+from featureline.etl.stages import JOB_STAGES, STAGE_LOGGER, UNTAGGED
 
-# The driver-side logger StageTimer names each stage to, as it starts (and "" as it ends).
-STAGE_LOGGER = "featureline.stage"
 PLAN_LOGGER = "com.nvidia.spark.rapids.GpuOverrides"
 _EVENT = "@@featureline "
 # Spark's own console layout for everything else; the plan log and the stage markers go to

@@ -21,7 +21,7 @@ from featureline.core import __version__
 from featureline.core.errors import ConfigError
 from featureline.core.files import staged_directory
 from featureline.core.metadata import EVENT_TIMESTAMP, METADATA_FILE, VOCABULARY_DIR
-from featureline.etl import ingest
+from featureline.etl import ingest, stages
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
@@ -29,9 +29,7 @@ from featureline.etl.errors import NoInputError
 from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
-from featureline.etl.gpu_plan import STAGE_LOGGER
 from featureline.etl.outputs import local_path, write_json, write_parquet
-from featureline.etl.qualification import STAGE_PROPERTY
 from featureline.etl.tfrecord.layout import build_layout
 from featureline.etl.tfrecord.writer import write_split
 from featureline.etl.vocabulary import (
@@ -88,11 +86,11 @@ class StageTimer:
 
     def _tag(self, stage: str | None) -> None:
         if self.context is not None:
-            self.context.setLocalProperty(STAGE_PROPERTY, stage)  # type: ignore[arg-type]
+            self.context.setLocalProperty(stages.STAGE_PROPERTY, stage)  # type: ignore[arg-type]
             self.context.setJobDescription(f"featureline {stage}" if stage else None)  # type: ignore[arg-type]
             # In the driver's log too, where the plans the RAPIDS Accelerator logs follow it.
             log4j = self.context._jvm.org.apache.logging.log4j  # type: ignore[union-attr]
-            log4j.LogManager.getLogger(STAGE_LOGGER).info(stage or "")
+            log4j.LogManager.getLogger(stages.STAGE_LOGGER).info(stage or "")
 
     @contextmanager
     def __call__(self, stage: str) -> Iterator[Stage]:
@@ -281,32 +279,32 @@ def run(config: EtlConfig, spark: SparkSession,
     previous = _extend_vocabularies(spark, config, pipeline, output)
     try:
         with staged_directory(output) as staging:
-            with timer("ingest") as stage:
+            with timer(stages.INGEST) as stage:
                 events, rows = _ingest(spark, config, staging, cached)
                 stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
                                  f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
                                  f"{rows['duplicates']:,} duplicates removed")
-            with timer("split") as stage:
+            with timer(stages.SPLIT) as stage:
                 events, split = _split(events, config)
                 stage.summary = ", ".join(f"{name} {count:,}"
                                           for name, count in split["rows"].items())
-            with timer("features") as stage:
+            with timer(stages.FEATURES) as stage:
                 featured = pipeline.fit_transform(events)
                 specs = pipeline.features()
                 stage.summary = f"{len(specs)} features"
-            with timer("write_examples") as stage:
+            with timer(stages.WRITE_EXAMPLES) as stage:
                 _write_examples(featured, specs, config, staging / "examples")
                 stage.summary = f"{rows['accepted']:,} examples"
             tfrecord = None
             if config.tfrecord.enabled:
-                with timer("write_tfrecord") as stage:
+                with timer(stages.WRITE_TFRECORD) as stage:
                     tfrecord = _write_tfrecords(spark, specs, config, staging)
                     stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
                                      f"{len(tfrecord['files'])} files")
-            with timer("entities") as stage:
+            with timer(stages.ENTITIES) as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
                 stage.summary = ", ".join(entities)
-            with timer("artifacts"):
+            with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)

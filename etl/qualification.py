@@ -36,6 +36,7 @@ from typing import Any
 
 from featureline.core.errors import FeaturelineError
 from featureline.core.files import fetched_once
+from featureline.etl.stages import JOB_STAGES, STAGE_PROPERTY, UNTAGGED
 
 TOOLS_VERSION = "26.8.4"  # spark-rapids-user-tools on PyPI (its jar: 26.08.4)
 SPARK_JARS_VERSION = "3.5.7"  # pyspark sdist whose deps/jars the tool runs on
@@ -43,10 +44,6 @@ MAIN_CLASS = "com.nvidia.spark.rapids.tool.qualification.QualificationMain"
 CACHE_ENV = "FEATURELINE_CACHE"
 # Where the tool's operator lists come from (its jar's supportedExecs/Exprs.csv).
 TOOL_SPARK_VERSION = "3.5"
-# The local property naming the stage of ours each Spark job runs for (etl/job.py sets it;
-# defined here, where reading an event log needs no Spark import).
-STAGE_PROPERTY = "featureline.stage"
-UNTAGGED = "other"
 # Rows of unsupported_operators.csv the tool itself marks as costing nothing, and the rows
 # of an operator that is unsupported only for an expression listed on its own row.
 _IGNORED_ACTIONS = {"IgnoreNoPerf", "IgnorePerf"}
@@ -299,11 +296,6 @@ def summarize(output: Path, stages: dict[str, dict[int, str]]) -> dict[str, Any]
                      "operator_lists_for_spark": TOOL_SPARK_VERSION,
                      "spark_jars": f"pyspark=={SPARK_JARS_VERSION}"},
             "applications": applications}
-
-
-# Our stages in the order the job runs them (etl/job.py).
-JOB_STAGES = ("ingest", "split", "features", "write_examples", "write_tfrecord", "entities",
-              "artifacts")
 
 
 def _stage_order(name: str) -> int:

@@ -21,6 +21,7 @@ import click
 
 from featureline.core.errors import ConfigError, FeaturelineError
 from featureline.core.redis import REDIS_URL_ENV, redact
+from featureline.etl.stages import INPUT_FORMATS
 from featureline.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
 # A command's function, before or after click's decorators.
@@ -58,7 +59,7 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--bad-fraction", type=click.FloatRange(0, 1), default=0.0, show_default=True,
               help="Share of rows made bad, in every way the validator rejects.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "parquet"]),
+@click.option("--format", "fmt", type=click.Choice(INPUT_FORMATS),
               default="jsonl", show_default=True)
 def datagen(events: int, users: int, items: int, days: int, out: str, seed: int,
             bad_fraction: float, fmt: str) -> None:
@@ -120,7 +121,7 @@ def job_options(command: Command) -> Command:
     options = [
         config_option,
         click.option("--input", "input_path", help="Raw log path or glob (overrides source.path)"),
-        click.option("--format", "input_format", type=click.Choice(["jsonl", "csv", "parquet"]),
+        click.option("--format", "input_format", type=click.Choice(INPUT_FORMATS),
                      help="Raw log format (default: from the file suffix)"),
         click.option("--output", help="Output folder (overrides output.path)"),
         click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),

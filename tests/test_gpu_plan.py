@@ -18,8 +18,8 @@ import yaml
 
 from featureline.etl import gpu_plan, rapids
 from featureline.etl.errors import GpuPlanError, PluginFetchError
-from featureline.etl.qualification import JOB_STAGES
 from featureline.etl.session import read_properties, spark_conf_dir
+from featureline.etl.stages import JOB_STAGES
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -288,3 +288,9 @@ def test_parquet_duplicates_are_listed_as_json(spark, tmp_path):
     events = ingest.deduplicate(ingest.accepted(validated, config))
     (removed,) = ingest.duplicates(validated, events, config, 1).collect()
     assert json.loads(removed["record"]) == json.loads(removed["kept_record"]) == row
+
+
+def test_every_input_format_has_its_reader():
+    from featureline.etl.stages import INPUT_FORMATS
+
+    assert sorted(ingest._READERS) == sorted(INPUT_FORMATS)

@@ -264,3 +264,9 @@ def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):
     assert progress, lines
     assert re.search(r"slow: \d+s, 1 Spark stage\(s\) running, tasks \d/4$", progress[0])
     assert lines[0] == "slow ..." and lines[-1].startswith("slow done in ")
+
+
+def test_the_job_runs_the_stages_the_gpu_checks_attribute_work_to(job_output):
+    from featureline.etl.stages import JOB_STAGES
+
+    assert [k for k in job_output.metadata["timings_s"] if k != "total"] == list(JOB_STAGES)

@@ -14,13 +14,12 @@ import pytest
 import zstandard
 
 from featureline.etl.qualification import (
-    JOB_STAGES,
-    UNTAGGED,
     QualificationError,
     job_stages,
     stage_times,
     summarize,
 )
+from featureline.etl.stages import JOB_STAGES, UNTAGGED
 
 BIN = Path(sys.executable).parent
 
