@@ -8,6 +8,7 @@ including those inside functions), so a lazy import cannot hide a violation.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -141,3 +142,26 @@ def test_the_serving_processes_never_load_pyspark():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             cwd=REPO, timeout=120, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def environment_variables_read() -> set[str]:
+    """Every environment variable the package's code reads (or defaults), by its name."""
+    patterns = [r'\b[A-Z_]*ENV\w* = "([A-Z][A-Z0-9_]+)"',
+                r'environ(?:\.get|\.setdefault|\.pop)?\(\s*"([A-Z][A-Z0-9_]+)"',
+                r'environ\["([A-Z][A-Z0-9_]+)"\]', r'getenv\(\s*"([A-Z][A-Z0-9_]+)"']
+    names: set[str] = set()
+    for package in LAYERS:
+        for path in (REPO / package).rglob("*.py"):
+            text = path.read_text()
+            for pattern in patterns:
+                names.update(re.findall(pattern, text))
+    return names
+
+
+def test_the_architecture_lists_every_environment_variable_the_code_reads():
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    section = text[text.index("### Configuration"):text.index("## Where new things go")]
+    listed = {name for row in section.splitlines() if row.startswith("| `")
+              for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row.split("|")[1])}
+    assert "REDIS_URL" in environment_variables_read()
+    assert environment_variables_read() == listed
