@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import click
 
-from featureline.cli import job_options, run_command, run_job, summary
+from featureline.cli import run_command
+from featureline.etl_runs import run_job, summary
+from featureline.options import job_options
 
 
 @click.command()

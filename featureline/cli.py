@@ -12,34 +12,22 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
 import click
 
 from featureline.core.errors import ConfigError, FeaturelineError
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.etl.stages import INPUT_FORMATS
+from featureline.etl_runs import progress, run_job, summary
+from featureline.options import config_option, data_option, job_options
 from featureline.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
-
-# A command's function, before or after click's decorators.
-Command = TypeVar("Command", bound=Callable[..., Any])
 
 if TYPE_CHECKING:
     from featureline.config import FeaturelineConfig
     from featureline.feature_store.repo import FeatureRepo
-
-
-def _split_list(value: str | None) -> list[str] | None:
-    if value is None:
-        return None
-    return [part.strip() for part in value.split(",") if part.strip()]
-
-
-def _progress(message: str) -> None:
-    click.echo(f"[{time.strftime('%H:%M:%S')}] {message}", err=True)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -76,105 +64,6 @@ def datagen(events: int, users: int, items: int, days: int, out: str, seed: int,
 @main.group()
 def etl() -> None:
     """The Spark ETL job."""
-
-
-def run_job(path: str | None = None, input_path: str | None = None,
-            input_format: str | None = None, output: str | None = None,
-            profile: str | None = None, label: str | None = None,
-            categorical: str | None = None, continuous: str | None = None,
-            vocabulary_from: str | None = None, refit_vocabularies: bool = False,
-            valid_days: int | None = None, *,
-            submitted: bool = False, properties: dict[str, str] | None = None) -> dict:
-    """Load the configuration, apply the flags, start Spark and run the job; its metadata.
-
-    ``submitted``: running under spark-submit, which has applied the properties file.
-    """
-    from featureline.config import load_config
-    from featureline.etl.config import with_overrides
-
-    config = with_overrides(
-        load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
-        output=output, profile=profile, label=label, categorical=_split_list(categorical),
-        continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
-        refit_vocabularies=refit_vocabularies, valid_days=valid_days)
-    if properties:
-        config.spark.properties.update(properties)
-    from featureline.etl import job
-    from featureline.etl.ingest import require_local_input
-    from featureline.etl.session import build_session, spark_properties
-
-    # Before Spark starts: the settings (the profile, the RAPIDS jar), then the input.
-    spark_properties(config.spark, from_profile=not submitted)
-    require_local_input(config.source)
-
-    spark = build_session(config.spark, from_profile=not submitted)
-    return job.run(config, spark, progress=_progress).metadata
-
-
-config_option = click.option("--config", "path", type=click.Path(dir_okay=False),
-                             help=f"YAML configuration (default: ./{DEFAULT_CONFIG} if present)")
-data_option = click.option("--data", type=click.Path(file_okay=False),
-                           help="ETL output folder with metadata.json (default: etl.output.path)")
-
-
-def job_options(command: Command) -> Command:
-    options = [
-        config_option,
-        click.option("--input", "input_path", help="Raw log path or glob (overrides source.path)"),
-        click.option("--format", "input_format", type=click.Choice(INPUT_FORMATS),
-                     help="Raw log format (default: from the file suffix)"),
-        click.option("--output", help="Output folder (overrides output.path)"),
-        click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
-                     help="Spark profile: spark_conf/<profile>.conf"),
-        click.option("--label", help="Label rule, e.g. 'value >= 4' or "
-                                     "'event_type in (click, purchase)'"),
-        click.option("--categorical", help="Categorical context columns, comma-separated"),
-        click.option("--continuous", help="Continuous context columns, comma-separated"),
-        click.option("--vocabulary-from", type=click.Path(file_okay=False),
-                     help="ETL output whose vocabularies this run extends (default: the "
-                          "output folder's current publication)"),
-        click.option("--valid-days", type=click.IntRange(min=1),
-                     help="Days at the end of the log that form the validation split "
-                          "(overrides split.valid_days)"),
-        click.option("--refit-vocabularies", is_flag=True,
-                     help="Assign every id afresh: a new lineage, incompatible with earlier "
-                          "outputs"),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-def summary(metadata: dict) -> str:
-    """A human-readable account of a finished run."""
-    rows = metadata["rows"]
-    quarantined = {k: v for k, v in rows["quarantined"].items() if v}
-    lines = [
-        f"rows: read {rows['read']:,} = accepted {rows['accepted']:,} + duplicates "
-        f"{rows['duplicates']:,} + quarantined {sum(quarantined.values()):,}",
-    ]
-    lines += [f"  quarantined {reason}: {count:,}" for reason, count in quarantined.items()]
-    split = metadata["split"]
-    lines.append(f"split: train {split['rows']['train']:,}, valid {split['rows']['valid']:,} "
-                 f"(valid from {split['valid_from']})")
-    dataset = metadata["dataset"]
-    start = (f"extend those of {dataset['extends']}" if dataset["extends"]
-             else "start a new lineage")
-    lines.append(f"dataset {dataset['version']}: vocabularies {start}")
-    plan = metadata["embedding_plan"]["features"]
-    lines.append("categorical features (cardinality, embedding width):")
-    lines += [f"  {name}: {entry['cardinality']:,} x {entry['width']}"
-              + (f" (shares {entry['shares']})" if "shares" in entry else "")
-              for name, entry in plan.items()]
-    tables = ", ".join(f"{name}/" for name in metadata["outputs"])
-    lines.append(f"features: {len(metadata['features'])}; tables: {tables}, metadata.json")
-    if "tfrecord" in metadata:
-        section = metadata["tfrecord"]
-        lines.append(f"tfrecord: {len(section['files'])} files, prebatch "
-                     f"{section['prebatch_size']}, groups {', '.join(section['groups'])}")
-    timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata["timings_s"].items())
-    lines.append(f"time: {timings}")
-    return "\n".join(lines)
 
 
 @etl.command("run")
@@ -277,21 +166,21 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     steps = 5 if serve else 3
     # The last 14 days, so that the online store's values are within their ttl today.
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
-    _progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
+    progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))
-    _progress(f"[2/{steps}] etl: local Spark job")
+    progress(f"[2/{steps}] etl: local Spark job")
     metadata = run_job(input_path=str(raw), input_format="jsonl", output=str(output))
     click.echo(summary(metadata))
     click.echo(f"output: {output}  (metadata.json describes every table)")
-    _progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")
+    progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")
     from featureline.demo import publish_demo, serve_demo, train_tables
 
-    redis_url = publish_demo(config, output, click.echo, _progress)
+    redis_url = publish_demo(config, output, click.echo, progress)
     if serve:
-        _progress(f"[4/{steps}] train: the reference model on the TFRecords → embedding tables")
-        hps = train_tables(output, Path(out) / "hps", click.echo, _progress)
-        _progress(f"[5/{steps}] serve: the trained tables → HPS, the API")
+        progress(f"[4/{steps}] train: the reference model on the TFRecords → embedding tables")
+        hps = train_tables(output, Path(out) / "hps", click.echo, progress)
+        progress(f"[5/{steps}] serve: the trained tables → HPS, the API")
         base = serve_demo(config, output, Path(out), redis_url, click.echo, hps)
         click.echo(f"the API is running at {base} with authentication OFF (local use only; "
                    f"{Path(out) / 'featureline.yaml'}: api.auth.enabled: false); "
@@ -328,13 +217,13 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
     from featureline.feature_store.publish import publish as run_publish
 
     repo = _repo(path, data)
-    _progress(f"online store {redact(repo.redis_url)}")
+    progress(f"online store {redact(repo.redis_url)}")
     spark = None
     if with_spark:
         from featureline.etl.session import build_session
 
         spark = build_session(_config(path).etl.spark)
-    summary = run_publish(repo, full=full, progress=_progress, spark=spark,
+    summary = run_publish(repo, full=full, progress=progress, spark=spark,
                           end=end.replace(tzinfo=timezone.utc) if end else None)
     click.echo(json.dumps(summary.to_json()))
 
@@ -365,7 +254,7 @@ def train(path: str | None, data: str | None, out: str, epochs: int, batch_size:
     result = run_train(data or _config(path).etl.output.path, out, epochs=epochs,
                        batch_size=batch_size, learning_rate=learning_rate,
                        model_name=model_name, hps_template=hps_template,
-                       progress=_progress)
+                       progress=progress)
     click.echo(result.summary())
 
 

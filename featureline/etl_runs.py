@@ -1,0 +1,91 @@
+"""The ETL job as the command line runs it (``etl run``, ``etl qualify``, ``etl gpu-check``,
+spark-submit's ``etl/main.py``, the demo): the configuration with the flags applied, checks
+that need no Spark, the session, the job; and the account of a finished run.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from featureline.serving import config_path
+
+
+def progress(message: str) -> None:
+    """A timestamped progress line on stderr."""
+    click.echo(f"[{time.strftime('%H:%M:%S')}] {message}", err=True)
+
+
+def _split_list(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def run_job(path: str | None = None, input_path: str | None = None,
+            input_format: str | None = None, output: str | None = None,
+            profile: str | None = None, label: str | None = None,
+            categorical: str | None = None, continuous: str | None = None,
+            vocabulary_from: str | None = None, refit_vocabularies: bool = False,
+            valid_days: int | None = None, *,
+            submitted: bool = False, properties: dict[str, str] | None = None) -> dict[str, Any]:
+    """Load the configuration, apply the flags, start Spark and run the job; its metadata.
+
+    ``submitted``: running under spark-submit, which has applied the properties file.
+    """
+    from featureline.config import load_config
+    from featureline.etl.config import with_overrides
+
+    config = with_overrides(
+        load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
+        output=output, profile=profile, label=label, categorical=_split_list(categorical),
+        continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
+        refit_vocabularies=refit_vocabularies, valid_days=valid_days)
+    if properties:
+        settings = config.spark.model_copy(
+            update={"properties": {**config.spark.properties, **properties}})
+        config = config.model_copy(update={"spark": settings})
+    from featureline.etl import job
+    from featureline.etl.ingest import require_local_input
+    from featureline.etl.session import build_session, spark_properties
+
+    # Before Spark starts: the settings (the profile, the RAPIDS jar), then the input.
+    spark_properties(config.spark, from_profile=not submitted)
+    require_local_input(config.source)
+
+    spark = build_session(config.spark, from_profile=not submitted)
+    return job.run(config, spark, progress=progress).metadata
+
+
+def summary(metadata: dict[str, Any]) -> str:
+    """A human-readable account of a finished run."""
+    rows = metadata["rows"]
+    quarantined = {k: v for k, v in rows["quarantined"].items() if v}
+    lines = [
+        f"rows: read {rows['read']:,} = accepted {rows['accepted']:,} + duplicates "
+        f"{rows['duplicates']:,} + quarantined {sum(quarantined.values()):,}",
+    ]
+    lines += [f"  quarantined {reason}: {count:,}" for reason, count in quarantined.items()]
+    split = metadata["split"]
+    lines.append(f"split: train {split['rows']['train']:,}, valid {split['rows']['valid']:,} "
+                 f"(valid from {split['valid_from']})")
+    dataset = metadata["dataset"]
+    start = (f"extend those of {dataset['extends']}" if dataset["extends"]
+             else "start a new lineage")
+    lines.append(f"dataset {dataset['version']}: vocabularies {start}")
+    plan = metadata["embedding_plan"]["features"]
+    lines.append("categorical features (cardinality, embedding width):")
+    lines += [f"  {name}: {entry['cardinality']:,} x {entry['width']}"
+              + (f" (shares {entry['shares']})" if "shares" in entry else "")
+              for name, entry in plan.items()]
+    tables = ", ".join(f"{name}/" for name in metadata["outputs"])
+    lines.append(f"features: {len(metadata['features'])}; tables: {tables}, metadata.json")
+    if "tfrecord" in metadata:
+        section = metadata["tfrecord"]
+        lines.append(f"tfrecord: {len(section['files'])} files, prebatch "
+                     f"{section['prebatch_size']}, groups {', '.join(section['groups'])}")
+    timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata["timings_s"].items())
+    lines.append(f"time: {timings}")
+    return "\n".join(lines)

@@ -1,0 +1,48 @@
+"""Options several commands share: the configuration file, the ETL output, the ETL job's
+flags (``etl run``, ``etl qualify``, ``etl gpu-check``, spark-submit's ``etl/main.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from featureline.etl.stages import INPUT_FORMATS
+from featureline.serving import DEFAULT_CONFIG
+
+# A command's function, before or after click's decorators.
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+config_option = click.option("--config", "path", type=click.Path(dir_okay=False),
+                             help=f"YAML configuration (default: ./{DEFAULT_CONFIG} if present)")
+data_option = click.option("--data", type=click.Path(file_okay=False),
+                           help="ETL output folder with metadata.json (default: etl.output.path)")
+
+
+def job_options(command: Command) -> Command:
+    options = [
+        config_option,
+        click.option("--input", "input_path", help="Raw log path or glob (overrides source.path)"),
+        click.option("--format", "input_format", type=click.Choice(INPUT_FORMATS),
+                     help="Raw log format (default: from the file suffix)"),
+        click.option("--output", help="Output folder (overrides output.path)"),
+        click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
+                     help="Spark profile: spark_conf/<profile>.conf"),
+        click.option("--label", help="Label rule, e.g. 'value >= 4' or "
+                                     "'event_type in (click, purchase)'"),
+        click.option("--categorical", help="Categorical context columns, comma-separated"),
+        click.option("--continuous", help="Continuous context columns, comma-separated"),
+        click.option("--vocabulary-from", type=click.Path(file_okay=False),
+                     help="ETL output whose vocabularies this run extends (default: the "
+                          "output folder's current publication)"),
+        click.option("--valid-days", type=click.IntRange(min=1),
+                     help="Days at the end of the log that form the validation split "
+                          "(overrides split.valid_days)"),
+        click.option("--refit-vocabularies", is_flag=True,
+                     help="Assign every id afresh: a new lineage, incompatible with earlier "
+                          "outputs"),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
