@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from featureline.etl.datagen import write_log
-from featureline.etl.rapids import RAPIDS_VERSION, plugin_jar
+from featureline.etl.rapids import RAPIDS_VERSION
+from featureline.tools import plugin_jar
 
 FEATURELINE = str(Path(sys.executable).parent / "featureline")
 

@@ -21,27 +21,21 @@ import contextlib
 import csv
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
-import tarfile
 import tempfile
-import zipfile
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from featureline.core.errors import FeaturelineError
-from featureline.core.files import fetched_once
 from featureline.etl.stages import JOB_STAGES, STAGE_PROPERTY, UNTAGGED
 
 TOOLS_VERSION = "26.8.4"  # spark-rapids-user-tools on PyPI (its jar: 26.08.4)
 SPARK_JARS_VERSION = "3.5.7"  # pyspark sdist whose deps/jars the tool runs on
 MAIN_CLASS = "com.nvidia.spark.rapids.tool.qualification.QualificationMain"
-CACHE_ENV = "FEATURELINE_CACHE"
 # Where the tool's operator lists come from (its jar's supportedExecs/Exprs.csv).
 TOOL_SPARK_VERSION = "3.5"
 # Rows of unsupported_operators.csv the tool itself marks as costing nothing, and the rows
@@ -70,60 +64,13 @@ class QualificationError(FeaturelineError):
     """The Qualification tool could not be fetched or run; the message says which part."""
 
 
-def cache_root() -> Path:
-    """``FEATURELINE_CACHE``, else ``~/.cache/featureline``."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "featureline"
-
-
-def _pip_download(requirement: str, into: Path, *extra: str) -> Path:
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-               "--disable-pip-version-check", "-d", str(into), *extra, requirement]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise QualificationError(f"cannot fetch {requirement} from the package registry: "
-                                 f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
-    return next(into.iterdir())
-
-
-def tool_classpath() -> str:
-    """The Java class path of the tool: fetched into the cache the first time, then reused."""
-    root = fetched_once(cache_root() / f"qualification-{TOOLS_VERSION}-spark-{SPARK_JARS_VERSION}",
-                        "READY", _fetch)
-    jar = next((root / "tools").glob("rapids-4-spark-tools_*.jar"))
-    return f"{jar}{os.pathsep}{root / 'spark-jars'}{os.sep}*"
-
-
-def _fetch(folder: Path) -> None:
-    downloads = folder / "downloads"
-    wheel = _pip_download(f"spark-rapids-user-tools=={TOOLS_VERSION}", downloads / "tools")
-    with zipfile.ZipFile(wheel) as archive:
-        member = next((name for name in archive.namelist()
-                       if re.search(r"core/jars/rapids-4-spark-tools_[^/]+\.jar$", name)), None)
-        if member is None:
-            raise QualificationError(f"{wheel.name} holds no rapids-4-spark-tools jar")
-        (folder / "tools").mkdir()
-        (folder / "tools" / Path(member).name).write_bytes(archive.read(member))
-    sdist = _pip_download(f"pyspark=={SPARK_JARS_VERSION}", downloads / "spark",
-                          "--no-binary", ":all:")
-    (folder / "spark-jars").mkdir()
-    with tarfile.open(sdist) as archive:
-        for entry in archive.getmembers():
-            if entry.isfile() and re.search(r"/deps/jars/[^/]+\.jar$", entry.name):
-                source = archive.extractfile(entry)
-                assert source is not None
-                (folder / "spark-jars" / Path(entry.name).name).write_bytes(source.read())
-    shutil.rmtree(downloads)
-    (folder / "READY").write_text(json.dumps({"tools": TOOLS_VERSION,
-                                              "spark_jars": SPARK_JARS_VERSION}))
-
-
-def run_tool(event_log: Path, work: Path) -> Path:
-    """Run the tool on ``event_log`` (a file or folder); its ``qual_core_output`` folder."""
+def run_tool(classpath: str, event_log: Path, work: Path) -> Path:
+    """Run the tool (its Java ``classpath``, ``featureline.tools.qualification_classpath``) on
+    ``event_log`` (a file or folder); its ``qual_core_output`` folder."""
     java = shutil.which("java")
     if java is None:
         raise QualificationError("java is not on PATH (the tool is a Java program)")
-    done = subprocess.run([java, "-cp", tool_classpath(), MAIN_CLASS, "--platform", "onprem",
+    done = subprocess.run([java, "-cp", classpath, MAIN_CLASS, "--platform", "onprem",
                            "-o", str(work), str(event_log)],
                           capture_output=True, text=True, check=False)
     output = work / "qual_core_output"
@@ -306,10 +253,10 @@ def _share(total: int, unsupported: int) -> float:
     return round(1 - unsupported / total, 4) if total else 1.0
 
 
-def qualify(event_log: Path) -> dict[str, Any]:
+def qualify(classpath: str, event_log: Path) -> dict[str, Any]:
     """Run the tool on an event log and attribute its verdict to the stages of our job."""
     with tempfile.TemporaryDirectory(prefix="featureline-qualify-") as work:
-        output = run_tool(event_log, Path(work))
+        output = run_tool(classpath, event_log, Path(work))
         return summarize(output, job_stages(event_log))
 
 

@@ -88,6 +88,7 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
     import tempfile
 
     from featureline.etl.qualification import qualify, render
+    from featureline.tools import qualification_classpath
 
     with tempfile.TemporaryDirectory(prefix="featureline-events-") as work:
         if event_log is None:
@@ -103,7 +104,7 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
             if active is not None:
                 active.stop()  # the event log is complete once the application ends
             event_log = str(events)
-        report = qualify(Path(event_log))
+        report = qualify(qualification_classpath(), Path(event_log))
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
@@ -125,7 +126,7 @@ def etl_gpu_check(jar: str | None, plan_log: str | None, as_json: bool,
     import tempfile
 
     from featureline.etl import gpu_plan
-    from featureline.etl.rapids import plugin_jar
+    from featureline.tools import plugin_jar
 
     if options.get("profile") not in (None, "gpu"):
         raise click.UsageError("gpu-check plans the local gpu profile; drop --profile")

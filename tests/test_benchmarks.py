@@ -157,7 +157,7 @@ def test_bench_publish_smoke(spark):
 
 def test_bench_gpu_plan_smoke():
     from featureline.etl.errors import PluginFetchError
-    from featureline.etl.rapids import plugin_jar
+    from featureline.tools import plugin_jar
 
     try:
         plugin_jar()

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from featureline import tools
 from featureline.etl import gpu_plan, rapids
 from featureline.etl.errors import GpuPlanError, PluginFetchError
 from featureline.etl.session import read_properties, spark_conf_dir
@@ -131,10 +132,10 @@ def test_a_maven_failure_is_a_clear_error(tmp_path, monkeypatch):
     if shutil.which("mvn") is None:
         pytest.skip("no mvn on PATH")
     monkeypatch.setenv("FEATURELINE_CACHE", str(tmp_path))
-    monkeypatch.setattr(rapids, "MAVEN_ARTIFACT", "com.nvidia:no-such-artifact_2.13:0.0.0")
-    monkeypatch.setattr(rapids, "RAPIDS_VERSION", "0.0.0")
+    monkeypatch.setattr(tools, "MAVEN_ARTIFACT", "com.nvidia:no-such-artifact_2.13:0.0.0")
+    monkeypatch.setattr(tools, "RAPIDS_VERSION", "0.0.0")
     with pytest.raises(PluginFetchError, match=r"cannot fetch com\.nvidia:no-such-artifact"):
-        rapids.plugin_jar()
+        tools.plugin_jar()
     assert list(tmp_path.iterdir()) == []  # no half-fetched folder left
 
 
@@ -142,7 +143,7 @@ def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(small_log, t
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: Spark and the plugin are Java programs")
     try:
-        jar = rapids.plugin_jar()
+        jar = tools.plugin_jar()
     except PluginFetchError as error:
         pytest.skip(f"the plugin jar cannot be fetched here: {error}")
     done = subprocess.run([str(BIN / "featureline"), "etl", "gpu-check", "--input",

@@ -137,10 +137,10 @@ def test_every_stage_of_the_job_runs_on_supported_operators(small_log, tmp_path)
 
 
 def test_a_registry_failure_is_a_clear_error(tmp_path, monkeypatch):
-    from featureline.etl import qualification
+    from featureline import tools
 
-    monkeypatch.setenv(qualification.CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(qualification, "TOOLS_VERSION", "0.0.0-no-such-version")
+    monkeypatch.setenv(tools.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(tools, "TOOLS_VERSION", "0.0.0-no-such-version")
     with pytest.raises(QualificationError, match="cannot fetch spark-rapids-user-tools"):
-        qualification.tool_classpath()
+        tools.qualification_classpath()
     assert list(tmp_path.iterdir()) == []  # no half-fetched folder left

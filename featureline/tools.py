@@ -1,0 +1,102 @@
+"""Tools fetched on first use into a cache outside the repository, staged and published whole
+(``core.files.fetched_once``), then reused: NVIDIA's Qualification tool and the Spark 3.5 jars
+it runs on (from PyPI, for ``featureline etl qualify``), and the RAPIDS Accelerator jar the
+project pins (from Maven Central, for ``featureline etl gpu-check``). Developer tooling: the
+ETL itself never fetches anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+from featureline.core.files import fetched_once
+from featureline.etl.errors import PluginFetchError
+from featureline.etl.qualification import (
+    SPARK_JARS_VERSION,
+    TOOLS_VERSION,
+    QualificationError,
+)
+from featureline.etl.rapids import CUDA_CLASSIFIER, JAR_NAME, MAVEN_ARTIFACT, RAPIDS_VERSION
+
+CACHE_ENV = "FEATURELINE_CACHE"
+
+
+def cache_root() -> Path:
+    """``FEATURELINE_CACHE``, else ``~/.cache/featureline``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "featureline"
+
+
+def plugin_jar() -> Path:
+    """The pinned plugin jar: fetched into the cache the first time, then reused."""
+    root = cache_root() / f"rapids-plugin-{RAPIDS_VERSION}-{CUDA_CLASSIFIER}"
+    return fetched_once(root, JAR_NAME, _fetch_plugin) / JAR_NAME
+
+
+def _fetch_plugin(folder: Path) -> None:
+    """``mvn dependency:copy`` of the jar into ``folder``, with a Maven repository of its own
+    inside the staging folder (removed after), so the cache holds one copy of ~1 GB."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise PluginFetchError(f"cannot fetch {MAVEN_ARTIFACT}: mvn is not on PATH")
+    repository = folder / "maven-repository"
+    done = subprocess.run(
+        [mvn, "--batch-mode", "--quiet", "dependency:copy", f"-Dartifact={MAVEN_ARTIFACT}",
+         f"-DoutputDirectory={folder}", f"-Dmaven.repo.local={repository}"],
+        capture_output=True, text=True, check=False, cwd=folder)
+    shutil.rmtree(repository, ignore_errors=True)
+    if done.returncode != 0 or not (folder / JAR_NAME).is_file():
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        raise PluginFetchError(f"cannot fetch {MAVEN_ARTIFACT} from Maven Central: "
+                               f"{' '.join(tail) or done.returncode}")
+
+
+def _pip_download(requirement: str, into: Path, *extra: str) -> Path:
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+               "--disable-pip-version-check", "-d", str(into), *extra, requirement]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise QualificationError(f"cannot fetch {requirement} from the package registry: "
+                                 f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+    return next(into.iterdir())
+
+
+def qualification_classpath() -> str:
+    """The Java class path of NVIDIA's Qualification tool: fetched into the cache the first
+    time, then reused."""
+    root = fetched_once(cache_root() / f"qualification-{TOOLS_VERSION}-spark-{SPARK_JARS_VERSION}",
+                        "READY", _fetch_qualification)
+    jar = next((root / "tools").glob("rapids-4-spark-tools_*.jar"))
+    return f"{jar}{os.pathsep}{root / 'spark-jars'}{os.sep}*"
+
+
+def _fetch_qualification(folder: Path) -> None:
+    downloads = folder / "downloads"
+    wheel = _pip_download(f"spark-rapids-user-tools=={TOOLS_VERSION}", downloads / "tools")
+    with zipfile.ZipFile(wheel) as archive:
+        member = next((name for name in archive.namelist()
+                       if re.search(r"core/jars/rapids-4-spark-tools_[^/]+\.jar$", name)), None)
+        if member is None:
+            raise QualificationError(f"{wheel.name} holds no rapids-4-spark-tools jar")
+        (folder / "tools").mkdir()
+        (folder / "tools" / Path(member).name).write_bytes(archive.read(member))
+    sdist = _pip_download(f"pyspark=={SPARK_JARS_VERSION}", downloads / "spark",
+                          "--no-binary", ":all:")
+    (folder / "spark-jars").mkdir()
+    with tarfile.open(sdist) as archive:
+        for entry in archive.getmembers():
+            if entry.isfile() and re.search(r"/deps/jars/[^/]+\.jar$", entry.name):
+                source = archive.extractfile(entry)
+                assert source is not None
+                (folder / "spark-jars" / Path(entry.name).name).write_bytes(source.read())
+    shutil.rmtree(downloads)
+    (folder / "READY").write_text(json.dumps({"tools": TOOLS_VERSION,
+                                              "spark_jars": SPARK_JARS_VERSION}))
