@@ -19,7 +19,7 @@ from featureline.api.settings import Scope, ServingConfig, api_keys
 from featureline.api.versions import check
 from featureline.api.vocabulary import Vocabularies
 from featureline.core.errors import UnavailableError
-from featureline.core.metadata import dataset_version, encoded_name, read_metadata
+from featureline.core.metadata import encoded_name, read_metadata
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
@@ -134,9 +134,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
 def _dataset(output: str | Path) -> tuple[Vocabularies, dict[str, list[str]], str]:
     """An ETL output's vocabularies, each one's lineage, and its dataset version."""
     metadata = read_metadata(output)
-    lineages = {column: list(entry["lineage"])
-                for column, entry in metadata.get("vocabularies", {}).items()}
-    return Vocabularies.from_output(output), lineages, dataset_version(metadata)
+    lineages = {column: list(entry.lineage) for column, entry in metadata.vocabularies.items()}
+    return Vocabularies.from_output(output), lineages, metadata.dataset_version
 
 
 async def get_services(request: Request) -> Services:

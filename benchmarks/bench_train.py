@@ -27,14 +27,14 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from featureline.core.metadata import read_metadata
+from featureline.core.metadata import Metadata, read_metadata
 from featureline.etl.tfrecord import dataset
-from featureline.trainer.model import build_model, label_group
+from featureline.trainer.model import build_model, label_group, tfrecord_groups
 
 BATCH = 4096
 
 
-def _compiled(metadata: dict[str, Any]) -> Any:
+def _compiled(metadata: Metadata) -> Any:
     import keras
 
     model = build_model(metadata, seed=0)
@@ -59,8 +59,8 @@ class _EpochTimes:
         self.callback = Callback()
 
 
-def parquet_inputs(metadata: dict[str, Any], output: Path) -> tuple[dict[str, np.ndarray],
-                                                                     np.ndarray]:
+def parquet_inputs(metadata: Metadata, output: Path) -> tuple[dict[str, np.ndarray],
+                                                              np.ndarray]:
     """The training split's examples as the model's input blocks: pandas reads the Parquet,
     NumPy stacks each group's columns in metadata.json's order."""
     import pandas as pd
@@ -68,10 +68,10 @@ def parquet_inputs(metadata: dict[str, Any], output: Path) -> tuple[dict[str, np
     frame = pd.read_parquet(output / "examples" / "split=train")
     label = label_group(metadata)
     blocks = {}
-    for name, group in metadata["tfrecord"]["groups"].items():
-        dtype = np.float32 if group["dtype"] == "float32" else np.int64
-        parts = [np.stack(frame[c].to_numpy()) if group["width"] > len(group["columns"])
-                 else frame[c].to_numpy()[:, None] for c in group["columns"]]
+    for name, group in tfrecord_groups(metadata).items():
+        dtype = np.float32 if group.dtype == "float32" else np.int64
+        parts = [np.stack(frame[c].to_numpy()) if group.width > len(group.columns)
+                 else frame[c].to_numpy()[:, None] for c in group.columns]
         blocks[name] = np.hstack(parts).astype(dtype)
     return {k: v for k, v in blocks.items() if k != label}, blocks[label]
 
@@ -80,8 +80,8 @@ def run(output: Path, epochs: int = 2, batch_size: int = BATCH) -> dict[str, Any
     import tensorflow as tf
     from tensorflow.config import threading
 
-    metadata = read_metadata(output) | {"output": str(output)}
-    rows = metadata["split"]["rows"]["train"]
+    metadata = read_metadata(output)
+    rows = metadata.split.rows["train"]
     label = label_group(metadata)
 
     def records() -> Any:

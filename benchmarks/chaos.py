@@ -53,6 +53,8 @@ from bench_api import REPO, _Connections, _wait_ready
 from bench_feast import SNAPSHOT, write_output
 
 from featureline.config import parse_config
+from featureline.core.errors import FeaturelineError
+from featureline.core.metadata import read_metadata
 from featureline.etl.datagen import write_log
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import EmbeddedRedis, free_port
@@ -395,16 +397,16 @@ def _etl(log: Path, output: Path) -> subprocess.Popen[bytes]:
 def _read_output(output: Path) -> dict[str, Any] | None:
     """The output's metadata when the folder is whole (its tables hold what it says)."""
     try:
-        metadata = json.loads((output / "metadata.json").read_text())
-        rows = metadata["rows"]
+        metadata = read_metadata(output)
         counted = {name: ds.dataset(output / name, partitioning="hive").count_rows()
                    for name in ("examples", "quarantine", "duplicates")}
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, FeaturelineError):
         return None
-    whole = (counted["examples"] == rows["accepted"]
-             and counted["quarantine"] == sum(rows["quarantined"].values())
-             and counted["duplicates"] == rows["duplicates"])
-    return {"version": metadata["dataset"]["version"], "rows": rows, "whole": whole}
+    rows = metadata.rows
+    whole = (counted["examples"] == rows.accepted
+             and counted["quarantine"] == sum(rows.quarantined.values())
+             and counted["duplicates"] == rows.duplicates)
+    return {"version": metadata.dataset_version, "rows": rows.model_dump(), "whole": whole}
 
 
 def _kill_at_the_swap(process: subprocess.Popen[bytes], output: Path) -> str:

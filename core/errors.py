@@ -83,6 +83,18 @@ class OutputLockedError(FeaturelineError):
                          f"{holder}); wait for it or write elsewhere")
 
 
+class MetadataFormatError(FeaturelineError):
+    """A metadata.json this Featureline cannot read: a newer format, or a section that does
+    not fit the contract; the message names the file, the version and the member."""
+
+    exit_code = 2
+    hint = "run the ETL again with this Featureline, or read the output with the one that wrote it"
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {problem}")
+
+
 class MetadataNotFoundError(FeaturelineError):
     """An ETL output folder without metadata.json (the ETL has not run there)."""
 

@@ -12,7 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from featureline.core.errors import MetadataNotFoundError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from featureline.core.errors import MetadataFormatError, MetadataNotFoundError
 
 METADATA_FILE = "metadata.json"
 # Where the ETL writes and every later stage reads, unless configured otherwise.
@@ -37,20 +39,181 @@ def compatible(lineage: list[str], other: list[str]) -> bool:
     return bool(lineage and other) and (lineage[-1] in other or other[-1] in lineage)
 
 
-def dataset_version(metadata: dict[str, Any]) -> str:
-    """The version stamp of an ETL output; outputs written before stamps existed get one from
-    their creation time."""
-    version = (metadata.get("dataset") or {}).get("version")
-    return version or f"unversioned:{metadata.get('created_at', '')}"
+# The metadata.json format this code writes. 1: outputs written before the field existed;
+# they hold the same sections and are read as they are. A newer format is refused.
+FORMAT_VERSION = 2
+
+
+class Contract(BaseModel):
+    """A section of metadata.json: typed where readers use it; members a newer writer adds
+    within the same format are kept, not refused."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class SourceInfo(Contract):
+    path: str
+    format: str
+
+
+class RowAccounting(Contract):
+    """Rows read = accepted + duplicates + quarantined (by reason)."""
+
+    read: int
+    accepted: int
+    duplicates: int
+    quarantined: dict[str, int]
+
+
+class SplitInfo(Contract):
+    column: str
+    valid_days: int
+    valid_from: str
+    rows: dict[str, int]
+
+
+class LabelInfo(Contract):
+    name: str
+    short_name: str
+    dtype: str
+    rule: str = ""
+
+
+class FeatureInfo(Contract):
+    """One output column of the examples (``etl.features.base.FeatureSpec.to_json``)."""
+
+    name: str
+    short_name: str
+    dtype: str
+    kind: str
+    width: int = 1
+    cardinality: int | None = None
+    shares: str | None = None
+    transform: dict[str, Any] | None = None
+
+
+class PlanEntry(Contract):
+    """A categorical feature's embedding: rows, width, and its place in a fused table."""
+
+    cardinality: int
+    width: int
+    fused_table: str | None = None
+    row_offset: int = 0
+    shares: str | None = None
+
+
+class EmbeddingPlan(Contract):
+    dtype: str = "float32"
+    alignment_bytes: int = 16
+    features: dict[str, PlanEntry]
+    fused_tables: dict[str, Any] = Field(default_factory=dict)
+
+
+class EntityColumn(Contract):
+    name: str
+    dtype: str
+
+
+class EntityTable(Contract):
+    """An entity snapshot table for Feast (``entities/<name>``)."""
+
+    path: str
+    join_key: str
+    timestamp_field: str = EVENT_TIMESTAMP
+    join_key_dtype: str = "string"
+    features: list[EntityColumn]
+
+
+class TfrecordGroup(Contract):
+    dtype: str
+    columns: list[str]
+    width: int
+
+
+class TfrecordFile(Contract):
+    path: str
+    split: str
+    rows: int
+
+
+class TfrecordInfo(Contract):
+    prebatch_size: int
+    compression: str = ""
+    groups: dict[str, TfrecordGroup]
+    files: list[TfrecordFile]
+
+
+class VocabularyInfo(Contract):
+    """A categorical column's vocabulary: its version, the one it extends, root first."""
+
+    version: str
+    parent: str | None = None
+    lineage: list[str]
+    path: str
+
+
+class DatasetStamp(Contract):
+    version: str
+    config_hash: str = ""
+    vocabularies: dict[str, str] = Field(default_factory=dict)
+    extends: str | None = None
+
+
+class Metadata(Contract):
+    """``metadata.json``: the one contract between the ETL and every later stage."""
+
+    format_version: int = 1
+    featureline_version: str = ""
+    created_at: str = ""
+    config_hash: str = ""
+    source: SourceInfo
+    rows: RowAccounting
+    split: SplitInfo
+    keys: list[str]
+    label: LabelInfo
+    features: list[FeatureInfo]
+    embedding_plan: EmbeddingPlan
+    entities: dict[str, EntityTable]
+    outputs: dict[str, str]
+    artifacts: dict[str, Any] = Field(default_factory=dict)
+    timings_s: dict[str, float] = Field(default_factory=dict)
+    tfrecord: TfrecordInfo | None = None
+    vocabularies: dict[str, VocabularyInfo] = Field(default_factory=dict)
+    dataset: DatasetStamp | None = None
+    # The output folder it was read from (not in the file): where its paths are relative to.
+    folder: Path | None = Field(default=None, exclude=True)
+
+    @property
+    def dataset_version(self) -> str:
+        """The version stamp of the output; outputs written before stamps existed get one
+        from their creation time."""
+        return self.dataset.version if self.dataset else f"unversioned:{self.created_at}"
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], source: str = "metadata.json") -> Metadata:
+        """The typed metadata of ``data``; a format this code does not read, or a section
+        that does not fit, is a :class:`MetadataFormatError` naming it."""
+        version = data.get("format_version", 1)
+        if not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+            raise MetadataFormatError(source, f"format_version {version!r}; this Featureline "
+                                              f"reads 1 to {FORMAT_VERSION}")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise MetadataFormatError(source, f"{where}: {first['msg']} (format_version "
+                                              f"{version})") from error
 
 
 def metadata_path(output: str | Path) -> Path:
     return Path(output) / METADATA_FILE
 
 
-def read_metadata(output: str | Path) -> dict[str, Any]:
-    """The ``metadata.json`` of an ETL output folder."""
+def read_metadata(output: str | Path) -> Metadata:
+    """The ``metadata.json`` of an ETL output folder, typed."""
     path = metadata_path(output)
     if not path.is_file():
         raise MetadataNotFoundError(str(output))
-    return json.loads(path.read_text())
+    metadata = Metadata.parse(json.loads(path.read_text()), str(path))
+    return metadata.model_copy(update={"folder": Path(output)})

@@ -20,7 +20,13 @@ from pyspark.sql import functions as F
 from featureline.core import __version__
 from featureline.core.errors import ConfigError
 from featureline.core.files import staged_directory
-from featureline.core.metadata import EVENT_TIMESTAMP, METADATA_FILE, VOCABULARY_DIR
+from featureline.core.metadata import (
+    EVENT_TIMESTAMP,
+    FORMAT_VERSION,
+    METADATA_FILE,
+    VOCABULARY_DIR,
+    Metadata,
+)
 from featureline.etl import ingest, stages
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.embedding_plan import embedding_plan
@@ -309,6 +315,7 @@ def run(config: EtlConfig, spark: SparkSession,
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
             metadata.update(_versions(config, pipeline, previous))
+            Metadata.parse(metadata)  # the contract holds before anything is published
             write_json(metadata, staging / METADATA_FILE)
     finally:
         pipeline.release()
@@ -357,6 +364,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
     outputs = ["examples", "quarantine", "duplicates", "artifacts", "entities"]
     outputs += ["tfrecord"] if tfrecord is not None else []
     return {
+        "format_version": FORMAT_VERSION,
         "featureline_version": __version__,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config_hash": config.hash(),

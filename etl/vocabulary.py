@@ -48,13 +48,13 @@ def previous_output(settings: VocabularyConfig, output: Path) -> Path | None:
 def load_previous(spark: SparkSession, output: Path, columns: list[str]) -> PreviousVocabularies:
     """The vocabularies of ``columns`` in ``output`` (columns it has none for start afresh);
     an output written before lineages were recorded starts one with its own version."""
-    recorded = read_metadata(output).get("vocabularies", {})
+    recorded = read_metadata(output).vocabularies
     tables, lineages = {}, {}
     for column in columns:
         folder = output / VOCABULARY_DIR / column
         if folder.is_dir():
             tables[column] = spark.read.parquet(str(folder)).select("value", "id")
-            lineages[column] = (list(recorded[column]["lineage"]) if column in recorded
+            lineages[column] = (list(recorded[column].lineage) if column in recorded
                                 else [summarize(tables[column])[1]])
     return PreviousVocabularies(output.resolve(), tables, lineages)
 

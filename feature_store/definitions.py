@@ -20,7 +20,7 @@ from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
 from feast.types import Bool, Float32, Float64, Int32, Int64, String, UnixTimestamp
 
-from featureline.core.metadata import read_metadata
+from featureline.core.metadata import Metadata, read_metadata
 from featureline.core.settings import duration_seconds
 from featureline.feature_store.errors import FeatureStoreError
 from featureline.feature_store.settings import FeatureStoreConfig
@@ -41,7 +41,7 @@ class Definitions:
     """Everything ``feast apply`` registers for one ETL output."""
 
     output: Path
-    metadata: dict[str, Any]
+    metadata: Metadata
     entities: dict[str, Entity]
     sources: dict[str, DataSource]
     views: dict[str, FeatureView]
@@ -58,7 +58,7 @@ class Definitions:
                 for group in groups for name, obj in group.items()}
 
     def snapshot_path(self, entity: str) -> Path:
-        return self.output / self.metadata["entities"][entity]["path"]
+        return self.output / self.metadata.entities[entity].path
 
 
 def _feast_type(entity: str, column: str, dtype: str) -> Any:
@@ -90,22 +90,22 @@ def build(output: str | Path, settings: FeatureStoreConfig) -> Definitions:
     entities: dict[str, Entity] = {}
     sources: dict[str, DataSource] = {}
     views: dict[str, FeatureView] = {}
-    for entity, table in metadata["entities"].items():
-        key, key_dtype = table["join_key"], table["join_key_dtype"]
+    for entity, table in metadata.entities.items():
+        key, key_dtype = table.join_key, table.join_key_dtype
         if key_dtype not in KEY_TYPES:
             raise FeatureStoreError(f"metadata.json: entities.{entity}: join key {key!r} has "
                                     f"type {key_dtype!r} (known: {', '.join(KEY_TYPES)})")
         entities[entity] = Entity(name=entity, join_keys=[key], value_type=KEY_TYPES[key_dtype],
                                   description=f"a {entity}, by its raw id in the logs")
-        sources[entity] = _source(f"{entity}_snapshots", output / table["path"],
-                                  table["timestamp_field"], settings.offline_store)
+        sources[entity] = _source(f"{entity}_snapshots", output / table.path,
+                                  table.timestamp_field, settings.offline_store)
         views[entity] = FeatureView(
             name=view_name(entity), entities=[entities[entity]], ttl=ttl, online=True,
             source=sources[entity],
-            schema=[Field(name=f["name"], dtype=_feast_type(entity, f["name"], f["dtype"]))
-                    for f in table["features"]],
+            schema=[Field(name=f.name, dtype=_feast_type(entity, f.name, f.dtype))
+                    for f in table.features],
             description=f"daily {entity} snapshots; a value at t uses only events before t",
-            tags={"config_hash": metadata.get("config_hash", "")})
+            tags={"config_hash": metadata.config_hash})
     services = {name: FeatureService(name=name, features=list(views.values()))
                 for name in SERVICES}
     return Definitions(output, metadata, entities, sources, views, services)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from featureline.core.metadata import dataset_version
+from featureline.core.metadata import Metadata
 
 KEY_PREFIX = "featureline:publication:"
 
@@ -30,12 +30,12 @@ class Publication:
     vocabularies: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, metadata: dict[str, Any], output: str, published_at: str) -> Publication:
+    def of(cls, metadata: Metadata, output: str, published_at: str) -> Publication:
         """The stamp of an ETL output's metadata.json."""
-        return cls(dataset_version=dataset_version(metadata), output=output,
+        return cls(dataset_version=metadata.dataset_version, output=output,
                    published_at=published_at,
-                   vocabularies={column: list(entry["lineage"]) for column, entry
-                                 in metadata.get("vocabularies", {}).items()})
+                   vocabularies={column: list(entry.lineage) for column, entry
+                                 in metadata.vocabularies.items()})
 
     def to_json(self) -> dict[str, Any]:
         return {"dataset_version": self.dataset_version, "output": self.output,

@@ -24,7 +24,6 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from featureline.core import redis
-from featureline.core.metadata import dataset_version
 from featureline.core.redis import redact
 from featureline.feature_store.publication import (
     Publication,
@@ -139,7 +138,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     end = _as_utc(end or datetime.now(timezone.utc))
     store = repo.store
     metadata = repo.definitions.metadata
-    version = dataset_version(metadata)
+    version = metadata.dataset_version
     cluster = repo.settings.redis_type == "redis_cluster"
     client = redis.client(repo.redis_url, cluster=cluster)
     views = [view.name for view in repo.definitions.views.values()]
@@ -162,14 +161,14 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
         written: set[bytes] = set()
         changed = 0
         for entity, view in repo.definitions.views.items():
-            table = metadata["entities"][entity]
+            table = metadata.entities[entity]
             registered = store.get_feature_view(view.name)
             last = registered.most_recent_end_time
             snapshots = _snapshots(repo, entity)
-            start = (_earliest(snapshots, table["timestamp_field"])
+            start = (_earliest(snapshots, table.timestamp_field)
                      if replace or last is None else _as_utc(last))
             view_started = time.perf_counter()
-            layout = Layout.of(registered, table["join_key"],
+            layout = Layout.of(registered, table.join_key,
                                repo.definitions.entities[entity].value_type, store.project,
                                store.config.entity_key_serialization_version,
                                getattr(online_config, "key_ttl_seconds", None))
@@ -180,8 +179,8 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                                           start, end, repo.redis_url, cluster,
                                           keys_needed=bool(before))
             else:
-                rows = latest_snapshots(snapshots, table["join_key"],
-                                        table["timestamp_field"], start, end)
+                rows = latest_snapshots(snapshots, table.join_key,
+                                        table.timestamp_field, start, end)
                 result = write_view(client, rows, layout,
                                     _Progress(view.name, rows.num_rows, progress),
                                     keep_keys=bool(before))

@@ -136,7 +136,7 @@ def etl_gpu_check(jar: str | None, plan_log: str | None, as_json: bool,
         options["output"] = options.get("output") or str(Path(work) / "output")
         metadata = run_job(**{**options, "profile": "gpu"},  # type: ignore[arg-type]
                            properties=gpu_plan.explain_properties(log, Path(work)))
-        report = gpu_plan.report(log, metadata["source"]["format"])
+        report = gpu_plan.report(log, metadata.source.format)
     click.echo(json.dumps(report, indent=2) if as_json else gpu_plan.render(report))
     if report["off_gpu"]:
         sys.exit(1)

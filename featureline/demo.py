@@ -37,9 +37,9 @@ START_TIMEOUT_S = 90.0
 def sample_ids(output: Path, count: int = 3) -> dict[str, list[str]]:
     """The first ``count`` distinct raw ids of each entity table: what the demo shows."""
     metadata = read_metadata(output)
-    return {entity: pq.read_table(output / table["path"], columns=[table["join_key"]])
+    return {entity: pq.read_table(output / table.path, columns=[table.join_key])
             .column(0).unique()[:count].to_pylist()
-            for entity, table in metadata["entities"].items()}
+            for entity, table in metadata.entities.items()}
 
 
 def demo_repo(config: FeaturelineConfig, out: Path, echo: Callable[[str], None]
@@ -84,10 +84,10 @@ def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
     """User and item vectors from a rank-k factorisation of log(1 + interactions) on the
     training split (randomised SVD); rows are encoded ids, so row 0 (padding) and row 1
     (out of vocabulary) stay as they come out."""
-    plan = read_metadata(output)["embedding_plan"]["features"]
+    plan = read_metadata(output).embedding_plan.features
     user, item = encoded_name("user_id"), encoded_name("item_id")
     table = pq.read_table(output / "examples" / f"{SPLIT}=train", columns=[user, item, LABEL])
-    users, items = plan[user]["cardinality"], plan[item]["cardinality"]
+    users, items = plan[user].cardinality, plan[item].cardinality
     weights = 1.0 + table[LABEL].to_numpy()  # a positive counts twice
     cells = table[user].to_numpy() * items + table[item].to_numpy()
     matrix = np.log1p(np.bincount(cells, weights=weights, minlength=users * items)
@@ -110,12 +110,12 @@ def write_embedding_tables(output: Path, root: Path) -> Path:
     """HugeCTR folders for the user and item ids and an ``hps.yaml`` that imports them, each
     table tagged with the vocabulary version its rows are keyed by."""
     metadata = read_metadata(output)
-    plan = metadata["embedding_plan"]["features"]
-    widths = {column: plan[encoded_name(column)]["width"] for column in EMBEDDED_TABLES}
+    plan = metadata.embedding_plan.features
+    widths = {column: plan[encoded_name(column)].width for column in EMBEDDED_TABLES}
     vectors = interaction_embeddings(output, widths)
     shutil.rmtree(root, ignore_errors=True)  # a fresh RocksDB imports the new tables
     return write_tables(root, {name: (vectors[column],
-                                      metadata["vocabularies"][column]["version"])
+                                      metadata.vocabularies[column].version)
                                for column, name in EMBEDDED_TABLES.items()})
 
 

@@ -6,10 +6,10 @@ that need no Spark, the session, the job; and the account of a finished run.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import click
 
+from featureline.core.metadata import Metadata
 from featureline.serving import config_path
 
 
@@ -30,7 +30,7 @@ def run_job(path: str | None = None, input_path: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
             vocabulary_from: str | None = None, refit_vocabularies: bool = False,
             valid_days: int | None = None, *,
-            submitted: bool = False, properties: dict[str, str] | None = None) -> dict[str, Any]:
+            submitted: bool = False, properties: dict[str, str] | None = None) -> Metadata:
     """Load the configuration, apply the flags, start Spark and run the job; its metadata.
 
     ``submitted``: running under spark-submit, which has applied the properties file.
@@ -56,36 +56,37 @@ def run_job(path: str | None = None, input_path: str | None = None,
     require_local_input(config.source)
 
     spark = build_session(config.spark, from_profile=not submitted)
-    return job.run(config, spark, progress=progress).metadata
+    result = job.run(config, spark, progress=progress)
+    return Metadata.parse(result.metadata, str(result.output))
 
 
-def summary(metadata: dict[str, Any]) -> str:
+def summary(metadata: Metadata) -> str:
     """A human-readable account of a finished run."""
-    rows = metadata["rows"]
-    quarantined = {k: v for k, v in rows["quarantined"].items() if v}
+    rows = metadata.rows
+    quarantined = {k: v for k, v in rows.quarantined.items() if v}
     lines = [
-        f"rows: read {rows['read']:,} = accepted {rows['accepted']:,} + duplicates "
-        f"{rows['duplicates']:,} + quarantined {sum(quarantined.values()):,}",
+        f"rows: read {rows.read:,} = accepted {rows.accepted:,} + duplicates "
+        f"{rows.duplicates:,} + quarantined {sum(quarantined.values()):,}",
     ]
     lines += [f"  quarantined {reason}: {count:,}" for reason, count in quarantined.items()]
-    split = metadata["split"]
-    lines.append(f"split: train {split['rows']['train']:,}, valid {split['rows']['valid']:,} "
-                 f"(valid from {split['valid_from']})")
-    dataset = metadata["dataset"]
-    start = (f"extend those of {dataset['extends']}" if dataset["extends"]
-             else "start a new lineage")
-    lines.append(f"dataset {dataset['version']}: vocabularies {start}")
-    plan = metadata["embedding_plan"]["features"]
+    split = metadata.split
+    lines.append(f"split: train {split.rows['train']:,}, valid {split.rows['valid']:,} "
+                 f"(valid from {split.valid_from})")
+    dataset = metadata.dataset
+    if dataset is not None:
+        start = (f"extend those of {dataset.extends}" if dataset.extends
+                 else "start a new lineage")
+        lines.append(f"dataset {dataset.version}: vocabularies {start}")
     lines.append("categorical features (cardinality, embedding width):")
-    lines += [f"  {name}: {entry['cardinality']:,} x {entry['width']}"
-              + (f" (shares {entry['shares']})" if "shares" in entry else "")
-              for name, entry in plan.items()]
-    tables = ", ".join(f"{name}/" for name in metadata["outputs"])
-    lines.append(f"features: {len(metadata['features'])}; tables: {tables}, metadata.json")
-    if "tfrecord" in metadata:
-        section = metadata["tfrecord"]
-        lines.append(f"tfrecord: {len(section['files'])} files, prebatch "
-                     f"{section['prebatch_size']}, groups {', '.join(section['groups'])}")
-    timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata["timings_s"].items())
+    lines += [f"  {name}: {entry.cardinality:,} x {entry.width}"
+              + (f" (shares {entry.shares})" if entry.shares else "")
+              for name, entry in metadata.embedding_plan.features.items()]
+    tables = ", ".join(f"{name}/" for name in metadata.outputs)
+    lines.append(f"features: {len(metadata.features)}; tables: {tables}, metadata.json")
+    if metadata.tfrecord is not None:
+        section = metadata.tfrecord
+        lines.append(f"tfrecord: {len(section.files)} files, prebatch "
+                     f"{section.prebatch_size}, groups {', '.join(section.groups)}")
+    timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata.timings_s.items())
     lines.append(f"time: {timings}")
     return "\n".join(lines)

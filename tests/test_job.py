@@ -270,3 +270,35 @@ def test_the_job_runs_the_stages_the_gpu_checks_attribute_work_to(job_output):
     from featureline.etl.stages import JOB_STAGES
 
     assert [k for k in job_output.metadata["timings_s"] if k != "total"] == list(JOB_STAGES)
+
+
+def test_metadata_is_read_typed_and_an_unreadable_format_is_refused(job_output, tmp_path):
+    import json
+    import shutil
+
+    from featureline.core.errors import MetadataFormatError
+    from featureline.core.metadata import FORMAT_VERSION, METADATA_FILE, read_metadata
+
+    assert job_output.metadata["format_version"] == FORMAT_VERSION
+    metadata = read_metadata(job_output.output)
+    assert metadata.rows.accepted == job_output.metadata["rows"]["accepted"]
+    assert metadata.dataset_version == job_output.metadata["dataset"]["version"]
+    assert metadata.folder == job_output.output
+    written = json.loads((job_output.output / METADATA_FILE).read_text())
+    copy = tmp_path / "output"
+    copy.mkdir()
+
+    def read(document):
+        (copy / METADATA_FILE).write_text(json.dumps(document))
+        return read_metadata(copy)
+
+    # An output written before the format was numbered (format 1) is read as it is.
+    older = {k: v for k, v in written.items() if k not in ("format_version", "dataset")}
+    assert read(older).format_version == 1
+    assert read(older).dataset_version.startswith("unversioned:")
+    with pytest.raises(MetadataFormatError, match=r"format_version 99; this Featureline "
+                                                  rf"reads 1 to {FORMAT_VERSION}"):
+        read({**written, "format_version": 99})
+    with pytest.raises(MetadataFormatError, match=r"rows\.accepted"):
+        read({**written, "rows": {**written["rows"], "accepted": "many"}})
+    shutil.rmtree(copy)

@@ -15,6 +15,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 
+from featureline.core.metadata import Metadata, TfrecordInfo  # noqa: E402
 from featureline.etl import tfrecord  # noqa: E402
 from featureline.etl.job import label_spec  # noqa: E402
 from featureline.etl.tfrecord import wire  # noqa: E402
@@ -280,9 +281,10 @@ def test_batches_are_exact_whatever_the_files(tmp_path, file_rows, batch_size, s
         (tmp_path / f"part-{number}.tfrecord").write_bytes(b"".join(encode(arrays, groups, 16)))
         entries.append({"path": f"part-{number}.tfrecord", "split": "train", "rows": rows})
         start += rows
-    metadata = {"output": str(tmp_path), "tfrecord": {
+    # Only the TFRecords' section: model_construct leaves the rest of metadata.json out.
+    metadata = Metadata.model_construct(folder=tmp_path, tfrecord=TfrecordInfo.model_validate({
         "prebatch_size": 16, "compression": "", "files": entries,
-        "groups": {g.name: g.to_json() for g in groups}}}
+        "groups": {g.name: g.to_json() for g in groups}}))
     batches = list(tfrecord.dataset(metadata, batch_size=batch_size, parallel_reads=2,
                                     shuffle=shuffle, seed=3))
     full, rest = divmod(start, batch_size)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from featureline.core.metadata import encoded_name
+from featureline.core.metadata import encoded_name, read_metadata
 from featureline.hps.config import load_hps_config
 from featureline.hps.server import ParameterServer
 from featureline.trainer.model import table_weights
@@ -56,7 +56,7 @@ def test_the_baseline_is_each_items_smoothed_training_click_rate(job_output):
     """From the Parquet examples with pandas, against the trainer's from the TFRecords."""
     from featureline.trainer.train import BASELINE_SMOOTHING, popularity
 
-    rates, prior = popularity(job_output.metadata | {"output": str(job_output.output)})
+    rates, prior = popularity(read_metadata(job_output.output))
     train = pd.read_parquet(job_output.output / "examples" / "split=train")
     item = encoded_name("item_id")
     assert prior == pytest.approx(train["label"].mean())

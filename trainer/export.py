@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from featureline.core.metadata import encoded_name
+from featureline.core.metadata import Metadata, encoded_name
 from featureline.hps.config import HpsConfig
 from featureline.hps.formats import write_hugectr
 from featureline.trainer.model import embedding_tables, table_weights
@@ -18,19 +18,19 @@ from featureline.trainer.model import embedding_tables, table_weights
 HPS_CONFIG = "hps.yaml"
 
 
-def table_names(metadata: dict[str, Any]) -> dict[str, str]:
+def table_names(metadata: Metadata) -> dict[str, str]:
     """Owner feature → exported table name: the entity's name for an entity's ids (``user``,
     ``item``: what the API's ranking call reads), the feature's own name otherwise."""
-    entities = {encoded_name(e["join_key"]): name for name, e in metadata["entities"].items()}
+    entities = {encoded_name(e.join_key): name for name, e in metadata.entities.items()}
     return {owner: entities.get(owner, owner) for owner in embedding_tables(metadata)}
 
 
-def vocabulary_version(metadata: dict[str, Any], owner: str) -> str | None:
+def vocabulary_version(metadata: Metadata, owner: str) -> str | None:
     """The version of the vocabulary that assigned ``owner``'s ids; None for hashed ids,
     which no vocabulary assigns."""
-    for column, entry in (metadata.get("vocabularies") or {}).items():
+    for column, entry in metadata.vocabularies.items():
         if encoded_name(column) == owner:
-            return entry["version"]
+            return entry.version
     return None
 
 
@@ -66,7 +66,7 @@ def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
     return config
 
 
-def export(model: Any, metadata: dict[str, Any], out: Path, model_name: str = "ranker",
+def export(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker",
            template: HpsConfig | None = None) -> Path:
     """Every embedding table of ``model``, named by :func:`table_names` and tagged with its
     vocabulary version (:func:`write_tables`)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from featureline.core.metadata import PADDING_ID
+from featureline.core.metadata import PADDING_ID, Metadata, TfrecordGroup
 
 LABEL_KIND = "label"
 
@@ -24,25 +24,32 @@ class TableSpec:
     features: tuple[str, ...]
 
 
-def label_group(metadata: dict[str, Any]) -> str:
+def tfrecord_groups(metadata: Metadata) -> dict[str, TfrecordGroup]:
+    """The TFRecord groups; a :class:`KeyError` when the job wrote no TFRecords."""
+    if metadata.tfrecord is None:
+        raise KeyError("metadata.json has no 'tfrecord' section: the job ran with "
+                       "etl.tfrecord.enabled: false")
+    return metadata.tfrecord.groups
+
+
+def label_group(metadata: Metadata) -> str:
     """The TFRecord group holding the label."""
-    label = metadata["label"]["name"]
-    return next(name for name, group in metadata["tfrecord"]["groups"].items()
-                if group["columns"] == [label])
+    return next(name for name, group in tfrecord_groups(metadata).items()
+                if group.columns == [metadata.label.name])
 
 
-def embedding_tables(metadata: dict[str, Any]) -> dict[str, TableSpec]:
+def embedding_tables(metadata: Metadata) -> dict[str, TableSpec]:
     """Owner feature → its table, in metadata.json's feature order."""
-    plan = metadata["embedding_plan"]["features"]
+    plan = metadata.embedding_plan.features
     users: dict[str, list[str]] = {}
-    for feature in metadata["features"]:
-        if feature["kind"] in ("categorical", "multi_hot"):
-            users.setdefault(feature.get("shares") or feature["name"], []).append(feature["name"])
-    return {owner: TableSpec(owner, int(plan[owner]["cardinality"]), int(plan[owner]["width"]),
-                             tuple(names)) for owner, names in users.items()}
+    for feature in metadata.features:
+        if feature.kind in ("categorical", "multi_hot"):
+            users.setdefault(feature.shares or feature.name, []).append(feature.name)
+    return {owner: TableSpec(owner, plan[owner].cardinality, plan[owner].width, tuple(names))
+            for owner, names in users.items()}
 
 
-def build_model(metadata: dict[str, Any], bottom: tuple[int, ...] = (64, 32),
+def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
                 top: tuple[int, ...] = (256, 128), seed: int = 0) -> Any:
     """The Keras model; its inputs are the TFRecord groups as
     ``featureline.etl.tfrecord.dataset(grouped=True)`` gives them, less the label's."""
@@ -50,20 +57,20 @@ def build_model(metadata: dict[str, Any], bottom: tuple[int, ...] = (64, 32),
     from keras import layers, ops
 
     keras.utils.set_random_seed(seed)
-    kinds = {f["name"]: f["kind"] for f in metadata["features"]}
+    kinds = {f.name: f.kind for f in metadata.features}
     tables = embedding_tables(metadata)
     owner_of = {name: spec.owner for spec in tables.values() for name in spec.features}
     embeddings = {owner: layers.Embedding(spec.rows, spec.width, name=f"emb_{owner}")
                   for owner, spec in tables.items()}
-    groups = {name: group for name, group in metadata["tfrecord"]["groups"].items()
+    groups = {name: group for name, group in tfrecord_groups(metadata).items()
               if name != label_group(metadata)}
-    inputs = {name: keras.Input(shape=(group["width"],), name=name,
-                                dtype="float32" if group["dtype"] == "float32" else "int64")
+    inputs = {name: keras.Input(shape=(group.width,), name=name,
+                                dtype="float32" if group.dtype == "float32" else "int64")
               for name, group in groups.items()}
     parts = []
     for name, group in groups.items():
         block = inputs[name]
-        columns = group["columns"]
+        columns = group.columns
         kind = kinds[columns[0]]
         if kind == "continuous":
             dense = block
@@ -71,7 +78,7 @@ def build_model(metadata: dict[str, Any], bottom: tuple[int, ...] = (64, 32),
                 dense = layers.Dense(units, activation="relu", name=f"bottom_{index}")(dense)
             parts.append(dense)
             continue
-        per_column = group["width"] // len(columns)
+        per_column = group.width // len(columns)
         for index, column in enumerate(columns):
             ids = block[:, index * per_column:(index + 1) * per_column]
             vectors = embeddings[owner_of[column]](ids)  # [batch, per_column, width]

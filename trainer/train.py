@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from featureline.core.errors import ConfigError
-from featureline.core.metadata import encoded_name, read_metadata
+from featureline.core.metadata import Metadata, encoded_name, read_metadata
 from featureline.etl.tfrecord.reader import dataset, read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
-from featureline.trainer.model import build_model, label_group
+from featureline.trainer.model import build_model, label_group, tfrecord_groups
 
 MODEL_FILE = "model.keras"
 REPORT_FILE = "training.json"
@@ -56,27 +56,26 @@ def _inputs(batches: Any, label: str) -> Any:
                                        blocks[label]))
 
 
-def popularity(metadata: dict[str, Any]) -> tuple[np.ndarray, float]:
+def popularity(metadata: Metadata) -> tuple[np.ndarray, float]:
     """The baseline: each item's training click rate, smoothed toward the overall rate
     (item id → score), from the training TFRecords."""
     item = encoded_name("item_id")
     train = read_numpy(metadata, "train")
-    items, labels = train[item], train[metadata["label"]["name"]].astype(np.float64)
-    rows = int(metadata["embedding_plan"]["features"][item]["cardinality"])
+    items, labels = train[item], train[metadata.label.name].astype(np.float64)
+    rows = metadata.embedding_plan.features[item].cardinality
     prior = float(labels.mean()) if len(labels) else 0.0
     events = np.bincount(items, minlength=rows)
     positives = np.bincount(items, weights=labels, minlength=rows)
     return ((positives + BASELINE_SMOOTHING * prior) / (events + BASELINE_SMOOTHING), prior)
 
 
-def scores(model: Any, metadata: dict[str, Any], batch_size: int
+def scores(model: Any, metadata: Metadata, batch_size: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Labels, model scores and the rows' item ids over the validation split, in one pass."""
     label = label_group(metadata)
-    groups = metadata["tfrecord"]["groups"]
     item_group, item_index = next(
-        (name, g["columns"].index(encoded_name("item_id"))) for name, g in groups.items()
-        if encoded_name("item_id") in g["columns"])
+        (name, g.columns.index(encoded_name("item_id")))
+        for name, g in tfrecord_groups(metadata).items() if encoded_name("item_id") in g.columns)
     labels, predicted, items = [], [], []
     for blocks in dataset(metadata, batch_size, "valid", grouped=True):
         features = {k: v for k, v in blocks.items() if k != label}
@@ -113,8 +112,7 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int
     started = time.perf_counter()
     template = load_hps_config(hps_template) if hps_template is not None else None
     metadata = read_metadata(data)
-    metadata.setdefault("output", str(data))
-    if not metadata.get("tfrecord"):
+    if metadata.tfrecord is None:
         raise ConfigError("etl.tfrecord.enabled", f"{data}: the ETL wrote no TFRecords to "
                           "train from; run it with etl.tfrecord.enabled: true")
     label = label_group(metadata)
@@ -152,9 +150,9 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int
         # Keras 3.15 saving TensorFlow variables under NumPy 2; the file is complete.
         warnings.filterwarnings("ignore", message="__array__ implementation doesn't accept")
         model.save(out / MODEL_FILE)
-    vocabularies = {c: v["version"] for c, v in (metadata.get("vocabularies") or {}).items()}
+    vocabularies = {c: v.version for c, v in metadata.vocabularies.items()}
     result = TrainResult(out, hps_config, history, validation,
-                         metadata.get("dataset", {}).get("version", ""), vocabularies,
+                         metadata.dataset.version if metadata.dataset else "", vocabularies,
                          round(time.perf_counter() - started, 3))
     (out / REPORT_FILE).write_text(json.dumps(result.to_json(), indent=2))
     return result

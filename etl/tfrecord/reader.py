@@ -1,56 +1,51 @@
 """Read the job's TFRecords: into numpy (no TensorFlow needed) or as a ``tf.data.Dataset``.
 
-Both take the job's output folder, its ``metadata.json``, or that file's parsed dict, and
-give columns under their original long names.
+Both take the job's output folder, its ``metadata.json``, or that file read
+(``core.metadata.read_metadata``), and give columns under their original long names.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from featureline.core.metadata import METADATA_FILE
+from featureline.core.metadata import METADATA_FILE, Metadata, TfrecordInfo, read_metadata
 from featureline.etl.tfrecord.layout import Group
 from featureline.etl.tfrecord.records import read_file
 
 
-def _metadata(path_or_metadata: str | Path | dict[str, Any]) -> dict[str, Any]:
-    """The parsed metadata.json; its ``"output"`` is the folder the file paths are under."""
-    if isinstance(path_or_metadata, dict):
+def _metadata(path_or_metadata: str | Path | Metadata) -> Metadata:
+    """The typed metadata.json, with the folder its paths are under."""
+    if isinstance(path_or_metadata, Metadata):
         return path_or_metadata
     path = Path(path_or_metadata)
-    if path.is_dir():
-        path = path / METADATA_FILE
-    metadata = json.loads(path.read_text())
-    metadata.setdefault("output", str(path.parent))
-    return metadata
+    return read_metadata(path.parent if path.name == METADATA_FILE else path)
 
 
-def layout(metadata: dict[str, Any]) -> tuple[list[Group], dict[str, Any]]:
-    section = metadata.get("tfrecord")
-    if not section:
+def layout(metadata: Metadata) -> tuple[list[Group], TfrecordInfo]:
+    section = metadata.tfrecord
+    if section is None:
         raise KeyError("metadata.json has no 'tfrecord' section: the job ran with "
                        "etl.tfrecord.enabled: false")
-    groups = [Group.from_json(name, spec) for name, spec in section["groups"].items()]
+    groups = [Group.from_json(name, spec.model_dump()) for name, spec in section.groups.items()]
     return groups, section
 
 
-def files(path_or_metadata: str | Path | dict[str, Any], split: str = "train") -> list[Path]:
+def files(path_or_metadata: str | Path | Metadata, split: str = "train") -> list[Path]:
     metadata = _metadata(path_or_metadata)
     _, section = layout(metadata)
-    root = Path(metadata.get("output", "."))
-    return [root / f["path"] for f in section["files"] if f["split"] == split]
+    root = metadata.folder or Path(".")
+    return [root / f.path for f in section.files if f.split == split]
 
 
-def read_numpy(path_or_metadata: str | Path | dict[str, Any], split: str = "train"
+def read_numpy(path_or_metadata: str | Path | Metadata, split: str = "train"
                ) -> dict[str, np.ndarray]:
     """Every row of a split: long name → [rows] (or [rows, K] for multi-hot lists)."""
     metadata = _metadata(path_or_metadata)
     groups, section = layout(metadata)
-    parts = [read_file(path, groups, section["compression"])
+    parts = [read_file(path, groups, section.compression)
              for path in files(metadata, split)]
     names = [c for g in groups for c in g.columns]
     if not parts:
@@ -58,7 +53,7 @@ def read_numpy(path_or_metadata: str | Path | dict[str, Any], split: str = "trai
     return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
 
-def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 65536,
+def dataset(path_or_metadata: str | Path | Metadata, batch_size: int = 65536,
             split: str = "train", parallel_reads: int | None = None,
             grouped: bool = False, shuffle: int = 0, seed: int | None = None) -> Any:
     """A ``tf.data.Dataset`` of dicts of dense tensors, exactly ``batch_size`` rows each (the
@@ -86,13 +81,13 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     metadata = _metadata(path_or_metadata)
     groups, section = layout(metadata)
-    prebatch = section["prebatch_size"]
-    root = Path(metadata.get("output", "."))
-    entries = [f for f in section["files"] if f["split"] == split]
+    prebatch = section.prebatch_size
+    root = metadata.folder or Path(".")
+    entries = [f for f in section.files if f.split == split]
     # Files of whole records may come in any order; a file with a short record must come
     # last, and only one can (older outputs had a short record at the end of every file).
-    short = [str(root / f["path"]) for f in entries if f["rows"] % prebatch]
-    whole = [str(root / f["path"]) for f in entries if not f["rows"] % prebatch]
+    short = [str(root / f.path) for f in entries if f.rows % prebatch]
+    whole = [str(root / f.path) for f in entries if not f.rows % prebatch]
     exact = batch_size % prebatch == 0 and len(short) <= 1
     if not exact:
         whole, short = whole + short, []
@@ -114,7 +109,7 @@ def dataset(path_or_metadata: str | Path | dict[str, Any], batch_size: int = 655
         return columns
 
     reads = parallel_reads if parallel_reads is not None else tf.data.AUTOTUNE
-    compression = section["compression"]
+    compression = section.compression
     records = tf.data.TFRecordDataset(tf.constant(whole, tf.string),
                                       compression_type=compression, num_parallel_reads=reads)
     if shuffle:
