@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -42,6 +42,7 @@ def compatible(lineage: list[str], other: list[str]) -> bool:
 # The metadata.json format this code writes. 1: outputs written before the field existed;
 # they hold the same sections and are read as they are. A newer format is refused.
 FORMAT_VERSION = 2
+Section = TypeVar("Section")
 
 
 class Contract(BaseModel):
@@ -166,15 +167,17 @@ class Metadata(Contract):
     featureline_version: str = ""
     created_at: str = ""
     config_hash: str = ""
-    source: SourceInfo
-    rows: RowAccounting
-    split: SplitInfo
-    keys: list[str]
-    label: LabelInfo
-    features: list[FeatureInfo]
-    embedding_plan: EmbeddingPlan
-    entities: dict[str, EntityTable]
-    outputs: dict[str, str]
+    # Every section the ETL writes; a reader checks the ones it needs (``present``), so an
+    # output holding only what Feast reads (its entity tables) is read too.
+    source: SourceInfo | None = None
+    rows: RowAccounting | None = None
+    split: SplitInfo | None = None
+    keys: list[str] = Field(default_factory=list)
+    label: LabelInfo | None = None
+    features: list[FeatureInfo] = Field(default_factory=list)
+    embedding_plan: EmbeddingPlan | None = None
+    entities: dict[str, EntityTable] = Field(default_factory=dict)
+    outputs: dict[str, str] = Field(default_factory=dict)
     artifacts: dict[str, Any] = Field(default_factory=dict)
     timings_s: dict[str, float] = Field(default_factory=dict)
     tfrecord: TfrecordInfo | None = None
@@ -204,6 +207,16 @@ class Metadata(Contract):
             where = ".".join(str(part) for part in first["loc"])
             raise MetadataFormatError(source, f"{where}: {first['msg']} (format_version "
                                               f"{version})") from error
+
+
+def present(value: Section | None, metadata: Metadata, section: str) -> Section:
+    """``value``, a section of ``metadata`` that the reader needs; a
+    :class:`MetadataFormatError` naming it when the output has none."""
+    if value is None:
+        raise MetadataFormatError(str(metadata_path(metadata.folder or ".")),
+                                  f"no {section!r} section (format_version "
+                                  f"{metadata.format_version})")
+    return value
 
 
 def metadata_path(output: str | Path) -> Path:

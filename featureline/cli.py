@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import click
 
 from featureline.core.errors import ConfigError, FeaturelineError
+from featureline.core.metadata import present
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.etl.stages import INPUT_FORMATS
 from featureline.etl_runs import progress, run_job, summary
@@ -136,7 +137,7 @@ def etl_gpu_check(jar: str | None, plan_log: str | None, as_json: bool,
         options["output"] = options.get("output") or str(Path(work) / "output")
         metadata = run_job(**{**options, "profile": "gpu"},  # type: ignore[arg-type]
                            properties=gpu_plan.explain_properties(log, Path(work)))
-        report = gpu_plan.report(log, metadata.source.format)
+        report = gpu_plan.report(log, present(metadata.source, metadata, "source").format)
     click.echo(json.dumps(report, indent=2) if as_json else gpu_plan.render(report))
     if report["off_gpu"]:
         sys.exit(1)

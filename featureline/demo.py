@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from featureline.config import FeaturelineConfig
-from featureline.core.metadata import encoded_name, read_metadata
+from featureline.core.metadata import encoded_name, present, read_metadata
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.etl.features.base import LABEL, SPLIT
 from featureline.feature_store.redis_server import free_port
@@ -84,7 +84,8 @@ def interaction_embeddings(output: Path, widths: dict[str, int], seed: int = 0
     """User and item vectors from a rank-k factorisation of log(1 + interactions) on the
     training split (randomised SVD); rows are encoded ids, so row 0 (padding) and row 1
     (out of vocabulary) stay as they come out."""
-    plan = read_metadata(output).embedding_plan.features
+    metadata = read_metadata(output)
+    plan = present(metadata.embedding_plan, metadata, "embedding_plan").features
     user, item = encoded_name("user_id"), encoded_name("item_id")
     table = pq.read_table(output / "examples" / f"{SPLIT}=train", columns=[user, item, LABEL])
     users, items = plan[user].cardinality, plan[item].cardinality
@@ -110,7 +111,7 @@ def write_embedding_tables(output: Path, root: Path) -> Path:
     """HugeCTR folders for the user and item ids and an ``hps.yaml`` that imports them, each
     table tagged with the vocabulary version its rows are keyed by."""
     metadata = read_metadata(output)
-    plan = metadata.embedding_plan.features
+    plan = present(metadata.embedding_plan, metadata, "embedding_plan").features
     widths = {column: plan[encoded_name(column)].width for column in EMBEDDED_TABLES}
     vectors = interaction_embeddings(output, widths)
     shutil.rmtree(root, ignore_errors=True)  # a fresh RocksDB imports the new tables

@@ -9,7 +9,7 @@ import time
 
 import click
 
-from featureline.core.metadata import Metadata
+from featureline.core.metadata import Metadata, present
 from featureline.serving import config_path
 
 
@@ -62,14 +62,14 @@ def run_job(path: str | None = None, input_path: str | None = None,
 
 def summary(metadata: Metadata) -> str:
     """A human-readable account of a finished run."""
-    rows = metadata.rows
+    rows = present(metadata.rows, metadata, "rows")
     quarantined = {k: v for k, v in rows.quarantined.items() if v}
     lines = [
         f"rows: read {rows.read:,} = accepted {rows.accepted:,} + duplicates "
         f"{rows.duplicates:,} + quarantined {sum(quarantined.values()):,}",
     ]
     lines += [f"  quarantined {reason}: {count:,}" for reason, count in quarantined.items()]
-    split = metadata.split
+    split = present(metadata.split, metadata, "split")
     lines.append(f"split: train {split.rows['train']:,}, valid {split.rows['valid']:,} "
                  f"(valid from {split.valid_from})")
     dataset = metadata.dataset
@@ -80,7 +80,8 @@ def summary(metadata: Metadata) -> str:
     lines.append("categorical features (cardinality, embedding width):")
     lines += [f"  {name}: {entry.cardinality:,} x {entry.width}"
               + (f" (shares {entry.shares})" if entry.shares else "")
-              for name, entry in metadata.embedding_plan.features.items()]
+              for name, entry in present(metadata.embedding_plan, metadata,
+                                         "embedding_plan").features.items()]
     tables = ", ".join(f"{name}/" for name in metadata.outputs)
     lines.append(f"features: {len(metadata.features)}; tables: {tables}, metadata.json")
     if metadata.tfrecord is not None:

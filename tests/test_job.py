@@ -277,7 +277,7 @@ def test_metadata_is_read_typed_and_an_unreadable_format_is_refused(job_output, 
     import shutil
 
     from featureline.core.errors import MetadataFormatError
-    from featureline.core.metadata import FORMAT_VERSION, METADATA_FILE, read_metadata
+    from featureline.core.metadata import FORMAT_VERSION, METADATA_FILE, present, read_metadata
 
     assert job_output.metadata["format_version"] == FORMAT_VERSION
     metadata = read_metadata(job_output.output)
@@ -301,4 +301,9 @@ def test_metadata_is_read_typed_and_an_unreadable_format_is_refused(job_output, 
         read({**written, "format_version": 99})
     with pytest.raises(MetadataFormatError, match=r"rows\.accepted"):
         read({**written, "rows": {**written["rows"], "accepted": "many"}})
+    # An output holding only what Feast reads is read; a reader needing more says what.
+    only_entities = read({"entities": written["entities"]})
+    assert only_entities.entities["user"].join_key == "user_id"
+    with pytest.raises(MetadataFormatError, match="no 'label' section"):
+        present(only_entities.label, only_entities, "label")
     shutil.rmtree(copy)

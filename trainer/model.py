@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from featureline.core.metadata import PADDING_ID, Metadata, TfrecordGroup
+from featureline.core.metadata import PADDING_ID, Metadata, TfrecordGroup, present
 
 LABEL_KIND = "label"
 
@@ -35,12 +35,12 @@ def tfrecord_groups(metadata: Metadata) -> dict[str, TfrecordGroup]:
 def label_group(metadata: Metadata) -> str:
     """The TFRecord group holding the label."""
     return next(name for name, group in tfrecord_groups(metadata).items()
-                if group.columns == [metadata.label.name])
+                if group.columns == [present(metadata.label, metadata, "label").name])
 
 
 def embedding_tables(metadata: Metadata) -> dict[str, TableSpec]:
     """Owner feature → its table, in metadata.json's feature order."""
-    plan = metadata.embedding_plan.features
+    plan = present(metadata.embedding_plan, metadata, "embedding_plan").features
     users: dict[str, list[str]] = {}
     for feature in metadata.features:
         if feature.kind in ("categorical", "multi_hot"):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from featureline.core.errors import ConfigError
-from featureline.core.metadata import Metadata, encoded_name, read_metadata
+from featureline.core.metadata import Metadata, encoded_name, present, read_metadata
 from featureline.etl.tfrecord.reader import dataset, read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
@@ -61,8 +61,9 @@ def popularity(metadata: Metadata) -> tuple[np.ndarray, float]:
     (item id → score), from the training TFRecords."""
     item = encoded_name("item_id")
     train = read_numpy(metadata, "train")
-    items, labels = train[item], train[metadata.label.name].astype(np.float64)
-    rows = metadata.embedding_plan.features[item].cardinality
+    label = present(metadata.label, metadata, "label").name
+    items, labels = train[item], train[label].astype(np.float64)
+    rows = present(metadata.embedding_plan, metadata, "embedding_plan").features[item].cardinality
     prior = float(labels.mean()) if len(labels) else 0.0
     events = np.bincount(items, minlength=rows)
     positives = np.bincount(items, weights=labels, minlength=rows)
