@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import gc
 import logging
+import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
 
+from featureline.hps.config import PersistentDbConfig, TableConfig
 from featureline.hps.errors import PersistentStoreBusyError, PersistentStoreError
-from featureline.hps.formats import key_bytes
+from featureline.hps.formats import key_bytes, read_table
 
 logger = logging.getLogger("featureline.hps")
 
@@ -73,6 +76,28 @@ class PersistentStore(ABC):
         """Whether a read found a file damaged (the store must be rebuilt to be whole)."""
         return False
 
+    @property
+    def rebuildable(self) -> bool:
+        """Whether the server can rebuild this store in place from the table sources
+        (``emptied``, ``rebuilt_beside``, ``swapped_with``); else it is restored from a
+        backup."""
+        return False
+
+    def emptied(self) -> PersistentStore:
+        """Close this (damaged) store, remove its data, and open an empty one in its place."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be rebuilt in place")
+
+    def rebuilt_beside(self) -> PersistentStore:
+        """An empty store beside this one, to import the tables into while this one serves."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be rebuilt in place")
+
+    def swapped_with(self, rebuilt: PersistentStore
+                     ) -> tuple[PersistentStore, Callable[[], None]]:
+        """Close this store and ``rebuilt``; put ``rebuilt``'s data in this one's place and
+        open it there. Returns the store, and what removes the old data (called once no
+        lookup waits for the swap)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be rebuilt in place")
+
 
 class RocksDBStore(PersistentStore):
     @classmethod
@@ -107,6 +132,30 @@ class RocksDBStore(PersistentStore):
     @property
     def damaged(self) -> bool:
         return self._damaged
+
+    @property
+    def rebuildable(self) -> bool:
+        return True
+
+    def emptied(self) -> RocksDBStore:
+        logger.warning("%s is damaged: importing every table again", self.path)
+        self.close()
+        shutil.rmtree(_set_aside(self.path), ignore_errors=True)
+        return RocksDBStore(self.path)
+
+    def rebuilt_beside(self) -> RocksDBStore:
+        path = self.path.with_name(f"{self.path.name}.rebuild")
+        shutil.rmtree(path, ignore_errors=True)
+        return RocksDBStore(path)
+
+    def swapped_with(self, rebuilt: PersistentStore
+                     ) -> tuple[RocksDBStore, Callable[[], None]]:
+        assert isinstance(rebuilt, RocksDBStore)  # made by rebuilt_beside
+        self.close()
+        rebuilt.close()
+        aside = _set_aside(self.path)
+        rebuilt.path.rename(self.path)
+        return RocksDBStore(self.path), lambda: shutil.rmtree(aside, ignore_errors=True)
 
     def _family(self, table: str) -> Rdict:
         if table not in self._families:
@@ -194,3 +243,40 @@ class RocksDBStore(PersistentStore):
         self._families.clear()
         gc.collect()  # column-family objects hold the database lock until collected
         self._db.close()
+
+
+def _set_aside(folder: Path) -> Path:
+    """Move a damaged replica folder out of the way (to ``<folder>.damaged``) and return
+    where it went, so its path is free at once and the removal can follow."""
+    aside = folder.with_name(f"{folder.name}.damaged")
+    shutil.rmtree(aside, ignore_errors=True)
+    folder.rename(aside)
+    return aside
+
+
+# persistent_db.type → the store; a new L3 backend is one class and one line here.
+PERSISTENT_STORES: dict[str, Callable[[PersistentDbConfig], PersistentStore]] = {
+    "rocksdb": lambda config: RocksDBStore.first_free(config.path),
+}
+
+
+def persistent_store(config: PersistentDbConfig) -> PersistentStore:
+    """The L3 store the configuration's ``type`` names."""
+    return PERSISTENT_STORES[config.type](config)
+
+
+def import_table(store: PersistentStore, key: str, config: TableConfig,
+                 mark: str) -> tuple[np.ndarray, np.ndarray]:
+    """Write the whole of the table's source into ``store``, then its import mark."""
+    assert config.source is not None
+    keys, vectors = read_table(config.source, config.format, config.dim)
+    write_table(store, key, keys, vectors, mark)
+    return keys, vectors
+
+
+def write_table(store: PersistentStore, key: str, keys: np.ndarray, vectors: np.ndarray,
+                mark: str) -> None:
+    """``keys`` and ``vectors`` as the whole of table ``key``, marked as source ``mark``."""
+    store.insert(key, keys, vectors)
+    store.compact(key)
+    store.set_import_mark(key, mark)

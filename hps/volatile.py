@@ -9,9 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import numpy as np
 
+from featureline.core import redis
+from featureline.core.errors import ConfigError
+from featureline.hps.config import VolatileDbConfig
 from featureline.hps.formats import key_bytes
 from featureline.hps.slots import OverflowPolicy, SlotIndex
 
@@ -220,3 +224,29 @@ class RedisStore(VolatileStore):
         self._closed_at = time.monotonic() + self.retry_after_s
         logger.warning("Redis volatile store unavailable during %s (%s); using the lower tiers "
                        "for %.0fs", operation, exc, self.retry_after_s)
+
+
+# The L2 cache's Redis: its own keyspace and memory policy, apart from the online store's.
+HPS_REDIS_URL_ENV = "HPS_REDIS_URL"
+
+
+def _redis_store(config: VolatileDbConfig) -> VolatileStore:
+    url = redis.url_from_env(config.url, HPS_REDIS_URL_ENV)
+    if not url:
+        raise ConfigError("hps.volatile_db.url", f"type {config.type} needs a url "
+                          f"(or {HPS_REDIS_URL_ENV})")
+    return RedisStore(url, config.capacity, config.overflow_policy,
+                      cluster=config.type == "redis_cluster")
+
+
+# volatile_db.type → the store; a new L2 backend is one class and one line here.
+VOLATILE_STORES: dict[str, Callable[[VolatileDbConfig], VolatileStore]] = {
+    "hash_map": lambda config: HashMapStore(config.capacity, config.overflow_policy),
+    "redis": _redis_store,
+    "redis_cluster": _redis_store,
+}
+
+
+def volatile_store(config: VolatileDbConfig) -> VolatileStore:
+    """The L2 store the configuration's ``type`` names."""
+    return VOLATILE_STORES[config.type](config)

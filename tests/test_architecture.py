@@ -165,3 +165,14 @@ def test_the_architecture_lists_every_environment_variable_the_code_reads():
               for name in re.findall(r"`([A-Z][A-Z0-9_]+)`", row.split("|")[1])}
     assert "REDIS_URL" in environment_variables_read()
     assert environment_variables_read() == listed
+
+
+def test_the_parameter_server_reaches_its_tiers_through_their_interfaces():
+    """Stores and caches are chosen by the registries in their own modules (``type:``)."""
+    concrete = {"RocksDBStore", "HashMapStore", "RedisStore", "HostCache", "GpuCache"}
+    for name in ("server.py", "reload.py", "repair.py", "table.py"):
+        source = (REPO / "hps" / name).read_text()
+        named = {word for word in re.findall(r"\b[A-Z]\w+", source) if word in concrete}
+        assert named == set(), (name, named)
+        assert "isinstance" not in source, name
+    assert len((REPO / "hps" / "server.py").read_text().splitlines()) <= 350

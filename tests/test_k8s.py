@@ -21,7 +21,7 @@ from featureline.core.redis import REDIS_URL_ENV
 from featureline.etl.session import read_properties, spark_conf_dir
 from featureline.feature_store.repo import CONNECTION_ENV
 from featureline.hps.config import load_hps_config
-from featureline.hps.server import HPS_REDIS_URL_ENV
+from featureline.hps.volatile import HPS_REDIS_URL_ENV
 from featureline.serving import CONFIG_ENV, OUTPUT_ENV
 
 REPO = Path(__file__).resolve().parent.parent
