@@ -1,7 +1,8 @@
 """Read the job's TFRecords: into numpy (no TensorFlow needed) or as a ``tf.data.Dataset``.
 
-Both take the job's output folder, its ``metadata.json``, or that file read
-(``core.metadata.read_metadata``), and give columns under their original long names.
+Both take the job's output folder, its ``metadata.json``, that file read
+(``core.metadata.read_metadata``) or its parsed dict (``"output"``: the folder its paths are
+under), and give columns under their original long names.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ from featureline.core.metadata import METADATA_FILE, Metadata, TfrecordInfo, rea
 from featureline.etl.tfrecord.layout import Group
 from featureline.etl.tfrecord.records import read_file
 
+MetadataSource = str | Path | Metadata | dict[str, Any]
 
-def _metadata(path_or_metadata: str | Path | Metadata) -> Metadata:
+
+def _metadata(path_or_metadata: MetadataSource) -> Metadata:
     """The typed metadata.json, with the folder its paths are under."""
     if isinstance(path_or_metadata, Metadata):
         return path_or_metadata
+    if isinstance(path_or_metadata, dict):
+        document = dict(path_or_metadata)
+        folder = document.pop("output", None)
+        return Metadata.parse(document).model_copy(
+            update={"folder": Path(folder) if folder else None})
     path = Path(path_or_metadata)
     return read_metadata(path.parent if path.name == METADATA_FILE else path)
 
@@ -33,14 +41,14 @@ def layout(metadata: Metadata) -> tuple[list[Group], TfrecordInfo]:
     return groups, section
 
 
-def files(path_or_metadata: str | Path | Metadata, split: str = "train") -> list[Path]:
+def files(path_or_metadata: MetadataSource, split: str = "train") -> list[Path]:
     metadata = _metadata(path_or_metadata)
     _, section = layout(metadata)
     root = metadata.folder or Path(".")
     return [root / f.path for f in section.files if f.split == split]
 
 
-def read_numpy(path_or_metadata: str | Path | Metadata, split: str = "train"
+def read_numpy(path_or_metadata: MetadataSource, split: str = "train"
                ) -> dict[str, np.ndarray]:
     """Every row of a split: long name → [rows] (or [rows, K] for multi-hot lists)."""
     metadata = _metadata(path_or_metadata)
@@ -53,7 +61,7 @@ def read_numpy(path_or_metadata: str | Path | Metadata, split: str = "train"
     return {name: np.concatenate([p[name] for p in parts]) for name in names}
 
 
-def dataset(path_or_metadata: str | Path | Metadata, batch_size: int = 65536,
+def dataset(path_or_metadata: MetadataSource, batch_size: int = 65536,
             split: str = "train", parallel_reads: int | None = None,
             grouped: bool = False, shuffle: int = 0, seed: int | None = None) -> Any:
     """A ``tf.data.Dataset`` of dicts of dense tensors, exactly ``batch_size`` rows each (the
