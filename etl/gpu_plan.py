@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from featureline.etl import qualification
 from featureline.etl.errors import GpuPlanError
-from featureline.etl.qualification import place_in_code
 from featureline.etl.rapids import CUDA_CLASSIFIER, RAPIDS_VERSION
 from featureline.etl.stages import JOB_STAGES, STAGE_LOGGER, UNTAGGED
 
@@ -46,11 +46,11 @@ appender.plan.fileName = {path}
 appender.plan.append = false
 appender.plan.layout.type = PatternLayout
 appender.plan.layout.pattern = @@featureline %c %m%n
-logger.plan.name = com.nvidia.spark.rapids.GpuOverrides
+logger.plan.name = {plan_logger}
 logger.plan.level = warn
 logger.plan.additivity = false
 logger.plan.appenderRef.plan.ref = plan
-logger.stage.name = featureline.stage
+logger.stage.name = {stage_logger}
 logger.stage.level = info
 logger.stage.additivity = false
 logger.stage.appenderRef.plan.ref = plan
@@ -64,18 +64,15 @@ _OFF = re.compile(r"^(?:(?P<node>.*?) )?(?:cannot run on GPU|will run on GPU via
 _ON = re.compile(r"^(?:(?P<node>.*?) )?(?:will|could) run on GPU$")
 _OPERATOR_KINDS = {"Exec", "Output", ""}
 _EXPRESSION_IDS = re.compile(r"#\d+L?\b")
-# How a node the plugin names shows up in our code, where its name alone is not a call.
-_JOINS = r"\w\.join\((?:F\.broadcast\(|\w+[,.])"
+# How a node the plugin names shows up in our code, where its name alone is not a call,
+# beyond the operators the Qualification tool names (qualification.CALLS: an operator's name
+# less "Exec", WindowExec → Window).
 CALLS = {
-    "WindowExec": r"Window\.",
     "SpecifiedWindowFrame": r"\.(?:rangeBetween|rowsBetween)\(",
     "JsonToStructs": r"F\.from_json\(",
     "CsvToStructs": r"F\.from_csv\(",
-    "StructsToJson": r"F\.to_json\(",
+    "StructsToJson": qualification.CALLS["StructsToJsonEvaluator"],
     "FileSourceScanExec": r"\.read\b.*\.(?:csv|parquet|json|text)\(|\.(?:csv|parquet)\(",
-    "BroadcastHashJoinExec": _JOINS,
-    "SortMergeJoinExec": _JOINS,
-    "GenerateExec": r"F\.(?:posexplode|explode)\(",
     "InMemoryTableScanExec": r"\.(?:cache|persist)\(",
 }
 # Stages that run Spark jobs without a SQL plan, and what they run instead.
@@ -88,7 +85,8 @@ def explain_properties(plan_log: Path, work: Path) -> dict[str, str]:
     """Spark properties that turn a gpu-profile run into an explain-only one whose plan log
     and stage markers go to ``plan_log`` (``work`` holds the logging configuration)."""
     config = work / "log4j2-gpu-plan.properties"
-    config.write_text(_LOG4J.format(path=plan_log.resolve()))
+    config.write_text(_LOG4J.format(path=plan_log.resolve(), plan_logger=PLAN_LOGGER,
+                                    stage_logger=STAGE_LOGGER))
     return {
         "spark.rapids.sql.mode": "explainOnly",
         "spark.rapids.sql.explain": "ALL",
@@ -160,10 +158,12 @@ def _place(name: str, kind: str, node: str) -> list[str]:
     if name == "Invoke" and evaluator:  # Spark 4 plans to_json as invoke(StructsToJsonEvaluator…)
         name = evaluator.group(1)
     if name in CALLS:
-        return place_in_code(name, CALLS)
+        return qualification.place_in_code(name, CALLS)
+    if name.removesuffix("Exec") in qualification.CALLS:
+        return qualification.place_in_code(name.removesuffix("Exec"))
     if kind == "Expression":  # Spark SQL's class name → its functions' name: StddevPop
         snake = re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-        return place_in_code(name, {name: rf"F\.{snake}\("})
+        return qualification.place_in_code(name, {name: rf"F\.{snake}\("})
     return []
 
 
@@ -181,10 +181,11 @@ def report(plan_log: Path, input_format: str) -> dict[str, Any]:
             counts[node.stage]["expressions_off_gpu"] += 1
         if node.reason is not None:
             off[(node.stage, node.kind, node.name, node.description, node.reason)] += 1
-    order = [s for s in JOB_STAGES if s in stages or s in plans]
-    order += [s for s in [*stages, *plans] if s not in order]
+    # The job's stages in its order, then any other (UNTAGGED work).
+    order = list(dict.fromkeys([*(s for s in JOB_STAGES if s in stages or s in plans),
+                                *stages, *plans]))
     by_stage = {}
-    for stage in dict.fromkeys(order):
+    for stage in order:
         if stage not in plans:
             by_stage[stage] = {"plans": 0, "note": NO_PLAN_NOTES.get(stage, "no SQL plan")}
             continue

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -172,7 +172,7 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
     valid_rows = counts.pop(None, 0)
     # Partition by user before removing duplicates: the user-scoped windows of the features
     # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    partitions = int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))  # always set
     events = ingest.deduplicate(ingest.accepted(validated, config)
                                 .repartition(partitions, "user_id"))
     events = events.withColumn(LABEL, label_column(config.label, config))

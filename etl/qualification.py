@@ -46,7 +46,7 @@ ETL_SOURCES = Path(__file__).resolve().parent
 # The modules that name operators without calling them.
 _PLAN_CHECKS = {Path(__file__).name, "gpu_plan.py"}
 # How an operator the tool names shows up in our code, where the name alone is not a call.
-_CALLS = {
+CALLS = {
     "Scan text": r"\.read\.text\(",
     "Scan json": r"\.read\.json\(",
     "Scan csv": r"\.read\.csv\(|\.csv\(",
@@ -183,7 +183,7 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def place_in_code(operator: str, calls: dict[str, str] = _CALLS) -> list[str]:
+def place_in_code(operator: str, calls: dict[str, str] = CALLS) -> list[str]:
     """``file:line`` of the calls in ``etl/`` that produce ``operator`` (``calls``: how an
     operator shows up in our code, where its name alone is not a call)."""
     pattern = re.compile(calls.get(operator) or rf"\b{re.escape(operator)}\b")
