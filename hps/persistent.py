@@ -17,6 +17,7 @@ import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from rocksdict import Options, Rdict, WriteBatch
@@ -201,7 +202,8 @@ class RocksDBStore(PersistentStore):
         vectors = np.zeros((len(keys), dim), dtype=np.float32)
         if table not in self._families or not len(keys):
             return found, vectors
-        batch: list[str | int | float | bytes | bool] = list(key_bytes(keys))
+        # rocksdict's stub takes a list of any key type; ours are bytes (no copy made).
+        batch = cast(list[str | int | float | bytes | bool], key_bytes(keys))
         try:
             values = self._families[table].get(batch) or []
         except Exception as exc:  # rocksdict raises a bare Exception ("Corruption: ...")
