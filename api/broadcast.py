@@ -1,11 +1,10 @@
 """A model reload reaches every API process: the worker that takes ``POST
-/v1/admin/models/{name}/reload`` reloads, then announces it on a Redis channel that every
-worker of every pod listens to; the others reload on hearing it.
+/v1/admin/models/{name}/reload`` reloads, then announces it through the online store's
+notifications (``feature_store/online_store.py``) on the project's reload topic; every other
+worker of every pod listens there and reloads on hearing it.
 
-The listener is a thread per process; it outlives Redis restarts (it subscribes again) and a
-reload that fails (logged; the next announcement tries again). Redis channels are shared by
-every database of a server, so the channel is named for the Feast project and the database
-the deployment's online store uses.
+The listener is a thread per process; it outlives store restarts (the store subscribes
+again) and a reload that fails (logged; the next announcement tries again).
 """
 
 from __future__ import annotations
@@ -16,17 +15,15 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any
 
-import redis as redis_py
+from featureline.feature_store.online_store import OnlineStore
 
 logger = logging.getLogger("featureline.api")
 
-def channel(client: Any, project: str) -> str:
-    """The reload channel of the deployment whose online store ``client`` reaches."""
-    pool = getattr(client, "connection_pool", None)
-    database = pool.connection_kwargs.get("db", 0) if pool is not None else 0
-    return f"featureline:{project}:db{database}:hps:reload"
+
+def topic(project: str) -> str:
+    """The reload topic of the deployment serving the Feast project ``project``."""
+    return f"{project}:hps:reload"
 
 
 def process_id() -> str:
@@ -34,24 +31,26 @@ def process_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def announce(client: Any, project: str, model: str) -> int:
+def announce(store: OnlineStore, project: str, model: str) -> int:
     """Tell every listening process to reload ``model``; how many processes heard it."""
-    return int(client.publish(channel(client, project),
-                              json.dumps({"model": model, "origin": process_id()})))
+    message = json.dumps({"model": model, "origin": process_id()}).encode()
+    return store.announce(topic(project), message)
 
 
 class ReloadListener:
     """Reloads the models other processes announce, in a background thread."""
 
-    def __init__(self, client: Any, project: str, reload: Callable[[str], object]) -> None:
+    def __init__(self, store: OnlineStore, project: str, reload: Callable[[str], object]) -> None:
         """``reload``: what this process does for an announced model (``Services.reload_here``)."""
-        self.client = client
-        self.channel = channel(client, project)
+        self.store = store
+        self.topic = topic(project)
         self.reload = reload
         self.reloads = 0
         self._stop = threading.Event()
         self._subscribed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hps-reload", daemon=True)
+        self._thread = threading.Thread(
+            target=store.listen, args=(self.topic, self._handle, self._stop, self._subscribed),
+            name="hps-reload", daemon=True)
 
     def start(self, timeout_s: float = 5.0) -> ReloadListener:
         """Start listening; returns once subscribed (or after ``timeout_s``)."""
@@ -59,23 +58,7 @@ class ReloadListener:
         self._subscribed.wait(timeout_s)
         return self
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-            try:
-                pubsub.subscribe(self.channel)
-                self._subscribed.set()
-                while not self._stop.is_set():
-                    message = pubsub.get_message(timeout=0.5)
-                    if message is not None:
-                        self._handle(message["data"])
-            except redis_py.RedisError as exc:  # down or restarted: subscribe again
-                logger.warning("reload channel unavailable: %s", exc)
-                self._stop.wait(1.0)
-            finally:
-                pubsub.close()
-
-    def _handle(self, data: bytes | str) -> None:
+    def _handle(self, data: bytes) -> None:
         try:
             message = json.loads(data)
             if message.get("origin") == process_id():

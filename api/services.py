@@ -77,7 +77,7 @@ class Services:
         """Reload ``model`` here and announce it to every other process: rows read per table,
         and how many processes heard the announcement (this one included)."""
         rows = self.reload_here(model)
-        return rows, announce(self.reader.client, self.reader.project, model)
+        return rows, announce(self.reader.store, self.reader.project, model)
 
     def reload_here(self, model: str) -> dict[str, int]:
         """The model's tables (``ParameterServer.reload``) and the served output's
@@ -98,7 +98,7 @@ class Services:
             self.listener.stop()
         if self.hps is not None:
             self.hps.close()
-        self.reader.client.close()
+        self.reader.store.close()
 
 
 def open_services(config: ServingConfig, *, output: str | Path | None = None,
@@ -123,7 +123,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if cache is not None:
         metrics.watch_feature_cache(cache)
     if hps is not None:
-        services.listener = ReloadListener(reader.client, reader.project,
+        services.listener = ReloadListener(reader.store, reader.project,
                                            services.reload_here).start()
         services.consumers = start_consumers(hps)
         metrics.watch_updates(lambda: services.consumers)

@@ -33,10 +33,11 @@ from bench_feast import SNAPSHOT, _project, raw_hset, write_output
 from featureline.config import parse_config
 from featureline.etl.config import SparkSettings
 from featureline.etl.session import build_session
+from featureline.feature_store.online_store import open_online_store
 from featureline.feature_store.redis_server import EmbeddedRedis
 from featureline.feature_store.repo import open_repo
 from featureline.feature_store.spark_writer import write_with_spark
-from featureline.feature_store.writer import Layout, latest_snapshots, write_view
+from featureline.feature_store.writer import Layout, latest_snapshots
 
 BENCH_SPARK = SparkSettings(master="local[2]", properties={
     "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "6g",
@@ -87,12 +88,12 @@ def measure(spark: Any, server: EmbeddedRedis, root: Path, entities: int,
     start = time.perf_counter()
     rows = latest_snapshots(ds.dataset(path, format="parquet"), "user_id",
                             layout.timestamp_field, *window)
-    single = write_view(client, rows, layout)
+    single = open_online_store("redis", server.url).write_view(rows, layout)
     single_s = time.perf_counter() - start
 
     client.flushdb()
     start = time.perf_counter()
-    parallel = write_with_spark(spark, path, layout, *window, server.url, False,
+    parallel = write_with_spark(spark, path, layout, *window, "redis", server.url,
                                 keys_needed=False)
     spark_s = time.perf_counter() - start
     assert parallel.keys == single.keys == entities

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from featureline.core.errors import FeaturelineError, NotFoundError, UnavailableError
-from featureline.core.redis import redact
+from featureline.core.redis import UNAVAILABLE_ERRORS, redact
 
 
 class FeatureStoreError(FeaturelineError):
@@ -20,6 +23,16 @@ class OnlineStoreUnavailableError(FeatureStoreError, UnavailableError):
     def __init__(self, url: str, reason: str) -> None:
         self.url = redact(url)
         super().__init__(f"online store {self.url} is unavailable: {reason}")
+
+
+@contextmanager
+def online_store_errors(url: str) -> Iterator[None]:
+    """The Redis client's failures (inside Feast's calls too) become
+    :class:`OnlineStoreUnavailableError`."""
+    try:
+        yield
+    except UNAVAILABLE_ERRORS as exc:
+        raise OnlineStoreUnavailableError(url, str(exc) or type(exc).__name__) from exc
 
 
 class UnknownFeatureServiceError(FeatureStoreError, NotFoundError):

@@ -1,4 +1,5 @@
-"""Online feature reads straight from Feast's Redis layout, in one pipelined round trip.
+"""Online feature reads in Feast's Redis layout, in one round trip to the online store
+(``feature_store/online_store.py``).
 
 Feast's SDK reads the same hashes, but its per-request work (registry lookups, response
 protos) costs more than Redis itself. This reader takes the layout from the registry once
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-import hiredis
 from feast import FeatureStore
 from feast.infra.online_stores.helpers import _mmh3, _redis_key
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
@@ -31,17 +31,11 @@ from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
-from redis.cluster import RedisCluster
 
-from featureline.core import redis
 from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
 from featureline.feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
-from featureline.feature_store.publication import (
-    Publication,
-    publication_key,
-    read_publication,
-)
-from featureline.feature_store.repo import online_store_errors
+from featureline.feature_store.online_store import OnlineStore, open_online_store
+from featureline.feature_store.publication import Publication
 from featureline.feature_store.writer import entity_keys
 
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
@@ -147,10 +141,10 @@ def check_supported(store: FeatureStore) -> None:
 
 
 class OnlineReader:
-    def __init__(self, client: Any, project: str, key_version: int,
+    def __init__(self, store: OnlineStore, project: str, key_version: int,
                  views: dict[str, ViewLayout], services: dict[str, list[str]], url: str,
                  cache: ValueCache | None = None) -> None:
-        self.client = client
+        self.store = store
         self.cache = cache
         self.project = project
         self.key_version = key_version
@@ -158,7 +152,6 @@ class OnlineReader:
         self.services = services
         self.url = url
         self._keys: dict[tuple[str, Any], bytes] = {}
-        self._cluster = isinstance(client, RedisCluster)
 
     @classmethod
     def from_store(cls, store: FeatureStore, url: str,
@@ -177,9 +170,8 @@ class OnlineReader:
         services = {service.name: [f"{p.name}:{f.name}" for p in service.feature_view_projections
                                    for f in p.features]
                     for service in store.list_feature_services()}
-        cluster = str(getattr(store.config.online_store, "redis_type", "redis")).endswith(
-            "redis_cluster")
-        return cls(redis.client(url, cluster=cluster), store.project,
+        kind = getattr(store.config.online_store, "redis_type", "redis")
+        return cls(open_online_store(getattr(kind, "value", kind), url), store.project,
                    store.config.entity_key_serialization_version, views, services, url, cache)
 
     def references(self, service: str | None = None,
@@ -232,10 +224,8 @@ class OnlineReader:
         cache = self.cache
         stamp, entries = cache.state if cache is not None else (None, {})
         clock = time.monotonic()
-        plan = []  # (layout, ids read from Redis, entries found in the cache, ids by row)
-        commands: list[tuple[Any, ...]] = []
-        if cache is not None:
-            commands.append(("HGET", publication_key(self.project), "published_at"))
+        plan = []  # (layout, ids read from the store, entries found in the cache, ids by row)
+        rows: list[tuple[bytes, tuple[bytes, ...]]] = []
         for view in wanted:
             layout = self.views[view]
             if layout.join_key not in entities:
@@ -248,13 +238,10 @@ class OnlineReader:
                     found[value] = entry
                 else:
                     fetched.append(value)
-            commands.extend(("HMGET", key, *layout.fields)
-                            for key in self._redis_keys(layout, fetched))
+            rows.extend((key, layout.fields) for key in self._redis_keys(layout, fetched))
             plan.append((layout, fetched, found, ids))
-        with online_store_errors(self.url):
-            answers = self._execute(commands)
+        current, answers = self.store.read(rows, self.project if cache is not None else None)
         if cache is not None:
-            current, *answers = answers
             if current != stamp:  # a publish since these entries were read: none of them
                 entries = {}
                 cache.state = (current, entries)
@@ -289,36 +276,6 @@ class OnlineReader:
                 result.status[name] = state
         return result
 
-    def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
-        """The replies to ``commands``, sent in one round trip.
-
-        redis-py's pipeline spends ~10 µs of Python per command (its command stack, response
-        callbacks, error bookkeeping) — 2 ms for a 200-entity read. Here hiredis packs the
-        commands in C and the replies are read off one pooled connection, retried as the
-        client's pipeline retries (a dropped connection is reopened). A Redis Cluster client
-        keeps the pipeline, which routes each key to its node."""
-        if self._cluster:
-            pipe = self.client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            return pipe.execute()
-        pool = self.client.connection_pool
-        connection = pool.get_connection()
-        packed = b"".join(map(hiredis.pack_command, commands))
-
-        def round_trip() -> list[Any]:
-            connection.send_packed_command([packed])
-            return [connection.read_response() for _ in commands]
-
-        try:
-            return connection.retry.call_with_retry(round_trip,
-                                                    lambda _: connection.disconnect())
-        except BaseException:
-            connection.disconnect()  # replies may be left unread on it
-            raise
-        finally:
-            pool.release(connection)
-
     @staticmethod
     def _decode(layout: ViewLayout, fields: list[bytes | None]
                 ) -> tuple[tuple[Any, ...], int | None]:
@@ -338,11 +295,7 @@ class OnlineReader:
 
     def publication(self) -> Publication | None:
         """The stamp of the dataset last published into this store (None before any)."""
-        with online_store_errors(self.url):
-            return read_publication(self.client, self.project)
+        return self.store.publication(self.project)
 
     def ping(self) -> bool:
-        try:
-            return bool(self.client.ping())
-        except redis.UNAVAILABLE_ERRORS:
-            return False
+        return self.store.ping()

@@ -1,11 +1,11 @@
 """``featureline publish``: register the definitions with Feast, write each entity's latest
-snapshot into the Redis online store in Feast's layout (``feature_store/writer.py``: the
-bytes Feast's materialization would write, at Redis speed), then stamp the store with the
-dataset it now holds.
+snapshot into the online store in Feast's layout (``feature_store/writer.py``: the bytes
+Feast's materialization would write, at Redis speed, through ``feature_store/online_store.py``),
+then stamp the store with the dataset it now holds.
 
 A dataset the store does not hold yet (another ETL run, another output folder, a refit) is
 published whole and replaces what was there: every entity's latest snapshot is written again
-(compared with the stored values in Redis, so the summary says how many changed), and
+(compared with the stored values, so the summary says how many changed), and
 entities the new dataset no longer has are removed. The same dataset published again is
 incremental: each view continues from the end of its last publish (recorded in Feast's
 registry, as a materialization would). ``full`` replaces in any case.
@@ -23,19 +23,13 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from featureline.core import redis
 from featureline.core.redis import redact
-from featureline.feature_store.publication import (
-    Publication,
-    publication_key,
-    read_publication,
-    write_publication,
-)
-from featureline.feature_store.repo import FeatureRepo, online_store_errors
-from featureline.feature_store.writer import Layout, latest_snapshots, write_view
+from featureline.feature_store.errors import online_store_errors
+from featureline.feature_store.online_store import open_online_store
+from featureline.feature_store.publication import Publication
+from featureline.feature_store.repo import FeatureRepo
+from featureline.feature_store.writer import Layout, latest_snapshots
 
-# Keys scanned, checked or removed per pipelined round trip while replacing a dataset.
-BATCH = 10_000
 # Seconds between progress lines while a view is written.
 PROGRESS_EVERY_S = 5.0
 
@@ -87,34 +81,6 @@ def _earliest(snapshots: ds.Dataset, timestamp: str) -> datetime:
     return _as_utc(earliest or datetime(1970, 1, 1))
 
 
-def _project_keys(client: Any, project: str) -> set[bytes]:
-    """Every key of the project's namespace but the publication stamp (one SCAN)."""
-    skip = publication_key(project).encode()
-    return {k for k in client.scan_iter(match=f"*{project}", count=BATCH) if k != skip}
-
-
-def _holding(client: Any, keys: list[bytes], views: list[str]) -> list[bytes]:
-    """Those of ``keys`` that hold values of ``views`` (their timestamp field is set)."""
-    stamps = [f"_ts:{view}" for view in views]
-    held = []
-    for low in range(0, len(keys), BATCH):
-        batch = keys[low:low + BATCH]
-        pipe = client.pipeline(transaction=False)
-        for key in batch:
-            pipe.hmget(key, stamps)
-        held += [key for key, found in zip(batch, pipe.execute(), strict=True)
-                 if any(value is not None for value in found)]
-    return held
-
-
-def _delete(client: Any, keys: list[bytes]) -> None:
-    for low in range(0, len(keys), BATCH):
-        pipe = client.pipeline(transaction=False)
-        for key in keys[low:low + BATCH]:
-            pipe.delete(key)
-        pipe.execute()
-
-
 class _Progress:
     """Keys written so far, printed at most every few seconds."""
 
@@ -139,12 +105,12 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     store = repo.store
     metadata = repo.definitions.metadata
     version = metadata.dataset_version
-    cluster = repo.settings.redis_type == "redis_cluster"
-    client = redis.client(repo.redis_url, cluster=cluster)
+    online_store = open_online_store(repo.settings.redis_type, repo.redis_url)
     views = [view.name for view in repo.definitions.views.values()]
     online_config = store.config.online_store
-    with online_store_errors(repo.redis_url), contextlib.closing(client):
-        online = read_publication(client, store.project)
+    # Feast's own calls (apply, the registry) raise the Redis client's errors.
+    with online_store_errors(repo.redis_url), contextlib.closing(online_store):
+        online = online_store.publication(store.project)
         replace = full or online is None or online.dataset_version != version
         summary = PublishSummary(redact(repo.redis_url), version, mode="replace" if replace
                                  else "incremental",
@@ -155,7 +121,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                  f"{store.project!r}")
         before: set[bytes] = set()
         if replace:
-            before = _project_keys(client, store.project)
+            before = online_store.project_keys(store.project)
             replaced = online.dataset_version if online else "a store without a publication stamp"
             progress(f"dataset {version} replaces {replaced}: {len(before):,} keys there now")
         written: set[bytes] = set()
@@ -176,14 +142,14 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                 from featureline.feature_store.spark_writer import write_with_spark
 
                 result = write_with_spark(spark, repo.definitions.snapshot_path(entity), layout,
-                                          start, end, repo.redis_url, cluster,
+                                          start, end, repo.settings.redis_type, repo.redis_url,
                                           keys_needed=bool(before))
             else:
                 rows = latest_snapshots(snapshots, table.join_key,
                                         table.timestamp_field, start, end)
-                result = write_view(client, rows, layout,
-                                    _Progress(view.name, rows.num_rows, progress),
-                                    keep_keys=bool(before))
+                result = online_store.write_view(rows, layout,
+                                                 _Progress(view.name, rows.num_rows, progress),
+                                                 keep_keys=bool(before))
             store.registry.apply_materialization(registered, store.project, start, end)
             written |= result.written_keys
             changed += result.changed
@@ -193,11 +159,11 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                      f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} in {done.seconds:.1f}s")
             summary.views.append(done)
         if replace:
-            stale = _holding(client, sorted(before - written), views)
-            _delete(client, stale)
+            stale = online_store.holding(sorted(before - written), views)
+            online_store.delete(stale)
             summary.keys_removed = len(stale)
             summary.keys_changed = changed
-        write_publication(client, store.project, Publication.of(
+        online_store.write_publication(store.project, Publication.of(
             metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat()))
     summary.seconds = time.perf_counter() - started
     progress(f"online store holds dataset {version}: {summary.keys:,} keys written, "

@@ -13,8 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -24,9 +22,8 @@ from feast import FeatureStore
 from feast.repo_config import RepoConfig
 
 from featureline.core.errors import ConfigError
-from featureline.core.redis import REDIS_URL_ENV, UNAVAILABLE_ERRORS
+from featureline.core.redis import REDIS_URL_ENV
 from featureline.feature_store.definitions import Definitions, build
-from featureline.feature_store.errors import OnlineStoreUnavailableError
 from featureline.feature_store.redis_server import redis_url
 from featureline.feature_store.settings import FeatureStoreConfig
 
@@ -105,12 +102,3 @@ def open_repo(settings: FeatureStoreConfig, output: str | Path,
     url = url or redis_url(settings.redis_dir)
     store = FeatureStore(repo_path=str(repo), config=repo_config(repo, settings, url))
     return FeatureRepo(repo, settings, url, definitions, store)
-
-
-@contextmanager
-def online_store_errors(url: str) -> Iterator[None]:
-    """Redis failures inside Feast become :class:`OnlineStoreUnavailableError`."""
-    try:
-        yield
-    except UNAVAILABLE_ERRORS as exc:
-        raise OnlineStoreUnavailableError(url, str(exc) or type(exc).__name__) from exc

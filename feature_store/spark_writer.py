@@ -1,6 +1,6 @@
 """Publishing from Spark, for entity tables beyond one process (docs/ARCHITECTURE.md,
 "Publishing"): each partition of the latest snapshots is written by its own task with the
-single-process writer (``feature_store/writer.py``), straight to Redis."""
+single-process writer, straight to the online store (``feature_store/online_store.py``)."""
 
 from __future__ import annotations
 
@@ -31,24 +31,24 @@ def latest_frame(spark: SparkSession, path: Path, layout: Layout, start: datetim
 
 
 def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: datetime,
-                     end: datetime, url: str, cluster: bool, *, keys_needed: bool) -> Written:
-    """Write the view from Spark tasks; ``keys_needed``: also return every written Redis key
-    (a replace looks for the entities no longer there)."""
-    from featureline.core import redis
+                     end: datetime, kind: str, url: str, *, keys_needed: bool) -> Written:
+    """Write the view from Spark tasks into the online store of type ``kind`` at ``url``;
+    ``keys_needed``: also return every written key (a replace looks for the entities no
+    longer there)."""
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from featureline.feature_store.writer import write_view
+        from featureline.feature_store.online_store import open_online_store
 
         # Bulk writes share the server with every other task: a patient socket.
-        client = redis.client(url, cluster=cluster, timeout_s=BULK_TIMEOUT_S)
+        store = open_online_store(kind, url, BULK_TIMEOUT_S)
         try:
             for batch in batches:
-                result = write_view(client, pa.Table.from_batches([batch]), layout,
-                                    keep_keys=False)
+                result = store.write_view(pa.Table.from_batches([batch]), layout,
+                                          keep_keys=False)
                 yield pa.RecordBatch.from_pydict({"keys": [result.keys],
                                                   "changed": [result.changed]})
         finally:
-            client.close()
+            store.close()
 
     latest = latest_frame(spark, path, layout, start, end)
     totals = (latest.mapInArrow(write, "keys long, changed long")

@@ -1,20 +1,19 @@
-"""Entity snapshots into the online store in Feast's Redis layout, without Feast's per-row
-Python (docs/ARCHITECTURE.md, "Publishing").
+"""Entity snapshots encoded in Feast's Redis layout, without Feast's per-row Python: the keys
+and bytes every online store backend writes (docs/ARCHITECTURE.md, "Publishing").
 
 Feast's materialization turns every value into a protobuf object in Python and reads each
 key's stored timestamp before writing it: ~16k keys/s. This writer produces the very same
 bytes in bulk — NumPy encodings of integer and floating-point values, Feast's own converter
 once per distinct value for the other types, timestamps once per distinct time (byte-equal
-to the protobufs; tested) — and writes them with a Lua script that compares and sets a few
-hundred entities per call, pipelined, so a replace learns how many entities changed without
-reading the store back. What it writes is what ``FeatureStore.get_online_features`` reads
-(tested byte for byte against Feast's own materialization).
+to the protobufs; tested). The Redis backend (``feature_store/redis_store.py``) writes them;
+what it writes is what ``FeatureStore.get_online_features`` reads (tested byte for byte
+against Feast's own materialization).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -31,42 +30,9 @@ from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import python_values_to_proto_values
 from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
-from redis.cluster import RedisCluster
-from redis.crc import key_slot
 
-# Entities per script call, per pipelined round trip, and encoded at a time.
-CHUNK = 200
-BATCH = 10_000
+# Rows encoded at a time.
 SLICE = 100_000
-# Sets each entity's fields and returns how many entities had a feature value that differs
-# from the stored one (or were new). KEYS: the entities. ARGV: the key ttl (0: none), the
-# number n of feature fields, the n fields, the timestamp field, then per entity its n values
-# and its timestamp. The timestamp is not compared: a snapshot re-stamped with the same
-# values is not a change.
-COMPARE_AND_SET = """
-local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
-local fields = {}
-for j = 1, n do fields[j] = ARGV[2 + j] end
-local stamp_field = ARGV[n + 3]
-local at, changed = n + 4, 0
-for k = 1, #KEYS do
-  local old = redis.call('HMGET', KEYS[k], unpack(fields))
-  local args = {}
-  for j = 1, n do
-    if old[j] ~= ARGV[at + j - 1] then changed = changed + 1; break end
-  end
-  for j = 1, n do
-    args[2 * j - 1] = fields[j]
-    args[2 * j] = ARGV[at + j - 1]
-  end
-  args[2 * n + 1] = stamp_field
-  args[2 * n + 2] = ARGV[at + n]
-  redis.call('HSET', KEYS[k], unpack(args))
-  if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
-  at = at + n + 1
-end
-return changed
-"""
 # Value.double_val (field 5, fixed64) and Value.float_val (field 6, fixed32): the tag byte.
 _FIXED = {"double": (b"\x29", "<f8"), "float": (b"\x35", "<f4")}
 # Value.int32_val (field 3) and Value.int64_val (field 4), varints: the tag byte.
@@ -239,48 +205,14 @@ def _columns(rows: pa.Table, layout: Layout) -> tuple[list[bytes], list[list[byt
     return fields, values
 
 
-def _chunks(client: Any, keys: list[bytes]) -> list[np.ndarray]:
-    """Row indices, ``CHUNK`` at most per script call; on a cluster, one hash slot per call
-    (a script's keys must share one)."""
-    if not isinstance(client, RedisCluster):
-        return [np.arange(low, min(low + CHUNK, len(keys))) for low in range(0, len(keys), CHUNK)]
-    slots = np.array([key_slot(key) for key in keys], dtype=np.int64)
-    order = np.argsort(slots, kind="stable")
-    bounds = np.flatnonzero(np.diff(slots[order])) + 1
-    return [part[low:low + CHUNK] for part in np.split(order, bounds)
-            for low in range(0, len(part), CHUNK)]
-
-
-def write_view(client: Any, rows: pa.Table, layout: Layout,
-               progress: Callable[[int], None] | None = None, *,
-               keep_keys: bool = True) -> Written:
-    """Write ``rows`` (one per entity) into the view's fields; how many entities changed.
-    Encoded ``SLICE`` rows at a time, so memory stays bounded whatever the table's size;
-    ``keep_keys``: also return every key written (a replace looks for stale entities)."""
-    # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot load).
-    digest = client.script_load(COMPARE_AND_SET)
-    changed = written = 0
-    written_keys: set[bytes] = set()
+def encoded_slices(rows: pa.Table, layout: Layout
+                   ) -> Iterator[tuple[list[bytes], list[bytes], list[tuple[bytes, ...]]]]:
+    """``rows`` (one per entity) in Feast's layout, ``SLICE`` rows at a time so that memory
+    stays bounded whatever the table's size: the slice's keys, the view's fields (its
+    features', then its timestamp's) and, per entity, its values then its timestamp."""
     for offset in range(0, rows.num_rows, SLICE):
         part = rows.slice(offset, SLICE)
         keys = entity_keys(layout.join_key, part[layout.join_key], layout.key_type,
                            layout.project, layout.key_version)
         fields, values = _columns(part, layout)
-        by_row = list(zip(*values, strict=True))  # per entity: its values, then its timestamp
-        head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
-        chunks = _chunks(client, keys)
-        per_batch = max(1, BATCH // CHUNK)
-        for low in range(0, len(chunks), per_batch):
-            pipe = client.pipeline(transaction=False)
-            for chunk in chunks[low:low + per_batch]:
-                indices = chunk.tolist()
-                pipe.execute_command("EVALSHA", digest, len(indices),
-                                     *[keys[i] for i in indices], *head,
-                                     *[value for i in indices for value in by_row[i]])
-                written += len(indices)
-            changed += int(sum(pipe.execute()))
-            if progress is not None:
-                progress(written)
-        if keep_keys:
-            written_keys.update(keys)
-    return Written(written, changed, written_keys)
+        yield keys, fields, list(zip(*values, strict=True))

@@ -19,6 +19,7 @@ from schemathesis.checks import not_a_server_error
 from featureline.api.app import create_app
 from featureline.api.models import FeaturesResponse, RankingInputsResponse
 from featureline.config import parse_config
+from featureline.core import redis as redis_clients
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.publication import publication_key
 from featureline.feature_store.publish import publish
@@ -337,7 +338,7 @@ def _overwrite(reader: OnlineReader, join_key: str, entity: str, feature: str,
     (layout,) = [v for v in reader.views.values()
                  if v.join_key == join_key and feature in v.features]
     (key,) = reader._redis_keys(layout, [entity])
-    reader.client.hset(key, layout.fields[layout.features.index(feature)],
+    redis_clients.client(reader.url).hset(key, layout.fields[layout.features.index(feature)],
                        Value(int64_val=value).SerializeToString())
 
 
@@ -370,20 +371,21 @@ def test_a_publish_empties_the_cache_at_once(tmp_path, redis_server):
     reader.read(references, ROWS)
     _overwrite(reader, "user_id", "u1", "user_events", 99)
     assert reader.read(references, ROWS).values["user_events"] == [7, 7, 2]
-    reader.client.hset(publication_key(reader.project), "published_at", "a later publish")
+    redis_clients.client(reader.url).hset(publication_key(reader.project), "published_at",
+                                          "a later publish")
     assert reader.read(references, ROWS).values["user_events"] == [99, 99, 2]
 
 
 def test_an_unreachable_store_is_an_error_even_when_every_entity_is_cached(tmp_path,
                                                                            redis_server):
-    from featureline.core import redis as redis_clients
     from featureline.feature_store.errors import OnlineStoreUnavailableError
+    from featureline.feature_store.online_store import open_online_store
     from featureline.feature_store.redis_server import free_port
 
     reader = _published_reader(tmp_path, redis_server, ValueCache(3600, 100))
     references = reader.references("ranking")
     reader.read(references, ROWS)
-    reader.client = redis_clients.client(f"redis://127.0.0.1:{free_port()}/0")
+    reader.store = open_online_store("redis", f"redis://127.0.0.1:{free_port()}/0")
     with pytest.raises(OnlineStoreUnavailableError):
         reader.read(references, ROWS)
 

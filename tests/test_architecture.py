@@ -25,8 +25,8 @@ STAGES = {name for name in LAYERS if name != LAUNCHER}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
-    "api": {"feature_store.settings", "feature_store.online", "feature_store.repo",
-            "feature_store.errors", "hps", "hps.errors", "hps.updates"},
+    "api": {"feature_store.settings", "feature_store.online", "feature_store.online_store",
+            "feature_store.repo", "feature_store.errors", "hps", "hps.errors", "hps.updates"},
     # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables and
     # the parameter server's configuration for them.
     "trainer": {"etl.tfrecord.reader", "hps.formats", "hps.config"},
@@ -176,3 +176,34 @@ def test_the_parameter_server_reaches_its_tiers_through_their_interfaces():
         assert named == set(), (name, named)
         assert "isinstance" not in source, name
     assert len((REPO / "hps" / "server.py").read_text().splitlines()) <= 350
+
+
+# The Redis client libraries, and the modules of the online side allowed to use them: the
+# online store's Redis backend, and the embedded server's manager.
+REDIS_CLIENTS = ("redis", "hiredis")
+REDIS_MODULES = {"feature_store/redis_store.py", "feature_store/redis_server.py"}
+
+
+def test_the_online_side_reaches_redis_only_through_the_online_store_backend():
+    """The API, the reader and publish speak to the online store through its protocol
+    (``feature_store/online_store.py``); only the backend imports a Redis client."""
+    speaking = {path for path, imported in import_graph().values()
+                if path.split("/")[0] in ("api", "feature_store")
+                and any(name.split(".")[0] in REDIS_CLIENTS for name in imported)}
+    assert speaking == REDIS_MODULES
+    for path in (REPO / "api").rglob("*.py"):
+        assert "redis_store" not in path.read_text(), path
+
+
+def test_every_online_store_backend_implements_the_protocol():
+    import inspect
+
+    from featureline.feature_store.online_store import ONLINE_STORES, OnlineStore
+
+    methods = {name: inspect.signature(member) for name, member in vars(OnlineStore).items()
+               if inspect.isfunction(member) and not name.startswith("_")}
+    assert {"read", "write_view", "publication", "write_publication", "announce",
+            "listen"} <= set(methods)
+    for kind, backend in ONLINE_STORES.items():
+        for name, signature in methods.items():
+            assert inspect.signature(getattr(backend, name)) == signature, (kind, name)

@@ -19,9 +19,9 @@ from featureline.api.settings import ApiConfig, AuthConfig, api_keys
 from featureline.config import parse_config
 from featureline.core.errors import ConfigError
 from featureline.core.redis import redact
-from featureline.feature_store.errors import OnlineStoreUnavailableError
+from featureline.feature_store.errors import OnlineStoreUnavailableError, online_store_errors
 from featureline.feature_store.publish import publish
-from featureline.feature_store.repo import online_store_errors, open_repo
+from featureline.feature_store.repo import open_repo
 from tests.feast_data import copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent

@@ -330,11 +330,11 @@ def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_ou
                                                                 redis_server, monkeypatch):
     """Our writer against Feast's own materialize of the same output into another database:
     every key, field and value byte for byte (the view timestamps included)."""
-    from featureline.feature_store import writer
+    from featureline.feature_store import redis_store, writer
 
     # Many script calls and round trips, even on the small output.
-    monkeypatch.setattr(writer, "CHUNK", 7)
-    monkeypatch.setattr(writer, "BATCH", 30)
+    monkeypatch.setattr(redis_store, "CHUNK", 7)
+    monkeypatch.setattr(redis_store, "BATCH", 30)
     monkeypatch.setattr(writer, "SLICE", 50)
     ours, feasts = fresh_db(redis_server, 8), fresh_db(redis_server, 9)
     project = copy_project(tmp_path, ttl="30d").feature_store

@@ -1,0 +1,96 @@
+"""The online store's interface: what the API, ``featureline publish`` and the reload
+broadcast ask of the store that holds the served feature values (docs/ARCHITECTURE.md,
+"Extending").
+
+Modelled on Feast's ``OnlineStore`` (``online_read`` / ``online_write_batch``), at the level
+our reader and writer work at: the values stay in Feast's layout (one hash per entity key,
+one field per feature, ``feature_store/writer.py`` makes the keys and bytes) so that Feast's
+own clients read what we write. A backend is a class with these methods and one line in
+:data:`ONLINE_STORES`; ``feature_store.redis_type`` (Feast's own setting) picks it.
+
+Every method raises :class:`~featureline.feature_store.errors.OnlineStoreUnavailableError`
+when the store cannot serve (down, timed out, refusing), never the client library's errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import pyarrow as pa
+
+from featureline.core.redis import SOCKET_TIMEOUT_S
+from featureline.feature_store.publication import Publication
+from featureline.feature_store.redis_store import RedisClusterOnlineStore, RedisOnlineStore
+from featureline.feature_store.writer import Layout, Written
+
+
+class OnlineStore(Protocol):
+    # As configured: may hold a password (``core.redis.redact`` before printing it).
+    url: str
+
+    def read(self, rows: Sequence[tuple[bytes, Sequence[bytes]]],
+             stamp_of: str | None = None) -> tuple[bytes | None, list[list[bytes | None]]]:
+        """The stored bytes of each ``(key, fields)`` (None: absent), in one round trip; with
+        ``stamp_of`` (a Feast project), also its publication's ``published_at``, read in the
+        same round trip (else None)."""
+        ...
+
+    def write_view(self, rows: pa.Table, layout: Layout,
+                   progress: Callable[[int], None] | None = None, *,
+                   keep_keys: bool = True) -> Written:
+        """Write ``rows`` (one per entity) into the view's fields: how many entities were
+        written and how many had a value that differs from the stored one (or were new);
+        ``keep_keys``: also every key written."""
+        ...
+
+    def project_keys(self, project: str) -> set[bytes]:
+        """Every entity key of the project (its publication stamp excluded)."""
+        ...
+
+    def holding(self, keys: Sequence[bytes], views: Sequence[str]) -> list[bytes]:
+        """Those of ``keys`` that hold values of any of ``views``."""
+        ...
+
+    def delete(self, keys: Sequence[bytes]) -> None:
+        ...
+
+    def publication(self, project: str) -> Publication | None:
+        """The stamp of the dataset last published into the project (None before any)."""
+        ...
+
+    def write_publication(self, project: str, publication: Publication) -> None:
+        ...
+
+    def announce(self, topic: str, message: bytes) -> int:
+        """Send ``message`` to every process listening on ``topic``; how many heard it."""
+        ...
+
+    def listen(self, topic: str, on_message: Callable[[bytes], None], stop: threading.Event,
+               subscribed: threading.Event) -> None:
+        """Call ``on_message`` with each message announced on ``topic`` until ``stop`` is
+        set, subscribing again after the store went away; ``subscribed`` is set once
+        listening. Blocks: run it in a thread of its own."""
+        ...
+
+    def ping(self) -> bool:
+        """Whether the store answers now (never raises)."""
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+# Feast's ``online_store.redis_type`` → the backend (a class taking the URL, then the socket
+# timeout in seconds).
+ONLINE_STORES: dict[str, Callable[[str, float], OnlineStore]] = {
+    "redis": RedisOnlineStore,
+    "redis_cluster": RedisClusterOnlineStore,
+}
+
+
+def open_online_store(kind: str, url: str, timeout_s: float = SOCKET_TIMEOUT_S) -> OnlineStore:
+    """A client of the online store of type ``kind`` (``feature_store.redis_type``) at
+    ``url``."""
+    return ONLINE_STORES[kind](url, timeout_s)

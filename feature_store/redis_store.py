@@ -1,0 +1,247 @@
+"""The online store on Redis — one server or a Redis Cluster — in Feast's layout: one hash
+per entity key, one field per feature (``feature_store/online_store.py`` is the interface).
+
+Reads are one round trip of ``HMGET``s: redis-py's pipeline spends ~10 µs of Python per
+command (its command stack, response callbacks, error bookkeeping), 2 ms for a 200-entity
+read, so on one server hiredis packs the commands in C and the replies are read off one
+pooled connection, retried as the client's pipeline retries (a dropped connection is
+reopened). On a cluster the pipeline stays: it routes each key to its node.
+
+Writes go through a Lua script that compares and sets a few hundred entities per call,
+pipelined, so a replace learns how many entities changed without reading the store back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import hiredis
+import numpy as np
+import pyarrow as pa
+import redis as redis_py
+from redis.crc import key_slot
+
+from featureline.core import redis
+from featureline.feature_store.errors import online_store_errors
+from featureline.feature_store.publication import Publication, publication_key
+from featureline.feature_store.writer import Layout, Written, encoded_slices
+
+# Entities per script call; entities and keys per pipelined round trip.
+CHUNK = 200
+BATCH = 10_000
+# Sets each entity's fields and returns how many entities had a feature value that differs
+# from the stored one (or were new). KEYS: the entities. ARGV: the key ttl (0: none), the
+# number n of feature fields, the n fields, the timestamp field, then per entity its n values
+# and its timestamp. The timestamp is not compared: a snapshot re-stamped with the same
+# values is not a change.
+COMPARE_AND_SET = """
+local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local fields = {}
+for j = 1, n do fields[j] = ARGV[2 + j] end
+local stamp_field = ARGV[n + 3]
+local at, changed = n + 4, 0
+for k = 1, #KEYS do
+  local old = redis.call('HMGET', KEYS[k], unpack(fields))
+  local args = {}
+  for j = 1, n do
+    if old[j] ~= ARGV[at + j - 1] then changed = changed + 1; break end
+  end
+  for j = 1, n do
+    args[2 * j - 1] = fields[j]
+    args[2 * j] = ARGV[at + j - 1]
+  end
+  args[2 * n + 1] = stamp_field
+  args[2 * n + 2] = ARGV[at + n]
+  redis.call('HSET', KEYS[k], unpack(args))
+  if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+  at = at + n + 1
+end
+return changed
+"""
+logger = logging.getLogger("featureline.feature_store")
+# Seconds a listener waits for a message before it looks at its stop flag, and before it
+# subscribes again after the server went away.
+LISTEN_POLL_S = 0.5
+RESUBSCRIBE_S = 1.0
+
+
+class RedisOnlineStore:
+    """The online store on one Redis server (``redis://[user:password@]host:port/db``)."""
+
+    cluster = False
+
+    def __init__(self, url: str, timeout_s: float = redis.SOCKET_TIMEOUT_S) -> None:
+        self.url = url
+        self.client = redis.client(url, cluster=self.cluster, timeout_s=timeout_s)
+
+    # Reads
+
+    def read(self, rows: Sequence[tuple[bytes, Sequence[bytes]]],
+             stamp_of: str | None = None) -> tuple[bytes | None, list[list[bytes | None]]]:
+        commands: list[tuple[Any, ...]] = [("HMGET", key, *fields) for key, fields in rows]
+        if stamp_of is not None:
+            commands.append(("HGET", publication_key(stamp_of), "published_at"))
+        with online_store_errors(self.url):
+            answers = self._execute(commands)
+        return (answers.pop() if stamp_of is not None else None), answers
+
+    def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The replies to ``commands``, sent packed in one round trip."""
+        pool = self.client.connection_pool
+        connection = pool.get_connection()
+        packed = b"".join(map(hiredis.pack_command, commands))
+
+        def round_trip() -> list[Any]:
+            connection.send_packed_command([packed])
+            return [connection.read_response() for _ in commands]
+
+        try:
+            return connection.retry.call_with_retry(round_trip,
+                                                    lambda _: connection.disconnect())
+        except BaseException:
+            connection.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            pool.release(connection)
+
+    def project_keys(self, project: str) -> set[bytes]:
+        skip = publication_key(project).encode()
+        with online_store_errors(self.url):
+            return {k for k in self.client.scan_iter(match=f"*{project}", count=BATCH)
+                    if k != skip}
+
+    def holding(self, keys: Sequence[bytes], views: Sequence[str]) -> list[bytes]:
+        """Those of ``keys`` whose hash holds one of the views' timestamp fields."""
+        stamps = [f"_ts:{view}" for view in views]
+        held = []
+        with online_store_errors(self.url):
+            for low in range(0, len(keys), BATCH):
+                batch = keys[low:low + BATCH]
+                pipe = self.client.pipeline(transaction=False)
+                for key in batch:
+                    pipe.hmget(key, stamps)
+                held += [key for key, found in zip(batch, pipe.execute(), strict=True)
+                         if any(value is not None for value in found)]
+        return held
+
+    def publication(self, project: str) -> Publication | None:
+        with online_store_errors(self.url):
+            fields = self.client.hgetall(publication_key(project))
+        if not fields:
+            return None
+        text = {k.decode(): v.decode() for k, v in fields.items()}
+        return Publication(dataset_version=text["dataset_version"], output=text["output"],
+                           published_at=text["published_at"],
+                           vocabularies=json.loads(text.get("vocabularies", "{}")))
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.UNAVAILABLE_ERRORS:
+            return False
+
+    # Writes
+
+    def _chunks(self, keys: list[bytes]) -> list[np.ndarray]:
+        """Row indices, ``CHUNK`` at most per script call."""
+        return [np.arange(low, min(low + CHUNK, len(keys))) for low in range(0, len(keys), CHUNK)]
+
+    def write_view(self, rows: pa.Table, layout: Layout,
+                   progress: Callable[[int], None] | None = None, *,
+                   keep_keys: bool = True) -> Written:
+        changed = written = 0
+        written_keys: set[bytes] = set()
+        with online_store_errors(self.url):
+            # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot
+            # load).
+            digest = self.client.script_load(COMPARE_AND_SET)
+            for keys, fields, by_row in encoded_slices(rows, layout):
+                head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
+                chunks = self._chunks(keys)
+                per_batch = max(1, BATCH // CHUNK)
+                for low in range(0, len(chunks), per_batch):
+                    pipe = self.client.pipeline(transaction=False)
+                    for chunk in chunks[low:low + per_batch]:
+                        indices = chunk.tolist()
+                        pipe.execute_command("EVALSHA", digest, len(indices),
+                                             *[keys[i] for i in indices], *head,
+                                             *[value for i in indices for value in by_row[i]])
+                        written += len(indices)
+                    changed += int(sum(pipe.execute()))
+                    if progress is not None:
+                        progress(written)
+                if keep_keys:
+                    written_keys.update(keys)
+        return Written(written, changed, written_keys)
+
+    def delete(self, keys: Sequence[bytes]) -> None:
+        with online_store_errors(self.url):
+            for low in range(0, len(keys), BATCH):
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys[low:low + BATCH]:
+                    pipe.delete(key)
+                pipe.execute()
+
+    def write_publication(self, project: str, publication: Publication) -> None:
+        with online_store_errors(self.url):
+            self.client.hset(publication_key(project), mapping={
+                "dataset_version": publication.dataset_version, "output": publication.output,
+                "published_at": publication.published_at,
+                "vocabularies": json.dumps(publication.vocabularies)})
+
+    # Notifications: Redis channels, shared by every database of a server, so each is named
+    # for the database too.
+
+    def channel(self, topic: str) -> str:
+        pool = getattr(self.client, "connection_pool", None)
+        database = pool.connection_kwargs.get("db", 0) if pool is not None else 0
+        return f"featureline:db{database}:{topic}"
+
+    def announce(self, topic: str, message: bytes) -> int:
+        with online_store_errors(self.url):
+            return int(self.client.publish(self.channel(topic), message))
+
+    def listen(self, topic: str, on_message: Callable[[bytes], None], stop: threading.Event,
+               subscribed: threading.Event) -> None:
+        while not stop.is_set():
+            pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self.channel(topic))
+                subscribed.set()
+                while not stop.is_set():
+                    message = pubsub.get_message(timeout=LISTEN_POLL_S)
+                    if message is not None:
+                        on_message(message["data"])
+            except redis_py.RedisError as exc:  # down or restarted: subscribe again
+                logger.warning("channel %s unavailable: %s", topic, exc)
+                stop.wait(RESUBSCRIBE_S)
+            finally:
+                pubsub.close()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class RedisClusterOnlineStore(RedisOnlineStore):
+    """The online store on a Redis Cluster (the URL names any one node)."""
+
+    cluster = True
+
+    def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        return pipe.execute()
+
+    def _chunks(self, keys: list[bytes]) -> list[np.ndarray]:
+        """Row indices, ``CHUNK`` at most per script call, each call's keys in one hash slot
+        (a script's keys must share one)."""
+        slots = np.array([key_slot(key) for key in keys], dtype=np.int64)
+        order = np.argsort(slots, kind="stable")
+        bounds = np.flatnonzero(np.diff(slots[order])) + 1
+        return [part[low:low + CHUNK] for part in np.split(order, bounds)
+                for low in range(0, len(part), CHUNK)]
