@@ -29,7 +29,7 @@ help:
 # The package's files: the editable install (setuptools' strict mode, a tree of links that
 # static tools follow) links each one, so a file added or removed means a new install.
 PACKAGE_FILES := $(shell git ls-files --cached --others --exclude-standard -- core etl \
-	feature_store hps api trainer featureline spark_conf 2>/dev/null | sort)
+	feature_store hps api trainer stream featureline spark_conf 2>/dev/null | sort)
 FILES_STAMP := $(VENV)/.package-files
 
 $(FILES_STAMP): FORCE

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from featureline.api import errors
-from featureline.api.routes import admin, embeddings, features, health, ranking
+from featureline.api.routes import admin, embeddings, features, health, push, ranking
 from featureline.api.services import Services, open_services
 from featureline.api.settings import ServingConfig
 from featureline.core import __version__
@@ -137,7 +137,7 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
                          lifespan=lifespan,
                          description="Online features, embedding lookups, and both in one "
                                      "call.")
-    for module in (features, embeddings, ranking, admin, health):
+    for module in (features, embeddings, ranking, push, admin, health):
         app.include_router(module.router)
     limits = config.api.limits
 

@@ -1,4 +1,5 @@
-"""API keys as bearer tokens, with read and admin scopes (admin includes read)."""
+"""API keys as bearer tokens, with read, write and admin scopes (each includes the ones
+before it)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections.abc import Awaitable, Callable
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from featureline.api.settings import Scope
+from featureline.api.settings import SCOPES, Scope
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer <key>`")
-_RANK = {"read": 0, "admin": 1}
+_RANK = {scope: rank for rank, scope in enumerate(SCOPES)}
 
 
 def _scope_of(keys: dict[str, Scope], presented: str) -> Scope | None:

@@ -147,3 +147,25 @@ class ErrorBody(BaseModel):
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` of a route that answers ``statuses`` with an ErrorBody."""
     return {status: {"model": ErrorBody} for status in statuses}
+
+
+class PushRequest(_Body):
+    """Raw events in the raw log's schema (``user_id``, ``item_id``, ``event_type``, ``ts``,
+    ``value``, context columns); each is validated as the ETL validates a log row."""
+
+    events: list[Any] = Field(min_length=1, examples=[[
+        {"user_id": "u1", "item_id": "i7", "event_type": "click",
+         "ts": "2026-01-05T10:00:00Z", "value": 1.0, "category": "c3", "device": "mobile",
+         "price": 9.5}]])
+
+
+class Rejected(BaseModel):
+    index: int
+    # The ETL's quarantine reason code (malformed_record, missing_user_id, bad_timestamp, …).
+    reason: str
+    field: str | None = None
+
+
+class PushResponse(BaseModel):
+    accepted: int
+    rejected: list[Rejected]

@@ -19,11 +19,14 @@ from featureline.api.settings import Scope, ServingConfig, api_keys
 from featureline.api.versions import check
 from featureline.api.vocabulary import Vocabularies
 from featureline.core.errors import UnavailableError
+from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
 from featureline.hps.updates import UpdateConsumer, start_consumers
+from featureline.stream.log import EventLog, open_event_log
+from featureline.stream.push import Pusher
 
 logger = logging.getLogger("featureline.api")
 
@@ -44,6 +47,16 @@ class Services:
     consumers: list[UpdateConsumer] = field(default_factory=list)
     # The ETL output served (api.data): a reload reads its vocabularies and stamp again.
     output: Path | None = None
+    # Where POST /v1/push appends; None when the served output records no event contract.
+    event_log: EventLog | None = None
+    contract: EventContract | None = None
+
+    def pusher(self) -> Pusher:
+        if self.event_log is None or self.contract is None:
+            raise UnavailableError("the served ETL output records no event contract "
+                                   "(metadata.json 'events'): run the ETL again to push "
+                                   "events")
+        return Pusher(self.contract, self.event_log)
 
     def parameter_server(self) -> ParameterServer:
         if self.hps is None:
@@ -88,7 +101,7 @@ class Services:
         dataset = _dataset(self.output) if self.output is not None else None
         rows = server.reload(model)
         if dataset is not None:
-            self.vocabularies, self.lineages, self.dataset_version = dataset
+            self.vocabularies, self.lineages, self.dataset_version, self.contract = dataset
         return rows
 
     def close(self) -> None:
@@ -98,6 +111,8 @@ class Services:
             self.listener.stop()
         if self.hps is not None:
             self.hps.close()
+        if self.event_log is not None:
+            self.event_log.close()
         self.reader.store.close()
 
 
@@ -116,9 +131,10 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if config.api.auth.enabled and not keys:
         logger.warning("API authentication is on but no key is configured (api.auth.keys_file, "
                        "FEATURELINE_API_KEYS): every request will be answered 401")
-    vocabularies, lineages, version = _dataset(output)
+    vocabularies, lineages, version, contract = _dataset(output)
     services = Services(config, reader, vocabularies, hps, metrics, keys, version, lineages,
-                        output=Path(output))
+                        output=Path(output), contract=contract,
+                        event_log=open_event_log(config.stream, reader.url))
     metrics.watch_store(reader.ping, lambda: check(services))
     if cache is not None:
         metrics.watch_feature_cache(cache)
@@ -131,11 +147,14 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     return services
 
 
-def _dataset(output: str | Path) -> tuple[Vocabularies, dict[str, list[str]], str]:
-    """An ETL output's vocabularies, each one's lineage, and its dataset version."""
+def _dataset(output: str | Path
+             ) -> tuple[Vocabularies, dict[str, list[str]], str, EventContract | None]:
+    """An ETL output's vocabularies, each one's lineage, its dataset version and the contract
+    of its raw events."""
     metadata = read_metadata(output)
     lineages = {column: list(entry.lineage) for column, entry in metadata.vocabularies.items()}
-    return Vocabularies.from_output(output), lineages, metadata.dataset_version
+    return (Vocabularies.from_output(output), lineages, metadata.dataset_version,
+            metadata.events)
 
 
 async def get_services(request: Request) -> Services:

@@ -13,9 +13,12 @@ from featureline.core.errors import ConfigError
 from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Settings
 from featureline.feature_store.settings import FeatureStoreConfig
+from featureline.stream.settings import StreamConfig
 
 API_KEYS_ENV = "FEATURELINE_API_KEYS"
-Scope = Literal["read", "admin"]
+# admin includes write, write includes read.
+Scope = Literal["read", "write", "admin"]
+SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
 
 
 class AuthConfig(Settings):
@@ -36,6 +39,8 @@ class LimitsConfig(Settings):
     # Values per /v1/embeddings/lookup answer (keys × dim): bounds the response's size.
     max_response_values: int = Field(default=4_000_000, ge=1)
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    # Events per /v1/push.
+    max_events: int = Field(default=1000, ge=1)
 
 
 class RankingConfig(Settings):
@@ -88,11 +93,13 @@ def check_exposure(host: str, auth: AuthConfig) -> None:
 
 
 class ServingConfig(Settings):
-    """What an API process needs: its own section, the feature store's, and the ETL output
+    """What an API process needs: its own section, the feature store's, the event log's, and
+    the ETL output
     whose vocabularies and entity tables it serves (``api.data``, else ``etl.output.path``)."""
 
     api: ApiConfig = ApiConfig()
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
+    stream: StreamConfig = StreamConfig()
     data: str = DEFAULT_OUTPUT
 
 
@@ -112,10 +119,11 @@ def api_keys(auth: AuthConfig) -> dict[str, Scope]:
         pairs.append((key, scope, API_KEYS_ENV))
     keys: dict[str, Scope] = {}
     for key, scope, origin in pairs:
-        if scope not in ("read", "admin") or not key:
-            raise ConfigError(origin, f"expected '<key> read|admin', got scope {scope!r}")
+        if scope not in SCOPES or not key:
+            raise ConfigError(origin, f"expected '<key> {'|'.join(SCOPES)}', got scope "
+                              f"{scope!r}")
         if key.startswith(PLACEHOLDER_KEY_PREFIX):
             raise ConfigError(origin, "a placeholder key: put real keys in the Secret (see "
                               "k8s/base/api.yaml)")
-        keys[key] = scope  # type: ignore[assignment]
+        keys[key] = scope
     return keys

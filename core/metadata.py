@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from featureline.core.errors import MetadataFormatError, MetadataNotFoundError
+from featureline.core.events import EventContract
 
 METADATA_FILE = "metadata.json"
 # Where the ETL writes and every later stage reads, unless configured otherwise.
@@ -183,6 +184,8 @@ class Metadata(Contract):
     tfrecord: TfrecordInfo | None = None
     vocabularies: dict[str, VocabularyInfo] = Field(default_factory=dict)
     dataset: DatasetStamp | None = None
+    # How the raw events were validated and labelled (pushed events are read the same way).
+    events: EventContract | None = None
     # The output folder it was read from (not in the file): where its paths are relative to.
     folder: Path | None = Field(default=None, exclude=True)
 

@@ -11,6 +11,7 @@ COPY feature_store feature_store
 COPY hps hps
 COPY api api
 COPY trainer trainer
+COPY stream stream
 COPY featureline featureline
 COPY spark_conf spark_conf
 RUN pip wheel --no-deps --wheel-dir /wheels .

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from featureline.core.events import ROLES, EventContract, LabelSpec
 from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
@@ -38,8 +39,6 @@ from featureline.etl.features.normalize import NormalizeSettings
 from featureline.etl.features.target_encode import TargetEncodeSettings
 from featureline.etl.stages import InputFormat
 
-ROLES = ("user_id", "item_id", "event_type", "ts", "value")
-REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")
 SHORT_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,2}$")
 
 
@@ -266,6 +265,19 @@ class EtlConfig(Settings):
             categorical_context=tuple(self.source.categorical),
             continuous_context=tuple(continuous_columns(self)),
             label_column=self.label.column)
+
+    def event_contract(self) -> EventContract:
+        """How this run reads raw events, as metadata.json records it (``events``)."""
+        validation = self.validation
+        tolerance = validation.future_tolerance
+        return EventContract(
+            event_types=validation.event_types, ts_min=validation.ts_min,
+            ts_max=validation.ts_max, ts_unit=validation.ts_unit,
+            future_tolerance_s=duration_seconds(tolerance) if tolerance else None,
+            value=self.source.columns.value is not None,
+            continuous=self.source.continuous, categorical=self.source.categorical,
+            label=LabelSpec(column=self.label.column, op=self.label.op, value=self.label.value),
+            recent_days=self.entities.recent_days)
 
     def hash(self) -> str:
         """A stable digest of the settings that decide the output values, for metadata.json.

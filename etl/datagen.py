@@ -24,7 +24,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from featureline.etl.ingest import REASONS
+from featureline.core.events import REASONS
 from featureline.etl.stages import InputFormat
 
 FUNNEL = ("view", "click", "add_to_cart", "purchase")

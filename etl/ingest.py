@@ -12,7 +12,7 @@ import csv
 import functools
 import glob
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -20,8 +20,15 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from featureline.core.events import (
+    CHECKS,
+    EPOCH_PATTERN,
+    MILLIS_THRESHOLD,
+    REQUIRED_ROLES,
+    check_fields,
+)
 from featureline.core.settings import duration_seconds
-from featureline.etl.config import REQUIRED_ROLES, EtlConfig, SourceConfig, ValidationConfig
+from featureline.etl.config import EtlConfig, SourceConfig, ValidationConfig
 from featureline.etl.errors import NoInputError, RawLogSchemaError
 
 RECORD = "record"
@@ -39,22 +46,9 @@ _CORRUPT = "_corrupt_record"
 # The column separator of the one-column CSV scan that reads text lines (never in a log line).
 LINE_SEPARATOR = "\u0001"
 ANSI = "spark.sql.ansi.enabled"
-# Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
-_MILLIS_THRESHOLD = 1e11
-_EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?$"
 # Floats below this print as plain decimals through decimal(38,6) without overflowing it.
 _PLAIN_DECIMAL_BOUND = 1e30
 
-# Reason codes, in the order the checks run; metadata.json counts rows by these.
-REASONS = (
-    "malformed_record",
-    *(f"missing_{role}" for role in REQUIRED_ROLES),
-    "bad_timestamp",
-    "timestamp_out_of_window",
-    "unknown_event_type",
-    "bad_number",
-    "non_finite_number",
-)
 
 
 @dataclass(frozen=True)
@@ -248,14 +242,14 @@ def _unquoted(column: Column) -> Column:
 def _timestamp(text: Column, validation: ValidationConfig) -> Column:
     """ISO-8601 text or epoch seconds / milliseconds → timestamp; null when unparseable."""
     # Gate the numeric parse: a failed cast costs far more than the pattern test.
-    number = F.when(text.rlike(_EPOCH_PATTERN), text.cast("double"))
+    number = F.when(text.rlike(EPOCH_PATTERN), text.cast("double"))
     if validation.ts_unit == "ms":
         seconds = number / 1000
     elif validation.ts_unit == "s":
         seconds = number
     else:
-        seconds = F.when(F.abs(number) >= _MILLIS_THRESHOLD, number / 1000).otherwise(number)
-    finite = ~F.isnan(seconds) & (F.abs(seconds) < _MILLIS_THRESHOLD)
+        seconds = F.when(F.abs(number) >= MILLIS_THRESHOLD, number / 1000).otherwise(number)
+    finite = ~F.isnan(seconds) & (F.abs(seconds) < MILLIS_THRESHOLD)
     from_number = F.when(finite, F.timestamp_micros((seconds * 1_000_000).cast("long")))
     return F.when(number.isNotNull(), from_number).otherwise(text.cast("timestamp"))
 
@@ -317,19 +311,19 @@ def validate(raw: DataFrame, config: EtlConfig, now: datetime | None = None) -> 
     typed = _typed(raw, config, numeric)
     ts = F.col("_ts")
 
-    checks: list[tuple[Column, str, str | None]] = [(F.col(_MALFORMED), "malformed_record", None)]
-    checks += [(F.col(role).isNull() | (F.col(role) == ""), f"missing_{role}", role)
-               for role in REQUIRED_ROLES]
     window = (F.lit(config.validation.ts_min), F.lit(latest_accepted(config.validation, now)))
-    checks += [
-        (ts.isNull(), "bad_timestamp", "ts"),
-        ((ts < window[0]) | (ts >= window[1]), "timestamp_out_of_window", "ts"),
-        (~F.col("event_type").isin(config.validation.event_types), "unknown_event_type",
-         "event_type"),
-    ]
-    checks += [((F.col(f"_{n}_text") != "") & F.col(n).isNull(), "bad_number", n)
-               for n in numeric]
-    checks += [(F.isnan(n) | _is_infinite(F.col(n)), "non_finite_number", n) for n in numeric]
+    # core.events.CHECKS, each test as a Spark column (the API evaluates the same list).
+    tests: dict[str, Callable[[str], Column]] = {
+        "malformed": lambda _: F.col(_MALFORMED),
+        "missing": lambda name: F.col(name).isNull() | (F.col(name) == ""),
+        "bad_timestamp": lambda _: ts.isNull(),
+        "out_of_window": lambda _: (ts < window[0]) | (ts >= window[1]),
+        "unknown_value": lambda name: ~F.col(name).isin(config.validation.event_types),
+        "bad_number": lambda name: (F.col(f"_{name}_text") != "") & F.col(name).isNull(),
+        "non_finite": lambda name: F.isnan(name) | _is_infinite(F.col(name)),
+    }
+    checks = [(tests[check.test](str(name)), check.reason, name) for check in CHECKS
+              for name in check_fields(check, numeric)]
 
     # One chain, so each row stops at its first failing check.
     verdict: Column = F.lit(None).cast("struct<reason:string,field:string>")

@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 
 from featureline.core import __version__
 from featureline.core.errors import ConfigError
+from featureline.core.events import REASONS
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     EVENT_TIMESTAMP,
@@ -187,7 +188,7 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
                   staging / "duplicates")
     validated.unpersist()
     rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
-            "quarantined": {reason: counts.get(reason, 0) for reason in ingest.REASONS}}
+            "quarantined": {reason: counts.get(reason, 0) for reason in REASONS}}
     return events.drop(ingest.COPIES), rows
 
 
@@ -373,6 +374,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
         "split": split,
         "keys": list(KEYS),
         "label": {**label_spec(), "rule": str(config.label)},
+        "events": config.event_contract().model_dump(mode="json"),
         "features": [s.to_json() for s in specs],
         "embedding_plan": embedding_plan(specs, config.embeddings),
         "entities": entities,

@@ -7,6 +7,7 @@ never loads the ETL's Spark code.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -365,8 +366,14 @@ def hps_trim_updates(path: str | None, hps_path: str | None) -> None:
 @click.option("--port", type=click.IntRange(1, 65535), help="Port (default: api.port)")
 @click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
               help="Worker processes (each opens its own Redis client and parameter server)")
-def serve(path: str | None, host: str | None, port: int | None, workers: int) -> None:
-    """Serve the ranking API (online features, embeddings, ranking inputs)."""
+@click.option("--stream/--no-stream", "with_stream", default=None,
+              help="Also run the stream processor (default: when the event log is the "
+                   "embedded Redis, i.e. REDIS_URL and stream.url unset)")
+def serve(path: str | None, host: str | None, port: int | None, workers: int,
+          with_stream: bool | None) -> None:
+    """Serve the ranking API (online features, embeddings, ranking inputs, pushed events)."""
+    import subprocess
+
     import uvicorn
 
     from featureline.api.settings import check_exposure
@@ -388,8 +395,49 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int) ->
     if not config.api.auth.enabled:
         click.echo("warning: API authentication is off (api.auth.enabled: false); "
                    "for local use only", err=True)
-    uvicorn.run("featureline.serving:app_from_env", factory=True, host=host or config.api.host,
-                port=port or config.api.port, workers=workers, log_level="warning")
+    if with_stream is None:
+        with_stream = not os.environ.get(REDIS_URL_ENV) and config.stream.url is None
+    processor = None
+    if with_stream:
+        processor = subprocess.Popen([sys.executable, "-m", "featureline.cli", "stream",
+                                      *(["--config", str(file)] if file else [])])
+    try:
+        uvicorn.run("featureline.serving:app_from_env", factory=True,
+                    host=host or config.api.host, port=port or config.api.port,
+                    workers=workers, log_level="warning")
+    finally:
+        if processor is not None:
+            processor.terminate()
+            processor.wait(timeout=30)
+
+
+@main.command()
+@config_option
+@click.option("--consumer", help="This processor's name in the consumer group (default: "
+                                 "host:pid; a restarted processor under its old name first "
+                                 "re-reads what it had not committed)")
+@click.option("--once", is_flag=True, help="Process what the log holds now, then exit")
+def stream(path: str | None, consumer: str | None, once: bool) -> None:
+    """Turn pushed events into online features (docs/ARCHITECTURE.md, "Fresh features")."""
+    import signal
+
+    from featureline.stream.processor import open_processor
+
+    config = _config(path)
+    processor = open_processor(config.stream, config.feature_store,
+                               config.api.data or config.etl.output.path, consumer=consumer)
+    if once:
+        processor.refresh_base()
+        while processor.process(processor.log.read(processor.consumer,
+                                                   processor.read_batch, 0.1)):
+            pass
+        click.echo(json.dumps({"processed": processor.processed}))
+        return
+    signal.signal(signal.SIGTERM, lambda *_: processor.stop())
+    click.echo(f"stream processor {processor.consumer}: {config.stream.log} "
+               f"{redact(processor.log.url)} → online store", err=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        processor.run()
 
 
 def run_command(command: click.Command) -> None:

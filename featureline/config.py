@@ -16,6 +16,7 @@ from featureline.api.settings import ApiConfig, ServingConfig
 from featureline.core.settings import Settings, read_yaml, validate
 from featureline.etl.config import OP_NAMES, EtlConfig
 from featureline.feature_store.settings import FeatureStoreConfig
+from featureline.stream.settings import StreamConfig
 
 
 class FeaturelineConfig(Settings):
@@ -24,10 +25,12 @@ class FeaturelineConfig(Settings):
     etl: EtlConfig = Field(default_factory=EtlConfig)
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
     api: ApiConfig = ApiConfig()
+    stream: StreamConfig = StreamConfig()
 
     def serving(self) -> ServingConfig:
-        """What the API serves with: its section, the feature store's, the ETL output."""
-        return ServingConfig(api=self.api, feature_store=self.feature_store,
+        """What the API serves with: its section, the feature store's, the event log's, the
+        ETL output."""
+        return ServingConfig(api=self.api, feature_store=self.feature_store, stream=self.stream,
                              data=self.api.data or self.etl.output.path)
 
 

@@ -36,7 +36,7 @@ def load_serving_config(path: str | Path | None = None) -> ServingConfig:
     output = ((data.get("etl") or {}).get("output") or {}).get("path", DEFAULT_OUTPUT)
     if not isinstance(output, str):
         raise ConfigError("etl.output.path", f"expected a path, got {output!r} (in {path})")
-    sections = {name: data[name] for name in ("api", "feature_store") if name in data}
+    sections = {name: data[name] for name in ("api", "feature_store", "stream") if name in data}
     config = validate(ServingConfig, sections, origin=str(path))
     return config.model_copy(update={"data": config.api.data or output})
 

@@ -20,13 +20,17 @@ REPO = Path(__file__).resolve().parent.parent
 # folder is the ``featureline`` package itself, pyproject.toml's package-dir).
 LAUNCHER = "featureline"
 LAYERS = {"core": 0, "etl": 1, "feature_store": 1, "hps": 1, "api": 1, "trainer": 1,
-          LAUNCHER: 2}
+          "stream": 1, LAUNCHER: 2}
 STAGES = {name for name in LAYERS if name != LAUNCHER}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
     "api": {"feature_store.settings", "feature_store.online", "feature_store.online_store",
-            "feature_store.repo", "feature_store.errors", "hps", "hps.errors", "hps.updates"},
+            "feature_store.repo", "feature_store.errors", "hps", "hps.errors", "hps.updates",
+            "stream.settings", "stream.log", "stream.push"},
+    # The stream processor writes through the online store's protocol, in Feast's layout.
+    "stream": {"feature_store.online_store", "feature_store.repo", "feature_store.settings",
+               "feature_store.writer"},
     # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables and
     # the parameter server's configuration for them.
     "trainer": {"etl.tfrecord.reader", "hps.formats", "hps.config"},

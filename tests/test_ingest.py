@@ -294,3 +294,43 @@ def test_every_input_format_has_its_reader():
     from featureline.etl.stages import INPUT_FORMATS
 
     assert sorted(ingest._READERS) == sorted(INPUT_FORMATS)
+
+
+# Beyond CASES: notations both parsers must read alike.
+PARITY_CASES = [
+    *(changes for changes, _ in CASES),
+    {"ts": "2026-01-05T10:00:00.5+02:00"}, {"ts": 1767607200.25}, {"ts": "2026-01-05"},
+    {"ts": " 1767607200 "}, {"value": "4"}, {"value": " 2.5e1 "}, {"value": "inf"},
+    {"value": True}, {"price": ""}, {"category": " c2 "}, {"device": None},
+    {"user_id": 42}, {"event_type": " click "}, {"ts": "2026-13-01T00:00:00"},
+]
+
+
+def test_pushed_events_are_validated_exactly_as_the_etl_validates_log_rows(spark, tmp_path):
+    """One list of checks (core.events.CHECKS): Spark's verdict and typed columns for each
+    line equal validate_event's for the same JSON object."""
+    from datetime import datetime, timezone
+
+    from featureline.core.events import validate_event
+
+    config = _config(tmp_path / "events.jsonl", "jsonl")
+    records = [_record(changes) for changes in PARITY_CASES]
+    lines = [json.dumps(record) for record in records]
+    (tmp_path / "events.jsonl").write_text("\n".join(lines) + "\n")
+    now = datetime.now(timezone.utc)
+    rows = {r["record"]: r for r in ingest.validate(
+        ingest.read_raw(spark, config.source), config, now).collect()}
+    contract = config.event_contract()
+    columns = contract.columns
+    differ = []
+    for line, record in zip(lines, records, strict=True):
+        spark_row = rows[line]
+        event, rejection = validate_event(record, contract, now)
+        expected = {c: spark_row[c] for c in columns}
+        if expected["ts"] is not None:
+            expected["ts"] = expected["ts"].replace(tzinfo=timezone.utc)
+        verdicts = ((spark_row["reason"], spark_row["field"]),
+                    (rejection.reason, rejection.field) if rejection else (None, None))
+        if verdicts[0] != verdicts[1] or (rejection is None and event != expected):
+            differ.append((line, verdicts, expected, event))
+    assert differ == [], "\n".join(map(repr, differ))

@@ -1,0 +1,249 @@
+"""The raw event: its columns, the checks that accept or quarantine it, and the label rule —
+one definition for the batch ETL (Spark, ``etl/ingest.py``) and for events pushed to the API
+one at a time (docs/ARCHITECTURE.md, "Raw events").
+
+:data:`CHECKS` is the validator: each check's reason code, the field it names and what it
+tests, in the order they run; a row's first failing check is its reason. The ETL builds its
+Spark expression chain from this list (a Spark column per ``test``), :func:`validate_event`
+evaluates the same list on one decoded JSON object. Where the two engines parse text (a
+timestamp, a number), the parsers agree on the inputs ``tests/test_events.py`` lists.
+
+An ETL output records the contract its events were validated under (``metadata.json``'s
+``events``: :class:`EventContract`), so that a process serving that output validates and
+labels pushed events exactly as the batch did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ROLES = ("user_id", "item_id", "event_type", "ts", "value")
+REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")
+# Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
+MILLIS_THRESHOLD = 1e11
+EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?$"
+_EPOCH = re.compile(EPOCH_PATTERN)
+# What a number's text may hold, as Spark's string → double cast reads it (Python's float()
+# also takes digit separators, which Spark does not).
+_DECIMAL = re.compile(r"^([+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?)[dDfF]?$")
+_SPECIAL = re.compile(r"^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Check:
+    """``reason``: the quarantine code; ``field``: the column it names (a role, or
+    ``@numeric`` for each numeric column); ``test``: what fails it."""
+
+    reason: str
+    field: str | None
+    test: Literal["malformed", "missing", "bad_timestamp", "out_of_window", "unknown_value",
+                  "bad_number", "non_finite"]
+
+
+NUMERIC = "@numeric"
+CHECKS: tuple[Check, ...] = (
+    Check("malformed_record", None, "malformed"),
+    *(Check(f"missing_{role}", role, "missing") for role in REQUIRED_ROLES),
+    Check("bad_timestamp", "ts", "bad_timestamp"),
+    Check("timestamp_out_of_window", "ts", "out_of_window"),
+    Check("unknown_event_type", "event_type", "unknown_value"),
+    Check("bad_number", NUMERIC, "bad_number"),
+    Check("non_finite_number", NUMERIC, "non_finite"),
+)
+# Reason codes, in the order the checks run; metadata.json counts rows by these.
+REASONS = tuple(check.reason for check in CHECKS)
+
+
+class LabelSpec(BaseModel):
+    """``column op value``: 1 where an event matches, else 0 (a missing value never
+    matches)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    column: str
+    op: Literal[">=", ">", "<=", "<", "==", "!=", "in"]
+    value: float | str | list[str | float]
+
+
+class EventContract(BaseModel):
+    """How an output's raw events were read: ``metadata.json``'s ``events``."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    event_types: list[str]
+    ts_min: datetime
+    ts_max: datetime
+    ts_unit: Literal["auto", "s", "ms"] = "auto"
+    future_tolerance_s: float | None = None
+    value: bool = True
+    continuous: list[str] = Field(default_factory=list)
+    categorical: list[str] = Field(default_factory=list)
+    label: LabelSpec
+    # The entity tables' rolling window ("recent" aggregates), in days.
+    recent_days: int = 7
+
+    @property
+    def numeric(self) -> list[str]:
+        return (["value"] if self.value else []) + self.continuous
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns of an accepted event, in order (the ETL's ``event_columns``)."""
+        return ["user_id", "item_id", "event_type", "ts", *self.numeric, *self.categorical]
+
+    def latest_accepted(self, now: datetime | None = None) -> datetime:
+        """The end of the accepted time window: ``ts_max``, or ``now`` plus the future
+        tolerance when that is earlier."""
+        if self.future_tolerance_s is None:
+            return self.ts_max
+        now = now or datetime.now(timezone.utc)
+        return min(self.ts_max, now + timedelta(seconds=self.future_tolerance_s))
+
+
+@dataclass(frozen=True)
+class Rejection:
+    reason: str
+    field: str | None
+
+
+def field_text(value: Any) -> str | None:
+    """A decoded JSON member as the text the ETL's JSON reader gives it (a string's content,
+    a number's or a boolean's JSON text, an object's JSON); None for null or absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return java_double_text(value)
+    if isinstance(value, int):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"))
+
+
+def java_double_text(value: float) -> str:
+    """A JSON number that is not an integer as Spark's JSON reader gives it to a string
+    field: Java's ``Double.toString`` (plain from 10^-3 up to 10^7, else ``d.dddE<n>``)."""
+    if math.isnan(value) or math.isinf(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if value == 0 or 1e-3 <= abs(value) < 1e7:
+        text = repr(value)
+        return text if "." in text else f"{text}.0"
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    shown = "".join(map(str, digits)).rstrip("0") or "0"
+    power = len(digits) - 1 + int(exponent)
+    return f"{'-' if sign else ''}{shown[0]}.{shown[1:] or '0'}E{power}"
+
+
+def parse_timestamp(text: str, unit: str) -> datetime | None:
+    """ISO-8601 text or epoch seconds / milliseconds → an aware UTC time to the microsecond;
+    None when unparseable (the ETL's ``_timestamp``)."""
+    if _EPOCH.match(text):
+        number = float(text)
+        seconds = number / 1000 if unit == "ms" or (
+            unit == "auto" and abs(number) >= MILLIS_THRESHOLD) else number
+        if math.isnan(seconds) or abs(seconds) >= MILLIS_THRESHOLD:
+            return None
+        return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
+            microseconds=int(seconds * 1_000_000))
+    try:
+        parsed = datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:  # the ETL's session time zone
+        return parsed.replace(tzinfo=timezone.utc)
+    return parsed.astimezone(timezone.utc)
+
+
+def parse_number(text: str) -> float | None:
+    """A number's text as Spark's string → double cast reads it; None when it cannot."""
+    text = text.strip()
+    decimal = _DECIMAL.match(text)
+    if decimal:
+        return float(decimal.group(1))
+    return float(text) if _SPECIAL.match(text) else None
+
+
+def _unquoted(text: str) -> str:
+    # A bare NaN/Infinity token in JSON reaches the ETL as its raw text, quotes included.
+    return text.strip().strip('"')
+
+
+def check_fields(check: Check, numeric: list[str]) -> list[str | None]:
+    """The columns one check tests: each numeric column for ``@numeric``, else its own."""
+    return list(numeric) if check.field == NUMERIC else [check.field]
+
+
+def validate_event(record: Any, contract: EventContract, now: datetime | None = None
+                   ) -> tuple[dict[str, Any] | None, Rejection | None]:
+    """One decoded JSON event: its typed columns, or the first check it fails."""
+    if not isinstance(record, Mapping):
+        return None, Rejection("malformed_record", None)
+    text = {name: field_text(record.get(name)) for name in
+            (*REQUIRED_ROLES, *contract.numeric, *contract.categorical)}
+    roles = {role: (text[role] or "").strip() for role in REQUIRED_ROLES}
+    numbers_text: dict[str, str | None] = {
+        n: None if text[n] is None else _unquoted(str(text[n])) for n in contract.numeric}
+    numbers = {n: None if t is None else parse_number(t) for n, t in numbers_text.items()}
+    ts = parse_timestamp(roles["ts"], contract.ts_unit) if roles["ts"] else None
+    latest = contract.latest_accepted(now)
+    tests: dict[str, Callable[[str | None], bool]] = {
+        "malformed": lambda _: False,
+        "missing": lambda name: roles.get(str(name), "") == "",
+        "bad_timestamp": lambda _: ts is None,
+        "out_of_window": lambda _: ts is not None and not contract.ts_min <= ts < latest,
+        "unknown_value": lambda name: roles.get(str(name), "") not in contract.event_types,
+        "bad_number": lambda name: (numbers_text.get(str(name)) not in (None, "")
+                                    and numbers.get(str(name)) is None),
+        "non_finite": lambda name: not math.isfinite(numbers.get(str(name)) or 0.0),
+    }
+    for check in CHECKS:
+        for name in check_fields(check, contract.numeric):
+            if tests[check.test](name):
+                return None, Rejection(check.reason, name)
+    event: dict[str, Any] = {"user_id": roles["user_id"], "item_id": roles["item_id"],
+                             "event_type": roles["event_type"], "ts": ts}
+    event.update(numbers)
+    for column in contract.categorical:
+        value = text[column]
+        event[column] = None if value is None else value.strip()
+    return {column: event[column] for column in contract.columns}, None
+
+
+def label(event: Mapping[str, Any], contract: EventContract) -> int:
+    """The ETL's label of an accepted event (``etl/job.py``'s ``label_column``)."""
+    rule = contract.label
+    value = event.get(rule.column)
+    if value is None:
+        return 0
+    categorical = rule.column not in contract.numeric and rule.column != "ts"
+    wanted = rule.value if isinstance(rule.value, list) else [rule.value]
+    literals = [_as_text(v) if categorical else float(v) for v in wanted]
+    if rule.op == "in":
+        return int(value in literals)
+    other = literals[0]
+    return int({">=": value >= other, ">": value > other, "<=": value <= other,
+                "<": value < other, "==": value == other, "!=": value != other}[rule.op])
+
+
+def _as_text(value: str | float) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def event_digest(event: Mapping[str, Any], contract: EventContract) -> str:
+    """Equal for two events that the ETL counts as one (every typed column equal, ``ts`` to
+    the microsecond, a missing value equal to a missing value)."""
+    values = [event[c].isoformat() if isinstance(event[c], datetime) else event[c]
+              for c in contract.columns]
+    return hashlib.blake2b(json.dumps(values).encode(), digest_size=12).hexdigest()

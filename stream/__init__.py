@@ -1,0 +1,1 @@
+"""Fresh features: pushed events through an event log into the online store."""

@@ -1,0 +1,56 @@
+"""The event log between ``POST /v1/push`` and the stream processor: the source of truth for
+streamed events. The API only appends; processors read in a consumer group and commit an
+event only after its features are written, so an event is delivered at least once and a
+processor that restarts under its name gets back what it had not committed.
+
+A backend is a class with these methods and one line in :data:`EVENT_LOGS` (``stream.log``
+selects it): ``redis_stream``, the embedded default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from featureline.stream.redis_log import RedisStreamLog
+from featureline.stream.settings import StreamConfig
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """One event read from the log; ``token`` is what :meth:`EventLog.commit` needs."""
+
+    token: Any
+    payload: bytes
+
+
+class EventLog(Protocol):
+    url: str
+
+    def append(self, events: Sequence[tuple[str, bytes]]) -> None:
+        """Append ``(key, payload)`` pairs, partitioned by key; returns once every one is
+        stored, else raises :class:`~featureline.stream.errors.EventLogUnavailableError`
+        (some may be stored: appending again is safe, duplicates count once)."""
+        ...
+
+    def read(self, consumer: str, count: int, block_s: float) -> list[Delivered]:
+        """Up to ``count`` events for ``consumer`` of the group: first those delivered to it
+        and not committed, then new ones (waiting up to ``block_s`` for them)."""
+        ...
+
+    def commit(self, delivered: Sequence[Delivered]) -> None:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+EVENT_LOGS: dict[str, Callable[[StreamConfig, str], EventLog]] = {
+    "redis_stream": RedisStreamLog,
+}
+
+
+def open_event_log(config: StreamConfig, online_store_url: str) -> EventLog:
+    """The configured log; a Redis Stream defaults to the online store's Redis."""
+    return EVENT_LOGS[config.log](config, config.url or online_store_url)

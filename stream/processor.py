@@ -1,0 +1,342 @@
+"""``featureline stream``: pushed events from the event log → the entity features the batch
+computes, written into the online store in Feast's layout (docs/ARCHITECTURE.md, "Fresh
+features").
+
+Each entity (user, item) gets the batch's features — ``<e>_events``, ``<e>_events_<N>d``,
+``<e>_positives``, ``<e>_positive_rate`` and its encoded id — from two parts:
+
+- the **batch base**: what the served ETL output's snapshots say up to the batch cut (the
+  latest snapshot time published): each entity's totals and its daily counts of the last N
+  days before the cut (a snapshot at D holds the totals of the days before D, so a day's
+  count is the difference of two snapshots);
+- the **streamed days**: per entity, per UTC day, the events and positives streamed since
+  the batch, kept in Redis beside the online store, with the digest of every event counted
+  (an exact duplicate — every typed column equal, as the ETL defines it — counts once, also
+  when the log delivers it again).
+
+The window is the batch's: the N calendar days (UTC) ending with the entity's latest event
+day, the days a snapshot stamped the day after would cover. Updating an entity's days and
+digests is one Lua script (atomic); the features are then written, then the event is
+committed to the log, so a processor killed at any point re-reads the event and changes
+nothing twice. Where two processors of a group write one item at once, each re-reads the
+entity's version after writing and writes again when it moved.
+
+Accepted events are also archived in the raw log's schema (JSONL, one file per hour of
+arrival under ``stream.archive``) for the next batch run. A publication with a new cut
+reloads the base, drops the streamed days before the cut (the batch read them from the
+archive) and rewrites every streamed entity, so a publish never erases streamed events
+newer than its cut.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from featureline.core import redis
+from featureline.core.events import EventContract, event_digest, label
+from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, Metadata, encoded_name, present
+from featureline.feature_store.online_store import OnlineStore, open_online_store
+from featureline.feature_store.repo import open_repo
+from featureline.feature_store.settings import FeatureStoreConfig
+from featureline.feature_store.writer import Layout
+from featureline.stream.log import Delivered, EventLog, open_event_log
+from featureline.stream.settings import StreamConfig
+
+logger = logging.getLogger("featureline.stream")
+
+ENTITIES = {"user": "user_id", "item": "item_id"}
+DAY_S = 86_400
+# Adds one event to an entity's streamed days unless its digest was counted already.
+# KEYS: the entity's digests (a set), its days (a hash). ARGV: digest, day, label.
+# Returns the days hash (day → "events:positives") and its version.
+COUNT_ONCE = """
+if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
+  local old = redis.call('HGET', KEYS[2], ARGV[2]) or '0:0'
+  local sep = string.find(old, ':')
+  local n = tonumber(string.sub(old, 1, sep - 1)) + 1
+  local p = tonumber(string.sub(old, sep + 1)) + tonumber(ARGV[3])
+  redis.call('HSET', KEYS[2], ARGV[2], n .. ':' .. p)
+  redis.call('HINCRBY', KEYS[2], 'version', 1)
+end
+return 0
+"""
+
+
+def day_of(moment: datetime) -> int:
+    """Days since 1970-01-01 (UTC)."""
+    return int(moment.timestamp() // DAY_S)
+
+
+@dataclass
+class Base:
+    """One entity's batch values at the cut."""
+
+    events: int = 0
+    positives: int = 0
+    encoded: int = OOV_ID
+    days: dict[int, tuple[int, int]] = field(default_factory=dict)  # day → events, positives
+
+
+@dataclass
+class BatchBase:
+    """Every entity's batch values at the cut (``cut``: the latest snapshot time published,
+    None when no snapshot is)."""
+
+    cut: datetime | None
+    entities: dict[str, dict[Any, Base]]
+
+    @property
+    def cut_day(self) -> int:
+        return day_of(self.cut) if self.cut is not None else -(2**31)
+
+    @classmethod
+    def load(cls, metadata: Metadata, end: datetime, recent_days: int) -> BatchBase:
+        """The base from the output's entity tables, up to ``end`` (the publish time)."""
+        folder = metadata.folder or Path(".")
+        tables = {}
+        cuts = []
+        for entity, table in metadata.entities.items():
+            path = folder / table.path
+            stamp = ds.field(table.timestamp_field)
+            limit = end.astimezone(timezone.utc).replace(tzinfo=None)
+            rows = ds.dataset(path, format="parquet").to_table(filter=stamp <= limit)
+            tables[entity] = rows
+            if rows.num_rows:
+                cuts.append(pc.max(rows[table.timestamp_field]).as_py())
+        cut = max(cuts).replace(tzinfo=timezone.utc) if cuts else None
+        entities = {entity: _bases(rows, metadata.entities[entity].join_key, entity,
+                                   metadata.entities[entity].timestamp_field,
+                                   day_of(cut) - recent_days if cut else 0)
+                    for entity, rows in tables.items()}
+        return cls(cut, entities)
+
+
+def _bases(rows: pa.Table, key: str, entity: str, timestamp: str, first_day: int
+           ) -> dict[Any, Base]:
+    """Per entity: the latest snapshot's totals and encoded id, and the daily counts of the
+    days from ``first_day`` on (differences of consecutive snapshots)."""
+    if rows.num_rows == 0:
+        return {}
+    rows = rows.take(pc.sort_indices(rows, [(key, "ascending"), (timestamp, "ascending")]))
+    keys = rows[key].to_pylist()
+    days = (rows[timestamp].cast(pa.timestamp("s")).cast(pa.int64()).to_numpy() // DAY_S) - 1
+    events = rows[f"{entity}_events"].to_numpy(zero_copy_only=False).astype(np.int64)
+    positives = rows[f"{entity}_positives"].to_numpy(zero_copy_only=False).astype(np.int64)
+    cat = encoded_name(key)
+    encoded = rows[cat].to_pylist() if cat in rows.column_names else [OOV_ID] * len(keys)
+    bases: dict[Any, Base] = {}
+    previous = None
+    for i, value in enumerate(keys):
+        if value != previous:
+            base = bases[value] = Base()
+            before = (0, 0)
+        day_events, day_positives = int(events[i] - before[0]), int(positives[i] - before[1])
+        if days[i] >= first_day:
+            base.days[int(days[i])] = (day_events, day_positives)
+        base.events, base.positives, base.encoded = int(events[i]), int(positives[i]), encoded[i]
+        before, previous = (events[i], positives[i]), value
+    return bases
+
+
+def features(entity: str, base: Base, streamed: dict[int, tuple[int, int]],
+             recent_days: int) -> dict[str, Any]:
+    """The entity's features from its batch base and its streamed days."""
+    days = dict(base.days)
+    for day, (n, p) in streamed.items():
+        before = days.get(day, (0, 0))
+        days[day] = (before[0] + n, before[1] + p)
+    last = max(days) if days else 0
+    events = base.events + sum(n for n, _ in streamed.values())
+    positives = base.positives + sum(p for _, p in streamed.values())
+    recent = sum(n for day, (n, _) in days.items() if last - recent_days < day <= last)
+    return {f"{entity}_events": events, f"{entity}_events_{recent_days}d": recent,
+            f"{entity}_positives": positives,
+            f"{entity}_positive_rate": positives / events if events else None}
+
+
+def _parse_days(stored: dict[bytes, bytes]) -> tuple[dict[int, tuple[int, int]], int]:
+    """An entity's streamed days (day → events, positives) and their version."""
+    pairs = dict(stored)
+    version = int(pairs.pop(b"version", 0))
+    days = {}
+    for day, value in pairs.items():
+        n, _, p = value.partition(b":")
+        days[int(day)] = (int(n), int(p))
+    return days, version
+
+
+class StreamProcessor:
+    """Reads the log, counts each event once per entity, writes the features, archives the
+    events, commits."""
+
+    def __init__(self, log: EventLog, store: OnlineStore, state_url: str, project: str,
+                 metadata: Metadata, contract: EventContract, layouts: dict[str, Layout],
+                 archive: Path, consumer: str | None = None, read_batch: int = 500) -> None:
+        self.log, self.store, self.project = log, store, project
+        self.client = redis.client(state_url)
+        self.script = self.client.register_script(COUNT_ONCE)
+        self.metadata, self.contract, self.layouts = metadata, contract, layouts
+        self.archive = archive
+        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
+        self.read_batch = read_batch
+        self.stamp: str | None = None
+        self.base = BatchBase(None, {})
+        self.processed = 0
+        self.freshness: list[float] = []  # seconds, accepted → servable, of the last batch
+        self._stop = threading.Event()
+
+    def _key(self, entity: str, value: Any, part: str) -> str:
+        """The Redis key of one entity's streamed ``days`` or ``seen`` digests."""
+        return f"{self._prefix(entity, part)}{value}"
+
+    def _prefix(self, entity: str, part: str) -> str:
+        return f"featureline:stream:{self.project}:{entity}:{part}:"
+
+    def refresh_base(self) -> bool:
+        """Reload the batch base when the store's publication changed; True if it did (then
+        the streamed days the new batch holds are dropped, and every streamed entity is
+        written again over the new batch values)."""
+        publication = self.store.publication(self.project)
+        stamp = publication.published_at if publication else None
+        if stamp == self.stamp:
+            return False
+        end = datetime.fromisoformat(stamp) if stamp else datetime.now(timezone.utc)
+        self.base = BatchBase.load(self.metadata, end, self.contract.recent_days)
+        self.stamp = stamp
+        # The cut the streamed days are kept against: the first processor to see a new one
+        # drops the days before it.
+        previous = self.client.getset(f"featureline:stream:{self.project}:cut",
+                                      self.base.cut_day)
+        prune = previous is not None and int(previous) != self.base.cut_day
+        for entity in ENTITIES:
+            values = []
+            prefix = self._prefix(entity, "days")
+            for key in self.client.scan_iter(match=f"{prefix}*", count=1000):
+                if prune:
+                    old = [day for day in self.client.hkeys(key)
+                           if day != b"version" and int(day) < self.base.cut_day]
+                    if old:
+                        self.client.hdel(key, *old)
+                        self.client.hincrby(key, "version", 1)
+                values.append(key.decode()[len(prefix):])
+            if values:
+                self._write(entity, {self._typed(entity, v): None for v in values})
+        return True
+
+    def _typed(self, entity: str, value: str) -> Any:
+        dtype = self.metadata.entities[entity].join_key_dtype
+        return int(value) if dtype in ("bigint", "int", "long") else value
+
+    def process(self, delivered: Sequence[Delivered]) -> int:
+        """Apply, write, archive, commit one batch; how many events it held."""
+        if not delivered:
+            return 0
+        events = [json.loads(d.payload) for d in delivered]
+        touched: dict[str, dict[Any, None]] = {entity: {} for entity in ENTITIES}
+        pipe = self.client.pipeline(transaction=False)
+        for event in events:
+            typed = {**event, "ts": datetime.fromisoformat(event["ts"])}
+            digest = event_digest(typed, self.contract)
+            day, positive = day_of(typed["ts"]), label(typed, self.contract)
+            for entity, key in ENTITIES.items():
+                self.script(keys=[self._key(entity, typed[key], "seen"),
+                                  self._key(entity, typed[key], "days")],
+                            args=[digest, day, positive], client=pipe)
+                touched[entity][typed[key]] = None
+        pipe.execute()
+        for entity, values in touched.items():
+            self._write(entity, values)
+        servable = time.time()
+        self.freshness = [servable - event["accepted_at"] for event in events]
+        self._archive(events)
+        self.log.commit(delivered)
+        self.processed += len(events)
+        return len(events)
+
+    def _write(self, entity: str, values: dict[Any, None]) -> None:
+        """Compute and write the features of ``values``; again for those whose streamed days
+        moved meanwhile (another processor of the group wrote them)."""
+        pending = list(values)
+        while pending:
+            versions, rows = {}, []
+            pipe = self.client.pipeline(transaction=False)
+            for value in pending:
+                pipe.hgetall(self._key(entity, value, "days"))
+            for value, reply in zip(pending, pipe.execute(), strict=True):
+                days, versions[value] = _parse_days(reply)
+                base = self.base.entities.get(entity, {}).get(value, Base())
+                row = features(entity, base, days, self.contract.recent_days)
+                last_day = max([*days, *base.days, self.base.cut_day - 1])
+                row[ENTITIES[entity]] = value
+                row[encoded_name(ENTITIES[entity])] = base.encoded
+                row[EVENT_TIMESTAMP] = datetime.fromtimestamp((last_day + 1) * DAY_S,
+                                                              tz=timezone.utc)
+                rows.append(row)
+            layout = self.layouts[entity]
+            table = pa.Table.from_pylist(rows).select(
+                [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)])
+            self.store.write_view(table, layout, keep_keys=False)
+            pipe = self.client.pipeline(transaction=False)
+            for value in pending:
+                pipe.hget(self._key(entity, value, "days"), "version")
+            pending = [value for value, version in zip(pending, pipe.execute(), strict=True)
+                       if int(version or 0) != versions[value]]
+
+    def _archive(self, events: list[dict[str, Any]]) -> None:
+        """The events in the raw log's schema, appended to this hour's file of this
+        processor (whole lines, flushed to disk before the events are committed)."""
+        hour = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H")
+        self.archive.mkdir(parents=True, exist_ok=True)
+        path = self.archive / f"events-{hour}-{self.consumer.replace(':', '_')}.jsonl"
+        columns = self.contract.columns
+        lines = "".join(json.dumps({c: event.get(c) for c in columns}) + "\n"
+                        for event in events)
+        with path.open("a") as file:
+            file.write(lines)
+            file.flush()
+            os.fsync(file.fileno())
+
+    def run(self, block_s: float = 1.0) -> None:
+        """Process until :meth:`stop`."""
+        while not self._stop.is_set():
+            self.refresh_base()
+            self.process(self.log.read(self.consumer, self.read_batch, block_s))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+
+def open_processor(stream: StreamConfig, feature_store: FeatureStoreConfig, output: str | Path,
+                   url: str | None = None, consumer: str | None = None) -> StreamProcessor:
+    """A processor of the log ``stream`` configures, writing the features of the ETL output
+    ``output`` into the feature store's online store (``url``: else REDIS_URL or the
+    embedded server)."""
+    repo = open_repo(feature_store, output, url=url)
+    metadata = repo.definitions.metadata
+    contract = present(metadata.events, metadata, "events")
+    store = repo.store
+    layouts = {entity: Layout.of(view, metadata.entities[entity].join_key,
+                                 repo.definitions.entities[entity].value_type, store.project,
+                                 store.config.entity_key_serialization_version,
+                                 getattr(store.config.online_store, "key_ttl_seconds", None))
+               for entity, view in repo.definitions.views.items()}
+    return StreamProcessor(open_event_log(stream, repo.redis_url),
+                           open_online_store(feature_store.redis_type, repo.redis_url),
+                           repo.redis_url, store.project, metadata, contract, layouts,
+                           Path(stream.archive), consumer, stream.read_batch)

@@ -1,0 +1,77 @@
+"""The event log on a Redis Stream (``stream.log: redis_stream``): one stream, one consumer
+group; a processor's unacknowledged entries are re-read when it restarts under its name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, cast
+
+import redis as redis_py
+
+from featureline.core import redis
+from featureline.stream.errors import EventLogUnavailableError
+from featureline.stream.settings import StreamConfig
+
+if TYPE_CHECKING:
+    from featureline.stream.log import Delivered
+
+FIELD = b"e"
+
+
+class RedisStreamLog:
+    def __init__(self, config: StreamConfig, url: str) -> None:
+        self.url = url
+        self.stream = config.topic
+        self.group = config.group
+        self.client = redis.client(url)
+        self._pending_done: set[str] = set()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except redis.UNAVAILABLE_ERRORS as exc:
+            raise EventLogUnavailableError(self.url, str(exc) or type(exc).__name__) from exc
+
+    def append(self, events: Sequence[tuple[str, bytes]]) -> None:
+        with self._errors():
+            pipe = self.client.pipeline(transaction=False)
+            for _, payload in events:
+                pipe.xadd(self.stream, {FIELD: payload})
+            pipe.execute()
+
+    def _ensure_group(self) -> None:
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis_py.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def read(self, consumer: str, count: int, block_s: float) -> list[Delivered]:
+        from featureline.stream.log import Delivered
+
+        with self._errors():
+            self._ensure_group()
+            entries = []
+            if consumer not in self._pending_done:  # its own pending entries first (a restart)
+                entries = self._read(consumer, "0", count, None)
+                if not entries:
+                    self._pending_done.add(consumer)
+            if not entries:
+                entries = self._read(consumer, ">", count, int(block_s * 1000))
+        return [Delivered(message_id, fields[FIELD]) for message_id, fields in entries]
+
+    def _read(self, consumer: str, start: str, count: int, block_ms: int | None) -> list[Any]:
+        reply = cast(list[Any], self.client.xreadgroup(self.group, consumer,
+                                                       {self.stream: start}, count=count,
+                                                       block=block_ms))
+        return reply[0][1] if reply else []
+
+    def commit(self, delivered: Sequence[Delivered]) -> None:
+        if delivered:
+            with self._errors():
+                self.client.xack(self.stream, self.group, *[d.token for d in delivered])
+
+    def close(self) -> None:
+        self.client.close()

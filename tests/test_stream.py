@@ -1,0 +1,269 @@
+"""Fresh features on the embedded Redis Stream: POST /v1/push → the log → the stream
+processor → /v1/features, with exact values (counts, rates, 7-day windows), duplicates once,
+bad events rejected with the ETL's reasons, a processor SIGKILLed and restarted, and the
+batch catching up to equal values. Real Redis, real Feast, real Spark for the catch-up run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+from fastapi.testclient import TestClient
+
+from featureline.api.app import create_app
+from featureline.core.metadata import read_metadata
+from featureline.feature_store.publish import publish
+from featureline.feature_store.redis_server import free_port
+from featureline.feature_store.repo import open_repo
+from featureline.stream.log import open_event_log
+from featureline.stream.processor import open_processor
+from featureline.stream.push import Pusher
+from tests.feast_data import copy_project, fresh_db
+
+READ = {"Authorization": "Bearer reader-key"}
+WRITE = {"Authorization": "Bearer writer-key"}
+BIN = Path(sys.executable).parent
+
+
+def _event(user: str, item: str, event_type: str, ts: datetime, **extra):
+    return {"user_id": user, "item_id": item, "event_type": event_type, "ts": ts.isoformat(),
+            "value": 1.0, "category": "c1", "device": "mobile", "price": 9.5, **extra}
+
+
+def _setup(root: Path, redis_server, output: Path, db: int, **api):
+    keys = root / "api-keys"
+    keys.write_text("reader-key read\nwriter-key write\nadmin-key admin\n")
+    config = copy_project(root, ttl="3650d",
+                          # Uncached reads: each shows the store as the processor left it.
+                          api={"auth": {"keys_file": str(keys)}, "data": str(output),
+                               "feature_cache": {"ttl_s": 0}, **api},
+                          stream={"archive": str(root / "archive")})
+    url = fresh_db(redis_server, db)
+    repo = open_repo(config.feature_store, output, url=url)
+    publish(repo, progress=lambda _: None)
+    return config, url
+
+
+def _drain(processor) -> int:
+    """Process everything the log holds now."""
+    processor.refresh_base()
+    total = 0
+    while count := processor.process(processor.log.read(processor.consumer, 100, 0.05)):
+        total += count
+    return total
+
+
+def _latest(output: Path, entity: str, key: str, value: str) -> dict:
+    """The entity's latest batch snapshot, read from the ETL output's table."""
+    table = read_metadata(output).entities[entity]
+    rows = ds.dataset(output / table.path).to_table(filter=ds.field(key) == value).to_pylist()
+    return max(rows, key=lambda row: row["event_timestamp"])
+
+
+def _features(client, user: str, item: str) -> dict:
+    response = client.post("/v1/features", headers=READ, json={
+        "service": "ranking", "entities": {"user_id": [user], "item_id": [item]}})
+    assert response.status_code == 200, response.text
+    return {name: values[0] for name, values in response.json()["values"].items()}
+
+
+@pytest.fixture(scope="module")
+def stream_app(tmp_path_factory, redis_server, job_output):
+    root = tmp_path_factory.mktemp("stream")
+    config, url = _setup(root, redis_server, job_output.output, 11, limits={"max_events": 20})
+    application = create_app(config.serving(), output=job_output.output, redis_url=url)
+    processor = open_processor(config.stream, config.feature_store, job_output.output, url=url,
+                               consumer="test")
+    with TestClient(application) as client:
+        yield {"client": client, "processor": processor, "output": job_output.output,
+               "root": root}
+
+
+def test_pushed_events_are_served_exactly_with_duplicates_once(stream_app):
+    client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
+    _drain(processor)
+    item = _latest(output, "item", "item_id", "i1")
+    day = item["event_timestamp"].replace(tzinfo=timezone.utc) + timedelta(hours=3)
+    clicked = _event("new-user", "i1", "click", day)
+    events = [clicked, _event("new-user", "i1", "view", day + timedelta(minutes=1)),
+              _event("new-user", "i1", "purchase", day + timedelta(minutes=2)),
+              dict(clicked),  # an exact duplicate: counts once
+              {**clicked, "user_id": None}, {**clicked, "ts": "yesterday"},
+              {**clicked, "event_type": "hover"}, {**clicked, "price": "lots"}, "not an event"]
+    response = client.post("/v1/push", headers=WRITE, json={"events": events})
+    assert response.status_code == 202, response.text
+    assert response.json() == {"accepted": 4, "rejected": [
+        {"index": 4, "reason": "missing_user_id", "field": "user_id"},
+        {"index": 5, "reason": "bad_timestamp", "field": "ts"},
+        {"index": 6, "reason": "unknown_event_type", "field": "event_type"},
+        {"index": 7, "reason": "bad_number", "field": "price"},
+        {"index": 8, "reason": "malformed_record", "field": None}]}
+    assert _drain(processor) == 4
+    served = _features(client, "new-user", "i1")
+    # Labels: event_type in (click, purchase) → 2 of the 3 distinct events.
+    assert (served["user_events"], served["user_positives"], served["user_events_7d"]) == (3, 2, 3)
+    assert served["user_positive_rate"] == pytest.approx(2 / 3)
+    assert served["item_events"] == item["item_events"] + 3
+    assert served["item_positives"] == item["item_positives"] + 2
+    assert served["item_positive_rate"] == pytest.approx(
+        (item["item_positives"] + 2) / (item["item_events"] + 3))
+    assert _drain(processor) == 0
+    again = client.post("/v1/push", headers=WRITE, json={"events": [clicked]})
+    assert again.json() == {"accepted": 1, "rejected": []}
+    _drain(processor)
+    assert _features(client, "new-user", "i1")["user_events"] == 3  # pushed again: once
+
+
+def test_the_seven_day_window_ends_at_the_latest_event(stream_app):
+    client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
+    user = _latest(output, "user", "user_id", "u1")
+    assert user["user_events_7d"] > 1  # the batch's window holds more than the pushed event
+    later = user["event_timestamp"].replace(tzinfo=timezone.utc) + timedelta(days=30)
+    response = client.post("/v1/push", headers=WRITE, json={
+        "events": [_event("u1", "i2", "view", later)]})
+    assert response.json()["accepted"] == 1
+    _drain(processor)
+    served = _features(client, "u1", "i2")
+    assert served["user_events"] == user["user_events"] + 1
+    assert served["user_events_7d"] == 1  # the batch's days fell out of the window
+    assert served["user_positives"] == user["user_positives"]
+
+
+def test_push_needs_the_write_scope_and_answers_bad_bodies(stream_app):
+    client = stream_app["client"]
+    event = _event("u1", "i1", "view", datetime(2026, 1, 6, tzinfo=timezone.utc))
+    assert client.post("/v1/push", headers=READ, json={"events": [event]}).status_code == 403
+    assert client.post("/v1/push", json={"events": [event]}).status_code == 401
+    too_many = client.post("/v1/push", headers=WRITE, json={"events": [event] * 21})
+    assert too_many.status_code == 413 and too_many.json()["field"] == "events"
+    for body in ({"events": []}, {"events": {"user_id": "u1"}}, {"event": [event]}):
+        answer = client.post("/v1/push", headers=WRITE, json=body)
+        assert answer.status_code == 422, body
+        assert "events" in answer.text
+
+
+def test_a_log_that_is_down_is_503_and_nothing_is_acknowledged(tmp_path, redis_server,
+                                                               job_output):
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    config, url = _setup(tmp_path, redis_server, job_output.output, 12)
+    config = config.model_copy(update={"stream": config.stream.model_copy(update={"url": dead})})
+    application = create_app(config.serving(), output=job_output.output, redis_url=url)
+    with TestClient(application) as client:
+        response = client.post("/v1/push", headers=WRITE, json={"events": [
+            _event("u1", "i1", "view", datetime(2026, 1, 6, tzinfo=timezone.utc))]})
+    assert response.status_code == 503
+    assert response.headers["Retry-After"]
+    assert "event log" in response.json()["message"]
+
+
+def _stream_cli(config_file: Path, url: str, consumer: str) -> subprocess.Popen:
+    return subprocess.Popen([str(BIN / "featureline"), "stream", "--config", str(config_file),
+                             "--consumer", consumer],
+                            env={**os.environ, "REDIS_URL": url}, stderr=subprocess.PIPE)
+
+
+def test_a_processor_killed_and_restarted_loses_and_doubles_nothing(tmp_path, redis_server,
+                                                                    job_output):
+    config, url = _setup(tmp_path, redis_server, job_output.output, 13)
+    config_file = tmp_path / "featureline.yaml"
+    config_file.write_text(yaml.safe_dump(config.model_dump(mode="json", exclude={"etl"})))
+    metadata = read_metadata(job_output.output)
+    assert metadata.events is not None
+    pusher = Pusher(metadata.events, open_event_log(config.stream, url))
+    start = datetime(2026, 1, 20, tzinfo=timezone.utc)
+    users = [f"k{i}" for i in range(40)]
+    # 4,000 events: 100 per user, every fourth a click; pushed before the processor starts.
+    for batch in range(40):
+        events = [_event(users[(batch + j) % 40], f"ki{j % 7}", "click" if j % 4 == 0 else "view",
+                         start + timedelta(seconds=batch * 100 + j)) for j in range(100)]
+        assert pusher.push(events)[0] == 100
+    processor = _stream_cli(config_file, url, "killed")
+    archive = Path(config.stream.archive)
+    deadline = time.monotonic() + 60
+    while not list(archive.glob("*.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    processor.send_signal(signal.SIGKILL)  # mid-stream: some batches written, some not
+    processor.wait()
+    restarted = _stream_cli(config_file, url, "killed")
+    try:
+        checker = open_processor(config.stream, config.feature_store, job_output.output,
+                                 url=url, consumer="checker")
+        application = create_app(config.serving(), output=job_output.output, redis_url=url)
+        with TestClient(application) as client:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                served = [_features(client, user, "ki0") for user in users]
+                if all(s["user_events"] == 100 for s in served):
+                    break
+                time.sleep(0.5)
+        assert [s["user_events"] for s in served] == [100] * 40
+        assert [s["user_positives"] for s in served] == [25] * 40
+        assert served[0]["item_events"] == sum(1 for j in range(100) if j % 7 == 0) * 40
+        assert checker.log.read("checker", 10, 0.01) == []  # the group consumed every event
+    finally:
+        restarted.send_signal(signal.SIGTERM)
+        restarted.wait(timeout=30)
+
+
+def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_server, small_log,
+                                                     job_output):
+    """Push, run the ETL over the original log plus the archive, publish: every streamed
+    entity's values equal what the stream served; today's events stay served on top."""
+    from featureline.etl import job
+    from tests.job_config import make_config
+
+    config, url = _setup(tmp_path, redis_server, job_output.output, 14)
+    processor = open_processor(config.stream, config.feature_store, job_output.output, url=url,
+                               consumer="catch-up")
+    _drain(processor)
+    metadata = read_metadata(job_output.output)
+    assert metadata.events is not None
+    pusher = Pusher(metadata.events, open_event_log(config.stream, url))
+    last = _latest(job_output.output, "user", "user_id", "u1")["event_timestamp"]
+    last = last.replace(tzinfo=timezone.utc)
+    pushed = [_event("u1", "i1", "click", last - timedelta(hours=5)),  # a day the batch had
+              _event("u1", "i3", "view", last + timedelta(days=1, hours=2)),
+              _event("u2", "i1", "purchase", last + timedelta(days=3)),
+              _event("c-new", "i-new", "click", last + timedelta(days=9)),
+              _event("c-new", "i1", "view", last + timedelta(days=9, hours=1))]
+    assert pusher.push(pushed)[0] == len(pushed)
+    _drain(processor)
+    application = create_app(config.serving(), output=job_output.output, redis_url=url)
+    names = ("events", "events_7d", "positives", "positive_rate")
+    pairs = [("u1", "i1"), ("u1", "i3"), ("u2", "i1"), ("c-new", "i-new"), ("c-new", "i1")]
+    with TestClient(application) as client:
+        streamed = [_features(client, *pair) for pair in pairs]
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "log.jsonl").write_text(small_log.read_text())
+    for file in Path(config.stream.archive).glob("*.jsonl"):
+        (inputs / file.name).write_text(file.read_text())
+    result = job.run(make_config(tmp_path / "catch-up", inputs), spark, progress=lambda _: None)
+    repo = open_repo(config.feature_store, result.output, url=url)
+    publish(repo, progress=lambda _: None)
+    caught_up = create_app(config.serving(), output=result.output, redis_url=url)
+    with TestClient(caught_up) as client:
+        batch = [_features(client, *pair) for pair in pairs]
+        for before, after in zip(streamed, batch, strict=True):
+            for entity in ("user", "item"):
+                for name in names:
+                    key = f"{entity}_{name}"
+                    assert after[key] == pytest.approx(before[key]), (key, before, after)
+        # An event of today: after the batch (whose snapshots end yesterday) it stays served.
+        today = datetime.now(timezone.utc)
+        assert pusher.push([_event("u2", "i1", "view", today)]) == (1, [])
+        after_processor = open_processor(config.stream, config.feature_store, result.output,
+                                         url=url, consumer="catch-up")
+        assert _drain(after_processor) == 1
+        fresh = _features(client, "u2", "i1")
+        assert fresh["user_events"] == batch[2]["user_events"] + 1
+        assert fresh["user_events_7d"] == 1
