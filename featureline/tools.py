@@ -1,8 +1,9 @@
 """Tools fetched on first use into a cache outside the repository, staged and published whole
 (``core.files.fetched_once``), then reused: NVIDIA's Qualification tool and the Spark 3.5 jars
 it runs on (from PyPI, for ``featureline etl qualify``), and the RAPIDS Accelerator jar the
-project pins (from Maven Central, for ``featureline etl gpu-check``). Developer tooling: the
-ETL itself never fetches anything.
+project pins (from Maven Central, for ``featureline etl gpu-check``), and Apache Kafka's
+release jars (from Maven Central, for ``featureline kafka start`` and the tests' broker).
+Developer tooling: the ETL and the services never fetch anything.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from featureline.etl.qualification import (
     QualificationError,
 )
 from featureline.etl.rapids import CUDA_CLASSIFIER, JAR_NAME, MAVEN_ARTIFACT, RAPIDS_VERSION
+from featureline.stream.errors import KafkaFetchError
 
 CACHE_ENV = "FEATURELINE_CACHE"
 
@@ -57,6 +59,54 @@ def _fetch_plugin(folder: Path) -> None:
         tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
         raise PluginFetchError(f"cannot fetch {MAVEN_ARTIFACT} from Maven Central: "
                                f"{' '.join(tail) or done.returncode}")
+
+
+# Apache Kafka's broker (KRaft mode) from its release jars on Maven Central.
+KAFKA_VERSION = "4.1.1"
+KAFKA_ARTIFACT = f"org.apache.kafka:kafka_2.13:{KAFKA_VERSION}"
+# A project whose dependencies are the broker's: `mvn dependency:copy-dependencies` fetches
+# the jar and everything it runs with (scala, the raft and storage modules, logging).
+KAFKA_POM = f"""<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>featureline</groupId><artifactId>kafka-broker</artifactId><version>1</version>
+  <dependencies>
+    <dependency>
+      <groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId>
+      <version>{KAFKA_VERSION}</version>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId>
+      <version>2.24.3</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def kafka_classpath() -> str:
+    """The Java class path of the pinned Kafka broker: fetched into the cache the first time,
+    then reused."""
+    root = fetched_once(cache_root() / f"kafka-{KAFKA_VERSION}", "READY", _fetch_kafka)
+    return f"{root / 'libs'}{os.sep}*"
+
+
+def _fetch_kafka(folder: Path) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaFetchError(f"cannot fetch {KAFKA_ARTIFACT}: mvn is not on PATH")
+    (folder / "pom.xml").write_text(KAFKA_POM)
+    repository = folder / "maven-repository"
+    done = subprocess.run(
+        [mvn, "--batch-mode", "--quiet", "dependency:copy-dependencies",
+         "-DincludeScope=runtime", f"-DoutputDirectory={folder / 'libs'}",
+         f"-Dmaven.repo.local={repository}"],
+        capture_output=True, text=True, check=False, cwd=folder)
+    shutil.rmtree(repository, ignore_errors=True)
+    if done.returncode != 0 or not list((folder / "libs").glob("kafka_2.13-*.jar")):
+        tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        raise KafkaFetchError(f"cannot fetch {KAFKA_ARTIFACT} from Maven Central: "
+                             f"{' '.join(tail) or done.returncode}")
+    (folder / "READY").write_text(KAFKA_ARTIFACT)
 
 
 def _pip_download(requirement: str, into: Path, *extra: str) -> Path:

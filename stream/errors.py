@@ -19,3 +19,9 @@ class EventLogUnavailableError(StreamError, UnavailableError):
     def __init__(self, url: str, reason: str) -> None:
         self.url = redact(url)
         super().__init__(f"event log {self.url} is unavailable: {reason}")
+
+
+class KafkaFetchError(StreamError):
+    """Apache Kafka's release jars could not be fetched from Maven; the message says why."""
+
+    hint = "check that Maven (mvn) is installed and Maven Central is reachable"

@@ -4,7 +4,7 @@ event only after its features are written, so an event is delivered at least onc
 processor that restarts under its name gets back what it had not committed.
 
 A backend is a class with these methods and one line in :data:`EVENT_LOGS` (``stream.log``
-selects it): ``redis_stream``, the embedded default.
+selects it): ``redis_stream`` (the embedded default) and ``kafka``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from featureline.stream.kafka_log import KafkaLog
 from featureline.stream.redis_log import RedisStreamLog
 from featureline.stream.settings import StreamConfig
 
@@ -48,6 +49,7 @@ class EventLog(Protocol):
 
 EVENT_LOGS: dict[str, Callable[[StreamConfig, str], EventLog]] = {
     "redis_stream": RedisStreamLog,
+    "kafka": KafkaLog,
 }
 
 

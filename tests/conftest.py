@@ -115,3 +115,14 @@ def demo_run(spark, tmp_path_factory, redis_server):
         yield out, result, url
     finally:
         stop_server(out / "api.pid")
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real Apache Kafka broker (KRaft, one node) from Kafka's release jars, fetched from
+    Maven Central into the cache the first time."""
+    from featureline.stream.kafka_server import EmbeddedKafka
+    from featureline.tools import kafka_classpath
+
+    with EmbeddedKafka(tmp_path_factory.mktemp("kafka"), kafka_classpath()) as broker:
+        yield broker
