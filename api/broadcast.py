@@ -1,4 +1,7 @@
-"""A model reload reaches every API process: the worker that takes ``POST
+"""Announcements every API process hears: model reloads, and the entities the stream
+processor rewrote (their cached values are forgotten).
+
+A model reload reaches every API process: the worker that takes ``POST
 /v1/admin/models/{name}/reload`` reloads, then announces it through the online store's
 notifications (``feature_store/online_store.py``) on the project's reload topic; every other
 worker of every pod listens there and reloads on hearing it.
@@ -16,6 +19,7 @@ import socket
 import threading
 from collections.abc import Callable
 
+from featureline.feature_store.online import ValueCache
 from featureline.feature_store.online_store import OnlineStore
 
 logger = logging.getLogger("featureline.api")
@@ -67,6 +71,36 @@ class ReloadListener:
             self.reloads += 1
         except Exception:  # a bad message or a failed reload must not end the listener
             logger.exception("announced reload %r failed", data)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class EvictionListener:
+    """Forgets the cached values of the entities the stream processor rewrote, so that the
+    feature cache never serves a value older than the stream's for longer than the
+    announcement takes."""
+
+    def __init__(self, store: OnlineStore, topic: str, cache: ValueCache) -> None:
+        self.cache = cache
+        self.evicted = 0
+        self._stop = threading.Event()
+        subscribed = threading.Event()
+        self._thread = threading.Thread(target=store.listen,
+                                        args=(topic, self._handle, self._stop, subscribed),
+                                        name="feature-cache-evictions", daemon=True)
+        self._thread.start()
+        subscribed.wait(5.0)
+
+    def _handle(self, data: bytes) -> None:
+        try:
+            entries = [(view, value) for view, value in json.loads(data)]
+        except (ValueError, TypeError):
+            logger.exception("bad eviction message %r", data)
+            return
+        self.cache.evict(entries)
+        self.evicted += len(entries)
 
     def stop(self) -> None:
         self._stop.set()

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import Request
 from feast import ValueType
 
-from featureline.api.broadcast import ReloadListener, announce
+from featureline.api.broadcast import EvictionListener, ReloadListener, announce
 from featureline.api.errors import LimitExceededError, UnknownEntityKeyError
 from featureline.api.metrics import Metrics
 from featureline.api.settings import Scope, ServingConfig, api_keys
@@ -25,7 +25,7 @@ from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
 from featureline.hps.updates import UpdateConsumer, start_consumers
-from featureline.stream.log import EventLog, open_event_log
+from featureline.stream.log import EventLog, open_event_log, written_topic
 from featureline.stream.push import Pusher
 
 logger = logging.getLogger("featureline.api")
@@ -44,6 +44,7 @@ class Services:
     lineages: dict[str, list[str]]
     # Background work of this process: reloads announced by other workers, online updates.
     listener: ReloadListener | None = None
+    evictions: EvictionListener | None = None
     consumers: list[UpdateConsumer] = field(default_factory=list)
     # The ETL output served (api.data): a reload reads its vocabularies and stamp again.
     output: Path | None = None
@@ -109,6 +110,8 @@ class Services:
             consumer.stop()
         if self.listener is not None:
             self.listener.stop()
+        if self.evictions is not None:
+            self.evictions.stop()
         if self.hps is not None:
             self.hps.close()
         if self.event_log is not None:
@@ -138,6 +141,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     metrics.watch_store(reader.ping, lambda: check(services))
     if cache is not None:
         metrics.watch_feature_cache(cache)
+        services.evictions = EvictionListener(reader.store, written_topic(reader.project),
+                                              cache)
     if hps is not None:
         services.listener = ReloadListener(reader.store, reader.project,
                                            services.reload_here).start()

@@ -102,6 +102,12 @@ class ValueCache:
         self.hits = 0
         self.misses = 0
 
+    def evict(self, entries: list[tuple[str, Any]]) -> None:
+        """Forget ``(view, id)`` entries: the stream processor rewrote them."""
+        cached = self.state[1]
+        for entry in entries:
+            cached.pop(entry, None)
+
 
 @dataclass(frozen=True)
 class ViewLayout:

@@ -434,6 +434,8 @@ def stream(path: str | None, consumer: str | None, once: bool) -> None:
         click.echo(json.dumps({"processed": processor.processed}))
         return
     signal.signal(signal.SIGTERM, lambda *_: processor.stop())
+    if config.stream.metrics_port is not None:
+        processor.metrics.serve(config.stream.metrics_port)
     click.echo(f"stream processor {processor.consumer}: {config.stream.log} "
                f"{redact(processor.log.url)} → online store", err=True)
     with contextlib.suppress(KeyboardInterrupt):

@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,8 @@ def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int
     settings["feature_store"]["repo"] = str(Path(settings["feature_store"]["repo"]).resolve())
     settings["feature_store"]["redis_dir"] = str(
         Path(settings["feature_store"]["redis_dir"]).resolve())
+    settings["stream"].update({"archive": str(Path(settings["stream"]["archive"]).resolve()),
+                               "metrics_port": free_port()})
     return settings
 
 
@@ -169,7 +172,8 @@ def start_server(config_file: Path, pid_file: Path, redis_url: str, log: Path) -
     settings = yaml.safe_load(config_file.read_text())["api"]
     with log.open("w") as sink:
         process = subprocess.Popen(
-            [sys.executable, "-m", "featureline.cli", "serve", "--config", str(config_file)],
+            [sys.executable, "-m", "featureline.cli", "serve", "--config", str(config_file),
+             "--stream"],
             env={**os.environ, REDIS_URL_ENV: redis_url}, stdout=sink, stderr=sink,
             start_new_session=True)
     pid_file.write_text(str(process.pid))
@@ -240,7 +244,46 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     base = f"http://{settings['api']['host']}:{port}"
     ids = sample_ids(output)
     run_calls(base, ids["user"][0], ids["item"], echo)
+    push_events(base, ids["user"][0], ids["item"][0], echo)
     return base
+
+
+# Seconds the demo waits for pushed events to be served.
+FRESH_TIMEOUT_S = 30.0
+
+
+def _user_features(base: str, user: str, item: str) -> dict[str, Any]:
+    status, text = _call(base, "POST", "/v1/features", {
+        "service": "ranking", "entities": {"user_id": [user], "item_id": [item]}})
+    if status != 200:
+        raise RuntimeError(f"POST /v1/features answered {status}: {text[:500]}")
+    return {name: values[0] for name, values in json.loads(text)["values"].items()}
+
+
+def push_events(base: str, user: str, item: str, echo: Callable[[str], None]) -> None:
+    """Push three events of ``user`` now and show its features change once the stream
+    processor has written them."""
+    before = _user_features(base, user, item)
+    now = datetime.now(timezone.utc)
+    body = {"events": [{"user_id": user, "item_id": item, "event_type": kind,
+                        "ts": (now + timedelta(seconds=i)).isoformat(), "value": 1.0}
+                       for i, kind in enumerate(("view", "click", "purchase"))]}
+    started = time.monotonic()
+    status, text = _call(base, "POST", "/v1/push", body)
+    echo(f"curl -s -X POST {base}/v1/push -H 'Content-Type: application/json' "
+         f"-d '{json.dumps(body)}'")
+    echo(f"  → {status} {text}")
+    if status != 202:
+        raise RuntimeError(f"POST /v1/push answered {status}: {text[:500]}")
+    names = ("user_events", "user_events_7d", "user_positives")
+    while time.monotonic() - started < FRESH_TIMEOUT_S:
+        after = _user_features(base, user, item)
+        if after["user_events"] == before["user_events"] + 3:
+            changes = ", ".join(f"{name} {before[name]} → {after[name]}" for name in names)
+            echo(f"fresh features of {user} after {time.monotonic() - started:.2f}s: {changes}")
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"pushed events were not served within {FRESH_TIMEOUT_S:.0f}s")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -56,3 +56,9 @@ EVENT_LOGS: dict[str, Callable[[StreamConfig, str], EventLog]] = {
 def open_event_log(config: StreamConfig, online_store_url: str) -> EventLog:
     """The configured log; a Redis Stream defaults to the online store's Redis."""
     return EVENT_LOGS[config.log](config, config.url or online_store_url)
+
+
+def written_topic(project: str) -> str:
+    """Where processors announce, through the online store, the entities they rewrote (the
+    API's feature caches forget them)."""
+    return f"{project}:stream:written"

@@ -21,8 +21,9 @@ committed to the log, so a processor killed at any point re-reads the event and 
 nothing twice. Where two processors of a group write one item at once, each re-reads the
 entity's version after writing and writes again when it moved.
 
-Accepted events are also archived in the raw log's schema (JSONL, one file per hour of
-arrival under ``stream.archive``) for the next batch run. A publication with a new cut
+Accepted events are also archived in the raw log's schema (JSONL, one file per processor
+and hour of arrival under ``stream.archive``, published when the hour is over) for the next
+batch run. A publication with a new cut
 reloads the base, drops the streamed days before the cut (the batch read them from the
 archive) and rewrites every streamed entity, so a publish never erases streamed events
 newer than its cut.
@@ -54,7 +55,8 @@ from featureline.feature_store.online_store import OnlineStore, open_online_stor
 from featureline.feature_store.repo import open_repo
 from featureline.feature_store.settings import FeatureStoreConfig
 from featureline.feature_store.writer import Layout
-from featureline.stream.log import Delivered, EventLog, open_event_log
+from featureline.stream.log import Delivered, EventLog, open_event_log, written_topic
+from featureline.stream.metrics import StreamMetrics
 from featureline.stream.settings import StreamConfig
 
 logger = logging.getLogger("featureline.stream")
@@ -186,7 +188,8 @@ class StreamProcessor:
 
     def __init__(self, log: EventLog, store: OnlineStore, state_url: str, project: str,
                  metadata: Metadata, contract: EventContract, layouts: dict[str, Layout],
-                 archive: Path, consumer: str | None = None, read_batch: int = 500) -> None:
+                 archive: Path, consumer: str | None = None, read_batch: int = 500,
+                 metrics: StreamMetrics | None = None) -> None:
         self.log, self.store, self.project = log, store, project
         self.client = redis.client(state_url)
         self.script = self.client.register_script(COUNT_ONCE)
@@ -197,7 +200,7 @@ class StreamProcessor:
         self.stamp: str | None = None
         self.base = BatchBase(None, {})
         self.processed = 0
-        self.freshness: list[float] = []  # seconds, accepted → servable, of the last batch
+        self.metrics = metrics or StreamMetrics()
         self._stop = threading.Event()
 
     def _key(self, entity: str, value: Any, part: str) -> str:
@@ -262,7 +265,7 @@ class StreamProcessor:
         for entity, values in touched.items():
             self._write(entity, values)
         servable = time.time()
-        self.freshness = [servable - event["accepted_at"] for event in events]
+        self.metrics.observe([servable - event["accepted_at"] for event in events])
         self._archive(events)
         self.log.commit(delivered)
         self.processed += len(events)
@@ -291,6 +294,8 @@ class StreamProcessor:
             table = pa.Table.from_pylist(rows).select(
                 [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)])
             self.store.write_view(table, layout, keep_keys=False)
+            self.store.announce(written_topic(self.project), json.dumps(
+                [[layout.view, value] for value in pending]).encode())
             pipe = self.client.pipeline(transaction=False)
             for value in pending:
                 pipe.hget(self._key(entity, value, "days"), "version")
@@ -298,11 +303,12 @@ class StreamProcessor:
                        if int(version or 0) != versions[value]]
 
     def _archive(self, events: list[dict[str, Any]]) -> None:
-        """The events in the raw log's schema, appended to this hour's file of this
-        processor (whole lines, flushed to disk before the events are committed)."""
+        """The events in the raw log's schema, appended to this processor's file of the
+        hour (whole lines, on disk before the events are committed). The file is hidden
+        (``.events-…``, which Spark skips) until its hour is over: :meth:`seal_archive`."""
         hour = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H")
         self.archive.mkdir(parents=True, exist_ok=True)
-        path = self.archive / f"events-{hour}-{self.consumer.replace(':', '_')}.jsonl"
+        path = self.archive / f".{self._archive_name(hour)}"
         columns = self.contract.columns
         lines = "".join(json.dumps({c: event.get(c) for c in columns}) + "\n"
                         for event in events)
@@ -311,11 +317,31 @@ class StreamProcessor:
             file.flush()
             os.fsync(file.fileno())
 
+    def _archive_name(self, hour: str) -> str:
+        return f"events-{hour}-{self.consumer.replace(':', '_').replace('/', '_')}.jsonl"
+
+    def seal_archive(self, everything: bool = False) -> list[Path]:
+        """Publish this processor's archive files of the hours that are over (``everything``:
+        the current one too), so the next ETL run reads them; the files published."""
+        if not self.archive.is_dir():
+            return []
+        current = f".{self._archive_name(datetime.now(timezone.utc).strftime('%Y-%m-%dT%H'))}"
+        suffix = f"-{self._archive_name('')[len('events--'):]}"
+        sealed = []
+        for path in sorted(self.archive.glob(".events-*.jsonl")):
+            if path.name.endswith(suffix) and (everything or path.name != current):
+                target = path.with_name(path.name[1:])
+                path.rename(target)
+                sealed.append(target)
+        return sealed
+
     def run(self, block_s: float = 1.0) -> None:
         """Process until :meth:`stop`."""
         while not self._stop.is_set():
             self.refresh_base()
             self.process(self.log.read(self.consumer, self.read_batch, block_s))
+            self.seal_archive()
+        self.seal_archive(everything=True)
 
     def stop(self) -> None:
         self._stop.set()

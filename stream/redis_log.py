@@ -1,5 +1,6 @@
 """The event log on a Redis Stream (``stream.log: redis_stream``): one stream, one consumer
-group; a processor's unacknowledged entries are re-read when it restarts under its name."""
+group; a processor's unacknowledged entries are re-read when it restarts under its name, and
+taken over by another processor when it does not come back."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ if TYPE_CHECKING:
     from featureline.stream.log import Delivered
 
 FIELD = b"e"
+# A processor that has not acknowledged an entry for this long is taken for dead, and another
+# processor of the group takes the entry over.
+CLAIM_IDLE_MS = 30_000
 
 
 class RedisStreamLog:
@@ -58,6 +62,8 @@ class RedisStreamLog:
                 entries = self._read(consumer, "0", count, None)
                 if not entries:
                     self._pending_done.add(consumer)
+            if not entries:  # left pending by a processor that is gone
+                entries = self._claim(consumer, count)
             if not entries:
                 entries = self._read(consumer, ">", count, int(block_s * 1000))
         return [Delivered(message_id, fields[FIELD]) for message_id, fields in entries]
@@ -67,6 +73,13 @@ class RedisStreamLog:
                                                        {self.stream: start}, count=count,
                                                        block=block_ms))
         return reply[0][1] if reply else []
+
+    def _claim(self, consumer: str, count: int) -> list[Any]:
+        """Entries delivered to another consumer and not acknowledged for ``CLAIM_IDLE_MS``
+        (it died, under a name that will not come back): now this consumer's."""
+        reply = cast(list[Any], self.client.xautoclaim(self.stream, self.group, consumer,
+                                                       CLAIM_IDLE_MS, "0-0", count=count))
+        return [entry for entry in reply[1] if entry[1]]
 
     def commit(self, delivered: Sequence[Delivered]) -> None:
         if delivered:

@@ -26,6 +26,8 @@ class StreamConfig(Settings):
     # Accepted events, in the raw log's schema, one JSONL file per hour of arrival: the next
     # `featureline etl run` reads them with the original log.
     archive: str = "data/stream_archive"
+    # The processor's Prometheus /metrics (freshness, events); None: not served.
+    metrics_port: int | None = Field(default=9108, ge=1, le=65535)
     # Events a processor reads from the log at a time.
     read_batch: int = Field(default=500, ge=1)
 

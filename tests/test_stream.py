@@ -214,7 +214,7 @@ def test_a_processor_killed_and_restarted_loses_and_doubles_nothing(tmp_path, re
     processor = _stream_cli(config_file, url, "killed")
     archive = Path(config.stream.archive)
     deadline = time.monotonic() + 60
-    while not list(archive.glob("*.jsonl")) and time.monotonic() < deadline:
+    while not list(archive.glob(".events-*.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.05)
     processor.send_signal(signal.SIGKILL)  # mid-stream: some batches written, some not
     processor.wait()
@@ -268,6 +268,8 @@ def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_serv
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     (inputs / "log.jsonl").write_text(small_log.read_text())
+    assert processor.seal_archive(everything=True)  # as when the hour is over
+    assert not list(Path(config.stream.archive).glob(".*"))
     for file in Path(config.stream.archive).glob("*.jsonl"):
         (inputs / file.name).write_text(file.read_text())
     result = job.run(make_config(tmp_path / "catch-up", inputs), spark, progress=lambda _: None)
@@ -290,3 +292,27 @@ def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_serv
         fresh = _features(client, "u2", "i1")
         assert fresh["user_events"] == batch[2]["user_events"] + 1
         assert fresh["user_events_7d"] == 1
+
+
+def test_a_cached_entity_is_served_fresh_once_the_processor_rewrote_it(tmp_path, redis_server,
+                                                                      job_output):
+    """The API's feature cache forgets what the processor announces it rewrote."""
+    output = job_output.output
+    config, url = _setup(tmp_path, redis_server, output, 10,
+                         feature_cache={"ttl_s": 3600, "max_entities": 1000})
+    processor = open_processor(config.stream, config.feature_store, output, url=url,
+                               consumer="cached")
+    _drain(processor)
+    with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
+        before = _features(client, "u2", "i1")
+        assert _features(client, "u2", "i1") == before  # now from the cache
+        day = _latest(output, "user", "user_id", "u2")["event_timestamp"]
+        pushed = _event("u2", "i1", "view", day.replace(tzinfo=timezone.utc))
+        assert client.post("/v1/push", headers=WRITE, json={"events": [pushed]}).status_code == 202
+        assert _drain(processor) == 1
+        deadline = time.monotonic() + 5
+        while (after := _features(client, "u2", "i1"))["user_events"] == before["user_events"]:
+            assert time.monotonic() < deadline, "the cached value was never forgotten"
+            time.sleep(0.05)
+        assert after["user_events"] == before["user_events"] + 1
+        assert after["item_events"] == before["item_events"] + 1
