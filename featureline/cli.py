@@ -400,6 +400,7 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int,
     processor = None
     if with_stream:
         processor = subprocess.Popen([sys.executable, "-m", "featureline.cli", "stream",
+                                      "--exit-with-parent",
                                       *(["--config", str(file)] if file else [])])
     try:
         uvicorn.run("featureline.serving:app_from_env", factory=True,
@@ -417,7 +418,9 @@ def serve(path: str | None, host: str | None, port: int | None, workers: int,
                                  "host:pid; a restarted processor under its old name first "
                                  "re-reads what it had not committed)")
 @click.option("--once", is_flag=True, help="Process what the log holds now, then exit")
-def stream(path: str | None, consumer: str | None, once: bool) -> None:
+@click.option("--exit-with-parent", is_flag=True, hidden=True,
+              help="Stop when the process that started it is gone (serve's processor)")
+def stream(path: str | None, consumer: str | None, once: bool, exit_with_parent: bool) -> None:
     """Turn pushed events into online features (docs/ARCHITECTURE.md, "Fresh features")."""
     import signal
 
@@ -438,8 +441,9 @@ def stream(path: str | None, consumer: str | None, once: bool) -> None:
         processor.metrics.serve(config.stream.metrics_port)
     click.echo(f"stream processor {processor.consumer}: {config.stream.log} "
                f"{redact(processor.log.url)} → online store", err=True)
+    parent = os.getppid()
     with contextlib.suppress(KeyboardInterrupt):
-        processor.run()
+        processor.run(orphaned=(lambda: os.getppid() != parent) if exit_with_parent else None)
 
 
 def run_command(command: click.Command) -> None:

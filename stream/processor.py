@@ -37,7 +37,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -335,9 +335,9 @@ class StreamProcessor:
                 sealed.append(target)
         return sealed
 
-    def run(self, block_s: float = 1.0) -> None:
-        """Process until :meth:`stop`."""
-        while not self._stop.is_set():
+    def run(self, block_s: float = 1.0, orphaned: Callable[[], bool] | None = None) -> None:
+        """Process until :meth:`stop` (or until ``orphaned`` says so)."""
+        while not self._stop.is_set() and not (orphaned is not None and orphaned()):
             self.refresh_base()
             self.process(self.log.read(self.consumer, self.read_batch, block_s))
             self.seal_archive()

@@ -1,7 +1,7 @@
 """The operators' kit in k8s/monitoring: the Grafana dashboard queries only metrics the API
-exports (read off the demo's running API), and the alert rules pass promtool's checks and
-its unit tests (tests/monitoring/alerts_test.yaml: each alert fires on the series that
-should raise it, and only then)."""
+and the stream processor export (read off the demo's running API and processor), and the
+alert rules pass promtool's checks and its unit tests (tests/monitoring/alerts_test.yaml:
+each alert fires on the series that should raise it, and only then)."""
 
 from __future__ import annotations
 
@@ -40,15 +40,20 @@ def test_the_dashboard_queries_only_metrics_the_api_exports(demo_run):
     panels = dashboard["panels"]
     assert len({p["id"] for p in panels}) == len(panels)
     queried = {name for p in panels for t in p["targets"] for name in METRIC.findall(t["expr"])}
-    settings = yaml.safe_load((out / "featureline.yaml").read_text())["api"]
-    url = f"http://{settings['host']}:{settings['port']}/metrics"
-    with urllib.request.urlopen(url, timeout=30) as answer:
-        exported = _exported(answer.read().decode())
+    settings = yaml.safe_load((out / "featureline.yaml").read_text())
+    api = settings["api"]
+    # The API's /metrics, and the stream processor's (the demo's serve runs one).
+    exported: set[str] = set()
+    for url in (f"http://{api['host']}:{api['port']}/metrics",
+                f"http://127.0.0.1:{settings['stream']['metrics_port']}/metrics"):
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            exported |= _exported(answer.read().decode())
     assert queried and queried <= exported, sorted(queried - exported)
     # What the issue asks the dashboard to show is there.
     for wanted in ("featureline_api_request_seconds_bucket", "featureline_api_errors_total",
                    "featureline_hps_keys_share", "featureline_online_store_available",
-                   "featureline_dataset_info", "featureline_hps_update_lag_seconds"):
+                   "featureline_dataset_info", "featureline_hps_update_lag_seconds",
+                   "featureline_feature_freshness_seconds_bucket"):
         assert wanted in queried
 
 
@@ -76,7 +81,7 @@ def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"FeaturelineHigh5xxRate", "FeaturelineRedisUnavailable",
             "FeaturelineL1HitRateCollapse", "FeaturelineVersionSkew",
-            "FeaturelineUpdateConsumerLag"} <= alerts
+            "FeaturelineUpdateConsumerLag", "FeaturelineStaleFreshFeatures"} <= alerts
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
     tests = yaml.safe_load((REPO / "tests" / "monitoring" / "alerts_test.yaml").read_text())
