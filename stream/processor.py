@@ -31,7 +31,6 @@ newer than its cut.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -44,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -63,19 +63,43 @@ logger = logging.getLogger("featureline.stream")
 
 ENTITIES = {"user": "user_id", "item": "item_id"}
 DAY_S = 86_400
-# Adds one event to an entity's streamed days unless its digest was counted already.
-# KEYS: the entity's digests (a set), its days (a hash). ARGV: digest, day, label.
-# Returns the days hash (day → "events:positives") and its version.
+# Adds a batch of events to their entities' streamed days, each event at most once per
+# entity, and returns the days of every entity touched. KEYS: per event and entity, its
+# digests (a set) then its days (a hash: day → "events:positives", and "version"). ARGV: per
+# pair, the event's digest, day and label. Returns, per distinct days key in order of first
+# appearance, its HGETALL.
 COUNT_ONCE = """
-if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
-  local old = redis.call('HGET', KEYS[2], ARGV[2]) or '0:0'
-  local sep = string.find(old, ':')
-  local n = tonumber(string.sub(old, 1, sep - 1)) + 1
-  local p = tonumber(string.sub(old, sep + 1)) + tonumber(ARGV[3])
-  redis.call('HSET', KEYS[2], ARGV[2], n .. ':' .. p)
-  redis.call('HINCRBY', KEYS[2], 'version', 1)
+local seen, result = {}, {}
+for i = 1, #KEYS, 2 do
+  local digests, days = KEYS[i], KEYS[i + 1]
+  local at = (i - 1) / 2 * 3
+  if redis.call('SADD', digests, ARGV[at + 1]) == 1 then
+    local old = redis.call('HGET', days, ARGV[at + 2]) or '0:0'
+    local sep = string.find(old, ':')
+    local n = tonumber(string.sub(old, 1, sep - 1)) + 1
+    local p = tonumber(string.sub(old, sep + 1)) + tonumber(ARGV[at + 3])
+    redis.call('HSET', days, ARGV[at + 2], n .. ':' .. p)
+    redis.call('HINCRBY', days, 'version', 1)
+  end
+  if not seen[days] then
+    seen[days] = true
+    result[#result + 1] = days
+  end
 end
-return 0
+for j = 1, #result do result[j] = redis.call('HGETALL', result[j]) end
+return result
+"""
+# The days of each key (KEYS), as COUNT_ONCE returns them.
+READ_DAYS = """
+local result = {}
+for j = 1, #KEYS do result[j] = redis.call('HGETALL', KEYS[j]) end
+return result
+"""
+# The version of each key's days (KEYS).
+VERSIONS = """
+local result = {}
+for j = 1, #KEYS do result[j] = redis.call('HGET', KEYS[j], 'version') or '0' end
+return result
 """
 
 
@@ -171,6 +195,11 @@ def features(entity: str, base: Base, streamed: dict[int, tuple[int, int]],
             f"{entity}_positive_rate": positives / events if events else None}
 
 
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """An HGETALL reply as a Lua script returns it (field, value, …) as a dict."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
 def _parse_days(stored: dict[bytes, bytes]) -> tuple[dict[int, tuple[int, int]], int]:
     """An entity's streamed days (day → events, positives) and their version."""
     pairs = dict(stored)
@@ -192,7 +221,9 @@ class StreamProcessor:
                  metrics: StreamMetrics | None = None) -> None:
         self.log, self.store, self.project = log, store, project
         self.client = redis.client(state_url)
-        self.script = self.client.register_script(COUNT_ONCE)
+        self.count_once = self.client.register_script(COUNT_ONCE)
+        self.read_days = self.client.register_script(READ_DAYS)
+        self.versions = self.client.register_script(VERSIONS)
         self.metadata, self.contract, self.layouts = metadata, contract, layouts
         self.archive = archive
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
@@ -238,7 +269,7 @@ class StreamProcessor:
                         self.client.hincrby(key, "version", 1)
                 values.append(key.decode()[len(prefix):])
             if values:
-                self._write(entity, {self._typed(entity, v): None for v in values})
+                self._write(entity, [self._typed(entity, v) for v in values])
         return True
 
     def _typed(self, entity: str, value: str) -> Any:
@@ -249,21 +280,26 @@ class StreamProcessor:
         """Apply, write, archive, commit one batch; how many events it held."""
         if not delivered:
             return 0
-        events = [json.loads(d.payload) for d in delivered]
-        touched: dict[str, dict[Any, None]] = {entity: {} for entity in ENTITIES}
-        pipe = self.client.pipeline(transaction=False)
+        events = [orjson.loads(d.payload) for d in delivered]
+        keys: list[str] = []
+        args: list[Any] = []
+        touched: list[tuple[str, Any]] = []
         for event in events:
             typed = {**event, "ts": datetime.fromisoformat(event["ts"])}
             digest = event_digest(typed, self.contract)
             day, positive = day_of(typed["ts"]), label(typed, self.contract)
             for entity, key in ENTITIES.items():
-                self.script(keys=[self._key(entity, typed[key], "seen"),
-                                  self._key(entity, typed[key], "days")],
-                            args=[digest, day, positive], client=pipe)
-                touched[entity][typed[key]] = None
-        pipe.execute()
-        for entity, values in touched.items():
-            self._write(entity, values)
+                keys += [self._key(entity, typed[key], "seen"),
+                         self._key(entity, typed[key], "days")]
+                args += [digest, day, positive]
+                touched.append((entity, typed[key]))
+        stored = iter(self.count_once(keys=keys, args=args))
+        days: dict[str, dict[Any, dict[bytes, bytes]]] = {entity: {} for entity in ENTITIES}
+        for entity, value in touched:
+            if value not in days[entity]:
+                days[entity][value] = _pairs(next(stored))
+        for entity, found in days.items():
+            self._write(entity, found)
         servable = time.time()
         self.metrics.observe([servable - event["accepted_at"] for event in events])
         self._archive(events)
@@ -271,16 +307,16 @@ class StreamProcessor:
         self.processed += len(events)
         return len(events)
 
-    def _write(self, entity: str, values: dict[Any, None]) -> None:
-        """Compute and write the features of ``values``; again for those whose streamed days
-        moved meanwhile (another processor of the group wrote them)."""
-        pending = list(values)
-        while pending:
+    def _write(self, entity: str, stored: dict[Any, dict[bytes, bytes]] | list[Any]) -> None:
+        """Compute and write the features of the entities ``stored`` (id → its days, as
+        read; or ids, read here); again for those whose streamed days moved meanwhile
+        (another processor of the group counted events of theirs)."""
+        if isinstance(stored, list):
+            stored = self._days(entity, stored)
+        layout = self.layouts[entity]
+        while stored:
             versions, rows = {}, []
-            pipe = self.client.pipeline(transaction=False)
-            for value in pending:
-                pipe.hgetall(self._key(entity, value, "days"))
-            for value, reply in zip(pending, pipe.execute(), strict=True):
+            for value, reply in stored.items():
                 days, versions[value] = _parse_days(reply)
                 base = self.base.entities.get(entity, {}).get(value, Base())
                 row = features(entity, base, days, self.contract.recent_days)
@@ -290,17 +326,20 @@ class StreamProcessor:
                 row[EVENT_TIMESTAMP] = datetime.fromtimestamp((last_day + 1) * DAY_S,
                                                               tz=timezone.utc)
                 rows.append(row)
-            layout = self.layouts[entity]
             table = pa.Table.from_pylist(rows).select(
                 [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)])
             self.store.write_view(table, layout, keep_keys=False)
-            self.store.announce(written_topic(self.project), json.dumps(
-                [[layout.view, value] for value in pending]).encode())
-            pipe = self.client.pipeline(transaction=False)
-            for value in pending:
-                pipe.hget(self._key(entity, value, "days"), "version")
-            pending = [value for value, version in zip(pending, pipe.execute(), strict=True)
-                       if int(version or 0) != versions[value]]
+            self.store.announce(written_topic(self.project), orjson.dumps(
+                [[layout.view, value] for value in stored]))
+            values = list(stored)
+            now = self.versions(keys=[self._key(entity, v, "days") for v in values])
+            moved = [v for v, version in zip(values, now, strict=True)
+                     if int(version) != versions[v]]
+            stored = self._days(entity, moved) if moved else {}
+
+    def _days(self, entity: str, values: list[Any]) -> dict[Any, dict[bytes, bytes]]:
+        replies = self.read_days(keys=[self._key(entity, v, "days") for v in values])
+        return {value: _pairs(reply) for value, reply in zip(values, replies, strict=True)}
 
     def _archive(self, events: list[dict[str, Any]]) -> None:
         """The events in the raw log's schema, appended to this processor's file of the
@@ -310,9 +349,9 @@ class StreamProcessor:
         self.archive.mkdir(parents=True, exist_ok=True)
         path = self.archive / f".{self._archive_name(hour)}"
         columns = self.contract.columns
-        lines = "".join(json.dumps({c: event.get(c) for c in columns}) + "\n"
-                        for event in events)
-        with path.open("a") as file:
+        lines = b"".join(orjson.dumps({c: event.get(c) for c in columns}) + b"\n"
+                         for event in events)
+        with path.open("ab") as file:
             file.write(lines)
             file.flush()
             os.fsync(file.fileno())
