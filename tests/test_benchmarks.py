@@ -168,3 +168,17 @@ def test_bench_gpu_plan_smoke():
     assert cpu > 0 and check > 0
     assert report["ratio_vs_etl_run_median"] == pytest.approx(check / cpu, rel=0.05)
     json.dumps(report)
+
+
+def test_bench_stream_smoke():
+    """API, processor and Redis on a tiny store: every tracked push served, the burst
+    drained, both rates measured."""
+    report = _load("bench_stream").run(entities=200, rate=100, seconds=1, batch=10, track=5,
+                                       burst=500)
+    json.dumps(report)
+    fixed, burst = report["fixed_rate"], report["throughput"]
+    assert fixed["push_errors"] == 0 and fixed["not_servable_in_time"] == 0
+    assert fixed["tracked"] == 20 and fixed["processed"] == 100
+    assert fixed["push_to_servable_p99_ms"] >= fixed["push_to_servable_p50_ms"] > 0
+    assert burst["events"] == 500 and burst["end_to_end_events_per_s"] > 0
+    assert burst["stream_vs_raw"] > 0
