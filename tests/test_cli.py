@@ -144,7 +144,12 @@ def test_demo_command_runs_end_to_end(demo_run):
     assert any(line.split()[:1] == [first] for line in result.output.splitlines())
     # Served: every endpoint answered (the demo stops at the first error) and says how.
     answers = [line for line in result.output.splitlines() if line.startswith("  → ")]
-    assert len(answers) == 8 and all(a.startswith("  → 200") for a in answers)
+    assert len(answers) == 9 and all(a.startswith("  → 200") for a in answers[:8])
+    # Then three events pushed (202) and served: the user's count grew by exactly three.
+    assert answers[8] == '  → 202 {"accepted":3,"rejected":[]}'
+    (fresh,) = [line for line in result.output.splitlines() if line.startswith("fresh features")]
+    before, after = (int(n) for n in fresh.split("user_events ")[1].split(",")[0].split(" → "))
+    assert after == before + 3
     assert "authentication OFF" in result.output
 
 
