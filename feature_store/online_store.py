@@ -39,9 +39,10 @@ class OnlineStore(Protocol):
 
     def write_view(self, rows: pa.Table, layout: Layout,
                    progress: Callable[[int], None] | None = None, *,
-                   keep_keys: bool = True) -> Written:
+                   keep_keys: bool = True, compare: bool = True) -> Written:
         """Write ``rows`` (one per entity) into the view's fields: how many entities were
-        written and how many had a value that differs from the stored one (or were new);
+        written and how many had a value that differs from the stored one (or were new;
+        without ``compare``, every one counts as changed and nothing is read);
         ``keep_keys``: also every key written."""
         ...
 

@@ -63,6 +63,24 @@ end
 return changed
 """
 logger = logging.getLogger("featureline.feature_store")
+# COMPARE_AND_SET without the compare: sets each entity's fields, returns how many.
+SET_ONLY = """
+local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+local at = n + 4
+for k = 1, #KEYS do
+  local args = {}
+  for j = 1, n do
+    args[2 * j - 1] = ARGV[2 + j]
+    args[2 * j] = ARGV[at + j - 1]
+  end
+  args[2 * n + 1] = ARGV[n + 3]
+  args[2 * n + 2] = ARGV[at + n]
+  redis.call('HSET', KEYS[k], unpack(args))
+  if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+  at = at + n + 1
+end
+return #KEYS
+"""
 # Seconds a listener waits for a message before it looks at its stop flag, and before it
 # subscribes again after the server went away.
 LISTEN_POLL_S = 0.5
@@ -152,13 +170,13 @@ class RedisOnlineStore:
 
     def write_view(self, rows: pa.Table, layout: Layout,
                    progress: Callable[[int], None] | None = None, *,
-                   keep_keys: bool = True) -> Written:
+                   keep_keys: bool = True, compare: bool = True) -> Written:
         changed = written = 0
         written_keys: set[bytes] = set()
         with online_store_errors(self.url):
             # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot
             # load).
-            digest = self.client.script_load(COMPARE_AND_SET)
+            digest = self.client.script_load(COMPARE_AND_SET if compare else SET_ONLY)
             for keys, fields, by_row in encoded_slices(rows, layout):
                 head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
                 chunks = self._chunks(keys)

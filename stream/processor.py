@@ -63,30 +63,43 @@ logger = logging.getLogger("featureline.stream")
 
 ENTITIES = {"user": "user_id", "item": "item_id"}
 DAY_S = 86_400
-# Adds a batch of events to their entities' streamed days, each event at most once per
-# entity, and returns the days of every entity touched. KEYS: per event and entity, its
-# digests (a set) then its days (a hash: day → "events:positives", and "version"). ARGV: per
-# pair, the event's digest, day and label. Returns, per distinct days key in order of first
-# appearance, its HGETALL.
+# Adds a batch of events to their user's and item's streamed days, each event once: the
+# script runs whole, so one digest per event guards both entities' counts. KEYS: per event,
+# the digests of its user and day (a set), its user's days, its item's days (hashes:
+# "n:<day>" events, "p:<day>" positives, "version"). ARGV: per event, its digest, day and
+# label. Returns, per distinct days key in order of first appearance, its HGETALL.
 COUNT_ONCE = """
-local seen, result = {}, {}
-for i = 1, #KEYS, 2 do
-  local digests, days = KEYS[i], KEYS[i + 1]
-  local at = (i - 1) / 2 * 3
-  if redis.call('SADD', digests, ARGV[at + 1]) == 1 then
-    local old = redis.call('HGET', days, ARGV[at + 2]) or '0:0'
-    local sep = string.find(old, ':')
-    local n = tonumber(string.sub(old, 1, sep - 1)) + 1
-    local p = tonumber(string.sub(old, sep + 1)) + tonumber(ARGV[at + 3])
-    redis.call('HSET', days, ARGV[at + 2], n .. ':' .. p)
-    redis.call('HINCRBY', days, 'version', 1)
-  end
-  if not seen[days] then
-    seen[days] = true
-    result[#result + 1] = days
+local adds, order, seen = {}, {}, {}
+for i = 1, #KEYS, 3 do
+  local at = (i - 1) / 3 * 3
+  local day, positive = ARGV[at + 2], tonumber(ARGV[at + 3])
+  local new = redis.call('SADD', KEYS[i], ARGV[at + 1]) == 1
+  for k = i + 1, i + 2 do
+    local days = KEYS[k]
+    if not seen[days] then
+      seen[days] = true
+      order[#order + 1] = days
+      adds[days] = {}
+    end
+    if new then
+      local counts = adds[days][day] or {0, 0}
+      counts[1] = counts[1] + 1
+      counts[2] = counts[2] + positive
+      adds[days][day] = counts
+    end
   end
 end
-for j = 1, #result do result[j] = redis.call('HGETALL', result[j]) end
+local result = {}
+for j, days in ipairs(order) do
+  local changed = false
+  for day, counts in pairs(adds[days]) do
+    redis.call('HINCRBY', days, 'n:' .. day, counts[1])
+    if counts[2] > 0 then redis.call('HINCRBY', days, 'p:' .. day, counts[2]) end
+    changed = true
+  end
+  if changed then redis.call('HINCRBY', days, 'version', 1) end
+  result[j] = redis.call('HGETALL', days)
+end
 return result
 """
 # The days of each key (KEYS), as COUNT_ONCE returns them.
@@ -202,13 +215,17 @@ def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
 
 def _parse_days(stored: dict[bytes, bytes]) -> tuple[dict[int, tuple[int, int]], int]:
     """An entity's streamed days (day → events, positives) and their version."""
-    pairs = dict(stored)
-    version = int(pairs.pop(b"version", 0))
-    days = {}
-    for day, value in pairs.items():
-        n, _, p = value.partition(b":")
-        days[int(day)] = (int(n), int(p))
-    return days, version
+    events: dict[int, int] = {}
+    positives: dict[int, int] = {}
+    version = 0
+    for name, value in stored.items():
+        if name == b"version":
+            version = int(value)
+        elif name[:2] == b"n:":
+            events[int(name[2:])] = int(value)
+        else:
+            positives[int(name[2:])] = int(value)
+    return {day: (n, positives.get(day, 0)) for day, n in events.items()}, version
 
 
 class StreamProcessor:
@@ -235,11 +252,15 @@ class StreamProcessor:
         self._stop = threading.Event()
 
     def _key(self, entity: str, value: Any, part: str) -> str:
-        """The Redis key of one entity's streamed ``days`` or ``seen`` digests."""
+        """The Redis key of one entity's streamed ``days``."""
         return f"{self._prefix(entity, part)}{value}"
 
     def _prefix(self, entity: str, part: str) -> str:
         return f"featureline:stream:{self.project}:{entity}:{part}:"
+
+    def _seen_key(self, user: Any, day: int) -> str:
+        """The digests of a user's events of one day (dropped with the day at a new cut)."""
+        return f"featureline:stream:{self.project}:seen:{day}:{user}"
 
     def refresh_base(self) -> bool:
         """Reload the batch base when the store's publication changed; True if it did (then
@@ -257,20 +278,30 @@ class StreamProcessor:
         previous = self.client.getset(f"featureline:stream:{self.project}:cut",
                                       self.base.cut_day)
         prune = previous is not None and int(previous) != self.base.cut_day
+        if prune:
+            self._prune(self.base.cut_day)
         for entity in ENTITIES:
-            values = []
             prefix = self._prefix(entity, "days")
-            for key in self.client.scan_iter(match=f"{prefix}*", count=1000):
-                if prune:
-                    old = [day for day in self.client.hkeys(key)
-                           if day != b"version" and int(day) < self.base.cut_day]
-                    if old:
-                        self.client.hdel(key, *old)
-                        self.client.hincrby(key, "version", 1)
-                values.append(key.decode()[len(prefix):])
+            values = [key.decode()[len(prefix):]
+                      for key in self.client.scan_iter(match=f"{prefix}*", count=1000)]
             if values:
                 self._write(entity, [self._typed(entity, v) for v in values])
         return True
+
+    def _prune(self, cut_day: int) -> None:
+        """Drop the streamed days before ``cut_day`` and their digests."""
+        for entity in ENTITIES:
+            for key in self.client.scan_iter(match=f"{self._prefix(entity, 'days')}*",
+                                             count=1000):
+                old = [field for field in self.client.hkeys(key)
+                       if field[:2] in (b"n:", b"p:") and int(field[2:]) < cut_day]
+                if old:
+                    self.client.hdel(key, *old)
+                    self.client.hincrby(key, "version", 1)
+        prefix = f"featureline:stream:{self.project}:seen:"
+        for key in self.client.scan_iter(match=f"{prefix}*", count=1000):
+            if int(key.decode()[len(prefix):].split(":", 1)[0]) < cut_day:
+                self.client.delete(key)
 
     def _typed(self, entity: str, value: str) -> Any:
         dtype = self.metadata.entities[entity].join_key_dtype
@@ -286,13 +317,12 @@ class StreamProcessor:
         touched: list[tuple[str, Any]] = []
         for event in events:
             typed = {**event, "ts": datetime.fromisoformat(event["ts"])}
-            digest = event_digest(typed, self.contract)
-            day, positive = day_of(typed["ts"]), label(typed, self.contract)
-            for entity, key in ENTITIES.items():
-                keys += [self._key(entity, typed[key], "seen"),
-                         self._key(entity, typed[key], "days")]
-                args += [digest, day, positive]
-                touched.append((entity, typed[key]))
+            day = day_of(typed["ts"])
+            user, item = typed["user_id"], typed["item_id"]
+            keys += [self._seen_key(user, day), self._key("user", user, "days"),
+                     self._key("item", item, "days")]
+            args += [event_digest(typed, self.contract), day, label(typed, self.contract)]
+            touched += [("user", user), ("item", item)]
         stored = iter(self.count_once(keys=keys, args=args))
         days: dict[str, dict[Any, dict[bytes, bytes]]] = {entity: {} for entity in ENTITIES}
         for entity, value in touched:
@@ -328,7 +358,7 @@ class StreamProcessor:
                 rows.append(row)
             table = pa.Table.from_pylist(rows).select(
                 [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)])
-            self.store.write_view(table, layout, keep_keys=False)
+            self.store.write_view(table, layout, keep_keys=False, compare=False)
             self.store.announce(written_topic(self.project), orjson.dumps(
                 [[layout.view, value] for value in stored]))
             values = list(stored)
