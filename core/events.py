@@ -229,7 +229,7 @@ def label(event: Mapping[str, Any], contract: EventContract) -> int:
         return 0
     categorical = rule.column not in contract.numeric and rule.column != "ts"
     wanted = rule.value if isinstance(rule.value, list) else [rule.value]
-    literals = [_as_text(v) if categorical else float(v) for v in wanted]
+    literals = [label_text(v) if categorical else float(v) for v in wanted]
     if rule.op == "in":
         return int(value in literals)
     other = literals[0]
@@ -237,7 +237,8 @@ def label(event: Mapping[str, Any], contract: EventContract) -> int:
                 "<": value < other, "==": value == other, "!=": value != other}[rule.op])
 
 
-def _as_text(value: str | float) -> str:
+def label_text(value: str | float) -> str:
+    """A label rule's literal compared with a categorical column: ``4.0`` reads ``4``."""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 

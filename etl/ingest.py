@@ -14,7 +14,7 @@ import glob
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -27,7 +27,6 @@ from featureline.core.events import (
     REQUIRED_ROLES,
     check_fields,
 )
-from featureline.core.settings import duration_seconds
 from featureline.etl.config import EtlConfig, SourceConfig, ValidationConfig
 from featureline.etl.errors import NoInputError, RawLogSchemaError
 
@@ -292,16 +291,6 @@ def _typed(raw: DataFrame, config: EtlConfig, numeric: list[str]) -> DataFrame:
         )
 
 
-def latest_accepted(validation: ValidationConfig, now: datetime | None = None) -> datetime:
-    """The end of the accepted time window: ``ts_max``, or the run's start plus
-    ``future_tolerance`` when that is earlier."""
-    if validation.future_tolerance is None:
-        return validation.ts_max
-    now = now or datetime.now(timezone.utc)
-    return min(validation.ts_max,
-               now + timedelta(seconds=duration_seconds(validation.future_tolerance)))
-
-
 def validate(raw: DataFrame, config: EtlConfig, now: datetime | None = None) -> DataFrame:
     """Typed columns plus ``reason`` / ``field``: null for a good row, else why it is rejected.
 
@@ -311,7 +300,9 @@ def validate(raw: DataFrame, config: EtlConfig, now: datetime | None = None) -> 
     typed = _typed(raw, config, numeric)
     ts = F.col("_ts")
 
-    window = (F.lit(config.validation.ts_min), F.lit(latest_accepted(config.validation, now)))
+    # The event contract's window: what the push checks pushed events against.
+    contract = config.event_contract()
+    window = (F.lit(contract.ts_min), F.lit(contract.latest_accepted(now)))
     # core.events.CHECKS, each test as a Spark column (the API evaluates the same list).
     tests: dict[str, Callable[[str], Column]] = {
         "malformed": lambda _: F.col(_MALFORMED),

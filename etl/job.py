@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from featureline.core import __version__
 from featureline.core.errors import ConfigError
-from featureline.core.events import REASONS
+from featureline.core.events import REASONS, label_text
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     EVENT_TIMESTAMP,
@@ -119,16 +119,12 @@ class StageTimer:
         self.progress(f"{stage} done in {self.seconds[stage]:.1f}s{summary}")
 
 
-def _as_text(value: str | float) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
 def label_column(rule: LabelRule, config: EtlConfig) -> Column:
     """1 where the event matches the rule, else 0 (a missing value never matches)."""
     column = F.col(rule.column)
     categorical = rule.column in categorical_columns(config)
     values = rule.value if isinstance(rule.value, list) else [rule.value]
-    literals = [_as_text(v) if categorical else float(v) if not isinstance(v, str) else v
+    literals = [label_text(v) if categorical else float(v) if not isinstance(v, str) else v
                 for v in values]
     comparisons = {">=": column.__ge__, ">": column.__gt__, "<=": column.__le__,
                    "<": column.__lt__, "==": column.__eq__, "!=": column.__ne__}

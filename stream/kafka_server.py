@@ -7,23 +7,17 @@ from __future__ import annotations
 
 import base64
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
 from types import TracebackType
 
+from featureline.feature_store.redis_server import free_port
 from featureline.stream.errors import StreamError
 
 START_TIMEOUT_S = 90.0
 HEAP = "-Xmx512m"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def server_properties(folder: Path, port: int, controller_port: int) -> str:
@@ -55,8 +49,8 @@ class EmbeddedKafka:
     def __init__(self, folder: Path, classpath: str) -> None:
         self.folder = folder
         self.classpath = classpath
-        self.port = _free_port()
-        self.controller_port = _free_port()
+        self.port = free_port()
+        self.controller_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

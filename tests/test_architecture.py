@@ -30,7 +30,7 @@ PUBLIC = {
             "stream.settings", "stream.log", "stream.push"},
     # The stream processor writes through the online store's protocol, in Feast's layout.
     "stream": {"feature_store.online_store", "feature_store.repo", "feature_store.settings",
-               "feature_store.writer"},
+               "feature_store.writer", "feature_store.redis_server"},
     # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables and
     # the parameter server's configuration for them.
     "trainer": {"etl.tfrecord.reader", "hps.formats", "hps.config"},
