@@ -99,7 +99,7 @@ class Stack:
                                 "limits": {"max_events": 10_000,
                                            "max_body_bytes": 16 * 1024 * 1024}})
         settings["stream"].update({"archive": str(root / "archive"),
-                                   "metrics_port": self.metrics_port, "read_batch": 1000})
+                                   "metrics_port": self.metrics_port})
         config_file = root / "featureline.yaml"
         config_file.write_text(yaml.safe_dump(settings))
         self.base = f"http://127.0.0.1:{self.port}"

@@ -25,6 +25,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Literal
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 ROLES = ("user_id", "item_id", "event_type", "ts", "value")
@@ -185,66 +186,102 @@ def check_fields(check: Check, numeric: list[str]) -> list[str | None]:
     return list(numeric) if check.field == NUMERIC else [check.field]
 
 
+class EventValidator:
+    """:data:`CHECKS` for one contract at one moment, set up once for the events of a call:
+    ``validator(record)`` is a decoded JSON event's typed columns, or the first check it
+    fails."""
+
+    def __init__(self, contract: EventContract, now: datetime | None = None) -> None:
+        self.contract = contract
+        self.numeric = contract.numeric
+        self.categorical = contract.categorical
+        self.columns = contract.columns
+        self.event_types = frozenset(contract.event_types)
+        self.window = (contract.ts_min, contract.latest_accepted(now))
+        self.checks = [(check.reason, name, check.test) for check in CHECKS
+                       for name in check_fields(check, self.numeric)]
+
+    def __call__(self, record: Any) -> tuple[dict[str, Any] | None, Rejection | None]:
+        if not isinstance(record, Mapping):
+            return None, Rejection("malformed_record", None)
+        roles = {role: (field_text(record.get(role)) or "").strip() for role in REQUIRED_ROLES}
+        numbers_text = {n: _number_text(record.get(n)) for n in self.numeric}
+        numbers = {n: None if t is None else parse_number(t) for n, t in numbers_text.items()}
+        ts = parse_timestamp(roles["ts"], self.contract.ts_unit) if roles["ts"] else None
+        for reason, name, test in self.checks:
+            if self._fails(test, name, roles, ts, numbers_text, numbers):
+                return None, Rejection(reason, name)
+        event: dict[str, Any] = {"user_id": roles["user_id"], "item_id": roles["item_id"],
+                                 "event_type": roles["event_type"], "ts": ts}
+        # -0.0 is 0.0, as Spark groups it.
+        event.update((n, None if v is None else v + 0.0) for n, v in numbers.items())
+        for column in self.categorical:
+            value = field_text(record.get(column))
+            event[column] = None if value is None else value.strip()
+        return {column: event[column] for column in self.columns}, None
+
+    def _fails(self, test: str, name: str | None, roles: dict[str, str], ts: datetime | None,
+               numbers_text: dict[str, str | None], numbers: dict[str, float | None]) -> bool:
+        if test == "missing":
+            return roles[str(name)] == ""
+        if test == "bad_timestamp":
+            return ts is None
+        if test == "out_of_window":
+            return ts is not None and not self.window[0] <= ts < self.window[1]
+        if test == "unknown_value":
+            return roles[str(name)] not in self.event_types
+        if test == "bad_number":
+            return numbers_text[str(name)] not in (None, "") and numbers[str(name)] is None
+        if test == "non_finite":
+            return not math.isfinite(numbers[str(name)] or 0.0)
+        return False  # malformed: a Mapping is not
+
+
 def validate_event(record: Any, contract: EventContract, now: datetime | None = None
                    ) -> tuple[dict[str, Any] | None, Rejection | None]:
     """One decoded JSON event: its typed columns, or the first check it fails."""
-    if not isinstance(record, Mapping):
-        return None, Rejection("malformed_record", None)
-    text = {name: field_text(record.get(name)) for name in
-            (*REQUIRED_ROLES, *contract.numeric, *contract.categorical)}
-    roles = {role: (text[role] or "").strip() for role in REQUIRED_ROLES}
-    numbers_text: dict[str, str | None] = {
-        n: None if text[n] is None else _unquoted(str(text[n])) for n in contract.numeric}
-    numbers = {n: None if t is None else parse_number(t) for n, t in numbers_text.items()}
-    ts = parse_timestamp(roles["ts"], contract.ts_unit) if roles["ts"] else None
-    latest = contract.latest_accepted(now)
-    tests: dict[str, Callable[[str | None], bool]] = {
-        "malformed": lambda _: False,
-        "missing": lambda name: roles.get(str(name), "") == "",
-        "bad_timestamp": lambda _: ts is None,
-        "out_of_window": lambda _: ts is not None and not contract.ts_min <= ts < latest,
-        "unknown_value": lambda name: roles.get(str(name), "") not in contract.event_types,
-        "bad_number": lambda name: (numbers_text.get(str(name)) not in (None, "")
-                                    and numbers.get(str(name)) is None),
-        "non_finite": lambda name: not math.isfinite(numbers.get(str(name)) or 0.0),
-    }
-    for check in CHECKS:
-        for name in check_fields(check, contract.numeric):
-            if tests[check.test](name):
-                return None, Rejection(check.reason, name)
-    event: dict[str, Any] = {"user_id": roles["user_id"], "item_id": roles["item_id"],
-                             "event_type": roles["event_type"], "ts": ts}
-    event.update(numbers)
-    for column in contract.categorical:
-        value = text[column]
-        event[column] = None if value is None else value.strip()
-    return {column: event[column] for column in contract.columns}, None
+    return EventValidator(contract, now)(record)
 
 
-def label(event: Mapping[str, Any], contract: EventContract) -> int:
-    """The ETL's label of an accepted event (``etl/job.py``'s ``label_column``)."""
+def _number_text(value: Any) -> str | None:
+    text = field_text(value)
+    return None if text is None else _unquoted(text)
+
+
+def event_line(event: Mapping[str, Any]) -> bytes:
+    """A validated event as one JSON line in the raw log's schema (its typed columns in
+    order, ``ts`` in ISO-8601 to the microsecond): what the event log carries and the stream
+    archive holds. Two events the ETL counts as one — every typed column equal, a missing
+    value equal to a missing value — have the same line."""
+    return orjson.dumps(event)
+
+
+def event_digest(line: bytes) -> bytes:
+    """The digest of an event's line (:func:`event_line`): equal for exact duplicates."""
+    return hashlib.blake2b(line, digest_size=12).digest()
+
+
+def labeler(contract: EventContract) -> Callable[[Mapping[str, Any]], int]:
+    """The ETL's label of an accepted event (``etl/job.py``'s ``label_column``), its
+    literals read once: 1 where the event matches the rule, else 0."""
     rule = contract.label
-    value = event.get(rule.column)
-    if value is None:
-        return 0
     categorical = rule.column not in contract.numeric and rule.column != "ts"
     wanted = rule.value if isinstance(rule.value, list) else [rule.value]
     literals = [label_text(v) if categorical else float(v) for v in wanted]
-    if rule.op == "in":
-        return int(value in literals)
-    other = literals[0]
-    return int({">=": value >= other, ">": value > other, "<=": value <= other,
-                "<": value < other, "==": value == other, "!=": value != other}[rule.op])
+    compare: Callable[[Any], bool] = {
+        "in": lambda value: value in literals,
+        ">=": lambda value: value >= literals[0], ">": lambda value: value > literals[0],
+        "<=": lambda value: value <= literals[0], "<": lambda value: value < literals[0],
+        "==": lambda value: value == literals[0], "!=": lambda value: value != literals[0],
+    }[rule.op]
+
+    def label(event: Mapping[str, Any]) -> int:
+        value = event.get(rule.column)
+        return 0 if value is None else int(compare(value))
+
+    return label
 
 
 def label_text(value: str | float) -> str:
     """A label rule's literal compared with a categorical column: ``4.0`` reads ``4``."""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
-def event_digest(event: Mapping[str, Any], contract: EventContract) -> str:
-    """Equal for two events that the ETL counts as one (every typed column equal, ``ts`` to
-    the microsecond, a missing value equal to a missing value)."""
-    values = [event[c].isoformat() if isinstance(event[c], datetime) else event[c]
-              for c in contract.columns]
-    return hashlib.blake2b(json.dumps(values).encode(), digest_size=12).hexdigest()

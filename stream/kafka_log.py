@@ -58,7 +58,7 @@ class KafkaLog:
             raise EventLogUnavailableError(self.url, str(exc)) from exc
         self._topic_ready = True
 
-    def append(self, events: Sequence[tuple[str, bytes]]) -> None:
+    def append(self, events: Sequence[tuple[str, bytes]], accepted_at: float) -> None:
         from confluent_kafka import KafkaException, Producer
 
         with self._lock:
@@ -75,8 +75,10 @@ class KafkaLog:
                     failures.append(str(error))
 
             try:
-                for key, payload in events:
-                    self._producer.produce(self.topic, payload, key.encode(),
+                # One message per event; its timestamp is the time it was accepted.
+                stamp = int(accepted_at * 1000)
+                for key, line in events:
+                    self._producer.produce(self.topic, line, key.encode(), timestamp=stamp,
                                            on_delivery=delivered)
                     self._producer.poll(0)
                 left = self._producer.flush(APPEND_TIMEOUT_S)
@@ -108,7 +110,7 @@ class KafkaLog:
             if message.error() is not None:
                 raise EventLogUnavailableError(self.url, str(message.error()))
             delivered.append(Delivered((message.partition(), message.offset()),
-                                       message.value()))
+                                       message.value(), message.timestamp()[1] / 1000))
         return delivered
 
     def commit(self, delivered: Sequence[Delivered]) -> None:

@@ -20,24 +20,29 @@ from featureline.stream.settings import StreamConfig
 
 @dataclass(frozen=True)
 class Delivered:
-    """One event read from the log; ``token`` is what :meth:`EventLog.commit` needs."""
+    """One record read from the log: ``payload``, the lines of one or more events
+    (``core.events.event_line``, newline-separated) accepted at ``accepted_at`` (Unix
+    seconds); ``token`` is what :meth:`EventLog.commit` needs."""
 
     token: Any
     payload: bytes
+    accepted_at: float
 
 
 class EventLog(Protocol):
     url: str
 
-    def append(self, events: Sequence[tuple[str, bytes]]) -> None:
-        """Append ``(key, payload)`` pairs, partitioned by key; returns once every one is
-        stored, else raises :class:`~featureline.stream.errors.EventLogUnavailableError`
-        (some may be stored: appending again is safe, duplicates count once)."""
+    def append(self, events: Sequence[tuple[str, bytes]], accepted_at: float) -> None:
+        """Append ``(key, line)`` pairs accepted at ``accepted_at``, partitioned by key;
+        returns once every one is stored, else raises
+        :class:`~featureline.stream.errors.EventLogUnavailableError` (some may be stored:
+        appending again is safe, duplicates count once)."""
         ...
 
     def read(self, consumer: str, count: int, block_s: float) -> list[Delivered]:
-        """Up to ``count`` events for ``consumer`` of the group: first those delivered to it
-        and not committed, then new ones (waiting up to ``block_s`` for them)."""
+        """About ``count`` events (whole records) for ``consumer`` of the group: first those
+        delivered to it and not committed, then new ones (waiting up to ``block_s`` for
+        them)."""
         ...
 
     def commit(self, delivered: Sequence[Delivered]) -> None:

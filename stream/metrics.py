@@ -1,6 +1,8 @@
 """The stream processor's Prometheus metrics, served on ``stream.metrics_port`` (what
 k8s/monitoring's dashboard and alert rules read): freshness — seconds from an event's
-acceptance by ``POST /v1/push`` to its features being servable — and events processed."""
+acceptance by ``POST /v1/push`` to its features being servable, one observation per log
+record (the events of a record were accepted at one time and written at one time) — and
+events processed."""
 
 from __future__ import annotations
 
@@ -22,10 +24,11 @@ class StreamMetrics:
                               "Events the stream processor wrote into the online store",
                               registry=self.registry)
 
-    def observe(self, freshness_s: Sequence[float]) -> None:
+    def observe(self, freshness_s: Sequence[float], events: int) -> None:
+        """One freshness per log record written, and the events they held."""
         for seconds in freshness_s:
             self.freshness.observe(max(0.0, seconds))
-        self.events.inc(len(freshness_s))
+        self.events.inc(events)
 
     def serve(self, port: int, host: str = "0.0.0.0") -> None:
         """Serve ``/metrics`` on ``port`` from a background thread."""

@@ -49,7 +49,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from featureline.core import redis
-from featureline.core.events import EventContract, event_digest, label
+from featureline.core.events import EventContract, event_digest, labeler
 from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, Metadata, encoded_name, present
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.repo import open_repo
@@ -63,25 +63,25 @@ logger = logging.getLogger("featureline.stream")
 
 ENTITIES = {"user": "user_id", "item": "item_id"}
 DAY_S = 86_400
+# Events per COUNT_ONCE call: Redis serves other clients between two calls.
+SCRIPT_EVENTS = 1000
 # Adds a batch of events to their user's and item's streamed days, each event once: the
 # script runs whole, so one digest per event guards both entities' counts. KEYS: per event,
 # the digests of its user and day (a set), its user's days, its item's days (hashes:
 # "n:<day>" events, "p:<day>" positives, "version"). ARGV: per event, its digest, day and
-# label. Returns, per distinct days key in order of first appearance, its HGETALL.
+# label.
 COUNT_ONCE = """
-local adds, order, seen = {}, {}, {}
+local adds, order = {}, {}
 for i = 1, #KEYS, 3 do
   local at = (i - 1) / 3 * 3
-  local day, positive = ARGV[at + 2], tonumber(ARGV[at + 3])
-  local new = redis.call('SADD', KEYS[i], ARGV[at + 1]) == 1
-  for k = i + 1, i + 2 do
-    local days = KEYS[k]
-    if not seen[days] then
-      seen[days] = true
-      order[#order + 1] = days
-      adds[days] = {}
-    end
-    if new then
+  if redis.call('SADD', KEYS[i], ARGV[at + 1]) == 1 then
+    local day, positive = ARGV[at + 2], tonumber(ARGV[at + 3])
+    for k = i + 1, i + 2 do
+      local days = KEYS[k]
+      if not adds[days] then
+        adds[days] = {}
+        order[#order + 1] = days
+      end
       local counts = adds[days][day] or {0, 0}
       counts[1] = counts[1] + 1
       counts[2] = counts[2] + positive
@@ -89,20 +89,16 @@ for i = 1, #KEYS, 3 do
     end
   end
 end
-local result = {}
-for j, days in ipairs(order) do
-  local changed = false
+for _, days in ipairs(order) do
   for day, counts in pairs(adds[days]) do
     redis.call('HINCRBY', days, 'n:' .. day, counts[1])
     if counts[2] > 0 then redis.call('HINCRBY', days, 'p:' .. day, counts[2]) end
-    changed = true
   end
-  if changed then redis.call('HINCRBY', days, 'version', 1) end
-  result[j] = redis.call('HGETALL', days)
+  redis.call('HINCRBY', days, 'version', 1)
 end
-return result
+return #order
 """
-# The days of each key (KEYS), as COUNT_ONCE returns them.
+# The days of each key (KEYS): per key, its HGETALL.
 READ_DAYS = """
 local result = {}
 for j = 1, #KEYS do result[j] = redis.call('HGETALL', KEYS[j]) end
@@ -239,6 +235,8 @@ class StreamProcessor:
         self.log, self.store, self.project = log, store, project
         self.client = redis.client(state_url)
         self.count_once = self.client.register_script(COUNT_ONCE)
+        self.label = labeler(contract)
+        self._days_of: dict[str, int] = {}
         self.read_days = self.client.register_script(READ_DAYS)
         self.versions = self.client.register_script(VERSIONS)
         self.metadata, self.contract, self.layouts = metadata, contract, layouts
@@ -311,31 +309,46 @@ class StreamProcessor:
         """Apply, write, archive, commit one batch; how many events it held."""
         if not delivered:
             return 0
-        events = [orjson.loads(d.payload) for d in delivered]
+        lines = [line for record in delivered for line in record.payload.split(b"\n")]
+        prefixes = [self._prefix(entity, "days") for entity in ENTITIES]
         keys: list[str] = []
         args: list[Any] = []
-        touched: list[tuple[str, Any]] = []
-        for event in events:
-            typed = {**event, "ts": datetime.fromisoformat(event["ts"])}
-            day = day_of(typed["ts"])
-            user, item = typed["user_id"], typed["item_id"]
-            keys += [self._seen_key(user, day), self._key("user", user, "days"),
-                     self._key("item", item, "days")]
-            args += [event_digest(typed, self.contract), day, label(typed, self.contract)]
-            touched += [("user", user), ("item", item)]
-        stored = iter(self.count_once(keys=keys, args=args))
-        days: dict[str, dict[Any, dict[bytes, bytes]]] = {entity: {} for entity in ENTITIES}
-        for entity, value in touched:
-            if value not in days[entity]:
-                days[entity][value] = _pairs(next(stored))
-        for entity, found in days.items():
-            self._write(entity, found)
+        users, items = [], []
+        for line in lines:
+            event = orjson.loads(line)
+            user, item = event["user_id"], event["item_id"]
+            day = self._day(event["ts"])
+            keys += (self._seen_key(user, day), f"{prefixes[0]}{user}", f"{prefixes[1]}{item}")
+            args += (event_digest(line), day, self.label(event))
+            users.append(user)
+            items.append(item)
+        touched = {"user": list(dict.fromkeys(users)), "item": list(dict.fromkeys(items))}
+        pipe = self.client.pipeline(transaction=False)
+        for low in range(0, 3 * len(lines), 3 * SCRIPT_EVENTS):
+            self.count_once(keys=keys[low:low + 3 * SCRIPT_EVENTS],
+                            args=args[low:low + 3 * SCRIPT_EVENTS], client=pipe)
+        for entity, values in touched.items():
+            self.read_days(keys=[self._key(entity, v, "days") for v in values], client=pipe)
+        replies = pipe.execute()[-len(touched):]
+        for (entity, values), stored in zip(touched.items(), replies, strict=True):
+            self._write(entity, {value: _pairs(reply)
+                                 for value, reply in zip(values, stored, strict=True)})
         servable = time.time()
-        self.metrics.observe([servable - event["accepted_at"] for event in events])
-        self._archive(events)
+        self.metrics.observe([servable - record.accepted_at for record in delivered],
+                             len(lines))
+        self._archive(lines)
         self.log.commit(delivered)
-        self.processed += len(events)
-        return len(events)
+        self.processed += len(lines)
+        return len(lines)
+
+    def _day(self, ts: str) -> int:
+        """The UTC day of an event line's ``ts`` (ISO-8601 in UTC, ``YYYY-MM-DD…``)."""
+        date = ts[:10]
+        day = self._days_of.get(date)
+        if day is None:
+            day = self._days_of[date] = day_of(datetime.fromisoformat(date).replace(
+                tzinfo=timezone.utc))
+        return day
 
     def _write(self, entity: str, stored: dict[Any, dict[bytes, bytes]] | list[Any]) -> None:
         """Compute and write the features of the entities ``stored`` (id → its days, as
@@ -344,19 +357,23 @@ class StreamProcessor:
         if isinstance(stored, list):
             stored = self._days(entity, stored)
         layout = self.layouts[entity]
+        bases = self.base.entities.get(entity, {})
+        empty = Base()
         while stored:
-            versions, rows = {}, []
+            versions: dict[Any, int] = {}
+            columns: dict[str, list[Any]] = {}
             for value, reply in stored.items():
                 days, versions[value] = _parse_days(reply)
-                base = self.base.entities.get(entity, {}).get(value, Base())
+                base = bases.get(value, empty)
                 row = features(entity, base, days, self.contract.recent_days)
-                last_day = max([*days, *base.days, self.base.cut_day - 1])
                 row[ENTITIES[entity]] = value
                 row[encoded_name(ENTITIES[entity])] = base.encoded
-                row[EVENT_TIMESTAMP] = datetime.fromtimestamp((last_day + 1) * DAY_S,
-                                                              tz=timezone.utc)
-                rows.append(row)
-            table = pa.Table.from_pylist(rows).select(
+                row[EVENT_TIMESTAMP] = (max([*days, *base.days, self.base.cut_day - 1]) + 1) * DAY_S
+                for name, feature in row.items():
+                    columns.setdefault(name, []).append(feature)
+            columns[EVENT_TIMESTAMP] = pa.array(columns[EVENT_TIMESTAMP], pa.int64()).cast(
+                pa.timestamp("s", tz="UTC"))
+            table = pa.table(columns).select(
                 [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)])
             self.store.write_view(table, layout, keep_keys=False, compare=False)
             self.store.announce(written_topic(self.project), orjson.dumps(
@@ -371,18 +388,15 @@ class StreamProcessor:
         replies = self.read_days(keys=[self._key(entity, v, "days") for v in values])
         return {value: _pairs(reply) for value, reply in zip(values, replies, strict=True)}
 
-    def _archive(self, events: list[dict[str, Any]]) -> None:
+    def _archive(self, lines: list[bytes]) -> None:
         """The events in the raw log's schema, appended to this processor's file of the
         hour (whole lines, on disk before the events are committed). The file is hidden
         (``.events-…``, which Spark skips) until its hour is over: :meth:`seal_archive`."""
         hour = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H")
         self.archive.mkdir(parents=True, exist_ok=True)
         path = self.archive / f".{self._archive_name(hour)}"
-        columns = self.contract.columns
-        lines = b"".join(orjson.dumps({c: event.get(c) for c in columns}) + b"\n"
-                         for event in events)
         with path.open("ab") as file:
-            file.write(lines)
+            file.write(b"\n".join(lines) + b"\n")
             file.flush()
             os.fsync(file.fileno())
 

@@ -17,7 +17,10 @@ from featureline.stream.settings import StreamConfig
 if TYPE_CHECKING:
     from featureline.stream.log import Delivered
 
-FIELD = b"e"
+# An entry holds the lines of up to PER_ENTRY events of one append (FIELD) and the time they
+# were accepted (ACCEPTED).
+FIELD, ACCEPTED = b"e", b"a"
+PER_ENTRY = 100
 # A processor that has not acknowledged an entry for this long is taken for dead, and another
 # processor of the group takes the entry over.
 CLAIM_IDLE_MS = 30_000
@@ -38,11 +41,12 @@ class RedisStreamLog:
         except redis.UNAVAILABLE_ERRORS as exc:
             raise EventLogUnavailableError(self.url, str(exc) or type(exc).__name__) from exc
 
-    def append(self, events: Sequence[tuple[str, bytes]]) -> None:
+    def append(self, events: Sequence[tuple[str, bytes]], accepted_at: float) -> None:
         with self._errors():
             pipe = self.client.pipeline(transaction=False)
-            for _, payload in events:
-                pipe.xadd(self.stream, {FIELD: payload})
+            for low in range(0, len(events), PER_ENTRY):
+                lines = b"\n".join(line for _, line in events[low:low + PER_ENTRY])
+                pipe.xadd(self.stream, {FIELD: lines, ACCEPTED: repr(accepted_at)})
             pipe.execute()
 
     def _ensure_group(self) -> None:
@@ -55,6 +59,7 @@ class RedisStreamLog:
     def read(self, consumer: str, count: int, block_s: float) -> list[Delivered]:
         from featureline.stream.log import Delivered
 
+        count = max(1, -(-count // PER_ENTRY))  # entries
         with self._errors():
             self._ensure_group()
             entries = []
@@ -66,7 +71,8 @@ class RedisStreamLog:
                 entries = self._claim(consumer, count)
             if not entries:
                 entries = self._read(consumer, ">", count, int(block_s * 1000))
-        return [Delivered(message_id, fields[FIELD]) for message_id, fields in entries]
+        return [Delivered(message_id, fields[FIELD], float(fields[ACCEPTED]))
+                for message_id, fields in entries]
 
     def _read(self, consumer: str, start: str, count: int, block_ms: int | None) -> list[Any]:
         reply = cast(list[Any], self.client.xreadgroup(self.group, consumer,

@@ -28,8 +28,10 @@ class StreamConfig(Settings):
     archive: str = "data/stream_archive"
     # The processor's Prometheus /metrics (freshness, events); None: not served.
     metrics_port: int | None = Field(default=9108, ge=1, le=65535)
-    # Events a processor reads from the log at a time.
-    read_batch: int = Field(default=500, ge=1)
+    # At most this many events a processor reads from the log at a time: under a backlog,
+    # big batches write each entity once for many of its events; otherwise a read returns
+    # what has arrived.
+    read_batch: int = Field(default=5000, ge=1)
 
     @model_validator(mode="after")
     def _kafka_needs_brokers(self) -> StreamConfig:

@@ -20,12 +20,12 @@ import yaml
 from fastapi.testclient import TestClient
 
 from featureline.api.app import create_app
-from featureline.core.metadata import read_metadata
+from featureline.core.metadata import present, read_metadata
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import open_repo
 from featureline.stream.log import open_event_log
-from featureline.stream.processor import open_processor
+from featureline.stream.processor import SCRIPT_EVENTS, open_processor
 from featureline.stream.push import Pusher
 from tests.feast_data import copy_project, fresh_db
 
@@ -160,6 +160,35 @@ def test_the_seven_day_window_ends_at_the_latest_event(stream_app):
     assert served["user_events"] == user["user_events"] + 1
     assert served["user_events_7d"] == 1  # the batch's days fell out of the window
     assert served["user_positives"] == user["user_positives"]
+
+
+def test_a_batch_of_many_script_calls_counts_each_event_once(stream_app):
+    """One read holding more events than one Redis script call takes, with the duplicates of
+    the first call's events in the second, and -0.0 and 0.0 (one value to Spark)."""
+    client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
+    start = _latest(output, "item", "item_id", "i1")["event_timestamp"].replace(
+        tzinfo=timezone.utc) + timedelta(hours=1)
+    events = [_event(f"bulk-{n % 3}", "i1", "click" if n % 4 == 0 else "view",
+                     start + timedelta(days=n % 9, seconds=n)) for n in range(SCRIPT_EVENTS + 300)]
+    events += [dict(event) for event in events[:300]]
+    events += [_event("bulk-0", "i1", "view", start, value=0.0),
+               _event("bulk-0", "i1", "view", start, value=-0.0)]
+    metadata = read_metadata(output)
+    pusher = Pusher(present(metadata.events, metadata, "events"), processor.log)
+    assert pusher.push(events) == (len(events), [])
+    processor.refresh_base()
+    done = 0
+    while done < len(events):
+        done += processor.process(processor.log.read(processor.consumer, 5000, 0.2))
+    assert done == len(events)
+    for user in ("bulk-0", "bulk-1", "bulk-2"):
+        distinct = {(e["ts"], e["event_type"], e["value"]) for e in events
+                    if e["user_id"] == user}
+        days = [datetime.fromisoformat(ts).timestamp() // 86_400 for ts, _, _ in distinct]
+        served = _features(client, user, "i1")
+        assert served["user_events"] == len(distinct)
+        assert served["user_positives"] == sum(kind == "click" for _, kind, _ in distinct)
+        assert served["user_events_7d"] == sum(day > max(days) - 7 for day in days)
 
 
 def test_push_needs_the_write_scope_and_answers_bad_bodies(stream_app):
