@@ -91,6 +91,24 @@ class FeatureCacheCollector(Collector):
         yield lookups
 
 
+class FeatureLogCollector(Collector):
+    """Feature logging of this process (api/feature_log.py)."""
+
+    def __init__(self, feature_log: Any) -> None:
+        self.feature_log = feature_log
+
+    def collect(self) -> Iterator[Metric]:
+        log = self.feature_log
+        for name, text, value in (
+                ("rows", "Served rows written to the feature log", log.rows),
+                ("files", "Feature log files published", log.files),
+                ("dropped_requests", "Sampled requests not logged (the queue was full, or "
+                 "a file could not be written)", log.dropped)):
+            family = CounterMetricFamily(f"featureline_feature_log_{name}", text)
+            family.add_metric([], value)
+            yield family
+
+
 class StoreCollector(Collector):
     """The online store's health and the version stamps (docs/ARCHITECTURE.md, "Version
     stamps"), read at scrape time as /readyz reads them."""
@@ -148,6 +166,9 @@ class Metrics:
 
     def watch_feature_cache(self, cache: Any) -> None:
         self.registry.register(FeatureCacheCollector(cache))
+
+    def watch_feature_log(self, feature_log: Any) -> None:
+        self.registry.register(FeatureLogCollector(feature_log))
 
     def watch_updates(self, consumers: Callable[[], list[Any]]) -> None:
         self.registry.register(UpdatesCollector(consumers))

@@ -3,6 +3,7 @@ the parameter server, the metrics and the API keys."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,13 +15,15 @@ from feast import ValueType
 
 from featureline.api.broadcast import EvictionListener, ReloadListener, announce
 from featureline.api.errors import LimitExceededError, UnknownEntityKeyError
+from featureline.api.feature_log import FeatureLogger
 from featureline.api.metrics import Metrics
 from featureline.api.settings import Scope, ServingConfig, api_keys
-from featureline.api.versions import check
+from featureline.api.versions import check, embedding_versions
 from featureline.api.vocabulary import Vocabularies
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
+from featureline.feature_store.feature_log import feature_types
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
@@ -51,6 +54,8 @@ class Services:
     # Where POST /v1/push appends; None when the served output records no event contract.
     event_log: EventLog | None = None
     contract: EventContract | None = None
+    # What /v1/features and /v1/ranking-inputs served (api.feature_logging); None: off.
+    feature_log: FeatureLogger | None = None
 
     def pusher(self) -> Pusher:
         if self.event_log is None or self.contract is None:
@@ -106,6 +111,8 @@ class Services:
         return rows
 
     def close(self) -> None:
+        if self.feature_log is not None:
+            self.feature_log.close()
         for consumer in self.consumers:
             consumer.stop()
         if self.listener is not None:
@@ -139,6 +146,12 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
                         output=Path(output), contract=contract,
                         event_log=open_event_log(config.stream, reader.url))
     metrics.watch_store(reader.ping, lambda: check(services))
+    if config.api.feature_logging.path:
+        services.feature_log = FeatureLogger(
+            config.api.feature_logging, feature_types(repo.definitions.views),
+            {name: layout.join_key for name, layout in reader.views.items()},
+            lambda: (services.dataset_version, json.dumps(embedding_versions(services))))
+        metrics.watch_feature_log(services.feature_log)
     if cache is not None:
         metrics.watch_feature_cache(cache)
         services.evictions = EvictionListener(reader.store, written_topic(reader.project),

@@ -59,6 +59,19 @@ class FeatureCacheConfig(Settings):
     max_entities: int = Field(default=50_000, ge=1)
 
 
+class FeatureLoggingConfig(Settings):
+    """What the API served, logged for ``featureline consistency`` (api/feature_log.py)."""
+
+    # The folder log files go to (a subfolder per UTC day, date=YYYY-MM-DD); None: off.
+    path: str | None = None
+    # Share of entities whose requests are logged (by a hash of the user id).
+    sample: float = Field(default=1.0, ge=0.0, le=1.0)
+    # Seconds between two files of one worker (a killed worker loses at most this much).
+    roll_s: float = Field(default=60.0, gt=0)
+    # Requests waiting to be written; beyond it a request is dropped (and counted).
+    queue_requests: int = Field(default=10_000, ge=1)
+
+
 class ApiConfig(Settings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
@@ -72,6 +85,7 @@ class ApiConfig(Settings):
     limits: LimitsConfig = LimitsConfig()
     ranking: RankingConfig = RankingConfig()
     feature_cache: FeatureCacheConfig = FeatureCacheConfig()
+    feature_logging: FeatureLoggingConfig = FeatureLoggingConfig()
 
     @model_validator(mode="after")
     def _not_open_to_the_network(self) -> ApiConfig:

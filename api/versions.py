@@ -31,23 +31,28 @@ def check(services: Services) -> Versions:
                     f"{publication.dataset_version}), not compatible with the API's "
                     f"{own[column][-1]} (dataset {services.dataset_version}); publish the "
                     "API's dataset or point the API at the published one")
-    embeddings: dict[str, str | None] = {}
     ranking = services.config.api.ranking
-    if services.hps is not None and ranking.model in services.hps.tables:
-        tables = services.hps.tables[ranking.model]
-        for feature, name in sorted(ranking.tables.items()):
-            if name not in tables:
-                continue
-            version = tables[name].config.vocabulary_version
-            embeddings[f"{ranking.model}/{name}"] = version
-            encoded = services.vocabularies.column_of(feature)
-            if version is not None and encoded in own and not compatible(own[encoded],
-                                                                          [version]):
-                problems.append(
-                    f"embeddings {ranking.model}/{name}: keyed by {encoded} vocabulary "
-                    f"{version}, not compatible with the API's {own[encoded][-1]}; export "
-                    "the tables from this lineage and reload the model")
+    embeddings = embedding_versions(services)
+    for feature, name in sorted(ranking.tables.items()):
+        version = embeddings.get(f"{ranking.model}/{name}")
+        encoded = services.vocabularies.column_of(feature)
+        if version is not None and encoded in own and not compatible(own[encoded], [version]):
+            problems.append(
+                f"embeddings {ranking.model}/{name}: keyed by {encoded} vocabulary "
+                f"{version}, not compatible with the API's {own[encoded][-1]}; export "
+                "the tables from this lineage and reload the model")
     return Versions(dataset_version=services.dataset_version,
                     vocabularies={c: lineage[-1] for c, lineage in own.items()},
                     online_store=publication.to_json() if publication else None,
                     embeddings=embeddings, problems=problems)
+
+
+def embedding_versions(services: Services) -> dict[str, str | None]:
+    """``model/table`` → the vocabulary version its rows are keyed by, for the ranking
+    model's tables this process serves."""
+    ranking = services.config.api.ranking
+    if services.hps is None or ranking.model not in services.hps.tables:
+        return {}
+    tables = services.hps.tables[ranking.model]
+    return {f"{ranking.model}/{name}": tables[name].config.vocabulary_version
+            for name in sorted(ranking.tables.values()) if name in tables}

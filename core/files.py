@@ -30,6 +30,18 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
+def write_whole(path: Path, write: Callable[[Path], object]) -> None:
+    """A file published whole: ``write`` fills a hidden file beside ``path``, renamed onto it
+    once complete (removed if ``write`` fails)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def exchange(first: Path, second: Path) -> bool:
     """Swap two paths in one atomic step; False where the system cannot."""
     rename = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -25,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from featureline.core.events import REASONS
+from featureline.core.files import write_whole
 from featureline.etl.stages import InputFormat
 
 FUNNEL = ("view", "click", "add_to_cart", "purchase")
@@ -229,18 +228,6 @@ def _text_lines(good: pd.DataFrame, bad: list[dict[str, Any]], kinds: list[str],
     return "\n".join(header + lines) + "\n"
 
 
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def write_log(
     out: str | Path,
     *,
@@ -265,8 +252,8 @@ def write_log(
         rows = pd.concat([good, pd.DataFrame(bad, columns=list(COLUMNS))], ignore_index=True)
         rows = rows.iloc[rng.permutation(len(rows))] if bad else rows
         table = pa.Table.from_pandas(rows, preserve_index=False)
-        _atomic_write(path, lambda p: pq.write_table(table, p))
+        write_whole(path, lambda p: pq.write_table(table, p))
     else:
         text = _text_lines(good, bad, kinds, fmt, rng)
-        _atomic_write(path, lambda p: p.write_text(text))
+        write_whole(path, lambda p: p.write_text(text))
     return GeneratedLog(path=path, rows=events, bad_rows=tally)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -123,11 +123,14 @@ class ViewLayout:
 
 @dataclass
 class OnlineFeatures:
-    """Columnar: ``values[name][row]`` and ``status[name][row]`` for each feature name."""
+    """Columnar: ``values[name][row]`` and ``status[name][row]`` for each feature name;
+    ``timestamps[view][row]``: the stored row's event timestamp (Unix seconds; None when not
+    found)."""
 
     names: list[str]
     values: dict[str, list[Any]]
     status: dict[str, list[Status]]
+    timestamps: dict[str, list[int | None]] = field(default_factory=dict)
 
 
 # Feast settings that change where or how values are stored, which this reader does not
@@ -272,6 +275,7 @@ class OnlineReader:
             status = {value: self._status(layout, entry[2], now) for value, entry in found.items()}
             rows = [found[value][1] for value in ids]
             row_status = [status[value] for value in ids]
+            result.timestamps[layout.name] = [found[value][2] for value in ids]
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
                 column = [values[index] for values in rows]

@@ -264,20 +264,66 @@ def train(path: str | None, data: str | None, out: str, epochs: int, batch_size:
 @main.command("training-set")
 @config_option
 @data_option
-@click.option("--entities", "entity_rows", required=True, type=click.Path(),
+@click.option("--entities", "entity_rows", type=click.Path(),
               help="Parquet of join keys (user_id, item_id), event_timestamp and any labels")
+@click.option("--from-log", "from_log", type=click.Path(),
+              help="Instead: the API's feature log; the served values, labelled from the "
+                   "output's examples")
+@click.option("--label-window", type=click.FloatRange(min=0, min_open=True), default=86_400.0,
+              show_default=True, help="With --from-log: seconds after a request in which its "
+                                      "(user, item) example labels it")
 @click.option("--service", default="training", show_default=True, help="Feast feature service")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Parquet to write")
-def training_set(path: str | None, data: str | None, entity_rows: str, service: str,
-                 out: str) -> None:
-    """Join point-in-time correct features onto entity rows (every row comes back)."""
+def training_set(path: str | None, data: str | None, entity_rows: str | None,
+                 from_log: str | None, label_window: float, service: str, out: str) -> None:
+    """Join point-in-time correct features onto entity rows (every row comes back), or build
+    a training set of the served values (--from-log)."""
     from featureline.feature_store.training_set import training_set as run_training_set
+    from featureline.feature_store.training_set import training_set_from_log
 
+    if (entity_rows is None) == (from_log is None):
+        raise click.UsageError("give exactly one of --entities and --from-log")
     started = time.perf_counter()
-    repo = _repo(path, data)
-    summary = run_training_set(repo, entity_rows, service, out)
+    if from_log is not None:
+        summary = training_set_from_log(from_log, data or _config(path).etl.output.path, out,
+                                        label_window)
+    else:
+        assert entity_rows is not None
+        summary = run_training_set(_repo(path, data), entity_rows, service, out)
     click.echo(json.dumps({**summary.to_json(),
                            "seconds": round(time.perf_counter() - started, 2)}))
+
+
+@main.command()
+@config_option
+@data_option
+@click.option("--log", "log", type=click.Path(),
+              help="Feature log folder or file (default: api.feature_logging.path)")
+@click.option("--max-mismatch", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Exit 1 when a feature's mismatch ratio is above this")
+@click.option("--top", type=click.IntRange(0), default=5, show_default=True,
+              help="Most differing entities listed per feature")
+@click.option("--metrics-file", type=click.Path(dir_okay=False),
+              help="Also write the report in Prometheus' text format here (textfile collector)")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
+def consistency(path: str | None, data: str | None, log: str | None, max_mismatch: float,
+                top: int, metrics_file: str | None, as_json: bool) -> None:
+    """Compare what the API served (its feature log) with the ETL output, point in time."""
+    from featureline.core.files import write_whole
+    from featureline.feature_store.consistency import check_consistency
+
+    config = _config(path)
+    log = log or config.api.feature_logging.path
+    if log is None:
+        raise click.UsageError("give --log (or set api.feature_logging.path)")
+    report = check_consistency(log, data or config.etl.output.path, config.feature_store,
+                               max_mismatch=max_mismatch, top=top)
+    if metrics_file:
+        write_whole(Path(metrics_file), lambda file: file.write_text(report.prometheus()))
+    click.echo(json.dumps(report.to_json(), default=str) if as_json else
+               "\n".join(report.lines()))
+    if not report.passed:
+        sys.exit(1)
 
 
 @main.group()

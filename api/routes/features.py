@@ -20,7 +20,10 @@ def read_features(body: FeaturesRequest,
     rows = len(next(iter(body.entities.values())))
     services.check_limit("entities", rows, services.config.api.limits.max_entities)
     references = services.reader.references(body.service, body.features)
-    result = services.reader.read(references, services.raw_entities(body.entities))
+    entities = services.raw_entities(body.entities)
+    result = services.reader.read(references, entities)
+    if services.feature_log is not None:
+        services.feature_log.log(body.service, entities, result)
     # Built as FeaturesResponse describes it, without re-validating every value.
     return FastJSONResponse({"names": result.names, "values": result.values,
                          "status": result.status})

@@ -43,6 +43,8 @@ def ranking_inputs(body: RankingInputsRequest,
                "item_id": services.vocabularies.encode("item_id", items)}
     names = {key: [name for view, name in references if reader.views[view].join_key == key]
              for key in encoded}
+    if services.feature_log is not None:
+        services.feature_log.log_ranking(user, items, result)
     embeddings = {}
     if services.hps is not None:  # without a parameter server: features and ids only
         server = services.hps

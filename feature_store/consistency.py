@@ -1,0 +1,209 @@
+"""``featureline consistency``: what the API served (its feature log) against what the ETL
+output says at the same instants — training/serving skew, measured (docs/ARCHITECTURE.md,
+"Online/offline consistency").
+
+Each logged row is joined point-in-time with its entity's table of the ETL output: the
+latest snapshot at or before the row's request time (DuckDB's ``ASOF`` join), within the
+view's ttl — what Feast's offline store gives a training set for that entity and time. Per
+feature, over the rows that asked for it:
+
+- ``compared``: present online and offline; ``mismatch`` among them: the values differ
+  (numbers beyond a relative 1e-9);
+- ``missing``: served, but offline there is no value; ``extra``: offline there is a value,
+  but the API answered not_found / outside_ttl;
+- ``smape``: the symmetric mean absolute percentage error of the compared numbers;
+- ``streamed``: rows whose served value the stream processor wrote after the batch
+  (their view timestamp is newer than the snapshot the join found): not compared with the
+  snapshot, counted apart;
+- ``top``: the entities with the most differing rows.
+
+``mismatch_ratio`` = (mismatch + missing + extra) / (compared + missing + extra); the job
+fails (exit status 1) when a feature's ratio exceeds ``max_mismatch``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from featureline.core.metadata import read_metadata
+from featureline.feature_store.definitions import build
+from featureline.feature_store.feature_log import (
+    STATUS_SUFFIX,
+    TIMESTAMP_SUFFIX,
+    FeatureLogError,
+    literal,
+    open_log,
+    quoted,
+)
+from featureline.feature_store.settings import FeatureStoreConfig
+
+RELATIVE_TOLERANCE = 1e-9
+METRIC_PREFIX = "featureline_consistency"
+
+
+@dataclass
+class FeatureConsistency:
+    feature: str
+    entity: str
+    compared: int
+    mismatch: int
+    missing: int
+    extra: int
+    streamed: int
+    smape: float | None
+    top: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def checked(self) -> int:
+        return self.compared + self.missing + self.extra
+
+    @property
+    def mismatch_ratio(self) -> float:
+        return (self.mismatch + self.missing + self.extra) / self.checked if self.checked else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "mismatch_ratio": round(self.mismatch_ratio, 6),
+                "smape": None if self.smape is None else round(self.smape, 6)}
+
+
+@dataclass
+class ConsistencyReport:
+    log: str
+    output: str
+    dataset_version: str
+    rows: int  # logged rows read
+    features: list[FeatureConsistency]
+    max_mismatch: float
+
+    @property
+    def passed(self) -> bool:
+        return all(f.mismatch_ratio <= self.max_mismatch for f in self.features)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"log": self.log, "output": self.output, "dataset_version": self.dataset_version,
+                "rows": self.rows, "max_mismatch": self.max_mismatch, "passed": self.passed,
+                "features": [f.to_json() for f in self.features]}
+
+    def lines(self) -> list[str]:
+        """One summary line per feature, for people."""
+        out = [f"{self.rows:,} logged rows against {self.output} (dataset "
+               f"{self.dataset_version})"]
+        for f in self.features:
+            smape = "-" if f.smape is None else f"{f.smape:.4f}"
+            worst = ", ".join(f"{t['entity']} ({t['rows']})" for t in f.top)
+            out.append(f"{f.feature}: compared {f.compared:,}, mismatch {f.mismatch:,}, missing "
+                       f"{f.missing:,}, extra {f.extra:,}, streamed {f.streamed:,}, smape "
+                       f"{smape}, ratio {f.mismatch_ratio:.4%}" + (f"; worst: {worst}" if worst
+                                                                  else ""))
+        failed = [f.feature for f in self.features if f.mismatch_ratio > self.max_mismatch]
+        out.append(f"FAILED: mismatch ratio above {self.max_mismatch:.4%} for "
+                   f"{', '.join(failed)}" if failed else
+                   f"PASSED: every mismatch ratio <= {self.max_mismatch:.4%}")
+        return out
+
+    def prometheus(self) -> str:
+        """The report in Prometheus' text format (for node_exporter's textfile collector or
+        a Pushgateway)."""
+        lines = []
+        kinds = ("compared", "mismatch", "missing", "extra", "streamed")
+        lines.append(f"# HELP {METRIC_PREFIX}_mismatch_ratio (mismatch + missing + extra) / "
+                     "checked rows, per feature, of the last consistency run")
+        lines.append(f"# TYPE {METRIC_PREFIX}_mismatch_ratio gauge")
+        for f in self.features:
+            lines.append(f'{METRIC_PREFIX}_mismatch_ratio{{feature="{f.feature}"}} '
+                         f"{f.mismatch_ratio:.9g}")
+        lines.append(f"# HELP {METRIC_PREFIX}_rows Rows of the last consistency run, per "
+                     "feature and kind")
+        lines.append(f"# TYPE {METRIC_PREFIX}_rows gauge")
+        for f in self.features:
+            for kind in kinds:
+                lines.append(f'{METRIC_PREFIX}_rows{{feature="{f.feature}",kind="{kind}"}} '
+                             f"{getattr(f, kind)}")
+        lines.append(f"# HELP {METRIC_PREFIX}_passed 1 when every feature's mismatch ratio "
+                     "was within the threshold")
+        lines.append(f"# TYPE {METRIC_PREFIX}_passed gauge")
+        lines.append(f"{METRIC_PREFIX}_passed {int(self.passed)}")
+        return "\n".join(lines) + "\n"
+
+
+def check_consistency(log: str | Path, output: str | Path, settings: FeatureStoreConfig, *,
+                      max_mismatch: float = 0.0, top: int = 5) -> ConsistencyReport:
+    """Compare the feature log ``log`` with the ETL output ``output``."""
+    metadata = read_metadata(output)
+    definitions = build(output, settings)
+    folder = Path(output)
+    connection = duckdb.connect()
+    columns = set(open_log(connection, log))
+    rows = int(connection.execute("SELECT count(*) FROM log").fetchone()[0])  # type: ignore[index]
+    reports = []
+    for entity, view in definitions.views.items():
+        table = metadata.entities[entity]
+        key, stamp = table.join_key, table.timestamp_field
+        names = [f.name for f in view.features if f.name in columns
+                 and f"{f.name}{STATUS_SUFFIX}" in columns]
+        if not names or key not in columns:
+            continue
+        ttl = view.ttl.total_seconds() if view.ttl else None
+        served_stamp = f"{view.name}{TIMESTAMP_SUFFIX}"
+        files = literal(str(folder / table.path / "**" / "*.parquet"))
+        connection.execute(
+            f"CREATE OR REPLACE TEMP VIEW snapshots AS SELECT CAST({key} AS VARCHAR) AS __key, "
+            f"CAST({stamp} AS TIMESTAMPTZ) AS __at, {', '.join(quoted(n) for n in names)} "
+            f"FROM read_parquet({files})")
+        asked = " OR ".join(f"{quoted(n + STATUS_SUFFIX)} IS NOT NULL" for n in names)
+        in_ttl = "TRUE" if ttl is None else f"l.request_time - s.__at <= INTERVAL {int(ttl)} SECOND"
+        streamed = (f"(l.{quoted(served_stamp)} IS NOT NULL AND (s.__at IS NULL OR "
+                    f"l.{quoted(served_stamp)} > s.__at))" if served_stamp in columns
+                    else "FALSE")
+        connection.execute(
+            f"CREATE OR REPLACE TEMP TABLE joined AS SELECT l.{key} AS __key, "
+            f"s.__at IS NOT NULL AND {in_ttl} AS __offline, {streamed} AS __streamed, "
+            + ", ".join(f"l.{quoted(n)} AS {quoted('served:' + n)}, "
+                        f"l.{quoted(n + STATUS_SUFFIX)} AS {quoted('status:' + n)}, "
+                        f"s.{quoted(n)} AS {quoted('offline:' + n)}" for n in names)
+            + f" FROM (SELECT * FROM log WHERE {key} IS NOT NULL AND ({asked})) l "
+            "ASOF LEFT JOIN snapshots s ON l." + key + " = s.__key AND l.request_time >= s.__at")
+        types = {f.name: f.dtype.to_value_type().name for f in view.features}
+        for name in names:
+            numeric = types[name] in ("INT32", "INT64", "FLOAT", "DOUBLE")
+            reports.append(_feature(connection, entity, name, numeric, top))
+    if not reports:
+        raise FeatureLogError(str(log), "its rows hold none of the output's features")
+    return ConsistencyReport(str(log), str(output), metadata.dataset_version, rows, reports,
+                             max_mismatch)
+
+
+def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, numeric: bool,
+             top: int) -> FeatureConsistency:
+    served, status, offline = (quoted(f"{part}:{name}") for part in ("served", "status",
+                                                                      "offline"))
+    present = f"{status} = 'present'"
+    expected = f"(__offline AND {offline} IS NOT NULL)"
+    differs = (f"abs({served} - {offline}) > {RELATIVE_TOLERANCE} * greatest(1, abs({offline}))"
+               if numeric else f"{served} IS DISTINCT FROM {offline}")
+    kind = (f"CASE WHEN {status} IS NULL THEN NULL WHEN __streamed THEN 'streamed' "
+            f"WHEN {present} AND {expected} THEN (CASE WHEN {differs} THEN 'mismatch' "
+            f"ELSE 'equal' END) WHEN {present} THEN 'missing' WHEN {expected} THEN 'extra' "
+            "END")
+    error = (f"CASE WHEN abs({served}) + abs({offline}) = 0 THEN 0 ELSE 2 * abs({served} - "
+             f"{offline}) / (abs({served}) + abs({offline})) END" if numeric else "NULL")
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW kinds AS SELECT __key, {kind} AS kind, "
+                       f"CASE WHEN ({kind}) IN ('equal', 'mismatch') THEN {error} END AS error, "
+                       f"{served} AS served, {offline} AS offline FROM joined")
+    counts = dict(connection.execute("SELECT kind, count(*) FROM kinds WHERE kind IS NOT NULL "
+                                     "GROUP BY kind").fetchall())
+    smape = connection.execute("SELECT avg(error) FROM kinds").fetchone()[0]  # type: ignore[index]
+    worst = connection.execute(
+        "SELECT __key, count(*), any_value(served), any_value(offline) FROM kinds WHERE kind IN "
+        "('mismatch', 'missing', 'extra') GROUP BY __key ORDER BY count(*) DESC, __key LIMIT ?",
+        [top]).fetchall()
+    return FeatureConsistency(
+        name, entity, compared=counts.get("equal", 0) + counts.get("mismatch", 0),
+        mismatch=counts.get("mismatch", 0), missing=counts.get("missing", 0),
+        extra=counts.get("extra", 0), streamed=counts.get("streamed", 0),
+        smape=None if smape is None else float(smape),
+        top=[{"entity": key, "rows": n, "served": s, "offline": o} for key, n, s, o in worst])

@@ -1,0 +1,87 @@
+"""The feature log's format: what the API writes (``api/feature_log.py``) and what
+``featureline consistency`` and ``training-set --from-log`` read (docs/ARCHITECTURE.md,
+"Feature logging").
+
+One Parquet row per entity row served. Columns: ``request_id``, ``request_time`` (UTC, µs),
+``endpoint``, ``service``, ``dataset_version``, ``embedding_versions`` (JSON: table →
+vocabulary version), the join keys (text; null where the row has none), per feature view
+``<view>__timestamp`` (the served row's event timestamp: the batch snapshot's, or the stream
+processor's), and per feature of the repository its value and ``<feature>__status``
+(present / not_found / outside_ttl; null where the row did not ask for it). Files are
+published whole under ``date=YYYY-MM-DD/`` folders; hidden names are files being written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from feast.type_map import feast_value_type_to_pa
+
+from featureline.feature_store.errors import FeatureStoreError
+
+KEYS = ("user_id", "item_id")
+REQUEST_COLUMNS = ("request_id", "request_time", "endpoint", "service", "dataset_version",
+                   "embedding_versions")
+STATUS_SUFFIX = "__status"
+TIMESTAMP_SUFFIX = "__timestamp"
+
+
+class FeatureLogError(FeatureStoreError):
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        super().__init__(f"feature log {path}: {reason}")
+
+
+def feature_types(views: Mapping[str, Any]) -> dict[str, tuple[str, pa.DataType]]:
+    """Every feature of the repository's Feast views → its view and Arrow type."""
+    return {field.name: (view.name, feast_value_type_to_pa(field.dtype.to_value_type()))
+            for view in views.values() for field in view.features}
+
+
+def log_schema(features: Mapping[str, tuple[str, pa.DataType]]) -> pa.Schema:
+    """The log's columns for the repository's features (name → its view and Arrow type)."""
+    fields = [pa.field("request_id", pa.string()),
+              pa.field("request_time", pa.timestamp("us", tz="UTC")),
+              pa.field("endpoint", pa.string()), pa.field("service", pa.string()),
+              pa.field("dataset_version", pa.string()),
+              pa.field("embedding_versions", pa.string()),
+              *(pa.field(key, pa.string()) for key in KEYS)]
+    for view in dict.fromkeys(view for view, _ in features.values()):
+        fields.append(pa.field(f"{view}{TIMESTAMP_SUFFIX}", pa.timestamp("s", tz="UTC")))
+    for name, (_, dtype) in features.items():
+        fields += [pa.field(name, dtype), pa.field(f"{name}{STATUS_SUFFIX}", pa.string())]
+    return pa.schema(fields)
+
+
+def log_files(log: str | Path) -> str:
+    """A glob of the published files of a feature log folder (or the one file given)."""
+    path = Path(log)
+    if path.is_file():
+        return str(path)
+    if not path.is_dir():
+        raise FeatureLogError(str(path), "no such file or folder")
+    if not any(path.rglob("*.parquet")):
+        raise FeatureLogError(str(path), "holds no .parquet files")
+    return str(path / "**" / "*.parquet")
+
+
+def quoted(name: str) -> str:
+    """A column name as a SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def literal(text: str) -> str:
+    """Text as a SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"
+
+
+def open_log(connection: Any, log: str | Path) -> list[str]:
+    """The view ``log`` over a feature log's files, in a DuckDB connection (UTC); its
+    columns."""
+    connection.execute("SET TimeZone = 'UTC'")
+    connection.execute(f"CREATE VIEW log AS SELECT * FROM read_parquet({literal(log_files(log))}, "
+                       "union_by_name = true, hive_partitioning = false)")
+    return [row[0] for row in connection.execute("DESCRIBE log").fetchall()]
