@@ -5,10 +5,12 @@ health, online updates and their lag, the online store's health and the version 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -109,6 +111,21 @@ class FeatureLogCollector(Collector):
             yield family
 
 
+class ReportCollector(Collector):
+    """The latest ``featureline consistency`` report's metrics, read at scrape time from the
+    file the job wrote (none until it ran)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            text = self.path.read_text()
+        except OSError:
+            return
+        yield from text_string_to_metric_families(text)
+
+
 class StoreCollector(Collector):
     """The online store's health and the version stamps (docs/ARCHITECTURE.md, "Version
     stamps"), read at scrape time as /readyz reads them."""
@@ -169,6 +186,9 @@ class Metrics:
 
     def watch_feature_log(self, feature_log: Any) -> None:
         self.registry.register(FeatureLogCollector(feature_log))
+
+    def watch_report(self, path: Path) -> None:
+        self.registry.register(ReportCollector(path))
 
     def watch_updates(self, consumers: Callable[[], list[Any]]) -> None:
         self.registry.register(UpdatesCollector(consumers))

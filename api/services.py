@@ -23,7 +23,7 @@ from featureline.api.vocabulary import Vocabularies
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
-from featureline.feature_store.feature_log import feature_types
+from featureline.feature_store.feature_log import REPORT_METRICS, feature_types
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
@@ -152,6 +152,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
             {name: layout.join_key for name, layout in reader.views.items()},
             lambda: (services.dataset_version, json.dumps(embedding_versions(services))))
         metrics.watch_feature_log(services.feature_log)
+        metrics.watch_report(Path(config.api.feature_logging.path) / REPORT_METRICS)
     if cache is not None:
         metrics.watch_feature_cache(cache)
         services.evictions = EvictionListener(reader.store, written_topic(reader.project),

@@ -11,7 +11,9 @@ distinct bodies (no body twice in a step): p50/p99 at 50, 100, 200 and 400 reque
 and 100 entities × the ``ranking`` service's features (entities uniform over all ids), and
 for ``/v1/ranking-inputs`` (1 user, uniform; 100 candidate items drawn from a Zipf-like
 popularity, as a retrieval stage returns them). The cached server's hit rate per endpoint
-comes from its ``/metrics``.
+comes from its ``/metrics``. Feature logging's cost: ``/v1/ranking-inputs`` at 200 requests/s
+on the default server and on one that logs every request (``api.feature_logging``, sample
+1.0), interleaved (off, on, off, on, …; ``--logging-only`` runs just that).
 
     python benchmarks/bench_api.py --entities 100000
     python benchmarks/bench_api.py --smoke
@@ -52,6 +54,7 @@ P99_BUDGET_MS = 10.0
 SATURATED_P99_MS = 1000.0
 REQUEST_TIMEOUT_S = 10.0
 DIM = 64
+CANDIDATES = 100
 
 
 def _write_tables(root: Path, entities: int) -> Path:
@@ -226,7 +229,7 @@ def _entity_bodies(entities: int, rows: int, count: int, rng: np.random.Generato
 
 
 def _ranking_bodies(entities: int, count: int, rng: np.random.Generator,
-                    candidates: int = 100, skew: float = 1.0) -> list[dict[str, Any]]:
+                    candidates: int = CANDIDATES, skew: float = 1.0) -> list[dict[str, Any]]:
     """1 user (uniform) + ``candidates`` distinct items, item k drawn with weight
     1/(k+1)^skew."""
     weights = 1.0 / np.arange(1, entities + 1) ** skew
@@ -272,8 +275,36 @@ def _p99_vs(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any] | No
     return {"at_rate": rate, "ratio": round(ratio, 3), "upper_bound": rate < best}
 
 
-def run(entities: int, seconds: float = 5.0, rates: list[float] | None = None
-        ) -> dict[str, Any]:
+def _logged_rows(base: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    return next((float(line.split()[-1]) for line in text.splitlines()
+                 if line.startswith("featureline_feature_log_rows_total ")), 0.0)
+
+
+def logging_cost(off: str, on: str, entities: int, rate: float, seconds: float, rounds: int,
+                 rng: np.random.Generator) -> dict[str, Any]:
+    """``/v1/ranking-inputs`` p99 at ``rate`` with feature logging off and on (two servers,
+    interleaved: off, on, off, on, …), each step with bodies of its own."""
+    runs = []
+    for _ in range(rounds):
+        for logging, base in (("off", off), ("on", on)):
+            bodies = _ranking_bodies(entities, max(1, int(rate * seconds)), rng)
+            step = measure(f"{base}/v1/ranking-inputs", bodies, [rate], seconds,
+                           f"{base}/healthz")["steps"][0]
+            runs.append({"logging": logging, "p50_ms": step.get("p50_ms"),
+                         "p99_ms": step.get("p99_ms"), "errors": step.get("errors")})
+    p99 = {name: float(np.median([r["p99_ms"] for r in runs if r["logging"] == name]))
+           for name in ("off", "on")}
+    sent = rounds * max(1, int(rate * seconds)) * (1 + CANDIDATES)
+    deadline = time.monotonic() + 30  # the server writes its log every roll_s
+    while (logged := _logged_rows(on)) < sent and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return {"rate": rate, "runs": runs, "p99_ms_median": p99,
+            "p99_on_vs_off": round(p99["on"] / p99["off"], 3), "logged_rows": int(logged)}
+
+
+def run(entities: int, seconds: float = 5.0, rates: list[float] | None = None,
+        logging_only: bool = False, logging_rounds: int = 3) -> dict[str, Any]:
     rates = rates or [50, 100, 200, 400]
     rng = np.random.default_rng(0)
     report: dict[str, Any] = {
@@ -305,6 +336,16 @@ def run(entities: int, seconds: float = 5.0, rates: list[float] | None = None
                 [str(BIN / "featureline"), "serve", "--config", str(config_file)], env=env,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             bases[name] = f"http://127.0.0.1:{port}"
+        # Feature logging on (every request: sample 1.0), otherwise as "featureline".
+        logging_port = free_port()
+        config_file = root / "featureline-logging.yaml"
+        config_file.write_text(yaml.safe_dump({**settings, "api": {
+            **settings["api"], "port": logging_port,
+            "feature_logging": {"path": str(root / "feature-log"), "roll_s": 5.0}}}))
+        processes.append(subprocess.Popen(
+            [str(BIN / "featureline"), "serve", "--config", str(config_file)], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        logging_base = f"http://127.0.0.1:{logging_port}"
         # Feast's default recycles its worker every 1,000 requests (a restart of seconds in
         # mid-measurement); switched off so that it is measured at its best.
         feast_port = free_port()
@@ -314,8 +355,14 @@ def run(entities: int, seconds: float = 5.0, rates: list[float] | None = None
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         feast_base = f"http://127.0.0.1:{feast_port}"
         try:
-            for base, process in zip([*bases.values(), None], processes, strict=True):
+            for base, process in zip([*bases.values(), logging_base, None], processes,
+                                     strict=True):
                 _wait_ready(f"{base}/readyz" if base else f"{feast_base}/health", process)
+            report["feature_logging"] = logging_cost(
+                bases["featureline"], logging_base, entities, rates[-2] if len(rates) > 1
+                else rates[0], seconds, logging_rounds, rng)
+            if logging_only:
+                return report
             report["features"] = {}
             for rows in (1, 100):
                 bodies = _entity_bodies(entities, rows, bodies_needed, rng)
@@ -356,11 +403,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--seconds", type=float, default=5.0, help="per load step")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+    parser.add_argument("--logging-only", action="store_true",
+                        help="only /v1/ranking-inputs with feature logging off and on")
+    parser.add_argument("--logging-rounds", type=int, default=3)
     args = parser.parse_args(argv)
     if args.smoke:
-        report = run(200, seconds=0.5, rates=[10, 20])
+        report = run(200, seconds=0.5, rates=[10, 20], logging_rounds=1)
     else:
-        report = run(args.entities, seconds=args.seconds)
+        report = run(args.entities, seconds=args.seconds, logging_only=args.logging_only,
+                     logging_rounds=args.logging_rounds)
     print(json.dumps(report, indent=2))
 
 

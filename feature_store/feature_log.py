@@ -27,6 +27,9 @@ REQUEST_COLUMNS = ("request_id", "request_time", "endpoint", "service", "dataset
                    "embedding_versions")
 STATUS_SUFFIX = "__status"
 TIMESTAMP_SUFFIX = "__timestamp"
+# The latest consistency report's metrics (Prometheus text), in the log's folder: the API
+# exports them with its own.
+REPORT_METRICS = "consistency.prom"
 
 
 class FeatureLogError(FeatureStoreError):

@@ -139,11 +139,17 @@ def train_tables(output: Path, root: Path, echo: Callable[[str], None],
     return result.hps_config
 
 
-def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int
+# Seconds between two feature log files of the demo's API.
+LOG_ROLL_S = 1.0
+
+
+def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int, log: Path
                 ) -> dict[str, Any]:
     settings = config.model_dump(mode="json")
     settings["api"].update({"data": str(output.resolve()), "hps": str(hps.resolve()),
-                            "port": port, "auth": {"enabled": False, "keys_file": None}})
+                            "port": port, "auth": {"enabled": False, "keys_file": None},
+                            "feature_logging": {"path": str(log.resolve()),
+                                                "roll_s": LOG_ROLL_S}})
     settings["feature_store"]["repo"] = str(Path(settings["feature_store"]["repo"]).resolve())
     settings["feature_store"]["redis_dir"] = str(
         Path(settings["feature_store"]["redis_dir"]).resolve())
@@ -237,7 +243,9 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     pid_file = out / "api.pid"
     stop_server(pid_file)
     port = config.api.port if _port_free(config.api.host, config.api.port) else free_port()
-    settings = demo_config(config, output, hps, port)
+    log = out / "feature-log"
+    shutil.rmtree(log, ignore_errors=True)  # this run's requests only
+    settings = demo_config(config, output, hps, port, log)
     config_file = out / "featureline.yaml"
     config_file.write_text(yaml.safe_dump(settings, sort_keys=False))
     start_server(config_file, pid_file, redis_url, out / "api.log")
@@ -245,7 +253,24 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     ids = sample_ids(output)
     run_calls(base, ids["user"][0], ids["item"], echo)
     push_events(base, ids["user"][0], ids["item"][0], echo)
+    report_consistency(config, output, log, echo)
     return base
+
+
+def report_consistency(config: FeaturelineConfig, output: Path, log: Path,
+                       echo: Callable[[str], None]) -> None:
+    """``featureline consistency`` over what the API logged of the calls above; its metrics
+    land beside the log, where the API exports them."""
+    from featureline.core.files import write_whole
+    from featureline.feature_store.consistency import check_consistency
+    from featureline.feature_store.feature_log import REPORT_METRICS
+
+    time.sleep(2 * LOG_ROLL_S)  # the API writes its log once per LOG_ROLL_S
+    report = check_consistency(log, output, config.feature_store)
+    write_whole(log / REPORT_METRICS, lambda path: path.write_text(report.prometheus()))
+    echo(f"featureline consistency --log {log} --data {output}")
+    for line in report.lines():
+        echo(f"  {line}")
 
 
 # Seconds the demo waits for pushed events to be served.

@@ -50,8 +50,13 @@ def test_bench_tfrecord_smoke():
 def test_bench_api_smoke():
     """Three servers (ours cached and uncached, feast serve) on a tiny store: every rate
     answered, the cache's hit rate read from the cached server's /metrics."""
-    report = _load("bench_api").run(200, seconds=0.5, rates=[10, 20])
+    report = _load("bench_api").run(200, seconds=0.5, rates=[10, 20], logging_rounds=1)
     json.dumps(report)
+    logging = report["feature_logging"]
+    assert [r["logging"] for r in logging["runs"]] == ["off", "on"]
+    assert all(r["errors"] == 0 for r in logging["runs"]) and logging["p99_on_vs_off"] > 0
+    # Every candidate row and the user's, of every request the logging server answered.
+    assert logging["logged_rows"] == 101 * 5
     for rows in ("1_entities", "100_entities"):
         section = report["features"][rows]
         assert set(section) == {"featureline", "featureline, no cache", "feast serve"}
@@ -182,3 +187,13 @@ def test_bench_stream_smoke():
     assert fixed["push_to_servable_p99_ms"] >= fixed["push_to_servable_p50_ms"] > 0
     assert burst["events"] == 500 and burst["end_to_end_events_per_s"] > 0
     assert burst["stream_vs_raw"] > 0
+
+
+def test_bench_consistency_smoke():
+    """A feature log of the snapshots' own values: no mismatch, every row compared, and the
+    training-set query over the same rows timed beside it."""
+    report = _load("bench_consistency").run(2_000, 200, 1)
+    json.dumps(report)
+    (run,) = report["runs"]
+    assert run["mismatches"] == 0 and set(run["compared"].values()) == {2_000}
+    assert run["consistency_s"] > 0 and run["training_set_s"] > 0

@@ -19,6 +19,7 @@ import yaml
 from featureline.config import load_config
 from featureline.core.redis import REDIS_URL_ENV
 from featureline.etl.session import read_properties, spark_conf_dir
+from featureline.feature_store.feature_log import REPORT_METRICS
 from featureline.feature_store.repo import CONNECTION_ENV
 from featureline.hps.config import load_hps_config
 from featureline.hps.volatile import HPS_REDIS_URL_ENV
@@ -255,7 +256,12 @@ def test_the_daily_train_step_writes_the_parameter_server_configuration_the_api_
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     steps = pod["initContainers"]
     assert [step["name"] for step in steps + pod["containers"]] == [
-        "etl", "train", "publish", "reload", "trim"]
+        "etl", "train", "publish", "reload", "trim", "consistency"]
+    # The consistency step writes its metrics where every API pod exports them from.
+    script = pod["containers"][1]["command"][2]
+    assert script.startswith("exec featureline consistency ")
+    assert (f"--metrics-file {config.api.feature_logging.path}/{REPORT_METRICS}" in script
+            and f'--log "{config.api.feature_logging.path}/date=' in script)
     # The stream is trimmed after every API process has the new tables, by what they hold.
     assert pod["containers"][0]["command"][:3] == ["featureline", "hps", "trim-updates"]
     train = steps[1]

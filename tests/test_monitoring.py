@@ -53,7 +53,8 @@ def test_the_dashboard_queries_only_metrics_the_api_exports(demo_run):
     for wanted in ("featureline_api_request_seconds_bucket", "featureline_api_errors_total",
                    "featureline_hps_keys_share", "featureline_online_store_available",
                    "featureline_dataset_info", "featureline_hps_update_lag_seconds",
-                   "featureline_feature_freshness_seconds_bucket"):
+                   "featureline_feature_freshness_seconds_bucket",
+                   "featureline_consistency_mismatch_ratio"):
         assert wanted in queried
 
 
@@ -81,7 +82,8 @@ def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
     alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
     assert {"FeaturelineHigh5xxRate", "FeaturelineRedisUnavailable",
             "FeaturelineL1HitRateCollapse", "FeaturelineVersionSkew",
-            "FeaturelineUpdateConsumerLag", "FeaturelineStaleFreshFeatures"} <= alerts
+            "FeaturelineUpdateConsumerLag", "FeaturelineStaleFreshFeatures",
+            "FeaturelineServingSkew"} <= alerts
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
     tests = yaml.safe_load((REPO / "tests" / "monitoring" / "alerts_test.yaml").read_text())
