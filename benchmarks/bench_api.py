@@ -295,7 +295,8 @@ def logging_cost(off: str, on: str, entities: int, rate: float, seconds: float, 
                          "p99_ms": step.get("p99_ms"), "errors": step.get("errors")})
     p99 = {name: float(np.median([r["p99_ms"] for r in runs if r["logging"] == name]))
            for name in ("off", "on")}
-    sent = rounds * max(1, int(rate * seconds)) * (1 + CANDIDATES)
+    # Each step warms its connection with one request first.
+    sent = rounds * (max(1, int(rate * seconds)) + 1) * (1 + CANDIDATES)
     deadline = time.monotonic() + 30  # the server writes its log every roll_s
     while (logged := _logged_rows(on)) < sent and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -25,9 +25,10 @@ STAGES = {name for name in LAYERS if name != LAUNCHER}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
+    # It writes the feature log in the format the consistency job reads.
     "api": {"feature_store.settings", "feature_store.online", "feature_store.online_store",
-            "feature_store.repo", "feature_store.errors", "hps", "hps.errors", "hps.updates",
-            "stream.settings", "stream.log", "stream.push"},
+            "feature_store.repo", "feature_store.errors", "feature_store.feature_log", "hps",
+            "hps.errors", "hps.updates", "stream.settings", "stream.log", "stream.push"},
     # The stream processor writes through the online store's protocol, in Feast's layout.
     "stream": {"feature_store.online_store", "feature_store.repo", "feature_store.settings",
                "feature_store.writer", "feature_store.redis_server"},

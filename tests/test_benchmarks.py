@@ -55,8 +55,9 @@ def test_bench_api_smoke():
     logging = report["feature_logging"]
     assert [r["logging"] for r in logging["runs"]] == ["off", "on"]
     assert all(r["errors"] == 0 for r in logging["runs"]) and logging["p99_on_vs_off"] > 0
-    # Every candidate row and the user's, of every request the logging server answered.
-    assert logging["logged_rows"] == 101 * 5
+    # Every candidate row and the user's, of every request the logging server answered (5
+    # and the one that warmed the connection).
+    assert logging["logged_rows"] == 101 * 6
     for rows in ("1_entities", "100_entities"):
         section = report["features"][rows]
         assert set(section) == {"featureline", "featureline, no cache", "feast serve"}
