@@ -138,9 +138,13 @@ class FeatureLogger:
                         del column[before:]
             if pending and (pending >= BATCH_REQUESTS or closing
                             or time.monotonic() >= deadline):
-                batches.append(self._convert(columns))
-                columns = self._empty()
-                requests, pending = requests + pending, 0
+                try:
+                    batches.append(self._convert(columns))
+                    requests += pending
+                except Exception:  # a value of a type the schema does not take
+                    logger.exception("feature logging: %d requests not logged", pending)
+                    self.dropped += pending
+                columns, pending = self._empty(), 0
             if closing or time.monotonic() >= deadline:
                 self._write(batches, requests)
                 if closing:
