@@ -136,10 +136,19 @@ class StoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         up = self.ping()
+        versions = self.versions() if up else None
+        published = versions is not None and versions.online_store is not None
         available = GaugeMetricFamily("featureline_online_store_available",
-                                      "1 when the online store's Redis answers, else 0")
-        available.add_metric([], 1.0 if up else 0.0)
+                                      "1 when the online store's Redis answers and holds a "
+                                      "published dataset, else 0")
+        available.add_metric([], 1.0 if up and published else 0.0)
         yield available
+        holds = GaugeMetricFamily("featureline_online_store_published",
+                                  "1 when the online store holds a published dataset, 0 when "
+                                  "it answers empty (absent while it does not answer)")
+        if up:
+            holds.add_metric([], 1.0 if published else 0.0)
+        yield holds
         info = GaugeMetricFamily(
             "featureline_dataset_info", "The dataset whose vocabularies the API encodes ids "
             "with, and the one the online store holds (1 per pair)",
@@ -147,10 +156,10 @@ class StoreCollector(Collector):
         compatible = GaugeMetricFamily(
             "featureline_versions_compatible", "1 when the online store and every embedding "
             "table encode ids as the API does, else 0")
-        if up:
-            versions = self.versions()
+        if versions is not None:
             online = (versions.online_store or {}).get("dataset_version", "")
             info.add_metric([versions.dataset_version, online], 1.0)
+        if versions is not None and published:  # empty: _published 0, not a skew
             compatible.add_metric([], 0.0 if versions.problems else 1.0)
         yield info
         yield compatible

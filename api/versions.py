@@ -23,7 +23,11 @@ def check(services: Services) -> Versions:
     own = services.lineages
     problems = []
     publication = services.reader.publication()
-    if publication is not None:
+    if publication is None:
+        problems.append(f"online store: holds no published dataset (its Redis restarted "
+                        f"empty, or nothing was published): run `featureline publish "
+                        f"--repair` with the API's dataset {services.dataset_version}")
+    else:
         for column, lineage in sorted(publication.vocabularies.items()):
             if column in own and not compatible(own[column], lineage):
                 problems.append(

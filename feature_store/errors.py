@@ -25,6 +25,20 @@ class OnlineStoreUnavailableError(FeatureStoreError, UnavailableError):
         super().__init__(f"online store {self.url} is unavailable: {reason}")
 
 
+class OnlineStoreEmptyError(FeatureStoreError, UnavailableError):
+    """The online store answers but holds no published dataset: its Redis restarted empty,
+    or nothing was published into it. Answering not_found for every entity would be wrong."""
+
+    retry_after = True
+    hint = "republish the served dataset: featureline publish --repair"
+
+    def __init__(self, project: str) -> None:
+        self.project = project
+        super().__init__(f"the online store holds no published dataset of project "
+                         f"{project!r} (its Redis restarted empty, or nothing was published): "
+                         "run `featureline publish --repair`")
+
+
 @contextmanager
 def online_store_errors(url: str) -> Iterator[None]:
     """The Redis client's failures (inside Feast's calls too) become

@@ -33,7 +33,11 @@ from feast.value_type import ValueType
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
-from featureline.feature_store.errors import FeatureStoreError, UnknownFeatureServiceError
+from featureline.feature_store.errors import (
+    FeatureStoreError,
+    OnlineStoreEmptyError,
+    UnknownFeatureServiceError,
+)
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
 from featureline.feature_store.writer import entity_keys
@@ -249,7 +253,11 @@ class OnlineReader:
                     fetched.append(value)
             rows.extend((key, layout.fields) for key in self._redis_keys(layout, fetched))
             plan.append((layout, fetched, found, ids))
-        current, answers = self.store.read(rows, self.project if cache is not None else None)
+        # The publication stamp comes in the same round trip: without one the store lost its
+        # data (or never had it), and every entity would read as not found.
+        current, answers = self.store.read(rows, self.project)
+        if current is None:
+            raise OnlineStoreEmptyError(self.project)
         if cache is not None:
             if current != stamp:  # a publish since these entries were read: none of them
                 entries = {}

@@ -214,13 +214,29 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
 @click.option("--spark", "with_spark", is_flag=True,
               help="Write from Spark tasks, each its partitions' entities (etl.spark "
                    "settings; for entity tables beyond one process)")
+@click.option("--repair", is_flag=True,
+              help="Only if the online store lost its data (no publication stamp: its Redis "
+                   "restarted empty): publish the dataset whole again; else change nothing")
 def publish(path: str | None, data: str | None, full: bool, end: datetime | None,
-            with_spark: bool) -> None:
+            with_spark: bool, repair: bool) -> None:
     """Register the feature views with Feast and write them into Redis."""
+    from featureline.feature_store.online_store import open_online_store
     from featureline.feature_store.publish import publish as run_publish
 
     repo = _repo(path, data)
     progress(f"online store {redact(repo.redis_url)}")
+    if repair:
+        store = open_online_store(repo.settings.redis_type, repo.redis_url)
+        try:
+            publication = store.publication(repo.store.project)
+        finally:
+            store.close()
+        if publication is not None:
+            click.echo(json.dumps({"repaired": False,
+                                   "dataset_version": publication.dataset_version}))
+            return
+        progress("the online store holds no published dataset: publishing it whole again")
+        full = True
     spark = None
     if with_spark:
         from featureline.etl.session import build_session
@@ -228,7 +244,7 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
         spark = build_session(_config(path).etl.spark)
     summary = run_publish(repo, full=full, progress=progress, spark=spark,
                           end=end.replace(tzinfo=timezone.utc) if end else None)
-    click.echo(json.dumps(summary.to_json()))
+    click.echo(json.dumps({**summary.to_json(), **({"repaired": True} if repair else {})}))
 
 
 @main.command()

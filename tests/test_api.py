@@ -238,7 +238,8 @@ def test_probes_and_metrics_need_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok", "checks": {}}
     ready = client.get("/readyz").json()
     assert {k: ready[k] for k in ("status", "checks")} == {
-        "status": "ok", "checks": {"redis": True, "hps": True, "hps_l3": True, "versions": True}}
+        "status": "ok", "checks": {"redis": True, "hps": True, "hps_l3": True, "published": True,
+                                   "versions": True}}
     assert ready["tiers"] == {"l2": True, "l3": True}
     assert ready["versions"]["problems"] == []
     client.post("/v1/embeddings/lookup", headers=READ,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,49 @@ def test_a_chunked_body_is_cut_off_at_the_limit(fragile_client):
                      headers={"Content-Type": "application/json"})
     assert ok.status_code == 200, ok.text
     assert ok.json()["values"] == {"user_events": [7]}
+
+
+def test_an_empty_store_is_detected_and_repaired(tmp_path, redis_server):
+    """Redis restarted without its data (flushed here): /readyz 503 naming it, the API 503
+    with Retry-After instead of not_found for everyone, the gauges 0; `publish --repair`
+    republishes and the same answers come back; on a healthy store it changes nothing."""
+    import redis
+    from click.testing import CliRunner
+
+    from featureline.cli import main
+
+    output = write_handmade_output(tmp_path / "output")
+    config = copy_project(tmp_path, ttl="3650d", api={"auth": {"enabled": False},
+                                                      "feature_cache": {"ttl_s": 0}})
+    config_file = tmp_path / "featureline.yaml"
+    config_file.write_text(json.dumps(config.model_dump(mode="json", exclude={"etl"})))
+    url = fresh_db(redis_server, 2)
+    publish(open_repo(config.feature_store, output, url=url), progress=lambda _: None)
+    body = {"service": "ranking", "entities": {"user_id": ["u1", "u2"], "item_id": ["i1", "i2"]}}
+
+    def repair() -> dict:
+        run = CliRunner().invoke(main, ["publish", "--repair", "--config", str(config_file),
+                                        "--data", str(output)], env={"REDIS_URL": url})
+        assert run.exit_code == 0, run.output
+        return json.loads(run.output.strip().splitlines()[-1])
+
+    with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
+        served = client.post("/v1/features", json=body)
+        assert served.status_code == 200 and served.json()["values"]["user_events"] == [7, 2]
+        assert repair()["repaired"] is False  # a healthy store: nothing written
+        redis.Redis.from_url(url).flushdb()  # a restart without persistence
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"]
+        assert ready.json()["checks"]["published"] is False
+        assert any("publish --repair" in p for p in ready.json()["versions"]["problems"])
+        empty = client.post("/v1/features", json=body)
+        assert empty.status_code == 503 and empty.headers["Retry-After"], empty.text
+        assert "publish --repair" in empty.json()["message"]
+        metrics = client.get("/metrics").text
+        assert "featureline_online_store_available 0.0" in metrics
+        assert "featureline_online_store_published 0.0" in metrics
+        assert not re.search(r"^featureline_versions_compatible ", metrics, re.MULTILINE)
+        assert repair()["repaired"] is True
+        assert client.get("/readyz").status_code == 200
+        assert client.post("/v1/features", json=body).json() == served.json()
+        assert "featureline_online_store_published 1.0" in client.get("/metrics").text

@@ -83,7 +83,7 @@ def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
     assert {"FeaturelineHigh5xxRate", "FeaturelineRedisUnavailable",
             "FeaturelineL1HitRateCollapse", "FeaturelineVersionSkew",
             "FeaturelineUpdateConsumerLag", "FeaturelineStaleFreshFeatures",
-            "FeaturelineServingSkew"} <= alerts
+            "FeaturelineServingSkew", "FeaturelineOnlineStoreEmpty"} <= alerts
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
     tests = yaml.safe_load((REPO / "tests" / "monitoring" / "alerts_test.yaml").read_text())

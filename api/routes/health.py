@@ -21,9 +21,9 @@ def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 def readyz(services: Services = Depends(get_services)) -> Health | JSONResponse:
-    """Redis answers, the parameter server (when configured) is loaded, and the online store
-    and the embedding tables encode ids as the API does (``versions.problems`` says what
-    disagrees)."""
+    """Redis answers and holds a published dataset, the parameter server (when configured) is
+    loaded, and the online store and the embedding tables encode ids as the API does
+    (``versions.problems`` says what disagrees, or that the store is empty)."""
     checks = {"redis": services.reader.ping()}
     tiers = None
     if services.config.api.hps:
@@ -33,8 +33,10 @@ def readyz(services: Services = Depends(get_services)) -> Health | JSONResponse:
             checks["hps_l3"] = tiers["l3"]
     versions = check(services) if checks["redis"] else None
     if versions is not None:
+        # Published: the store holds a dataset (an empty one would answer not_found to all).
+        checks["published"] = versions.online_store is not None
         checks["versions"] = not versions.problems
-        if versions.problems:
+        if versions.problems and checks["published"]:
             services.metrics.version_skew.inc()
     health = Health(status="ok" if all(checks.values()) else "unavailable", checks=checks,
                     tiers=tiers, versions=versions)
