@@ -8,6 +8,8 @@ replicas per worker) while, one after another:
 - ``redis_oom``: Redis answers OOM to every write (``maxmemory 1``), then gets its memory back;
 - ``worker_kill``: one API worker is SIGKILLed (uvicorn starts another);
 - ``rocksdb_damage``: one RocksDB table file of a worker's replica is overwritten in the middle.
+- ``redis_empty_restart``: Redis stops and comes back without its data (no persistence);
+  ``featureline publish --repair`` (what the featureline-repair CronJob runs) republishes.
 
 Then an ETL run is SIGKILLed (its whole process group, the JVM too) as its output is swapped
 in, and run again.
@@ -349,8 +351,38 @@ def rocksdb_damage(service: Service, hold_s: float, answering: Callable[[], bool
             "recovery_s": recovery}
 
 
+def redis_empty_restart(service: Service, hold_s: float, answering: Callable[[], bool]
+                        ) -> dict[str, Any]:
+    """Redis back without its data (no persistence): the API answers 503 with Retry-After,
+    not not_found, until `featureline publish --repair` — what the featureline-repair
+    CronJob runs — has republished the served dataset."""
+    service.redis.stop()
+    (service.redis.data_dir / "dump.rdb").unlink(missing_ok=True)
+    time.sleep(hold_s)
+    service.redis.start()
+    restarted = time.monotonic()
+
+    def empty() -> bool:
+        ready = httpx.get(f"{service.base}/readyz", timeout=5)
+        return ready.status_code == 503 and ready.json()["checks"].get("published") is False
+    detected = _until(empty, RECOVERY_LIMIT_S)
+    started = time.monotonic()
+    repair = subprocess.run(
+        [str(BIN / "featureline"), "publish", "--repair", "--config",
+         str(service.root / "featureline.yaml")], cwd=service.root, capture_output=True,
+        env={**os.environ, "REDIS_URL": service.redis.url}, text=True,
+        timeout=RECOVERY_LIMIT_S)
+    repair_s = time.monotonic() - started
+    answered = _until(answering, RECOVERY_LIMIT_S)
+    lines = repair.stdout.strip().splitlines()
+    return {"detected_s": detected, "repair_exit": repair.returncode,
+            "repaired": json.loads(lines[-1]).get("repaired") if lines else None,
+            "repair_s": round(repair_s, 2),
+            "recovery_s": None if answered is None else round(time.monotonic() - restarted, 2)}
+
+
 FAULTS = {"redis_restart": redis_restart, "redis_oom": redis_oom, "worker_kill": worker_kill,
-          "rocksdb_damage": rocksdb_damage}
+          "rocksdb_damage": rocksdb_damage, "redis_empty_restart": redis_empty_restart}
 
 
 def serve_under_faults(root: Path, entities: int, rate: float, hold_s: float,

@@ -216,14 +216,16 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
                    "settings; for entity tables beyond one process)")
 @click.option("--repair", is_flag=True,
               help="Only if the online store lost its data (no publication stamp: its Redis "
-                   "restarted empty): publish the dataset whole again; else change nothing")
+                   "restarted empty): publish the served dataset (api.data, else the ETL "
+                   "output) whole again; else change nothing")
 def publish(path: str | None, data: str | None, full: bool, end: datetime | None,
             with_spark: bool, repair: bool) -> None:
     """Register the feature views with Feast and write them into Redis."""
     from featureline.feature_store.online_store import open_online_store
     from featureline.feature_store.publish import publish as run_publish
 
-    repo = _repo(path, data)
+    # The repair republishes what the API serves (api.data, else the ETL output).
+    repo = _repo(path, data or (_config(path).api.data if repair else None))
     progress(f"online store {redact(repo.redis_url)}")
     if repair:
         store = open_online_store(repo.settings.redis_type, repo.redis_url)

@@ -130,12 +130,17 @@ def test_chaos_smoke():
                     "timeout"):
         assert requests[outcome] == 0, report
     faults = {f["fault"]: f for f in report["serving"]["faults"]}
-    assert set(faults) == {"redis_restart", "redis_oom", "worker_kill", "rocksdb_damage"}
+    assert set(faults) == {"redis_restart", "redis_oom", "worker_kill", "rocksdb_damage",
+                           "redis_empty_restart"}
     assert all(f["recovery_s"] is not None for f in faults.values()), faults
     # Redis down: features and ranking inputs are 503s (with Retry-After), not errors.
     assert faults["redis_restart"]["requests"]["unavailable_503_with_retry_after"] > 0
     assert faults["redis_oom"]["l2_breaker_opened"]
     assert faults["rocksdb_damage"]["detected_and_imported_again"]
+    # Back empty: told apart (503s, no wrong answer), republished by publish --repair.
+    empty = faults["redis_empty_restart"]
+    assert empty["detected_s"] is not None and empty["repaired"] is True, empty
+    assert empty["requests"]["unavailable_503_with_retry_after"] > 0
     etl = report["etl"]
     assert etl["killed"].startswith(("staging complete", "after the exchange")), etl
     assert etl["after_kill"] in ("previous", "new")
