@@ -73,7 +73,6 @@ class FeatureLogger:
         self.versions = versions  # () → (dataset version, embedding versions as JSON)
         self.queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(config.queue_requests)
         self.worker = f"{socket.gethostname()}-{os.getpid()}"
-        self.requests = 0
         self.rows = 0
         self.dropped = 0
         self.files = 0
@@ -231,7 +230,6 @@ class FeatureLogger:
             self.dropped += requests
             return
         self.files += 1
-        self.requests += requests
         self.rows += table.num_rows
 
     def close(self) -> None:

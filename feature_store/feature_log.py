@@ -23,8 +23,6 @@ from feast.type_map import feast_value_type_to_pa
 from featureline.feature_store.errors import FeatureStoreError
 
 KEYS = ("user_id", "item_id")
-REQUEST_COLUMNS = ("request_id", "request_time", "endpoint", "service", "dataset_version",
-                   "embedding_versions")
 STATUS_SUFFIX = "__status"
 TIMESTAMP_SUFFIX = "__timestamp"
 # The latest consistency report's metrics (Prometheus text), in the log's folder: the API

@@ -112,8 +112,7 @@ def training_set(repo: FeatureRepo, entity_rows: str | Path, service: str,
     table = pa.Table.from_pandas(joined[schema.names], schema=schema, preserve_index=False)
     write_whole(out, lambda path: pq.write_table(table, path))
     names = [f.name for p in features.feature_view_projections for f in p.features]
-    coverage = {name: 1 - table[name].null_count / max(len(table), 1) for name in names}
-    return TrainingSetSummary(out, len(table), names, coverage)
+    return TrainingSetSummary(out, len(table), names, _coverage(table, names))
 
 
 def training_set_from_log(log: str | Path, output: str | Path, out: str | Path,
@@ -151,6 +150,9 @@ def training_set_from_log(log: str | Path, output: str | Path, out: str | Path,
         f"WHERE e.ts - s.request_time <= INTERVAL {int(label_window_s * 1e6)} MICROSECOND "
         "ORDER BY s.request_time, s.request_id, s.item_id").fetch_arrow_table()
     write_whole(Path(out), lambda path: pq.write_table(table, path))
-    coverage = {n: 1 - table[n].null_count / max(len(table), 1) for n in names}
-    return TrainingSetSummary(Path(out), len(table), names, coverage)
+    return TrainingSetSummary(Path(out), len(table), names, _coverage(table, names))
 
+
+def _coverage(table: pa.Table, names: list[str]) -> dict[str, float]:
+    """Share of rows with a value, per feature."""
+    return {name: 1 - table[name].null_count / max(len(table), 1) for name in names}

@@ -253,6 +253,9 @@ class StreamProcessor:
         """The Redis key of one entity's streamed ``days``."""
         return f"{self._prefix(entity, part)}{value}"
 
+    def _days_keys(self, entity: str, values: Sequence[Any]) -> list[str]:
+        return [self._key(entity, value, "days") for value in values]
+
     def _prefix(self, entity: str, part: str) -> str:
         return f"featureline:stream:{self.project}:{entity}:{part}:"
 
@@ -328,7 +331,7 @@ class StreamProcessor:
             self.count_once(keys=keys[low:low + 3 * SCRIPT_EVENTS],
                             args=args[low:low + 3 * SCRIPT_EVENTS], client=pipe)
         for entity, values in touched.items():
-            self.read_days(keys=[self._key(entity, v, "days") for v in values], client=pipe)
+            self.read_days(keys=self._days_keys(entity, values), client=pipe)
         replies = pipe.execute()[-len(touched):]
         for (entity, values), stored in zip(touched.items(), replies, strict=True):
             self._write(entity, {value: _pairs(reply)
@@ -379,13 +382,13 @@ class StreamProcessor:
             self.store.announce(written_topic(self.project), orjson.dumps(
                 [[layout.view, value] for value in stored]))
             values = list(stored)
-            now = self.versions(keys=[self._key(entity, v, "days") for v in values])
+            now = self.versions(keys=self._days_keys(entity, values))
             moved = [v for v, version in zip(values, now, strict=True)
                      if int(version) != versions[v]]
             stored = self._days(entity, moved) if moved else {}
 
     def _days(self, entity: str, values: list[Any]) -> dict[Any, dict[bytes, bytes]]:
-        replies = self.read_days(keys=[self._key(entity, v, "days") for v in values])
+        replies = self.read_days(keys=self._days_keys(entity, values))
         return {value: _pairs(reply) for value, reply in zip(values, replies, strict=True)}
 
     def _archive(self, lines: list[bytes]) -> None:
