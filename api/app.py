@@ -95,19 +95,29 @@ class ServingMiddleware:
                                       (_VERSION_HEADER, services.dataset_version.encode())]
             await send(message)
 
-        if too_large:
-            self.count_error("LimitExceededError")
-            response = JSONResponse(
-                {"error": "LimitExceededError", "field": "body", "limit": limit,
-                 "message": f"body: larger than the limit of {limit} bytes"}, 413)
-            await response(scope, receive, send_with_version)
-        else:
-            await self.app(scope, receive, send_with_version)
+        if services is not None:
+            services.activity.started()
+        try:
+            await self._answer(scope, receive, send_with_version, too_large, limit)
+        finally:
+            if services is not None:
+                services.activity.finished()
         if services is not None:
             route = scope.get("route")
             services.metrics.latency.labels(
                 route=getattr(route, "path", "unmatched"), method=scope["method"],
                 status=str(status)).observe(time.perf_counter() - started)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, too_large: bool,
+                      limit: int) -> None:
+        if too_large:
+            self.count_error("LimitExceededError")
+            response = JSONResponse(
+                {"error": "LimitExceededError", "field": "body", "limit": limit,
+                 "message": f"body: larger than the limit of {limit} bytes"}, 413)
+            await response(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
 
 
 def create_app(config: ServingConfig | None = None, *, output: str | Path | None = None,

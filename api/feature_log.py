@@ -5,10 +5,10 @@ Parquet for ``featureline consistency`` and ``featureline training-set --from-lo
 A sample of entities is chosen by hashing the row's user id (its first join key where it has
 no user): every request of a sampled entity is logged, none of the others. The request
 thread only appends references to the values it already built to a bounded queue (a full
-queue drops the request and counts it); a background thread turns them into Arrow columns
-and writes one file per worker and roll interval, published whole (written under a hidden
-name, then renamed), so a killed process leaves only whole files and loses at most the
-interval it had not written.
+queue drops the request and counts it); a background thread, working while no request is
+in flight, turns them into Arrow columns and writes one file per worker and roll interval,
+row group by row group under a hidden name, renamed once whole, so a killed process leaves
+only whole files and loses at most the interval it had not written.
 
 One row per entity row served (the format: ``feature_store/feature_log.py``):
 ``/v1/features`` logs each row of the request (its join keys and the requested features);
@@ -18,13 +18,15 @@ row (the user id, the item id, its item features).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
-import queue
 import socket
+import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from featureline.api.settings import FeatureLoggingConfig
-from featureline.core.files import write_whole
+from featureline.core.files import partial_path
 from featureline.feature_store.feature_log import (
     KEYS,
     STATUS_SUFFIX,
@@ -48,6 +50,36 @@ logger = logging.getLogger("featureline.api")
 _HASH_SPACE = 2.0**64
 # Requests turned into one Arrow record batch at a time in the background.
 BATCH_REQUESTS = 16
+# The background thread works when a response has gone and no request is in flight; it
+# looks at least this often (a logger no middleware drives, a request still in flight).
+POLL_S = 0.05
+# Before each step of its work it waits for a moment without requests in flight, at most
+# this long; with more than BACKLOG_REQUESTS queued it does not wait.
+IDLE_WAIT_S = 0.01
+BACKLOG_REQUESTS = 64
+
+
+class Activity:
+    """Requests in flight in this process, counted by the serving middleware in the event
+    loop's thread: ``idle`` is set while there are none, ``answered`` when the last one
+    ends (background work clears it when it wakes)."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.idle = threading.Event()
+        self.idle.set()
+        self.answered = threading.Event()
+
+    def started(self) -> None:
+        self.in_flight += 1
+        if self.in_flight == 1:
+            self.idle.clear()
+
+    def finished(self) -> None:
+        self.in_flight -= 1
+        if self.in_flight == 0:
+            self.idle.set()
+            self.answered.set()
 
 
 def sampled(key: Any, sample: float) -> bool:
@@ -63,7 +95,8 @@ class FeatureLogger:
 
     def __init__(self, config: FeatureLoggingConfig,
                  features: Mapping[str, tuple[str, pa.DataType]], view_keys: Mapping[str, str],
-                 versions: Callable[[], tuple[str, str]]) -> None:
+                 versions: Callable[[], tuple[str, str]],
+                 activity: Activity | None = None) -> None:
         assert config.path is not None
         self.config = config
         self.folder = Path(config.path)
@@ -71,7 +104,12 @@ class FeatureLogger:
         self.view_of = {name: view for name, (view, _) in features.items()}
         self.view_keys = dict(view_keys)  # view → its join key
         self.versions = versions  # () → (dataset version, embedding versions as JSON)
-        self.queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue(config.queue_requests)
+        self.activity = activity or Activity()
+        # Appended by request threads without waking the background thread (a deque's
+        # append and popleft are atomic): it wakes when a response has gone.
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self._closing = False
+        self._part: _Part | None = None  # this roll's file, while it is written
         self.worker = f"{socket.gethostname()}-{os.getpid()}"
         self.rows = 0
         self.dropped = 0
@@ -102,30 +140,40 @@ class FeatureLogger:
             self._put(("ranking-inputs", "ranking", time.time(), user, items, result))
 
     def _put(self, request: tuple[Any, ...]) -> None:
-        try:
-            self.queue.put_nowait(request)
-        except queue.Full:
+        if len(self.queue) >= self.config.queue_requests:
             self.dropped += 1
+        else:
+            self.queue.append(request)
 
     # In the background thread: requests' values are appended to Python lists per column
     # (C-speed extends), turned into a record batch every BATCH_REQUESTS requests (Arrow,
-    # one call per column, the GIL handed over between columns: a request thread waiting
-    # for it would otherwise wait up to the interpreter's 5 ms switch interval), the batches
-    # written as one file per roll (Parquet writes without the GIL).
+    # one call per column) and written as one row group (Parquet writes without the GIL).
+    # Each step waits for a moment when no request is in flight, then hands the GIL over
+    # (a thread wanting it back would otherwise wait up to the interpreter's 5 ms switch
+    # interval): a request meets this work only when it arrives during one step
+    # (docs/ARCHITECTURE.md, "Feature logging").
+
+    def _step(self) -> None:
+        """Before one step of background work: a moment without requests, unless a backlog
+        is waiting."""
+        if len(self.queue) <= BACKLOG_REQUESTS:
+            self.activity.idle.wait(IDLE_WAIT_S)
+        time.sleep(0)
 
     def _run(self) -> None:
+        _lowest_priority()
         columns = self._empty()
-        batches: list[pa.RecordBatch] = []
-        requests = pending = 0
+        pending = 0
         versions = self.versions()
         deadline = time.monotonic() + self.config.roll_s
         while True:
-            try:
-                request = self.queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                request = ()
-            closing = request is None
+            if not self.queue and not self._closing:
+                self.activity.answered.wait(min(POLL_S, max(0.0, deadline - time.monotonic())))
+                self.activity.answered.clear()
+            request = self.queue.popleft() if self.queue else ()
+            closing = self._closing and not self.queue
             if request:
+                self._step()
                 before = len(columns["request_id"])
                 try:
                     self._add(columns, request, versions)
@@ -135,20 +183,20 @@ class FeatureLogger:
                     self.dropped += 1
                     for column in columns.values():  # without its partial rows
                         del column[before:]
-            if pending and (pending >= BATCH_REQUESTS or closing
-                            or time.monotonic() >= deadline):
+            rolling = closing or time.monotonic() >= deadline
+            if pending and (pending >= BATCH_REQUESTS or rolling):
                 try:
-                    batches.append(self._convert(columns))
-                    requests += pending
+                    batch = self._convert(columns)
                 except Exception:  # a value of a type the schema does not take
                     logger.exception("feature logging: %d requests not logged", pending)
                     self.dropped += pending
+                else:
+                    self._write(batch, pending)
                 columns, pending = self._empty(), 0
-            if closing or time.monotonic() >= deadline:
-                self._write(batches, requests)
+            if rolling:
+                self._publish()
                 if closing:
                     return
-                batches, requests = [], 0
                 versions = self.versions()
                 deadline = time.monotonic() + self.config.roll_s
 
@@ -212,27 +260,82 @@ class FeatureLogger:
             else:  # a status is a str (Status is a str enum)
                 array = pa.array(values, field.type)
             arrays.append(array)
-            time.sleep(0)  # lets a request thread waiting for the GIL take it now
+            self._step()
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def _write(self, batches: list[pa.RecordBatch], requests: int) -> None:
-        if not batches:
-            return
-        self._sequence += 1
-        table = pa.Table.from_batches(batches, schema=self.schema)
-        day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
-        name = f"features-{self.worker}-{int(time.time() * 1000)}-{self._sequence}.parquet"
+    def _write(self, batch: pa.RecordBatch, requests: int) -> None:
+        """Append ``batch`` to this roll's file (opened by the first) as one row group: the
+        Parquet work in steps of ~1 ms, not one burst at the end of the roll."""
+        self._step()
         try:
-            write_whole(self.folder / f"date={day}" / name,
-                        lambda path: pq.write_table(table, path))
+            if self._part is None:
+                self._sequence += 1
+                day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+                name = (f"features-{self.worker}-{int(time.time() * 1000)}-"
+                        f"{self._sequence}.parquet")
+                self._part = _Part(self.folder / f"date={day}" / name, self.schema)
+            self._part.write(pa.Table.from_batches([batch], schema=self.schema), requests)
         except OSError:  # a full disk must not take the API down: counted, logged
-            logger.exception("feature logging: %d requests not written", requests)
-            self.dropped += requests
+            self._fail(requests)
+
+    def _publish(self) -> None:
+        """This roll's file, renamed to its published name."""
+        if self._part is None:
+            return
+        part, self._part = self._part, None
+        try:
+            part.publish()
+        except OSError:
+            self._part = part
+            self._fail(0)
             return
         self.files += 1
-        self.rows += table.num_rows
+        self.rows += part.rows
+
+    def _fail(self, requests: int) -> None:
+        lost = requests + (self._part.requests if self._part is not None else 0)
+        logger.exception("feature logging: %d requests not written", lost)
+        self.dropped += lost
+        if self._part is not None:
+            self._part.discard()
+            self._part = None
 
     def close(self) -> None:
         """Write what is queued, then stop."""
-        self.queue.put(None)
+        self._closing = True
+        self.activity.answered.set()
         self._thread.join(timeout=30)
+
+
+def _lowest_priority() -> None:
+    """The calling thread's CPU priority lowered to the least (Linux: nice is per thread),
+    so that a core both want goes to request threads; elsewhere nothing changes."""
+    if sys.platform == "linux":
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+
+class _Part:
+    """One roll's file, written a row group at a time under a hidden name beside its
+    published one and renamed onto it whole at the end of the roll."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.partial = partial_path(path)
+        self.writer = pq.ParquetWriter(self.partial, schema)
+        self.rows = self.requests = 0
+
+    def write(self, table: pa.Table, requests: int) -> None:
+        self.writer.write_table(table)
+        self.rows += table.num_rows
+        self.requests += requests
+
+    def publish(self) -> None:
+        self.writer.close()
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self.writer.close()
+        self.partial.unlink(missing_ok=True)

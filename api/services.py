@@ -15,7 +15,7 @@ from feast import ValueType
 
 from featureline.api.broadcast import EvictionListener, ReloadListener, announce
 from featureline.api.errors import LimitExceededError, UnknownEntityKeyError
-from featureline.api.feature_log import FeatureLogger
+from featureline.api.feature_log import Activity, FeatureLogger
 from featureline.api.metrics import Metrics
 from featureline.api.settings import Scope, ServingConfig, api_keys
 from featureline.api.versions import check, embedding_versions
@@ -56,6 +56,9 @@ class Services:
     contract: EventContract | None = None
     # What /v1/features and /v1/ranking-inputs served (api.feature_logging); None: off.
     feature_log: FeatureLogger | None = None
+    # Requests in flight (the serving middleware counts them): background work waits for
+    # a moment without any.
+    activity: Activity = field(default_factory=Activity)
 
     def pusher(self) -> Pusher:
         if self.event_log is None or self.contract is None:
@@ -150,7 +153,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
         services.feature_log = FeatureLogger(
             config.api.feature_logging, feature_types(repo.definitions.views),
             {name: layout.join_key for name, layout in reader.views.items()},
-            lambda: (services.dataset_version, json.dumps(embedding_versions(services))))
+            lambda: (services.dataset_version, json.dumps(embedding_versions(services))),
+            services.activity)
         metrics.watch_feature_log(services.feature_log)
         metrics.watch_report(Path(config.api.feature_logging.path) / REPORT_METRICS)
     if cache is not None:

@@ -34,12 +34,17 @@ def write_whole(path: Path, write: Callable[[Path], object]) -> None:
     """A file published whole: ``write`` fills a hidden file beside ``path``, renamed onto it
     once complete (removed if ``write`` fails)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
+    partial = partial_path(path)
     try:
         write(partial)
         os.replace(partial, path)
     finally:
         partial.unlink(missing_ok=True)
+
+
+def partial_path(path: Path) -> Path:
+    """A hidden name beside ``path`` to write it under until it is complete."""
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.partial")
 
 
 def exchange(first: Path, second: Path) -> bool:
