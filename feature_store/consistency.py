@@ -13,8 +13,12 @@ feature, over the rows that asked for it:
   but the API answered not_found / outside_ttl;
 - ``smape``: the symmetric mean absolute percentage error of the compared numbers;
 - ``streamed``: rows whose served value the stream processor wrote after the batch
-  (their view timestamp is newer than the snapshot the join found): not compared with the
-  snapshot, counted apart;
+  (their view timestamp is newer than the snapshot the join found). Given the processor's
+  archive (``expected``: stream/expected.py), every row of an entity streamed events
+  touched is a streamed row, and is compared with what the
+  processor should have served at the request time — the batch base plus the archived
+  events applied before it — and counted like any other row; ``unsettled``: the streamed
+  rows not compared (no archive given, or it cannot settle them);
 - ``top``: the entities with the most differing rows.
 
 ``mismatch_ratio`` = (mismatch + missing + extra) / (compared + missing + extra); the job
@@ -23,11 +27,14 @@ fails (exit status 1) when a feature's ratio exceeds ``max_mismatch``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
+import pyarrow as pa
 
 from featureline.core.metadata import read_metadata
 from featureline.feature_store.definitions import build
@@ -45,6 +52,18 @@ RELATIVE_TOLERANCE = 1e-9
 METRIC_PREFIX = "featureline_consistency"
 
 
+class StreamExpectation(Protocol):
+    """What the stream processor should have served (stream/expected.py)."""
+
+    def keys(self, entity: str) -> set[str]:
+        """The entity's ids (as logged) that streamed events touched."""
+
+    def expected(self, entity: str, keys: Sequence[str], times: Sequence[datetime]
+                 ) -> list[dict[str, Any] | None]:
+        """Per row (an id and its request time): the features the processor should have
+        served then, or None where that cannot be settled."""
+
+
 @dataclass
 class FeatureConsistency:
     feature: str
@@ -54,6 +73,7 @@ class FeatureConsistency:
     missing: int
     extra: int
     streamed: int
+    unsettled: int
     smape: float | None
     top: list[dict[str, Any]] = field(default_factory=list)
 
@@ -96,7 +116,8 @@ class ConsistencyReport:
             smape = "-" if f.smape is None else f"{f.smape:.4f}"
             worst = ", ".join(f"{t['entity']} ({t['rows']})" for t in f.top)
             out.append(f"{f.feature}: compared {f.compared:,}, mismatch {f.mismatch:,}, missing "
-                       f"{f.missing:,}, extra {f.extra:,}, streamed {f.streamed:,}, smape "
+                       f"{f.missing:,}, extra {f.extra:,}, streamed {f.streamed:,} "
+                       f"({f.unsettled:,} unsettled), smape "
                        f"{smape}, ratio {f.mismatch_ratio:.4%}" + (f"; worst: {worst}" if worst
                                                                   else ""))
         failed = [f.feature for f in self.features if f.mismatch_ratio > self.max_mismatch]
@@ -109,7 +130,7 @@ class ConsistencyReport:
         """The report in Prometheus' text format (for node_exporter's textfile collector or
         a Pushgateway)."""
         lines = []
-        kinds = ("compared", "mismatch", "missing", "extra", "streamed")
+        kinds = ("compared", "mismatch", "missing", "extra", "streamed", "unsettled")
         lines.append(f"# HELP {METRIC_PREFIX}_mismatch_ratio (mismatch + missing + extra) / "
                      "checked rows, per feature, of the last consistency run")
         lines.append(f"# TYPE {METRIC_PREFIX}_mismatch_ratio gauge")
@@ -131,8 +152,10 @@ class ConsistencyReport:
 
 
 def check_consistency(log: str | Path, output: str | Path, settings: FeatureStoreConfig, *,
-                      max_mismatch: float = 0.0, top: int = 5) -> ConsistencyReport:
-    """Compare the feature log ``log`` with the ETL output ``output``."""
+                      max_mismatch: float = 0.0, top: int = 5,
+                      expected: StreamExpectation | None = None) -> ConsistencyReport:
+    """Compare the feature log ``log`` with the ETL output ``output`` (and the rows the
+    stream processor wrote with what ``expected`` says it should have served)."""
     metadata = read_metadata(output)
     definitions = build(output, settings)
     folder = Path(output)
@@ -161,12 +184,15 @@ def check_consistency(log: str | Path, output: str | Path, settings: FeatureStor
                     else "FALSE")
         connection.execute(
             f"CREATE OR REPLACE TEMP TABLE joined AS SELECT l.{key} AS __key, "
+            "row_number() OVER () AS __row, l.request_time AS __time, FALSE AS __settled, "
             f"s.__at IS NOT NULL AND {in_ttl} AS __offline, {streamed} AS __streamed, "
             + ", ".join(f"l.{quoted(n)} AS {quoted('served:' + n)}, "
                         f"l.{quoted(n + STATUS_SUFFIX)} AS {quoted('status:' + n)}, "
                         f"s.{quoted(n)} AS {quoted('offline:' + n)}" for n in names)
             + f" FROM (SELECT * FROM log WHERE {key} IS NOT NULL AND ({asked})) l "
             "ASOF LEFT JOIN snapshots s ON l." + key + " = s.__key AND l.request_time >= s.__at")
+        if expected is not None:
+            _settle(connection, entity, names, expected)
         types = {f.name: f.dtype.to_value_type().name for f in view.features}
         for name in names:
             numeric = types[name] in ("INT32", "INT64", "FLOAT", "DOUBLE")
@@ -177,6 +203,36 @@ def check_consistency(log: str | Path, output: str | Path, settings: FeatureStor
                              max_mismatch)
 
 
+def _settle(connection: duckdb.DuckDBPyConnection, entity: str, names: list[str],
+            expected: StreamExpectation) -> None:
+    """The rows of ``joined`` whose entity streamed events touched are streamed rows (also
+    those whose view timestamp stayed the snapshot's: a late event's); those ``expected``
+    settles get its values as their offline ones."""
+    touched = sorted(expected.keys(entity))
+    if touched:
+        connection.register("__touched", pa.table({"key": touched}))
+        connection.execute("UPDATE joined SET __streamed = TRUE WHERE __key IN "
+                           "(SELECT key FROM __touched)")
+        connection.unregister("__touched")
+    rows = connection.execute("SELECT __row, __key, __time FROM joined WHERE __streamed "
+                              "ORDER BY __row").fetchall()
+    if not rows:
+        return
+    values = expected.expected(entity, [key for _, key, _ in rows], [at for _, _, at in rows])
+    settled = [(row, value) for (row, _, _), value in zip(rows, values, strict=True)
+               if value is not None and all(n in value for n in names)]
+    if not settled:
+        return
+    connection.register("__expected", pa.table(
+        {"__row": [row for row, _ in settled],
+         **{f"expected:{n}": [value[n] for _, value in settled] for n in names}}))
+    connection.execute(
+        "UPDATE joined SET __settled = TRUE, __offline = TRUE, "
+        + ", ".join(f"{quoted('offline:' + n)} = e.{quoted('expected:' + n)}" for n in names)
+        + " FROM __expected e WHERE joined.__row = e.__row")
+    connection.unregister("__expected")
+
+
 def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, numeric: bool,
              top: int) -> FeatureConsistency:
     served, status, offline = (quoted(f"{part}:{name}") for part in ("served", "status",
@@ -185,7 +241,8 @@ def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, nume
     expected = f"(__offline AND {offline} IS NOT NULL)"
     differs = (f"abs({served} - {offline}) > {RELATIVE_TOLERANCE} * greatest(1, abs({offline}))"
                if numeric else f"{served} IS DISTINCT FROM {offline}")
-    kind = (f"CASE WHEN {status} IS NULL THEN NULL WHEN __streamed THEN 'streamed' "
+    kind = (f"CASE WHEN {status} IS NULL THEN NULL WHEN __streamed AND NOT __settled "
+            "THEN 'unsettled' "
             f"WHEN {present} AND {expected} THEN (CASE WHEN {differs} THEN 'mismatch' "
             f"ELSE 'equal' END) WHEN {present} THEN 'missing' WHEN {expected} THEN 'extra' "
             "END")
@@ -196,6 +253,8 @@ def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, nume
                        f"{served} AS served, {offline} AS offline FROM joined")
     counts = dict(connection.execute("SELECT kind, count(*) FROM kinds WHERE kind IS NOT NULL "
                                      "GROUP BY kind").fetchall())
+    streamed = connection.execute(
+        f"SELECT count(*) FROM joined WHERE __streamed AND {status} IS NOT NULL").fetchone()[0]  # type: ignore[index]
     smape = connection.execute("SELECT avg(error) FROM kinds").fetchone()[0]  # type: ignore[index]
     worst = connection.execute(
         "SELECT __key, count(*), any_value(served), any_value(offline) FROM kinds WHERE kind IN "
@@ -204,6 +263,7 @@ def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, nume
     return FeatureConsistency(
         name, entity, compared=counts.get("equal", 0) + counts.get("mismatch", 0),
         mismatch=counts.get("mismatch", 0), missing=counts.get("missing", 0),
-        extra=counts.get("extra", 0), streamed=counts.get("streamed", 0),
+        extra=counts.get("extra", 0), streamed=int(streamed),
+        unsettled=counts.get("unsettled", 0),
         smape=None if smape is None else float(smape),
         top=[{"entity": key, "rows": n, "served": s, "offline": o} for key, n, s, o in worst])

@@ -323,19 +323,30 @@ def training_set(path: str | None, data: str | None, entity_rows: str | None,
               help="Most differing entities listed per feature")
 @click.option("--metrics-file", type=click.Path(dir_okay=False),
               help="Also write the report in Prometheus' text format here (textfile collector)")
+@click.option("--archive", type=click.Path(file_okay=False),
+              help="The stream processor's archive, to compare the rows it wrote (default: "
+                   "stream.archive, where that folder exists)")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON")
 def consistency(path: str | None, data: str | None, log: str | None, max_mismatch: float,
-                top: int, metrics_file: str | None, as_json: bool) -> None:
+                top: int, metrics_file: str | None, archive: str | None,
+                as_json: bool) -> None:
     """Compare what the API served (its feature log) with the ETL output, point in time."""
     from featureline.core.files import write_whole
+    from featureline.core.metadata import read_metadata
     from featureline.feature_store.consistency import check_consistency
+    from featureline.stream.expected import ArchivedStream
 
     config = _config(path)
     log = log or config.api.feature_logging.path
     if log is None:
         raise click.UsageError("give --log (or set api.feature_logging.path)")
-    report = check_consistency(log, data or config.etl.output.path, config.feature_store,
-                               max_mismatch=max_mismatch, top=top)
+    output = data or config.etl.output.path
+    if (archive is None and Path(config.stream.archive).is_dir()
+            and read_metadata(output).events is not None):
+        archive = config.stream.archive
+    expected = ArchivedStream(archive, output) if archive else None
+    report = check_consistency(log, output, config.feature_store, max_mismatch=max_mismatch,
+                               top=top, expected=expected)
     if metrics_file:
         write_whole(Path(metrics_file), lambda file: file.write_text(report.prometheus()))
     click.echo(json.dumps(report.to_json(), default=str) if as_json else

@@ -259,16 +259,21 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
 
 def report_consistency(config: FeaturelineConfig, output: Path, log: Path,
                        echo: Callable[[str], None]) -> None:
-    """``featureline consistency`` over what the API logged of the calls above; its metrics
-    land beside the log, where the API exports them."""
+    """``featureline consistency`` over what the API logged of the calls above (the rows of
+    entities the pushed events touched against the stream processor's archive, which keeps
+    every demo run's events, as its online state does); its metrics land beside the log,
+    where the API exports them."""
     from featureline.core.files import write_whole
     from featureline.feature_store.consistency import check_consistency
     from featureline.feature_store.feature_log import REPORT_METRICS
+    from featureline.stream.expected import ArchivedStream
 
     time.sleep(2 * LOG_ROLL_S)  # the API writes its log once per LOG_ROLL_S
-    report = check_consistency(log, output, config.feature_store)
+    archive = Path(config.stream.archive)
+    report = check_consistency(log, output, config.feature_store,
+                               expected=ArchivedStream(archive, output))
     write_whole(log / REPORT_METRICS, lambda path: path.write_text(report.prometheus()))
-    echo(f"featureline consistency --log {log} --data {output}")
+    echo(f"featureline consistency --log {log} --data {output} --archive {archive}")
     for line in report.lines():
         echo(f"  {line}")
 

@@ -112,6 +112,12 @@ return result
 """
 
 
+def times_path(events_file: Path) -> Path:
+    """The file of an archive file's batch times: one line per batch, ``count started
+    finished`` (hidden: the ETL reads the archive folder and skips it)."""
+    return events_file.with_name(f".{events_file.name.lstrip('.')}.times")
+
+
 def day_of(moment: datetime) -> int:
     """Days since 1970-01-01 (UTC)."""
     return int(moment.timestamp() // DAY_S)
@@ -312,6 +318,7 @@ class StreamProcessor:
         """Apply, write, archive, commit one batch; how many events it held."""
         if not delivered:
             return 0
+        started = time.time()
         lines = [line for record in delivered for line in record.payload.split(b"\n")]
         prefixes = [self._prefix(entity, "days") for entity in ENTITIES]
         keys: list[str] = []
@@ -339,7 +346,7 @@ class StreamProcessor:
         servable = time.time()
         self.metrics.observe([servable - record.accepted_at for record in delivered],
                              len(lines))
-        self._archive(lines)
+        self._archive(lines, started, servable)
         self.log.commit(delivered)
         self.processed += len(lines)
         return len(lines)
@@ -391,17 +398,21 @@ class StreamProcessor:
         replies = self.read_days(keys=self._days_keys(entity, values))
         return {value: _pairs(reply) for value, reply in zip(values, replies, strict=True)}
 
-    def _archive(self, lines: list[bytes]) -> None:
+    def _archive(self, lines: list[bytes], started: float, finished: float) -> None:
         """The events in the raw log's schema, appended to this processor's file of the
         hour (whole lines, on disk before the events are committed). The file is hidden
-        (``.events-…``, which Spark skips) until its hour is over: :meth:`seal_archive`."""
+        (``.events-…``, which Spark skips) until its hour is over: :meth:`seal_archive`.
+        Beside it, always hidden, the batch's size and when applying it started and
+        finished, for ``featureline consistency`` (stream/expected.py)."""
         hour = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H")
         self.archive.mkdir(parents=True, exist_ok=True)
         path = self.archive / f".{self._archive_name(hour)}"
-        with path.open("ab") as file:
-            file.write(b"\n".join(lines) + b"\n")
-            file.flush()
-            os.fsync(file.fileno())
+        for target, data in ((path, b"\n".join(lines) + b"\n"), (times_path(path), (
+                f"{len(lines)} {started:.6f} {finished:.6f}\n").encode())):
+            with target.open("ab") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
 
     def _archive_name(self, hour: str) -> str:
         return f"events-{hour}-{self.consumer.replace(':', '_').replace('/', '_')}.jsonl"

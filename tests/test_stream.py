@@ -21,9 +21,11 @@ from fastapi.testclient import TestClient
 
 from featureline.api.app import create_app
 from featureline.core.metadata import present, read_metadata
+from featureline.feature_store.consistency import check_consistency
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import open_repo
+from featureline.stream.expected import ArchivedStream
 from featureline.stream.log import open_event_log
 from featureline.stream.processor import SCRIPT_EVENTS, open_processor
 from featureline.stream.push import Pusher
@@ -298,7 +300,9 @@ def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_serv
     inputs.mkdir()
     (inputs / "log.jsonl").write_text(small_log.read_text())
     assert processor.seal_archive(everything=True)  # as when the hour is over
-    assert not list(Path(config.stream.archive).glob(".*"))
+    # Every events file published; their batch times stay hidden (the ETL skips them).
+    assert not list(Path(config.stream.archive).glob(".*.jsonl"))
+    assert list(Path(config.stream.archive).glob(".*.jsonl.times"))
     for file in Path(config.stream.archive).glob("*.jsonl"):
         (inputs / file.name).write_text(file.read_text())
     result = job.run(make_config(tmp_path / "catch-up", inputs), spark, progress=lambda _: None)
@@ -345,3 +349,64 @@ def test_a_cached_entity_is_served_fresh_once_the_processor_rewrote_it(tmp_path,
             time.sleep(0.05)
         assert after["user_events"] == before["user_events"] + 1
         assert after["item_events"] == before["item_events"] + 1
+
+
+def test_consistency_compares_streamed_rows_with_the_archive(tmp_path, redis_server,
+                                                             job_output):
+    """Rows of entities the processor wrote are compared with the batch base plus the
+    archived events applied before the request: equal as served; a late event's rows
+    unsettled; an archive that lost an event reports exactly those entities."""
+    output = job_output.output
+    log = tmp_path / "log"
+    config, url = _setup(tmp_path, redis_server, output, 15,
+                         feature_logging={"path": str(log), "roll_s": 0.2})
+    processor = open_processor(config.stream, config.feature_store, output, url=url,
+                               consumer="skew")
+    processor.refresh_base()
+    cut = processor.base.cut
+    assert cut is not None
+    metadata = read_metadata(output)
+    pusher = Pusher(present(metadata.events, metadata, "events"),
+                    open_event_log(config.stream, url))
+    pushed = [_event("late-user", "i2", "view", cut - timedelta(days=2)),  # before the cut
+              _event("fresh-user", "i1", "click", cut + timedelta(hours=1)),
+              _event("fresh-user", "i1", "view", cut + timedelta(hours=2)),
+              _event("fresh-user", "i1", "purchase", cut + timedelta(hours=3))]
+    assert pusher.push(pushed) == (4, [])
+    assert _drain(processor) == 4
+    with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
+        response = client.post("/v1/features", headers=READ, json={
+            "service": "ranking", "entities": {"user_id": ["fresh-user", "late-user", "u1"],
+                                               "item_id": ["i1", "i2", "i3"]}})
+        assert response.status_code == 200, response.text
+    served = response.json()["values"]
+    assert served["user_events"][0] == 3
+
+    def reports(expected) -> dict:
+        report = check_consistency(log, output, config.feature_store, expected=expected)
+        return {f.feature: f for f in report.features}
+
+    unsettled = reports(None)  # no archive: streamed rows counted, not compared
+    assert unsettled["user_events"].streamed == unsettled["user_events"].unsettled == 2
+    archive = Path(config.stream.archive)
+    settled = reports(ArchivedStream(archive, output))
+    for name, report in settled.items():
+        assert report.mismatch == report.missing == report.extra == 0, (name, report.top)
+    user_events = settled["user_events"]
+    # fresh-user and late-user streamed; late-user's event is dated before the cut.
+    assert (user_events.streamed, user_events.unsettled) == (2, 1)
+    assert user_events.compared == 2  # fresh-user (from the archive) and u1 (the batch)
+    # i1 (fresh-user's events) settled; i2's event is the late one.
+    assert (settled["item_events"].streamed, settled["item_events"].unsettled) == (2, 1)
+
+    (events_file,) = archive.glob(".events-*.jsonl")  # the purchase lost from the archive
+    lines = events_file.read_bytes().splitlines(keepends=True)
+    assert b"purchase" in lines[-1]
+    events_file.write_bytes(b"".join(lines[:-1]))
+    lost = reports(ArchivedStream(archive, output))
+    top = lost["user_events"].top
+    assert lost["user_events"].mismatch == 1
+    assert [(t["entity"], t["served"] - t["offline"]) for t in top] == [("fresh-user", 1)]
+    assert [t["entity"] for t in lost["user_positives"].top] == ["fresh-user"]
+    assert [t["entity"] for t in lost["item_events"].top] == ["i1"]
+    assert lost["item_events"].mismatch == 1
