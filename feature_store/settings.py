@@ -18,7 +18,7 @@ class FeatureStoreConfig(Settings):
     # How long an entity's latest snapshot stands in point-in-time joins.
     ttl: str = "30d"
     # redis | redis_cluster; REDIS_URL names the server (a cluster: any one of its nodes).
-    redis_type: Literal["redis", "redis_cluster"] = "redis"
+    redis_type: Literal["redis", "redis_cluster", "redis_sentinel"] = "redis"
     # With REDIS_URL unset, a private redis-server keeps its data here.
     redis_dir: str = "data/redis"
     # duckdb (embedded, in-process) | spark (Feast's Spark offline store, for scale).

@@ -60,11 +60,13 @@ def write_handmade_output(output: Path) -> Path:
     return output
 
 
-def copy_project(root: Path, ttl: str = "3d", **sections: Any) -> FeaturelineConfig:
+def copy_project(root: Path, ttl: str = "3d", redis_type: str = "redis",
+                 **sections: Any) -> FeaturelineConfig:
     """A copy of the Feast repository under root (its registry lands there too)."""
     repo = copy_packaged_repo(root / "project" / "feature_store")
     return parse_config({"feature_store": {"repo": str(repo), "ttl": ttl,
-                                           "redis_dir": str(root / "redis")}, **sections})
+                                           "redis_dir": str(root / "redis"),
+                                           "redis_type": redis_type}, **sections})
 
 
 def fresh_db(server: Any, db: int) -> str:

@@ -1,6 +1,7 @@
 """Failure paths: credentials never printed or returned, errors that are not ours answered as
-JSON without internals, Redis refusing a command treated as unavailable, and an API that will
-not serve the network unauthenticated or with the deployment's placeholder key."""
+JSON without internals, Redis refusing a command treated as unavailable, an API that will
+not serve the network unauthenticated or with the deployment's placeholder key, an online
+store that came back empty, and a Redis primary failed over by Sentinel under load."""
 
 from __future__ import annotations
 
@@ -33,11 +34,34 @@ SECRET = "s3cr3t-pass"
     (f"redis://:{SECRET}@10.0.0.5:6379/0", "redis://:***@10.0.0.5:6379/0"),
     (f"rediss://app:{SECRET}@redis.internal/2", "rediss://app:***@redis.internal/2"),
     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+    (f"redis+sentinel://app:{SECRET}@s1:26379,s2:26380/main/1",
+     "redis+sentinel://app:***@s1:26379,s2:26380/main/1"),
+    (f"redis+sentinel://:{SECRET}@s1/main", "redis+sentinel://:***@s1/main"),
 ])
 def test_urls_are_redacted(url, shown):
     assert redact(url) == shown
     error = OnlineStoreUnavailableError(url, "connection refused")
     assert SECRET not in str(error) and shown in str(error)
+
+
+def test_sentinel_urls_are_parsed_and_bad_ones_refused():
+    from featureline.core.redis import SentinelUrl, sentinel_url
+    from featureline.feature_store.repo import feast_connection_string
+
+    url = f"redis+sentinel://app:{SECRET}@s1:26379,s2,10.0.0.3:26400/main/2"
+    assert sentinel_url(url) == SentinelUrl(
+        [("s1", 26379), ("s2", 26379), ("10.0.0.3", 26400)], "main", 2, "app", SECRET)
+    assert sentinel_url("redis://h:6379/0") is None
+    for bad in ("redis+sentinel://s1:26379", "redis+sentinel://s1:x/main",
+                "redis+sentinel://s1/main/zero"):
+        with pytest.raises(ConfigError, match="REDIS_URL"):
+            sentinel_url(bad)
+    assert feast_connection_string(url, "redis_sentinel").startswith(
+        f"s1:26379,s2:26379,10.0.0.3:26400,db=2,username=app,password={SECRET}")
+    with pytest.raises(ConfigError, match="redis_sentinel"):
+        feast_connection_string(url, "redis")
+    with pytest.raises(ConfigError, match="redis_sentinel"):
+        feast_connection_string("redis://h:6379/0", "redis_sentinel")
 
 
 def test_the_cli_never_prints_the_password():
@@ -186,3 +210,70 @@ def test_an_empty_store_is_detected_and_repaired(tmp_path, redis_server):
         assert client.get("/readyz").status_code == 200
         assert client.post("/v1/features", json=body).json() == served.json()
         assert "featureline_online_store_published 1.0" in client.get("/metrics").text
+
+
+def test_a_primary_killed_under_load_fails_over_with_nothing_wrong(tmp_path):
+    """Redis Sentinel (a real primary, replica and three sentinels): the primary SIGKILLed
+    while a client reads — every answer is the published one or a 503 with Retry-After, and
+    answers come back from the promoted replica within seconds; Feast's SDK reads the same
+    values through the sentinels."""
+    import threading
+    import time
+
+    from featureline.feature_store.redis_server import EmbeddedRedisSentinel
+
+    output = write_handmade_output(tmp_path / "output")
+    config = copy_project(tmp_path, ttl="3650d", redis_type="redis_sentinel",
+                          api={"auth": {"enabled": False}, "feature_cache": {"ttl_s": 0}})
+    body = {"service": "ranking", "entities": {"user_id": ["u1", "u2"], "item_id": ["i1", "i2"]}}
+    with EmbeddedRedisSentinel(tmp_path / "sentinel") as group:
+        repo = open_repo(config.feature_store, output, url=group.url)
+        publish(repo, progress=lambda _: None)
+        group.wait_replicated()
+        feast_rows = repo.store.get_online_features(
+            features=repo.store.get_feature_service("ranking"),
+            entity_rows=[{"user_id": "u1", "item_id": "i1"},
+                         {"user_id": "u2", "item_id": "i2"}]).to_dict()
+        assert feast_rows["user_events"] == [7, 2]
+        with TestClient(create_app(config.serving(), output=output,
+                                   redis_url=group.url)) as client:
+            expected = client.post("/v1/features", json=body)
+            assert expected.status_code == 200, expected.text
+            assert expected.json()["values"]["user_events"] == [7, 2]
+            answers: list[tuple[float, int, dict, str | None]] = []
+            stop = threading.Event()
+
+            def load() -> None:
+                while not stop.is_set():
+                    response = client.post("/v1/features", json=body)
+                    answers.append((time.monotonic(), response.status_code, response.json(),
+                                    response.headers.get("Retry-After")))
+                    time.sleep(0.005)
+
+            reader = threading.Thread(target=load)
+            reader.start()
+            try:
+                time.sleep(0.5)
+                killed_at = time.monotonic()
+                old = group.kill_primary()
+                deadline = killed_at + 30
+                while time.monotonic() < deadline and (group.primary_port() == old
+                                                       or answers[-1][1] != 200):
+                    time.sleep(0.05)
+                time.sleep(0.5)
+            finally:
+                stop.set()
+                reader.join()
+        after = [a for a in answers if a[0] > killed_at]
+        assert {status for _, status, *_ in answers} <= {200, 503}
+        assert all(a[2] == expected.json() for a in answers if a[1] == 200)  # nothing wrong
+        assert all(a[3] for a in answers if a[1] == 503)
+        failed = [a[0] for a in after if a[1] == 503]
+        recovered = next(a[0] for a in after if a[1] == 200 and a[0] > max(failed, default=0))
+        assert recovered - killed_at < 20
+        assert group.primary_port() != old  # the replica was promoted
+        assert sum(1 for a in after if a[0] > recovered and a[1] == 200) > 10
+        rows = repo.store.get_online_features(
+            features=repo.store.get_feature_service("ranking"),
+            entity_rows=[{"user_id": "u1", "item_id": "i1"}]).to_dict()
+        assert rows["user_events"] == [7]  # Feast follows the new primary too
