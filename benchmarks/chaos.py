@@ -11,6 +11,11 @@ replicas per worker) while, one after another:
 - ``redis_empty_restart``: Redis stops and comes back without its data (no persistence);
   ``featureline publish --repair`` (what the featureline-repair CronJob runs) republishes.
 
+Then the same service on a Redis primary with a replica and three sentinels
+(``redis+sentinel://``, online store and L2 cache alike) while:
+
+- ``primary_kill``: the primary is SIGKILLed; the sentinels promote the replica.
+
 Then an ETL run is SIGKILLed (its whole process group, the JVM too) as its output is swapped
 in, and run again.
 
@@ -59,7 +64,11 @@ from featureline.core.errors import FeaturelineError
 from featureline.core.metadata import read_metadata
 from featureline.etl.datagen import write_log
 from featureline.feature_store.publish import publish
-from featureline.feature_store.redis_server import EmbeddedRedis, free_port
+from featureline.feature_store.redis_server import (
+    EmbeddedRedis,
+    EmbeddedRedisSentinel,
+    free_port,
+)
 from featureline.feature_store.repo import open_repo
 from featureline.hps.formats import write_hugectr
 
@@ -86,12 +95,14 @@ def _tables(root: Path, entities: int) -> dict[str, np.ndarray]:
 
 
 class Service:
-    """Redis, the published online store, the embedding tables and two API workers."""
+    """Redis (one server, or a primary, a replica and sentinels), the published online
+    store, the embedding tables and two API workers."""
 
-    def __init__(self, root: Path, entities: int) -> None:
+    def __init__(self, root: Path, entities: int, sentinel: bool = False) -> None:
         self.root = root
         self.entities = entities
-        self.redis = EmbeddedRedis(root / "redis").start()
+        self.redis: Any = (EmbeddedRedisSentinel(root / "redis") if sentinel
+                           else EmbeddedRedis(root / "redis")).start()
         self.output = write_output(root, entities)
         self.vectors = _tables(root, entities)
         hps_url = self.redis.url.rsplit("/", 1)[0] + "/1"
@@ -106,7 +117,8 @@ class Service:
         repo.mkdir(parents=True)
         (repo / "feature_store.yaml").write_text((REPO / "feature_store.yaml").read_text())
         self.port = free_port()
-        settings = {"feature_store": {"repo": str(repo), "ttl": "3650d"},
+        settings = {"feature_store": {"repo": str(repo), "ttl": "3650d", "redis_type":
+                                      "redis_sentinel" if sentinel else "redis"},
                     "api": {"port": self.port, "data": str(self.output),
                             "hps": str(root / "hps.yaml"), "auth": {"enabled": False},
                             "retry_after_s": 1}}
@@ -381,13 +393,30 @@ def redis_empty_restart(service: Service, hold_s: float, answering: Callable[[],
             "recovery_s": None if answered is None else round(time.monotonic() - restarted, 2)}
 
 
+def primary_kill(service: Service, hold_s: float, answering: Callable[[], bool]
+                 ) -> dict[str, Any]:
+    """The Redis primary SIGKILLed (a crash); the sentinels promote the replica and every
+    client follows it without a restart."""
+    service.redis.wait_replicated()
+    killed = service.redis.kill_primary()
+    started = time.monotonic()
+    promoted = _until(lambda: service.redis.primary_port() != killed, RECOVERY_LIMIT_S)
+    answered = _until(answering, RECOVERY_LIMIT_S)
+    return {"promoted_s": promoted,
+            "recovery_s": None if answered is None else round(time.monotonic() - started, 2)}
+
+
 FAULTS = {"redis_restart": redis_restart, "redis_oom": redis_oom, "worker_kill": worker_kill,
           "rocksdb_damage": rocksdb_damage, "redis_empty_restart": redis_empty_restart}
 
 
+SENTINEL_FAULTS = {"primary_kill": primary_kill}
+
+
 def serve_under_faults(root: Path, entities: int, rate: float, hold_s: float,
-                       settle_s: float) -> dict[str, Any]:
-    service = Service(root, entities)
+                       settle_s: float, scenario: dict[str, Callable[..., dict[str, Any]]] = FAULTS,
+                       sentinel: bool = False) -> dict[str, Any]:
+    service = Service(root, entities, sentinel)
     try:
         bodies = _bodies(entities, 32)
         golden = golden_answers(service, bodies)
@@ -400,7 +429,7 @@ def serve_under_faults(root: Path, entities: int, rate: float, hold_s: float,
         faults = []
         try:
             time.sleep(settle_s)
-            for name, inject in FAULTS.items():
+            for name, inject in scenario.items():
                 started = time.monotonic()
                 result = inject(service, hold_s, answering)
                 time.sleep(settle_s)
@@ -504,6 +533,8 @@ def run(entities: int = 20_000, rate: float = 60.0, hold_s: float = 5.0,
     with tempfile.TemporaryDirectory() as tmp:
         report["serving"] = serve_under_faults(Path(tmp) / "serve", entities, rate, hold_s,
                                                settle_s)
+        report["sentinel"] = serve_under_faults(Path(tmp) / "sentinel", entities, rate, hold_s,
+                                                settle_s, SENTINEL_FAULTS, sentinel=True)
         report["etl"] = etl_killed_while_publishing(Path(tmp), etl_events)
     return report
 

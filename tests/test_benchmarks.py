@@ -120,7 +120,8 @@ def test_bench_feast_smoke():
 
 def test_chaos_smoke():
     """Every fault of benchmarks/chaos.py, small: no other 5xx, no wrong answer, every 503
-    with Retry-After, every fault recovered from, the ETL output whole after a kill."""
+    with Retry-After, every fault recovered from (a Sentinel failover too), the ETL output
+    whole after a kill."""
     report = _load("chaos").run(entities=2000, rate=30, hold_s=1.5, settle_s=1.0,
                                 etl_events=2000)
     json.dumps(report)
@@ -141,6 +142,15 @@ def test_chaos_smoke():
     empty = faults["redis_empty_restart"]
     assert empty["detected_s"] is not None and empty["repaired"] is True, empty
     assert empty["requests"]["unavailable_503_with_retry_after"] > 0
+    # Sentinel: the primary killed, the replica promoted, every client following it.
+    sentinel = report["sentinel"]
+    for outcome in ("other_5xx", "wrong", "503_without_retry_after", "client_error",
+                    "timeout"):
+        assert sentinel["requests"][outcome] == 0, sentinel
+    (failover,) = sentinel["faults"]
+    assert failover["fault"] == "primary_kill" and failover["promoted_s"] is not None
+    assert failover["recovery_s"] is not None
+    assert sentinel["requests"]["correct"] > failover["requests"]["correct"] > 0
     etl = report["etl"]
     assert etl["killed"].startswith(("staging complete", "after the exchange")), etl
     assert etl["after_kill"] in ("previous", "new")
