@@ -254,7 +254,11 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
 @data_option
 @click.option("--out", type=click.Path(file_okay=False), default="data/hps", show_default=True,
               help="Where the embedding tables, hps.yaml, model.keras and training.json go")
-@click.option("--epochs", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True,
+              help="At most this many passes over the training split")
+@click.option("--patience", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Stop once the validation AUC has not improved for this many epochs; the "
+                   "best epoch's weights are kept either way")
 @click.option("--batch-size", type=click.IntRange(min=1), default=4096, show_default=True)
 @click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-3,
               show_default=True)
@@ -263,8 +267,9 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
 @click.option("--hps-template", type=click.Path(exists=True, dir_okay=False),
               help="A deployment's hps.yaml (or ps.json) whose settings the written hps.yaml "
                    "keeps, with this model's tables replaced by the exported ones")
-def train(path: str | None, data: str | None, out: str, epochs: int, batch_size: int,
-          learning_rate: float, model_name: str, hps_template: str | None) -> None:
+def train(path: str | None, data: str | None, out: str, epochs: int, patience: int,
+          batch_size: int, learning_rate: float, model_name: str,
+          hps_template: str | None) -> None:
     """Train the reference ranking model on the ETL's TFRecords and export its embedding
     tables for the parameter server (needs TensorFlow: the [tf] extra)."""
     try:
@@ -273,7 +278,7 @@ def train(path: str | None, data: str | None, out: str, epochs: int, batch_size:
         raise click.ClickException(f"featureline train needs TensorFlow ({exc.name} is not "
                                    "installed): pip install 'featureline[tf]'") from None
     result = run_train(data or _config(path).etl.output.path, out, epochs=epochs,
-                       batch_size=batch_size, learning_rate=learning_rate,
+                       patience=patience, batch_size=batch_size, learning_rate=learning_rate,
                        model_name=model_name, hps_template=hps_template,
                        progress=progress)
     click.echo(result.summary())

@@ -5,6 +5,7 @@ parameter server equal to the trained weights row for row, tagged with their voc
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -16,6 +17,7 @@ from featureline.hps.server import ParameterServer
 from featureline.trainer.model import table_weights
 
 EPOCHS = 4
+PATIENCE = 1
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +31,8 @@ def trained(job_output, tmp_path_factory):
         "models": [{"name": "ranker", "cache_fraction": 0.25,
                     "tables": [{"name": "user", "dim": 1, "source": "/nowhere"}]}],
         "persistent_db": {"path": str(out / "replica")}}))
-    return train(job_output.output, out, epochs=EPOCHS, batch_size=512, hps_template=template,
-                 progress=lambda _: None)
+    return train(job_output.output, out, epochs=EPOCHS, patience=PATIENCE, batch_size=512,
+                 hps_template=template, progress=lambda _: None)
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +47,34 @@ def test_the_model_beats_the_popularity_baseline(job_output, trained):
     assert validation["rows"] == job_output.metadata["split"]["rows"]["valid"]
     assert validation["model"]["auc"] > validation["baseline"]["auc"]
     assert validation["model"]["log_loss"] < validation["baseline"]["log_loss"]
-    assert [epoch["epoch"] for epoch in trained.epochs] == list(range(1, EPOCHS + 1))
+    ran = len(trained.epochs)
+    assert [epoch["epoch"] for epoch in trained.epochs] == list(range(1, ran + 1))
+    assert ran == EPOCHS or ran == trained.best_epoch + PATIENCE  # stopped early
     assert trained.epochs[-1]["loss"] < trained.epochs[0]["loss"]
     report = json.loads((trained.out / "training.json").read_text())
     assert report["validation"] == validation
     assert report["dataset_version"] == job_output.metadata["dataset"]["version"]
+
+
+def test_the_best_epochs_weights_are_restored_scored_and_saved(job_output, trained, model):
+    """The best epoch by validation AUC (the history's own record) is the one kept: the saved
+    model scores the validation split exactly as that epoch did, whichever epoch ran last."""
+    from featureline.etl.tfrecord.reader import dataset
+    from featureline.trainer.model import label_group
+    from featureline.trainer.train import _inputs
+
+    aucs = [epoch["val_auc"] for epoch in trained.epochs]
+    assert trained.best_epoch == int(np.argmax(aucs)) + 1
+    metadata = read_metadata(job_output.output)
+    valid = _inputs(dataset(metadata, 512, "valid", grouped=True), label_group(metadata))
+    with warnings.catch_warnings():  # Keras learns the split's length as it reads it
+        warnings.filterwarnings("ignore", message="Your input ran out of data")
+        scored = model.evaluate(valid, verbose=0, return_dict=True)
+    assert scored["auc"] == pytest.approx(aucs[trained.best_epoch - 1], abs=1e-6)
+    assert scored["loss"] == pytest.approx(
+        trained.epochs[trained.best_epoch - 1]["val_loss"], abs=1e-5)
+    report = json.loads((trained.out / "training.json").read_text())
+    assert report["best_epoch"] == trained.best_epoch
 
 
 def test_the_baseline_is_each_items_smoothed_training_click_rate(job_output):

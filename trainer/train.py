@@ -1,5 +1,8 @@
 """Train the reference model on an ETL output's TFRecords, score it on the validation split
-against a popularity baseline, export its tables (``featureline train``)."""
+against a popularity baseline, export its tables (``featureline train``).
+
+Training stops when the validation AUC has not improved for ``patience`` epochs, and the
+weights of the best epoch are restored before anything is scored, saved or exported."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class TrainResult:
     out: Path
     hps_config: Path
     epochs: list[dict[str, float]]
+    best_epoch: int  # 1-based: the epoch whose weights were restored, scored and exported
     validation: dict[str, Any]
     dataset_version: str
     vocabularies: dict[str, str]
@@ -43,7 +47,8 @@ class TrainResult:
     def summary(self) -> str:
         """The validation scores against the baseline, and where the tables went."""
         model, baseline = self.validation["model"], self.validation["baseline"]
-        return (f"validation ({self.validation['rows']:,} rows): AUC {model['auc']:.4f} vs "
+        return (f"best epoch {self.best_epoch} of {len(self.epochs)} (its weights kept); "
+                f"validation ({self.validation['rows']:,} rows): AUC {model['auc']:.4f} vs "
                 f"baseline {baseline['auc']:.4f}; log-loss {model['log_loss']:.4f} vs "
                 f"{baseline['log_loss']:.4f}\ntables for the parameter server: "
                 f"{self.hps_config} (trained in {self.seconds:.1f}s on dataset "
@@ -99,14 +104,16 @@ def evaluate(labels: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
     return {"auc": float(auc.result()), "log_loss": float(np.mean(np.asarray(loss)))}
 
 
-def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int = 4096,
-          learning_rate: float = 1e-3, model_name: str = "ranker", seed: int = 0,
-          hps_template: str | Path | None = None,
+def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int = 2,
+          batch_size: int = 4096, learning_rate: float = 1e-3, model_name: str = "ranker",
+          seed: int = 0, hps_template: str | Path | None = None,
           progress: Callable[[str], None] = print) -> TrainResult:
-    """Build the model from ``data``'s metadata.json, train it ``epochs`` times over the
-    training split, compare it with the popularity baseline on the validation split, and
-    write ``out``: the tables and hps.yaml (the settings of ``hps_template`` when given, see
-    ``export.write_tables``), the Keras model, and training.json."""
+    """Build the model from ``data``'s metadata.json, train it over the training split for
+    at most ``epochs`` epochs — stopping once the validation AUC has not improved for
+    ``patience`` epochs, then restoring the best epoch's weights — compare it with the
+    popularity baseline on the validation split, and write ``out``: the tables and hps.yaml
+    (the settings of ``hps_template`` when given, see ``export.write_tables``), the Keras
+    model, and training.json."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     import keras
 
@@ -132,11 +139,19 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int
     train_rows = _inputs(dataset(metadata, batch_size, "train", grouped=True, shuffle=64,
                                  seed=seed), label)
     valid_rows = _inputs(dataset(metadata, batch_size, "valid", grouped=True), label)
+    stopping = keras.callbacks.EarlyStopping(monitor="val_auc", mode="max", patience=patience,
+                                             restore_best_weights=True)
     with warnings.catch_warnings():
         # Keras learns the epoch's length from the first one and says so; nothing is wrong.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
         model.fit(train_rows, validation_data=valid_rows, epochs=epochs, verbose=0,
-                  shuffle=False, callbacks=[Report()])
+                  shuffle=False, callbacks=[Report(), stopping])
+    best_epoch = stopping.best_epoch + 1
+    if len(history) < epochs:
+        progress(f"stopped after epoch {len(history)}: no better validation AUC for "
+                 f"{patience} epochs")
+    progress(f"kept the weights of epoch {best_epoch} (validation AUC "
+             f"{history[best_epoch - 1].get('val_auc', float('nan')):.4f})")
 
     labels, predicted, items = scores(model, metadata, batch_size)
     item_rate, prior = popularity(metadata)
@@ -152,7 +167,7 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 3, batch_size: int
         warnings.filterwarnings("ignore", message="__array__ implementation doesn't accept")
         model.save(out / MODEL_FILE)
     vocabularies = {c: v.version for c, v in metadata.vocabularies.items()}
-    result = TrainResult(out, hps_config, history, validation,
+    result = TrainResult(out, hps_config, history, best_epoch, validation,
                          metadata.dataset.version if metadata.dataset else "", vocabularies,
                          round(time.perf_counter() - started, 3))
     (out / REPORT_FILE).write_text(json.dumps(result.to_json(), indent=2))
