@@ -2,8 +2,9 @@
 (``core.files.fetched_once``), then reused: NVIDIA's Qualification tool and the Spark 3.5 jars
 it runs on (from PyPI, for ``featureline etl qualify``), and the RAPIDS Accelerator jar the
 project pins (from Maven Central, for ``featureline etl gpu-check``), and Apache Kafka's
-release jars (from Maven Central, for ``featureline kafka start`` and the tests' broker).
-Developer tooling: the ETL and the services never fetch anything.
+release jars (from Maven Central, for ``featureline kafka start`` and the tests' broker),
+and a real public ratings log for the trainer's benchmark (MovieLens 100K, as the RecBole
+package on PyPI ships it). Developer tooling: the ETL and the services never fetch anything.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+from featureline.core.errors import FeaturelineError
 from featureline.core.files import fetched_once
 from featureline.etl.errors import PluginFetchError
 from featureline.etl.qualification import (
@@ -109,14 +111,49 @@ def _fetch_kafka(folder: Path) -> None:
     (folder / "READY").write_text(KAFKA_ARTIFACT)
 
 
-def _pip_download(requirement: str, into: Path, *extra: str) -> Path:
+def _pip_download(requirement: str, into: Path, *extra: str,
+                  error: type[FeaturelineError] = QualificationError) -> Path:
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
                "--disable-pip-version-check", "-d", str(into), *extra, requirement]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise QualificationError(f"cannot fetch {requirement} from the package registry: "
-                                 f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
+        raise error(f"cannot fetch {requirement} from the package registry: "
+                    f"{done.stderr.strip().splitlines()[-1:] or done.returncode}")
     return next(into.iterdir())
+
+
+class DatasetFetchError(FeaturelineError):
+    """A public dataset could not be fetched or read."""
+
+
+# MovieLens 100K (GroupLens; its licence allows research use, not redistribution: it is
+# fetched from the package that ships it, never copied into this repository).
+MOVIELENS_PACKAGE = "recbole==1.2.1"
+MOVIELENS_MEMBER = "recbole/dataset_example/ml-100k/ml-100k.inter"
+MOVIELENS_FILE = "ratings.jsonl"
+
+
+def movielens_100k() -> Path:
+    """MovieLens 100K as a raw log of ours (one JSON line per rating: ``user_id`` u<id>,
+    ``item_id`` i<id>, ``event_type`` rating, ``ts`` epoch seconds, ``value`` the 1–5
+    rating): fetched into the cache the first time, then reused."""
+    root = cache_root() / f"movielens-100k-{MOVIELENS_PACKAGE.replace('==', '-')}"
+    return fetched_once(root, MOVIELENS_FILE, _fetch_movielens) / MOVIELENS_FILE
+
+
+def _fetch_movielens(folder: Path) -> None:
+    wheel = _pip_download(MOVIELENS_PACKAGE, folder / "downloads", error=DatasetFetchError)
+    with zipfile.ZipFile(wheel) as archive:
+        if MOVIELENS_MEMBER not in archive.namelist():
+            raise DatasetFetchError(f"{wheel.name} holds no {MOVIELENS_MEMBER}")
+        lines = archive.read(MOVIELENS_MEMBER).decode().splitlines()
+    with (folder / MOVIELENS_FILE).open("w") as out:
+        for line in lines[1:]:  # user_id:token, item_id:token, rating:float, timestamp:float
+            user, item, rating, ts = line.split("\t")
+            out.write(json.dumps({"user_id": f"u{user}", "item_id": f"i{item}",
+                                  "event_type": "rating", "ts": int(float(ts)),
+                                  "value": float(rating)}) + "\n")
+    shutil.rmtree(folder / "downloads")
 
 
 def qualification_classpath() -> str:

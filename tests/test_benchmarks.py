@@ -213,3 +213,16 @@ def test_bench_consistency_smoke():
     (run,) = report["runs"]
     assert run["mismatches"] == 0 and set(run["compared"].values()) == {2_000}
     assert run["consistency_s"] > 0 and run["training_set_s"] > 0
+
+
+def test_bench_model_smoke(tmp_path):
+    """MovieLens 100K fetched from PyPI (the RecBole wheel) into the cache, through the ETL
+    with the temporal split, one epoch: the split and the popularity baseline are those of
+    the real log."""
+    report = _load("bench_model").run(1, 2, tmp_path)
+    json.dumps(report)
+    assert report["data"]["rows"] == 100_000
+    assert report["validation_rows"] == 16_787  # the ratings of the last 30 days
+    assert report["positive_rate"] == pytest.approx(0.5669, abs=1e-4)
+    assert report["popularity"]["auc"] == pytest.approx(0.7007, abs=2e-3)
+    assert 0.6 < report["model"]["auc"] < 0.8 and report["best_epoch"] == 1
