@@ -186,6 +186,29 @@ def test_lag_features_strictly_before(spark, lag_frames):
     ]
 
 
+def test_lag_features_carry_the_users_label_history(spark, lag_frames):
+    """Positives among the user's earlier events and their share; events at the same
+    instant do not see each other's labels; the first event's share is missing."""
+    from featureline.etl.features.lag_features import PRIOR_POSITIVE_RATE, PRIOR_POSITIVES
+
+    # (user, item, t seconds, label, split); u1's two events at t=10 share an instant.
+    rows = [("u1", "5", 0, 1, "train"), ("u1", "5", 10, 0, "train"), ("u1", "7", 10, 1, "train"),
+            ("u1", "8", 50, 0, "train"), ("u1", "9", 90, 1, "valid"), ("u2", "5", 10, 1, "train")]
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    out = LagFeatures(["1h"]).transform(events)
+    got = sorted((r["user_id"], r["_ts_us"] // 1_000_000, r["item_id"], r[PRIOR_POSITIVES],
+                  r[PRIOR_POSITIVE_RATE]) for r in out.collect())
+    base = min(g[1] for g in got)
+    assert [(g[0], g[1] - base, *g[2:]) for g in got] == [
+        ("u1", 0, "5", 0.0, None),
+        ("u1", 10, "5", 1.0, 1.0),
+        ("u1", 10, "7", 1.0, 1.0),
+        ("u1", 50, "8", 2.0, 2 / 3),
+        ("u1", 90, "9", 2.0, 0.5),
+        ("u2", 10, "5", 0.0, None),
+    ]
+
+
 def test_lag_features_cpu_and_gpu_frames_agree_on_every_row(spark, monkeypatch):
     from featureline.etl.features import lag_features
 

@@ -2,8 +2,11 @@
 
 For scope ``user`` (and ``ui``, the user–item pair): seconds since the previous event (missing
 for the first: the model-ready step adds an indicator), the number of events in each trailing
-window ``[t - w, t)``, and for users the previous item's id. Events at the very same instant
-are not "before" one another. Two formulations give the same values: one for the CPU, one
+window ``[t - w, t)``, and for users the previous item's id and their label history: the
+positives among their earlier events and the share of them (missing for the first event) —
+what a user's earlier events said about them, known at ``t``, for users the training split
+never saw as much as for the others. Events at the very same instant are not "before" one
+another. Two formulations give the same values: one for the CPU, one
 for the RAPIDS Accelerator (``plans_for_gpu``); the tests check they agree.
 """
 
@@ -12,13 +15,14 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.settings import duration_seconds
-from featureline.core.transforms import LOG1P_STANDARDIZE
+from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.features.base import (
+    LABEL,
     MICROS,
     TS_MICROS,
     ColumnRoles,
@@ -32,6 +36,18 @@ SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
 # The previous row's time and item, in (time, item) order; dropped once read.
 _PREVIOUS_TS = "_previous_ts_us"
 _PREVIOUS_ITEM = "_previous_item"
+
+
+# A user's label history before each event (named apart from the entity tables' features).
+PRIOR_POSITIVES = "user_prior_positives"
+PRIOR_POSITIVE_RATE = "user_prior_positive_rate"
+
+
+def _label_history(positives: Column, events: Column) -> dict[str, Column]:
+    """The positives among a user's earlier ``events`` and their share (null without any)."""
+    return {PRIOR_POSITIVES: F.coalesce(positives, F.lit(0)).cast("double"),
+            PRIOR_POSITIVE_RATE: F.when(events > 0, F.coalesce(positives, F.lit(0)) / events)
+            .cast("double")}
 
 
 def window_name(window: str) -> str:
@@ -90,6 +106,7 @@ class LagFeatures(FeatureOp):
             latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
             columns["user_prev_item"] = F.coalesce(latest[self.item_column],
                                                    F.lit(PADDING_ID).cast("long"))
+            columns.update(_label_history(F.sum(LABEL).over(before), earlier))
         return events.withColumns(columns)
 
     def _frames_to_current_row(self, events: DataFrame, scope: str,
@@ -117,6 +134,12 @@ class LagFeatures(FeatureOp):
         if scope == "user":
             previous_item = F.max(F.when(opens_instant, F.col(_PREVIOUS_ITEM))).over(instant)
             columns["user_prev_item"] = F.coalesce(previous_item, F.lit(PADDING_ID).cast("long"))
+            # Up to and including t, less what happened at t.
+            so_far = by_time.rangeBetween(Window.unboundedPreceding, 0)
+            now = by_time.rangeBetween(0, 0)
+            columns.update(_label_history(
+                F.sum(LABEL).over(so_far) - F.sum(LABEL).over(now),
+                F.count(F.lit(1)).over(so_far) - at_instant))
         return events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
 
     def features(self) -> list[FeatureSpec]:
@@ -128,4 +151,8 @@ class LagFeatures(FeatureOp):
                                   transform_hint=LOG1P_STANDARDIZE) for w in self.windows]
         specs.append(FeatureSpec("user_prev_item", "categorical", "int64",
                                  shares=self.item_column))
+        specs += [FeatureSpec(PRIOR_POSITIVES, "continuous", "float32",
+                              transform_hint=LOG1P_STANDARDIZE),
+                  FeatureSpec(PRIOR_POSITIVE_RATE, "continuous", "float32",
+                              transform_hint=STANDARDIZE, missing=True)]
         return specs
