@@ -3,7 +3,8 @@ ratings from 1997–98; GroupLens, fetched from the RecBole package on PyPI into
 ``featureline.tools.movielens_100k``), label ``value >= 4``, the last 30 days as the
 validation split, everything else as a new user would leave it. Runs the ETL (Spark
 local[2]), then ``featureline train``, and prints the validation AUC and log-loss of the
-model and of the popularity baseline, with the epoch history.
+model, of the popularity baseline and of gradient-boosted trees (LightGBM) on the same
+examples, with the epoch history.
 
     python benchmarks/bench_model.py
     python benchmarks/bench_model.py --epochs 10 --patience 2
@@ -68,7 +69,8 @@ def run(epochs: int, patience: int, work: Path) -> dict[str, Any]:
             "valid_days": VALID_DAYS, "epochs": result.epochs, "best_epoch": result.best_epoch,
             "validation_rows": validation["rows"],
             "positive_rate": round(validation["positive_rate"], 4),
-            "model": validation["model"], "popularity": validation["baseline"]}
+            "model": validation["model"], "popularity": validation["baseline"],
+            "gbdt": validation.get("gbdt")}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -77,6 +77,19 @@ def test_the_best_epochs_weights_are_restored_scored_and_saved(job_output, train
     assert report["best_epoch"] == trained.best_epoch
 
 
+def test_the_gbdt_baseline_is_scored_on_the_models_validation_rows(job_output, trained):
+    """LightGBM on the Parquet examples: the same validation rows as the model (count and
+    positives; train() refuses a difference), early-stopped, a real score."""
+    validation = trained.validation
+    trees = validation["gbdt"]
+    assert trees["rows"] == validation["rows"] == job_output.metadata["split"]["rows"]["valid"]
+    assert trees["positives"] == round(validation["positive_rate"] * validation["rows"])
+    assert 1 <= trees["rounds"] < 2000
+    assert validation["baseline"]["auc"] < trees["auc"] < 1.0
+    assert 0 < trees["log_loss"] < validation["baseline"]["log_loss"]
+    assert "GBDT" in trained.summary()
+
+
 def test_the_baseline_is_each_items_smoothed_training_click_rate(job_output):
     """From the Parquet examples with pandas, against the trainer's from the TFRecords."""
     from featureline.trainer.train import BASELINE_SMOOTHING, popularity

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from featureline.core.errors import ConfigError
+from featureline.core.errors import ConfigError, MetadataFormatError
 from featureline.core.metadata import Metadata, encoded_name, present, read_metadata
 from featureline.etl.tfrecord.reader import dataset, read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
+from featureline.trainer.gbdt import gbdt_baseline
 from featureline.trainer.model import build_model, label_group, tfrecord_groups
 
 MODEL_FILE = "model.keras"
@@ -47,10 +48,13 @@ class TrainResult:
     def summary(self) -> str:
         """The validation scores against the baseline, and where the tables went."""
         model, baseline = self.validation["model"], self.validation["baseline"]
+        trees = self.validation.get("gbdt", {})
+        auc = f", GBDT {trees['auc']:.4f}" if "auc" in trees else ""
+        loss = f", {trees['log_loss']:.4f}" if "log_loss" in trees else ""
         return (f"best epoch {self.best_epoch} of {len(self.epochs)} (its weights kept); "
                 f"validation ({self.validation['rows']:,} rows): AUC {model['auc']:.4f} vs "
-                f"baseline {baseline['auc']:.4f}; log-loss {model['log_loss']:.4f} vs "
-                f"{baseline['log_loss']:.4f}\ntables for the parameter server: "
+                f"popularity {baseline['auc']:.4f}{auc}; log-loss {model['log_loss']:.4f} vs "
+                f"{baseline['log_loss']:.4f}{loss}\ntables for the parameter server: "
                 f"{self.hps_config} (trained in {self.seconds:.1f}s on dataset "
                 f"{self.dataset_version})")
 
@@ -106,12 +110,13 @@ def evaluate(labels: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
 
 def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int = 2,
           batch_size: int = 4096, learning_rate: float = 1e-3, model_name: str = "ranker",
-          seed: int = 0, hps_template: str | Path | None = None,
+          seed: int = 0, hps_template: str | Path | None = None, gbdt: bool = True,
           progress: Callable[[str], None] = print) -> TrainResult:
     """Build the model from ``data``'s metadata.json, train it over the training split for
     at most ``epochs`` epochs — stopping once the validation AUC has not improved for
     ``patience`` epochs, then restoring the best epoch's weights — compare it with the
-    popularity baseline on the validation split, and write ``out``: the tables and hps.yaml
+    popularity baseline and (``gbdt``, where LightGBM is installed) gradient-boosted trees
+    on the same validation rows, and write ``out``: the tables and hps.yaml
     (the settings of ``hps_template`` when given, see ``export.write_tables``), the Keras
     model, and training.json."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
@@ -159,6 +164,15 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
                   "model": evaluate(labels, predicted),
                   "baseline": {"name": "item popularity (smoothed training click rate)",
                                "prior": prior, **evaluate(labels, item_rate[items])}}
+    if gbdt:
+        progress("training the gradient-boosted trees baseline on the Parquet examples")
+        trees = gbdt_baseline(metadata, seed)
+        if "rows" in trees and (trees["rows"], trees["positives"]) != (len(labels),
+                                                                      int(labels.sum())):
+            raise MetadataFormatError(str(data), "the Parquet examples' validation split "
+                                      f"({trees['rows']:,} rows) is not the TFRecords' "
+                                      f"({len(labels):,})")
+        validation["gbdt"] = trees
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     hps_config = export(model, metadata, out, model_name, template)
