@@ -259,7 +259,7 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
 @click.option("--patience", type=click.IntRange(min=0), default=2, show_default=True,
               help="Stop once the validation AUC has not improved for this many epochs; the "
                    "best epoch's weights are kept either way")
-@click.option("--batch-size", type=click.IntRange(min=1), default=4096, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=2048, show_default=True)
 @click.option("--learning-rate", type=click.FloatRange(min=0, min_open=True), default=1e-3,
               show_default=True)
 @click.option("--model-name", default="ranker", show_default=True,

@@ -215,14 +215,19 @@ def test_bench_consistency_smoke():
     assert run["consistency_s"] > 0 and run["training_set_s"] > 0
 
 
-def test_bench_model_smoke(tmp_path):
+def test_the_model_beats_popularity_and_ties_gbdt_on_real_data(tmp_path):
     """MovieLens 100K fetched from PyPI (the RecBole wheel) into the cache, through the ETL
-    with the temporal split, one epoch: the split and the popularity baseline are those of
-    the real log."""
+    with the temporal split; one epoch (the best one on this log with the defaults): the
+    model's validation AUC beats popularity's by more than 0.005 and is within 0.005 of
+    gradient-boosted trees on the same rows, its log-loss below both."""
     report = _load("bench_model").run(1, 2, tmp_path)
     json.dumps(report)
     assert report["data"]["rows"] == 100_000
     assert report["validation_rows"] == 16_787  # the ratings of the last 30 days
     assert report["positive_rate"] == pytest.approx(0.5669, abs=1e-4)
-    assert report["popularity"]["auc"] == pytest.approx(0.7007, abs=2e-3)
-    assert 0.6 < report["model"]["auc"] < 0.8 and report["best_epoch"] == 1
+    model, popularity, trees = report["model"], report["popularity"], report["gbdt"]
+    assert popularity["auc"] == pytest.approx(0.7007, abs=2e-3)
+    assert trees["rows"] == report["validation_rows"]
+    assert model["auc"] > popularity["auc"] + 0.005
+    assert model["auc"] >= trees["auc"] - 0.005
+    assert model["log_loss"] < min(popularity["log_loss"], trees["log_loss"])

@@ -109,7 +109,7 @@ def evaluate(labels: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
 
 
 def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int = 2,
-          batch_size: int = 4096, learning_rate: float = 1e-3, model_name: str = "ranker",
+          batch_size: int = 2048, learning_rate: float = 1e-3, model_name: str = "ranker",
           seed: int = 0, hps_template: str | Path | None = None, gbdt: bool = True,
           progress: Callable[[str], None] = print) -> TrainResult:
     """Build the model from ``data``'s metadata.json, train it over the training split for
