@@ -95,18 +95,18 @@ class ServingMiddleware:
                                       (_VERSION_HEADER, services.dataset_version.encode())]
             await send(message)
 
-        if services is not None:
-            services.activity.started()
+        if services is None:  # not started yet, or stopped
+            await self._answer(scope, receive, send_with_version, too_large, limit)
+            return
+        services.activity.started()
         try:
             await self._answer(scope, receive, send_with_version, too_large, limit)
         finally:
-            if services is not None:
-                services.activity.finished()
-        if services is not None:
-            route = scope.get("route")
-            services.metrics.latency.labels(
-                route=getattr(route, "path", "unmatched"), method=scope["method"],
-                status=str(status)).observe(time.perf_counter() - started)
+            services.activity.finished()
+        route = scope.get("route")
+        services.metrics.latency.labels(
+            route=getattr(route, "path", "unmatched"), method=scope["method"],
+            status=str(status)).observe(time.perf_counter() - started)
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send, too_large: bool,
                       limit: int) -> None:

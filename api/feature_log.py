@@ -265,8 +265,8 @@ class FeatureLogger:
 
     def _write(self, batch: pa.RecordBatch, requests: int) -> None:
         """Append ``batch`` to this roll's file (opened by the first) as one row group: the
-        Parquet work in steps of ~1 ms, not one burst at the end of the roll."""
-        self._step()
+        Parquet work in steps of ~1 ms, not one burst at the end of the roll (the conversion's
+        last step waited for an idle moment)."""
         try:
             if self._part is None:
                 self._sequence += 1

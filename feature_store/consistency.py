@@ -248,13 +248,15 @@ def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, nume
             "END")
     error = (f"CASE WHEN abs({served}) + abs({offline}) = 0 THEN 0 ELSE 2 * abs({served} - "
              f"{offline}) / (abs({served}) + abs({offline})) END" if numeric else "NULL")
-    connection.execute(f"CREATE OR REPLACE TEMP VIEW kinds AS SELECT __key, {kind} AS kind, "
+    connection.execute(f"CREATE OR REPLACE TEMP VIEW kinds AS SELECT __key, __streamed, "
+                       f"{status} IS NOT NULL AS asked, {kind} AS kind, "
                        f"CASE WHEN ({kind}) IN ('equal', 'mismatch') THEN {error} END AS error, "
                        f"{served} AS served, {offline} AS offline FROM joined")
-    counts = dict(connection.execute("SELECT kind, count(*) FROM kinds WHERE kind IS NOT NULL "
-                                     "GROUP BY kind").fetchall())
-    streamed = connection.execute(
-        f"SELECT count(*) FROM joined WHERE __streamed AND {status} IS NOT NULL").fetchone()[0]  # type: ignore[index]
+    # Per kind (None: asked, but absent online and offline), and the streamed rows among them.
+    rows = connection.execute("SELECT kind, count(*), count(*) FILTER (WHERE __streamed) FROM "
+                              "kinds WHERE asked GROUP BY kind").fetchall()
+    counts = {kind: n for kind, n, _ in rows}
+    streamed = sum(n for _, _, n in rows)
     smape = connection.execute("SELECT avg(error) FROM kinds").fetchone()[0]  # type: ignore[index]
     worst = connection.execute(
         "SELECT __key, count(*), any_value(served), any_value(offline) FROM kinds WHERE kind IN "

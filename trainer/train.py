@@ -49,8 +49,9 @@ class TrainResult:
         """The validation scores against the baseline, and where the tables went."""
         model, baseline = self.validation["model"], self.validation["baseline"]
         trees = self.validation.get("gbdt", {})
-        auc = f", GBDT {trees['auc']:.4f}" if "auc" in trees else ""
-        loss = f", {trees['log_loss']:.4f}" if "log_loss" in trees else ""
+        scored = "auc" in trees  # not when LightGBM is missing
+        auc = f", GBDT {trees['auc']:.4f}" if scored else ""
+        loss = f", {trees['log_loss']:.4f}" if scored else ""
         return (f"best epoch {self.best_epoch} of {len(self.epochs)} (its weights kept); "
                 f"validation ({self.validation['rows']:,} rows): AUC {model['auc']:.4f} vs "
                 f"popularity {baseline['auc']:.4f}{auc}; log-loss {model['log_loss']:.4f} vs "
