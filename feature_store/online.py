@@ -1,11 +1,15 @@
-"""Online feature reads in Feast's Redis layout, in one round trip to the online store
+"""Online feature reads, one key per entity and view, in one round trip to the online store
 (``feature_store/online_store.py``).
 
-Feast's SDK reads the same hashes, but its per-request work (registry lookups, response
-protos) costs more than Redis itself. This reader takes the layout from the registry once
-and uses Feast's own helpers for the keys (``_redis_key``), the field names (``_mmh3``) and
-the values (``feast_value_type_to_python_type``), so its answers equal the SDK's (tested).
-On top, each value gets a status: present, not found, or outside the view's ttl.
+``featureline publish`` writes every entity twice: in Feast's layout (one hash per entity,
+one protobuf per feature), which Feast's SDK reads, and as one *entity vector* per view (a
+JSON array of the view's timestamp and values), which this reader reads: one MGET, a few µs
+of decoding per entity where the hash costs a protobuf per feature. The vectors belong to a
+generation that the publication stamp names; the stamp is read in the same round trip, after
+the values, and a read whose generation is no longer the served one is read again in the new
+one — so an answer never mixes two datasets (docs/ARCHITECTURE.md, "Atomic publication").
+The keys are Feast's (``_redis_key``), the values those Feast's SDK returns (tested). On
+top, each value gets a status: present, not found, or outside the view's ttl.
 
 With a :class:`ValueCache`, entities read recently are answered from memory for at most its
 ``ttl_s`` seconds, and never across a publish: every read fetches the publication stamp in the
@@ -24,40 +28,30 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+import orjson
 from feast import FeatureStore
-from feast.infra.online_stores.helpers import _mmh3, _redis_key
+from feast.infra.online_stores.helpers import _redis_key
 from feast.protos.feast.types.EntityKey_pb2 import EntityKey
 from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from feast.value_type import ValueType
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
 from featureline.feature_store.errors import (
     FeatureStoreError,
     OnlineStoreEmptyError,
+    OnlineStoreUnavailableError,
     UnknownFeatureServiceError,
 )
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
-from featureline.feature_store.writer import entity_keys
+from featureline.feature_store.writer import entity_keys, vector_prefix
 
+# Reads in a row that may find a new generation served (each a publish that replaced the
+# dataset during the read before) before the reader gives up.
+GENERATION_SWITCHES = 5
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
 KEY_CACHE_SIZE = 200_000
-# Value kinds whose Python value is the proto field itself, as Feast's decoder returns it.
-_SCALAR_KINDS = frozenset({"int32_val", "int64_val", "float_val", "double_val", "string_val",
-                           "bool_val", "bytes_val"})
-
-
-def decode_value(raw: bytes) -> Any:
-    """A stored feature value as Feast's SDK returns it; scalars without its slower path."""
-    proto = Value.FromString(raw)
-    kind = proto.WhichOneof("val")
-    if kind in _SCALAR_KINDS:
-        return getattr(proto, kind)
-    return feast_value_type_to_python_type(proto)
-
-
 # Entity ids whose keys the publisher's writer assembles from their parts: their Python type,
 # and the ids of that type it can take.
 _ASSEMBLED_IDS: dict[ValueType, tuple[type, Callable[[Any], bool]]] = {
@@ -92,6 +86,10 @@ class MissingEntityError(FeatureStoreError, UnprocessableError):
         super().__init__(join_key, f"entities.{join_key} is required by feature view {view!r}")
 
 
+# A cached entity: (expires, its values, the view's timestamp in seconds).
+Entry = tuple[float, tuple[Any, ...], int | None]
+
+
 class ValueCache:
     """Decoded values of the entities read lately: ``(view, id)`` → ``(expires, values, the
     view's timestamp in seconds)``, for ``ttl_s`` seconds at most, while the publication they
@@ -101,8 +99,7 @@ class ValueCache:
         self.ttl_s = ttl_s
         self.max_entities = max_entities
         # (publication stamp, entries): swapped whole, so a reader holds a consistent pair.
-        self.state: tuple[bytes | None, dict[tuple[str, Any], tuple[float, tuple[Any, ...],
-                                                                     int | None]]] = (None, {})
+        self.state: tuple[tuple[bytes, bytes] | None, dict[tuple[str, Any], Entry]] = (None, {})
         self.hits = 0
         self.misses = 0
 
@@ -121,8 +118,9 @@ class ViewLayout:
     join_key: str
     value_type: Any
     features: tuple[str, ...]
-    fields: tuple[bytes, ...]  # one per feature, then the view's timestamp field
     ttl_s: float | None
+    # Positions of the features of Unix timestamp type (stored as seconds, read as datetime).
+    timestamps: tuple[int, ...] = ()
 
 
 @dataclass
@@ -165,6 +163,7 @@ class OnlineReader:
         self.services = services
         self.url = url
         self._keys: dict[tuple[str, Any], bytes] = {}
+        self.generation = 0  # of the entity vectors last read; 0: none yet
 
     @classmethod
     def from_store(cls, store: FeatureStore, url: str,
@@ -177,9 +176,9 @@ class OnlineReader:
             views[view.name] = ViewLayout(
                 name=view.name, join_key=entity.name, value_type=entity.dtype.to_value_type(),
                 features=tuple(f.name for f in view.features),
-                fields=(*(_mmh3(f"{view.name}:{f.name}") for f in view.features),
-                        f"_ts:{view.name}".encode()),
-                ttl_s=view.ttl.total_seconds() if view.ttl else None)
+                ttl_s=view.ttl.total_seconds() if view.ttl else None,
+                timestamps=tuple(i for i, f in enumerate(view.features)
+                                 if f.dtype.to_value_type() == ValueType.UNIX_TIMESTAMP))
         services = {service.name: [f"{p.name}:{f.name}" for p in service.feature_view_projections
                                    for f in p.features]
                     for service in store.list_feature_services()}
@@ -238,7 +237,7 @@ class OnlineReader:
         stamp, entries = cache.state if cache is not None else (None, {})
         clock = time.monotonic()
         plan = []  # (layout, ids read from the store, entries found in the cache, ids by row)
-        rows: list[tuple[bytes, tuple[bytes, ...]]] = []
+        rows: list[tuple[str, bytes]] = []  # (view, Feast's key) of each entity read
         for view in wanted:
             layout = self.views[view]
             if layout.join_key not in entities:
@@ -251,13 +250,9 @@ class OnlineReader:
                     found[value] = entry
                 else:
                     fetched.append(value)
-            rows.extend((key, layout.fields) for key in self._redis_keys(layout, fetched))
+            rows.extend((view, key) for key in self._redis_keys(layout, fetched))
             plan.append((layout, fetched, found, ids))
-        # The publication stamp comes in the same round trip: without one the store lost its
-        # data (or never had it), and every entity would read as not found.
-        current, answers = self.store.read(rows, self.project)
-        if current is None:
-            raise OnlineStoreEmptyError(self.project)
+        current, answers = self._vectors(rows)
         if cache is not None:
             if current != stamp:  # a publish since these entries were read: none of them
                 entries = {}
@@ -274,9 +269,9 @@ class OnlineReader:
         for layout, fetched, found, ids in plan:
             stored = answers[start:start + len(fetched)]
             start += len(fetched)
-            for value, fields in zip(fetched, stored, strict=True):
+            for value, vector in zip(fetched, stored, strict=True):
                 found[value] = (clock + cache.ttl_s if cache else 0.0,
-                                *self._decode(layout, fields))
+                                *self._decode(layout, vector))
                 if cache is not None:
                     entries[(layout.name, value)] = found[value]
             # Once per entity, not per feature: its stored values, and their status.
@@ -294,16 +289,42 @@ class OnlineReader:
                 result.status[name] = state
         return result
 
+    def _vectors(self, rows: list[tuple[str, bytes]]) -> tuple[tuple[bytes, bytes],
+                                                                 list[bytes | None]]:
+        """The publication stamp, and the vector of each ``(view, Feast key)`` in the
+        generation it serves: read in the generation last seen, again in the new one when
+        the stamp (read after the values) names another."""
+        for _ in range(GENERATION_SWITCHES):
+            generation = self.generation
+            keys = ([vector_prefix(self.project, generation, view) + key for view, key in rows]
+                    if generation else [])
+            (published_at, served), vectors = self.store.read_vectors(keys, self.project)
+            # Without a stamp the store lost its data (or never had it): every entity would
+            # read as not found. A stamp without a generation: published without vectors.
+            if published_at is None or not served:
+                raise OnlineStoreEmptyError(self.project)
+            if int(served) == generation:
+                return (published_at, served), vectors
+            self.generation = int(served)
+        raise OnlineStoreUnavailableError(
+            self.url, f"{GENERATION_SWITCHES} publishes replaced the dataset during as many "
+            "reads in a row")
+
     @staticmethod
-    def _decode(layout: ViewLayout, fields: list[bytes | None]
+    def _decode(layout: ViewLayout, vector: bytes | None
                 ) -> tuple[tuple[Any, ...], int | None]:
         """The stored values of one entity, and the view's timestamp (seconds) if any.
 
         Tuples of scalars: the garbage collector stops tracking them, so thousands of cached
         entities do not make it run full passes (each a pause on a busy server's requests)."""
-        *raw, stamp = fields
-        values = tuple(None if v is None else decode_value(v) for v in raw)
-        return values, None if stamp is None else Timestamp.FromString(stamp).seconds
+        if vector is None:
+            return (None,) * len(layout.features), None
+        stamp, *values = orjson.loads(vector)
+        for index in layout.timestamps:
+            if values[index] is not None:
+                values[index] = feast_value_type_to_python_type(
+                    Value(unix_timestamp_val=values[index]))
+        return tuple(values), stamp
 
     @staticmethod
     def _status(layout: ViewLayout, seconds: int | None, now: float) -> Status:

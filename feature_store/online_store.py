@@ -3,10 +3,12 @@ broadcast ask of the store that holds the served feature values (docs/ARCHITECTU
 "Extending").
 
 Modelled on Feast's ``OnlineStore`` (``online_read`` / ``online_write_batch``), at the level
-our reader and writer work at: the values stay in Feast's layout (one hash per entity key,
-one field per feature, ``feature_store/writer.py`` makes the keys and bytes) so that Feast's
-own clients read what we write. A backend is a class with these methods and one line in
-:data:`ONLINE_STORES`; ``feature_store.redis_type`` (Feast's own setting) picks it.
+our reader and writer work at: the values are written in Feast's layout (one hash per entity
+key, one field per feature, ``feature_store/writer.py`` makes the keys and bytes) so that
+Feast's own clients read what we write, and as one entity vector per view and entity,
+versioned by a generation the publication stamp names, which our reader reads. A backend is
+a class with these methods and one line in :data:`ONLINE_STORES`;
+``feature_store.redis_type`` (Feast's own setting) picks it.
 
 Every method raises :class:`~featureline.feature_store.errors.OnlineStoreUnavailableError`
 when the store cannot serve (down, timed out, refusing), never the client library's errors.
@@ -30,24 +32,32 @@ class OnlineStore(Protocol):
     # As configured: may hold a password (``core.redis.redact`` before printing it).
     url: str
 
-    def read(self, rows: Sequence[tuple[bytes, Sequence[bytes]]],
-             stamp_of: str | None = None) -> tuple[bytes | None, list[list[bytes | None]]]:
-        """The stored bytes of each ``(key, fields)`` (None: absent), in one round trip; with
-        ``stamp_of`` (a Feast project), also its publication's ``published_at``, read in the
-        same round trip (else None)."""
+    def read_vectors(self, keys: Sequence[bytes], project: str
+                     ) -> tuple[list[bytes | None], list[bytes | None]]:
+        """The publication stamp of ``project`` (its ``published_at`` and ``generation``,
+        None where absent) and the string stored at each of ``keys`` (None: absent), in
+        one round trip on one server; the stamp is read after the values."""
         ...
 
     def write_view(self, rows: pa.Table, layout: Layout,
                    progress: Callable[[int], None] | None = None, *,
-                   keep_keys: bool = True, compare: bool = True) -> Written:
+                   keep_keys: bool = True, compare: bool = True,
+                   generation: int | None = None) -> Written:
         """Write ``rows`` (one per entity) into the view's fields: how many entities were
         written and how many had a value that differs from the stored one (or were new;
         without ``compare``, every one counts as changed and nothing is read);
-        ``keep_keys``: also every key written."""
+        ``keep_keys``: also every key written; ``generation``: also each entity's vector
+        of that generation."""
+        ...
+
+    def drop_generations(self, project: str, keep: int) -> int:
+        """Delete the project's entity vectors of every generation but ``keep``; how
+        many."""
         ...
 
     def project_keys(self, project: str) -> set[bytes]:
-        """Every entity key of the project (its publication stamp excluded)."""
+        """Every entity key of the project in Feast's layout (its publication stamp and entity
+        vectors excluded)."""
         ...
 
     def holding(self, keys: Sequence[bytes], views: Sequence[str]) -> list[bytes]:

@@ -9,6 +9,12 @@ published whole and replaces what was there: every entity's latest snapshot is w
 entities the new dataset no longer has are removed. The same dataset published again is
 incremental: each view continues from the end of its last publish (recorded in Feast's
 registry, as a materialization would). ``full`` replaces in any case.
+
+Each entity is also written as one vector per view, the form our reader reads. A replace
+writes its vectors as the next generation, beside the served one; stamping the store with the
+new generation switches every reader at once, then the old generation is deleted — so no
+answer of the API mixes two datasets (docs/ARCHITECTURE.md, "Atomic publication"). Feast's
+layout is written in place, as Feast's own materialization does.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ class PublishSummary:
     views: list[ViewPublished] = field(default_factory=list)
     keys_changed: int | None = None  # entity keys whose values differ afterwards (replace)
     keys_removed: int = 0  # entities the new dataset no longer has
+    generation: int = 0  # of the entity vectors served afterwards
+    vectors_removed: int = 0  # those of the generation replaced
     seconds: float = 0.0
 
     @property
@@ -62,6 +70,7 @@ class PublishSummary:
         return {"online_store": self.online_store, "dataset_version": self.dataset_version,
                 "mode": self.mode, "replaced": self.replaced, "keys_written": self.keys,
                 "keys_changed": self.keys_changed, "keys_removed": self.keys_removed,
+                "generation": self.generation, "vectors_removed": self.vectors_removed,
                 "seconds": round(self.seconds, 3),
                 "views": [{"name": v.name, "start": v.start.isoformat(),
                            "end": v.end.isoformat(), "keys": v.keys,
@@ -111,10 +120,13 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     # Feast's own calls (apply, the registry) raise the Redis client's errors.
     with online_store_errors(repo.redis_url), contextlib.closing(online_store):
         online = online_store.publication(store.project)
-        replace = full or online is None or online.dataset_version != version
+        replace = (full or online is None or online.dataset_version != version
+                   or not online.generation)
+        generation = (online.generation if online else 0) + replace
         summary = PublishSummary(redact(repo.redis_url), version, mode="replace" if replace
                                  else "incremental",
-                                 replaced=online.dataset_version if online and replace else None)
+                                 replaced=online.dataset_version if online and replace else None,
+                                 generation=generation)
         objects = repo.definitions.objects()
         store.apply(objects)
         progress(f"applied {len(objects)} Feast objects to project "
@@ -143,13 +155,14 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
 
                 result = write_with_spark(spark, repo.definitions.snapshot_path(entity), layout,
                                           start, end, repo.settings.redis_type, repo.redis_url,
-                                          keys_needed=bool(before))
+                                          keys_needed=bool(before), generation=generation)
             else:
                 rows = latest_snapshots(snapshots, table.join_key,
                                         table.timestamp_field, start, end)
                 result = online_store.write_view(rows, layout,
                                                  _Progress(view.name, rows.num_rows, progress),
-                                                 keep_keys=bool(before))
+                                                 keep_keys=bool(before),
+                                                 generation=generation)
             store.registry.apply_materialization(registered, store.project, start, end)
             written |= result.written_keys
             changed += result.changed
@@ -163,8 +176,12 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             online_store.delete(stale)
             summary.keys_removed = len(stale)
             summary.keys_changed = changed
+        # The switch: readers read the new generation from their next read on.
         online_store.write_publication(store.project, Publication.of(
-            metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat()))
+            metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat(),
+            generation))
+        if replace:
+            summary.vectors_removed = online_store.drop_generations(store.project, generation)
     summary.seconds = time.perf_counter() - started
     progress(f"online store holds dataset {version}: {summary.keys:,} keys written, "
              f"{summary.keys_changed if summary.keys_changed is not None else 'n/a'} changed, "

@@ -28,7 +28,15 @@ from redis.crc import key_slot
 from featureline.core import redis
 from featureline.feature_store.errors import online_store_errors
 from featureline.feature_store.publication import Publication, publication_key
-from featureline.feature_store.writer import Layout, Written, encoded_slices
+from featureline.feature_store.writer import (
+    VECTOR_PREFIX,
+    Layout,
+    Written,
+    encode_vectors,
+    encoded_slices,
+    vector_keys,
+    vector_prefix,
+)
 
 # Entities per script call; entities and keys per pipelined round trip.
 CHUNK = 200
@@ -81,6 +89,9 @@ for k = 1, #KEYS do
 end
 return #KEYS
 """
+# The publication's fields a read fetches with the values: when, and which generation of
+# entity vectors it serves.
+STAMP_FIELDS = ("published_at", "generation")
 # Seconds a listener waits for a message before it looks at its stop flag, and before it
 # subscribes again after the server went away.
 LISTEN_POLL_S = 0.5
@@ -98,14 +109,15 @@ class RedisOnlineStore:
 
     # Reads
 
-    def read(self, rows: Sequence[tuple[bytes, Sequence[bytes]]],
-             stamp_of: str | None = None) -> tuple[bytes | None, list[list[bytes | None]]]:
-        commands: list[tuple[Any, ...]] = [("HMGET", key, *fields) for key, fields in rows]
-        if stamp_of is not None:
-            commands.append(("HGET", publication_key(stamp_of), "published_at"))
+    def read_vectors(self, keys: Sequence[bytes], project: str
+                     ) -> tuple[list[bytes | None], list[bytes | None]]:
+        # The stamp after the values: if it still names their generation, they were all
+        # read while it was the served one (docs/ARCHITECTURE.md, "Atomic publication").
+        commands: list[tuple[Any, ...]] = [("MGET", *keys)] if keys else []
+        commands.append(("HMGET", publication_key(project), *STAMP_FIELDS))
         with online_store_errors(self.url):
             answers = self._execute(commands)
-        return (answers.pop() if stamp_of is not None else None), answers
+        return answers[-1], answers[0] if keys else []
 
     def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """The replies to ``commands``, sent packed in one round trip."""
@@ -128,9 +140,10 @@ class RedisOnlineStore:
 
     def project_keys(self, project: str) -> set[bytes]:
         skip = publication_key(project).encode()
+        vectors = VECTOR_PREFIX.encode()
         with online_store_errors(self.url):
             return {k for k in self.client.scan_iter(match=f"*{project}", count=BATCH)
-                    if k != skip}
+                    if k != skip and not k.startswith(vectors)}
 
     def holding(self, keys: Sequence[bytes], views: Sequence[str]) -> list[bytes]:
         """Those of ``keys`` whose hash holds one of the views' timestamp fields."""
@@ -154,7 +167,8 @@ class RedisOnlineStore:
         text = {k.decode(): v.decode() for k, v in fields.items()}
         return Publication(dataset_version=text["dataset_version"], output=text["output"],
                            published_at=text["published_at"],
-                           vocabularies=json.loads(text.get("vocabularies", "{}")))
+                           vocabularies=json.loads(text.get("vocabularies", "{}")),
+                           generation=int(text.get("generation", 0)))
 
     def ping(self) -> bool:
         try:
@@ -170,31 +184,59 @@ class RedisOnlineStore:
 
     def write_view(self, rows: pa.Table, layout: Layout,
                    progress: Callable[[int], None] | None = None, *,
-                   keep_keys: bool = True, compare: bool = True) -> Written:
+                   keep_keys: bool = True, compare: bool = True,
+                   generation: int | None = None) -> Written:
         changed = written = 0
+        prefix = None if generation is None else vector_prefix(layout.project, generation,
+                                                               layout.view)
         written_keys: set[bytes] = set()
         with online_store_errors(self.url):
             # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot
             # load).
             digest = self.client.script_load(COMPARE_AND_SET if compare else SET_ONLY)
-            for keys, fields, by_row in encoded_slices(rows, layout):
+            for part, keys, fields, by_row in encoded_slices(rows, layout):
+                vectors = [] if prefix is None else encode_vectors(part, layout)
                 head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
                 chunks = self._chunks(keys)
                 per_batch = max(1, BATCH // CHUNK)
                 for low in range(0, len(chunks), per_batch):
                     pipe = self.client.pipeline(transaction=False)
-                    for chunk in chunks[low:low + per_batch]:
+                    batch = chunks[low:low + per_batch]
+                    for chunk in batch:
                         indices = chunk.tolist()
                         pipe.execute_command("EVALSHA", digest, len(indices),
                                              *[keys[i] for i in indices], *head,
                                              *[value for i in indices for value in by_row[i]])
                         written += len(indices)
-                    changed += int(sum(pipe.execute()))
+                    if prefix is not None:  # after the scripts, whose replies count changes
+                        for chunk in batch:
+                            indices = chunk.tolist()
+                            self._set(pipe, vector_keys(prefix, [keys[i] for i in indices]),
+                                      [vectors[i] for i in indices], layout.key_ttl_seconds)
+                    changed += int(sum(pipe.execute()[:len(batch)]))
                     if progress is not None:
                         progress(written)
                 if keep_keys:
                     written_keys.update(keys)
         return Written(written, changed, written_keys)
+
+    def _set(self, pipe: Any, keys: list[bytes], values: list[bytes], ttl: int | None) -> None:
+        """Queue the string ``values`` at ``keys`` on ``pipe``: one MSET, or one SET each with
+        the keys' ttl."""
+        if ttl:
+            for key, value in zip(keys, values, strict=True):
+                pipe.set(key, value, ex=ttl)
+        else:
+            pipe.execute_command("MSET", *[x for pair in zip(keys, values, strict=True)
+                                           for x in pair])
+
+    def drop_generations(self, project: str, keep: int) -> int:
+        with online_store_errors(self.url):
+            skip = vector_prefix(project, keep)
+            stale = [key for key in self.client.scan_iter(
+                match=f"{VECTOR_PREFIX}{project}:*", count=BATCH) if not key.startswith(skip)]
+            self.delete(stale)
+        return len(stale)
 
     def delete(self, keys: Sequence[bytes]) -> None:
         with online_store_errors(self.url):
@@ -208,7 +250,7 @@ class RedisOnlineStore:
         with online_store_errors(self.url):
             self.client.hset(publication_key(project), mapping={
                 "dataset_version": publication.dataset_version, "output": publication.output,
-                "published_at": publication.published_at,
+                "published_at": publication.published_at, "generation": publication.generation,
                 "vocabularies": json.dumps(publication.vocabularies)})
 
     # Notifications: Redis channels, shared by every database of a server, so each is named
@@ -254,6 +296,19 @@ class RedisClusterOnlineStore(RedisOnlineStore):
         for command in commands:
             pipe.execute_command(*command)
         return pipe.execute()
+
+    def read_vectors(self, keys: Sequence[bytes], project: str
+                     ) -> tuple[list[bytes | None], list[bytes | None]]:
+        # One GET per key (a cluster's MGET takes one slot); the stamp once the values are
+        # in: its node may answer before theirs.
+        with online_store_errors(self.url):
+            values = self._execute([("GET", key) for key in keys]) if keys else []
+            stamp = self.client.hmget(publication_key(project), STAMP_FIELDS)
+        return stamp, values
+
+    def _set(self, pipe: Any, keys: list[bytes], values: list[bytes], ttl: int | None) -> None:
+        for key, value in zip(keys, values, strict=True):
+            pipe.set(key, value, ex=ttl or None)
 
     def _chunks(self, keys: list[bytes]) -> list[np.ndarray]:
         """Row indices, ``CHUNK`` at most per script call, each call's keys in one hash slot

@@ -31,10 +31,11 @@ def latest_frame(spark: SparkSession, path: Path, layout: Layout, start: datetim
 
 
 def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: datetime,
-                     end: datetime, kind: str, url: str, *, keys_needed: bool) -> Written:
-    """Write the view from Spark tasks into the online store of type ``kind`` at ``url``;
-    ``keys_needed``: also return every written key (a replace looks for the entities no
-    longer there)."""
+                     end: datetime, kind: str, url: str, *, keys_needed: bool,
+                     generation: int | None = None) -> Written:
+    """Write the view from Spark tasks into the online store of type ``kind`` at ``url``
+    (with the entity vectors of ``generation``); ``keys_needed``: also return every written
+    key (a replace looks for the entities no longer there)."""
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from featureline.feature_store.online_store import open_online_store
@@ -44,7 +45,7 @@ def write_with_spark(spark: SparkSession, path: Path, layout: Layout, start: dat
         try:
             for batch in batches:
                 result = store.write_view(pa.Table.from_batches([batch]), layout,
-                                          keep_keys=False)
+                                          keep_keys=False, generation=generation)
                 yield pa.RecordBatch.from_pydict({"keys": [result.keys],
                                                   "changed": [result.changed]})
         finally:

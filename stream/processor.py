@@ -280,6 +280,7 @@ class StreamProcessor:
         end = datetime.fromisoformat(stamp) if stamp else datetime.now(timezone.utc)
         self.base = BatchBase.load(self.metadata, end, self.contract.recent_days)
         self.stamp = stamp
+        self.generation = publication.generation if publication else None
         # The cut the streamed days are kept against: the first processor to see a new one
         # drops the days before it.
         previous = self.client.getset(f"featureline:stream:{self.project}:cut",
@@ -385,7 +386,8 @@ class StreamProcessor:
                 pa.timestamp("s", tz="UTC"))
             table = pa.table(columns).select(
                 [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)])
-            self.store.write_view(table, layout, keep_keys=False, compare=False)
+            self.store.write_view(table, layout, keep_keys=False, compare=False,
+                                  generation=self.generation)
             self.store.announce(written_topic(self.project), orjson.dumps(
                 [[layout.view, value] for value in stored]))
             values = list(stored)

@@ -7,12 +7,12 @@ import json
 import time
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
-from feast.protos.feast.types.Value_pb2 import Value
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
@@ -25,6 +25,7 @@ from featureline.feature_store.publication import publication_key
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import EmbeddedRedis
 from featureline.feature_store.repo import open_repo
+from featureline.feature_store.writer import vector_prefix
 from featureline.hps.formats import write_hugectr
 from tests.feast_data import copy_project, encoded_id, fresh_db, write_handmade_output
 
@@ -339,8 +340,12 @@ def _overwrite(reader: OnlineReader, join_key: str, entity: str, feature: str,
     (layout,) = [v for v in reader.views.values()
                  if v.join_key == join_key and feature in v.features]
     (key,) = reader._redis_keys(layout, [entity])
-    redis_clients.client(reader.url).hset(key, layout.fields[layout.features.index(feature)],
-                       Value(int64_val=value).SerializeToString())
+    client = redis_clients.client(reader.url)
+    generation = int(client.hget(publication_key(reader.project), "generation"))
+    key = vector_prefix(reader.project, generation, layout.name) + key
+    stamp, *values = orjson.loads(client.get(key))
+    values[layout.features.index(feature)] = value
+    client.set(key, orjson.dumps([stamp, *values]))
 
 
 ROWS = {"user_id": ["u1", "u1", "u2"], "item_id": ["i1", "i2", "i1"]}

@@ -89,7 +89,8 @@ def served(tmp_path_factory, redis_server, job_output):
     store = open_online_store(config.feature_store.redis_type, url)
     store.write_view(pa.Table.from_pylist([row]).select(
         [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)]),
-        layout, keep_keys=False, compare=False)  # the same snapshot time: not a stream write
+        layout, keep_keys=False, compare=False,  # the same snapshot time: not a stream write
+        generation=store.publication(repo.store.project).generation)
     store.close()
     with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
         features = client.post("/v1/features", json={

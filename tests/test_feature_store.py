@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -30,6 +33,7 @@ from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import feast_connection_string, open_repo
 from featureline.feature_store.training_set import training_set
+from featureline.feature_store.writer import VECTOR_PREFIX
 from tests.feast_data import REPO, copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent
@@ -54,11 +58,20 @@ def _online(repo, rows: list[dict]) -> dict:
     return repo.store.get_online_features(features=service, entity_rows=rows).to_dict()
 
 
-def _redis_dump(url: str) -> dict:
-    """Every key and value, less the publication stamp (its publish time changes)."""
+def _redis_dump(url: str, vectors: bool = True) -> dict:
+    """Every key and value, less the publication stamp (its publish time changes); entity
+    vectors (unless not ``vectors``) without their generation (a replace moves it)."""
     client = redis.Redis.from_url(url)
-    return {key: client.hgetall(key) for key in client.scan_iter()
-            if not key.startswith(KEY_PREFIX.encode())}
+    dump = {}
+    for key in client.scan_iter():
+        if key.startswith(VECTOR_PREFIX.encode()):
+            if not vectors:
+                continue
+            project, _, rest = key[len(VECTOR_PREFIX):].split(b":", 2)
+            dump[(project, rest)] = client.get(key)
+        elif not key.startswith(KEY_PREFIX.encode()):
+            dump[key] = client.hgetall(key)
+    return dump
 
 
 def test_publish_then_online_values_are_the_latest_snapshots(tmp_path, handmade_output,
@@ -344,9 +357,100 @@ def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_ou
     reference.store.apply(reference.definitions.objects())
     for view in summary.views:
         reference.store.materialize(view.start, view.end, feature_views=[view.name])
-    written, expected = _redis_dump(ours), _redis_dump(feasts)
+    written, expected = _redis_dump(ours, vectors=False), _redis_dump(feasts)
     assert len(written) == summary.keys == len(expected)
     assert written == expected
+    assert len(_redis_dump(ours)) == 2 * summary.keys  # and one vector per view and entity
+
+
+def _shifted_output(output: Path, root: Path, by: int) -> Path:
+    """A copy of ``output`` whose event counts are ``by`` higher: another dataset."""
+    copy = root / f"output+{by}"
+    shutil.copytree(output, copy)
+    for entity in ("user", "item"):
+        path = copy / "entities" / entity / "part-00000.parquet"
+        table = pq.read_table(path)
+        column = f"{entity}_events"
+        table = table.set_column(table.schema.get_field_index(column), column,
+                                 pc.add(table[column], by))
+        pq.write_table(table, path)
+    return copy
+
+
+def test_readers_never_see_two_datasets_in_one_answer(tmp_path, handmade_output, online_url,
+                                                       monkeypatch):
+    """Publishes replacing dataset A with B and back, while a reader reads every entity of
+    both views: each answer is wholly A's or wholly B's (a replace writes Feast's layout in
+    place, view after view: read that way, answers mix)."""
+    from featureline.feature_store import redis_store
+    from featureline.feature_store.online import OnlineReader
+
+    monkeypatch.setattr(redis_store, "CHUNK", 1)  # one entity per call: longer replaces
+    project = copy_project(tmp_path).feature_store
+    outputs = [handmade_output, _shifted_output(handmade_output, tmp_path, 1000)]
+    repos = [open_repo(project, output, url=online_url) for output in outputs]
+    publish(repos[0], progress=lambda _: None)
+    reader = OnlineReader.from_store(repos[0].store, online_url)
+    references = reader.references("ranking")
+    rows = {"user_id": ["u1", "u2"], "item_id": ["i1", "i2"]}
+    datasets = {(7, 2, 5, 9): "A", (1007, 1002, 1005, 1009): "B"}
+    seen: list[str] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            while not stop.is_set():
+                values = reader.read(references, rows).values
+                answer = (*values["user_events"], *values["item_events"])
+                seen.append(datasets.get(answer, f"mixed: {answer}"))
+        except BaseException as error:  # reported by the test's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    try:
+        for round_ in range(8):
+            summary = publish(repos[(round_ + 1) % 2], full=True, progress=lambda _: None)
+            assert summary.generation == round_ + 2
+            assert summary.vectors_removed == 4  # the replaced generation's
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors, errors
+    assert [answer for answer in seen if answer.startswith("mixed")] == []
+    assert {"A", "B"} <= set(seen) and len(seen) > 100
+    assert reader.generation == 9
+    # Only the served generation is left, and Feast's SDK reads the last dataset (A's).
+    client = redis.Redis.from_url(online_url)
+    assert {key.split(b":")[3] for key in client.scan_iter(match=f"{VECTOR_PREFIX}*")} == {
+        b"9"}
+    assert _online(repos[0], [{"user_id": "u1", "item_id": "i2"}])["user_events"] == [7]
+
+
+def test_the_reader_returns_what_feasts_sdk_returns_on_the_real_output(tmp_path, job_output,
+                                                                     redis_server):
+    """Every feature of the real ETL output, known and unknown entities: the entity vectors
+    our reader reads decode to exactly the values Feast's SDK decodes from its layout."""
+    from featureline.feature_store.online import OnlineReader
+
+    url = fresh_db(redis_server, 10)
+    repo = open_repo(copy_project(tmp_path, ttl="3650d").feature_store, job_output.output,
+                     url=url)
+    publish(repo, progress=lambda _: None)
+    users = pq.read_table(job_output.output / "entities" / "user")["user_id"].unique()
+    items = pq.read_table(job_output.output / "entities" / "item")["item_id"].unique()
+    rows = {"user_id": [*users.to_pylist()[:40], "nobody"],
+            "item_id": [*items.to_pylist()[:40], "nothing"]}
+    reader = OnlineReader.from_store(repo.store, url)
+    ours = reader.read(reader.references("ranking"), rows)
+    sdk = _online(repo, [dict(zip(rows, row, strict=True)) for row in zip(*rows.values(),
+                                                                         strict=True)])
+    assert set(ours.names) == set(sdk) - {"user_id", "item_id"}
+    for name in ours.names:
+        assert ours.values[name] == sdk[name], name
+        assert ours.values[name][-1] is None
+    assert any(isinstance(v, float) for name in ours.names for v in ours.values[name])
 
 
 def test_publish_counts_changed_and_removed_entities(tmp_path, handmade_output, online_url):
@@ -407,7 +511,7 @@ def test_the_online_reader_makes_feasts_keys():
     cases = {"users": (ValueType.STRING, ["u1", "", "ünïcode", "x" * 300]),
              "items": (ValueType.INT64, [0, -3, 2**40, 2**63 - 1]),
              "days": (ValueType.INT32, [0, 7, -1])}  # no assembled form: Feast's functions
-    views = {name: ViewLayout(name, f"{name}_id", value_type, ("f",), (b"f", b"_ts"), None)
+    views = {name: ViewLayout(name, f"{name}_id", value_type, ("f",), None)
              for name, (value_type, _) in cases.items()}
     reader = OnlineReader(None, "proj", 3, views, {}, "redis://unused")
     for name, (value_type, ids) in cases.items():
