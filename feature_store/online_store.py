@@ -50,14 +50,14 @@ class OnlineStore(Protocol):
         of that generation."""
         ...
 
-    def drop_generations(self, project: str, keep: int) -> int:
-        """Delete the project's entity vectors of every generation but ``keep``; how
-        many."""
+    def next_generation(self, project: str, served: int) -> int:
+        """A generation number of the project's entity vectors never used before, above
+        ``served``."""
         ...
 
     def project_keys(self, project: str) -> set[bytes]:
-        """Every entity key of the project in Feast's layout (its publication stamp and entity
-        vectors excluded)."""
+        """Every entity key of the project: in Feast's layout, and its entity vectors of every
+        generation (its publication stamp and generation counter excluded)."""
         ...
 
     def holding(self, keys: Sequence[bytes], views: Sequence[str]) -> list[bytes]:

@@ -21,6 +21,12 @@ def publication_key(project: str) -> str:
     return f"{KEY_PREFIX}{project}"
 
 
+def generations_key(project: str) -> str:
+    """The counter of the project's generations of entity vectors: a replace takes the next
+    number, so a killed replace's partial generation is never written into again."""
+    return f"featureline:generations:{project}"
+
+
 @dataclass(frozen=True)
 class Publication:
     dataset_version: str

@@ -34,7 +34,7 @@ from featureline.feature_store.errors import online_store_errors
 from featureline.feature_store.online_store import open_online_store
 from featureline.feature_store.publication import Publication
 from featureline.feature_store.repo import FeatureRepo
-from featureline.feature_store.writer import Layout, latest_snapshots
+from featureline.feature_store.writer import VECTOR_PREFIX, Layout, latest_snapshots
 
 # Seconds between progress lines while a view is written.
 PROGRESS_EVERY_S = 5.0
@@ -122,7 +122,8 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
         online = online_store.publication(store.project)
         replace = (full or online is None or online.dataset_version != version
                    or not online.generation)
-        generation = (online.generation if online else 0) + replace
+        served = online.generation if online else 0
+        generation = online_store.next_generation(store.project, served) if replace else served
         summary = PublishSummary(redact(repo.redis_url), version, mode="replace" if replace
                                  else "incremental",
                                  replaced=online.dataset_version if online and replace else None,
@@ -132,8 +133,14 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
         progress(f"applied {len(objects)} Feast objects to project "
                  f"{store.project!r}")
         before: set[bytes] = set()
+        old_vectors: list[bytes] = []
         if replace:
             before = online_store.project_keys(store.project)
+            # Those of the served generation, and any a killed replace left: dropped after the
+            # switch (a stream processor's write into the old generation after this scan, at
+            # the next replace).
+            old_vectors = [key for key in before if key.startswith(VECTOR_PREFIX.encode())]
+            before.difference_update(old_vectors)
             replaced = online.dataset_version if online else "a store without a publication stamp"
             progress(f"dataset {version} replaces {replaced}: {len(before):,} keys there now")
         written: set[bytes] = set()
@@ -181,7 +188,8 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat(),
             generation))
         if replace:
-            summary.vectors_removed = online_store.drop_generations(store.project, generation)
+            online_store.delete(old_vectors)
+            summary.vectors_removed = len(old_vectors)
     summary.seconds = time.perf_counter() - started
     progress(f"online store holds dataset {version}: {summary.keys:,} keys written, "
              f"{summary.keys_changed if summary.keys_changed is not None else 'n/a'} changed, "

@@ -27,9 +27,12 @@ from redis.crc import key_slot
 
 from featureline.core import redis
 from featureline.feature_store.errors import online_store_errors
-from featureline.feature_store.publication import Publication, publication_key
+from featureline.feature_store.publication import (
+    Publication,
+    generations_key,
+    publication_key,
+)
 from featureline.feature_store.writer import (
-    VECTOR_PREFIX,
     Layout,
     Written,
     encode_vectors,
@@ -38,9 +41,10 @@ from featureline.feature_store.writer import (
     vector_prefix,
 )
 
-# Entities per script call; entities and keys per pipelined round trip.
+# Entities per script call; entities and keys per pipelined round trip; keys per UNLINK.
 CHUNK = 200
 BATCH = 10_000
+UNLINK_KEYS = 1_000
 # Sets each entity's fields and returns how many entities had a feature value that differs
 # from the stored one (or were new). KEYS: the entities. ARGV: the key ttl (0: none), the
 # number n of feature fields, the n fields, the timestamp field, then per entity its n values
@@ -139,11 +143,12 @@ class RedisOnlineStore:
             pool.release(connection)
 
     def project_keys(self, project: str) -> set[bytes]:
-        skip = publication_key(project).encode()
-        vectors = VECTOR_PREFIX.encode()
+        # Feast's keys start with the serialized entity key (binary), the entity vectors'
+        # with theirs; the stamp and the counter are ours too.
+        skip = (publication_key(project).encode(), generations_key(project).encode())
         with online_store_errors(self.url):
             return {k for k in self.client.scan_iter(match=f"*{project}", count=BATCH)
-                    if k != skip and not k.startswith(vectors)}
+                    if k not in skip}
 
     def holding(self, keys: Sequence[bytes], views: Sequence[str]) -> list[bytes]:
         """Those of ``keys`` whose hash holds one of the views' timestamp fields."""
@@ -230,21 +235,23 @@ class RedisOnlineStore:
             pipe.execute_command("MSET", *[x for pair in zip(keys, values, strict=True)
                                            for x in pair])
 
-    def drop_generations(self, project: str, keep: int) -> int:
-        with online_store_errors(self.url):
-            skip = vector_prefix(project, keep)
-            stale = [key for key in self.client.scan_iter(
-                match=f"{VECTOR_PREFIX}{project}:*", count=BATCH) if not key.startswith(skip)]
-            self.delete(stale)
-        return len(stale)
-
     def delete(self, keys: Sequence[bytes]) -> None:
+        # UNLINK: the server frees the values in the background, not between two reads.
         with online_store_errors(self.url):
             for low in range(0, len(keys), BATCH):
                 pipe = self.client.pipeline(transaction=False)
-                for key in keys[low:low + BATCH]:
-                    pipe.delete(key)
+                for first in range(low, min(low + BATCH, len(keys)), UNLINK_KEYS):
+                    pipe.execute_command("UNLINK", *keys[first:min(first + UNLINK_KEYS,
+                                                                     low + BATCH)])
                 pipe.execute()
+
+    def next_generation(self, project: str, served: int) -> int:
+        with online_store_errors(self.url):
+            generation = int(self.client.incr(generations_key(project)))
+            if generation <= served:  # the counter was lost: above the served one
+                generation = served + 1
+                self.client.set(generations_key(project), generation)
+        return generation
 
     def write_publication(self, project: str, publication: Publication) -> None:
         with online_store_errors(self.url):
@@ -309,6 +316,15 @@ class RedisClusterOnlineStore(RedisOnlineStore):
     def _set(self, pipe: Any, keys: list[bytes], values: list[bytes], ttl: int | None) -> None:
         for key, value in zip(keys, values, strict=True):
             pipe.set(key, value, ex=ttl or None)
+
+    def delete(self, keys: Sequence[bytes]) -> None:
+        # One key per command: a cluster's multi-key command takes one slot.
+        with online_store_errors(self.url):
+            for low in range(0, len(keys), BATCH):
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys[low:low + BATCH]:
+                    pipe.unlink(key)
+                pipe.execute()
 
     def _chunks(self, keys: list[bytes]) -> list[np.ndarray]:
         """Row indices, ``CHUNK`` at most per script call, each call's keys in one hash slot

@@ -207,7 +207,7 @@ def test_every_online_store_backend_implements_the_protocol():
 
     methods = {name: inspect.signature(member) for name, member in vars(OnlineStore).items()
                if inspect.isfunction(member) and not name.startswith("_")}
-    assert {"read_vectors", "write_view", "drop_generations", "publication",
+    assert {"read_vectors", "write_view", "next_generation", "publication",
             "write_publication", "announce", "listen"} <= set(methods)
     for kind, backend in ONLINE_STORES.items():
         for name, signature in methods.items():

@@ -48,19 +48,23 @@ def test_bench_tfrecord_smoke():
 
 
 def test_bench_api_smoke():
-    """Three servers (ours cached and uncached, feast serve) on a tiny store: every rate
-    answered, the cache's hit rate read from the cached server's /metrics."""
+    """Ours cached and uncached, Feast's server reading its pre-computed vectors and per
+    view, on a tiny store: every rate answered without an error (Feast's pre-computed path
+    raises when it cannot read its vectors), the cache's hit rate read from the cached
+    server's /metrics, each target reported."""
     report = _load("bench_api").run(200, seconds=0.5, rates=[10, 20], logging_rounds=1)
     json.dumps(report)
     logging = report["feature_logging"]
     assert [r["logging"] for r in logging["runs"]] == ["off", "on"]
     assert all(r["errors"] == 0 for r in logging["runs"]) and logging["p99_on_vs_off"] > 0
-    # Every candidate row and the user's, of every request the logging server answered (5
-    # and the one that warmed the connection).
-    assert logging["logged_rows"] == 101 * 6
+    # Every candidate row and the user's, of every request the logging server answered (10
+    # at 20 req/s for 0.5 s, and the one that warmed the connection).
+    assert logging["logged_rows"] == 101 * 11
+    assert report["feast_precompute"]["vectors"] == 200  # one per user
     for rows in ("1_entities", "100_entities"):
         section = report["features"][rows]
-        assert set(section) == {"featureline", "featureline, no cache", "feast serve"}
+        assert set(section) == {"featureline", "featureline, no cache",
+                                "feast serve, pre-computed", "feast serve, per view"}
         for result in section.values():
             assert [s["rate"] for s in result["steps"]] == [10, 20]
             first = result["steps"][0]
@@ -70,6 +74,9 @@ def test_bench_api_smoke():
     ranking = report["ranking_inputs_1x100"]
     assert ranking["featureline"]["cache_hit_rate"] > 0  # popular items come back
     assert ranking["featureline, no cache"]["cache_hit_rate"] is None
+    # The targets' rates were not run: none is met, each reported.
+    assert len(report["targets"]) == 6
+    assert not any(target["met"] for target in report["targets"].values())
 
 
 
@@ -90,6 +97,37 @@ def test_bench_api_compares_p99_where_ours_is_under_budget():
     assert bench._p99_vs(ours, result((50, 400.0), (100, None), (200, None))) == {
         "at_rate": 50, "ratio": 0.02, "upper_bound": True}
     assert bench._p99_vs(result((50, 12.0), (100, 30.0)), ours) is None
+
+def test_bench_api_checks_the_serving_targets():
+    bench = _load("bench_api")
+
+    def result(*steps):
+        return {"steps": [{"rate": rate, "p99_ms": p99, "errors": 0, "achieved_rps": rate}
+                          if p99 is not None else {"rate": rate, "not_run": "saturated"}
+                          for rate, p99 in steps]}
+
+    report = {
+        "features": {
+            "1_entities": {"featureline": result((400, 1.5), (500, 1.8)),
+                           "featureline, no cache": result((400, 1.9), (500, 2.4)),
+                           "feast serve, pre-computed": result((400, 3.0), (500, 4.0))},
+            "100_entities": {"featureline": result((100, 4.0)),
+                             "featureline, no cache": result((100, 4.5)),
+                             # saturated below the target's rate: p99 past the limit
+                             "feast serve, pre-computed": result((50, 1500.0),
+                                                                 (100, None))}},
+        "ranking_inputs_1x100": {"featureline": result((300, 9.0)),
+                                 "featureline, no cache": result((200, 8.0), (300, None))}}
+    found = bench.targets(report)
+    assert found["features 1_entities, featureline"] == {
+        "rate": 500, "p99_ms": 1.8, "budget_ms": 2.0, "feast_precomputed_p99_ms": 4.0,
+        "feast_saturated_at": None, "ratio": 0.45, "met": True}
+    assert not found["features 1_entities, featureline, no cache"]["met"]  # 2.4 > 2 ms
+    assert found["features 100_entities, featureline"]["feast_saturated_at"] == 50
+    assert found["features 100_entities, featureline"]["met"]
+    assert found["ranking_inputs_1x100, featureline"]["met"]
+    assert not found["ranking_inputs_1x100, featureline, no cache"]["met"]  # not run at 300
+
 
 def test_bench_hps_smoke():
     report = _load("bench_hps").run(keys_n=2000, dim=8, batch_sizes=[64], repeats=3, alpha=1.2)

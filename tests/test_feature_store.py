@@ -59,8 +59,9 @@ def _online(repo, rows: list[dict]) -> dict:
 
 
 def _redis_dump(url: str, vectors: bool = True) -> dict:
-    """Every key and value, less the publication stamp (its publish time changes); entity
-    vectors (unless not ``vectors``) without their generation (a replace moves it)."""
+    """Every key and value, less the publication stamp and the generations' counter (a
+    replace moves them); entity vectors (unless not ``vectors``) without their
+    generation."""
     client = redis.Redis.from_url(url)
     dump = {}
     for key in client.scan_iter():
@@ -69,7 +70,7 @@ def _redis_dump(url: str, vectors: bool = True) -> dict:
                 continue
             project, _, rest = key[len(VECTOR_PREFIX):].split(b":", 2)
             dump[(project, rest)] = client.get(key)
-        elif not key.startswith(KEY_PREFIX.encode()):
+        elif not key.startswith((KEY_PREFIX.encode(), b"featureline:generations:")):
             dump[key] = client.hgetall(key)
     return dump
 
@@ -428,6 +429,34 @@ def test_readers_never_see_two_datasets_in_one_answer(tmp_path, handmade_output,
     assert _online(repos[0], [{"user_id": "u1", "item_id": "i2"}])["user_events"] == [7]
 
 
+def test_a_killed_replace_is_never_served_nor_written_into(tmp_path, handmade_output,
+                                                          online_url):
+    """A replace that died after writing part of its generation: the next replace takes
+    another number, and drops what the dead one left."""
+    from feast.value_type import ValueType
+
+    from featureline.feature_store.online import OnlineReader
+    from featureline.feature_store.online_store import open_online_store
+    from featureline.feature_store.writer import entity_keys, vector_prefix
+
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
+    assert publish(repo, progress=lambda _: None).generation == 1
+    project = repo.store.project
+    store = open_online_store("redis", online_url)
+    dead = store.next_generation(project, 1)
+    (ghost,) = entity_keys("user_id", ["ghost"], ValueType.STRING, project, 3)
+    client = redis.Redis.from_url(online_url)
+    client.set(vector_prefix(project, dead, "user_features") + ghost, b"[0, 1, 1, 0.5]")
+    summary = publish(repo, full=True, progress=lambda _: None)
+    assert (dead, summary.generation, summary.vectors_removed) == (2, 3, 4 + 1)
+    reader = OnlineReader.from_store(repo.store, online_url)
+    values = reader.read(reader.references(features=["user_features:user_events"]),
+                         {"user_id": ["u1", "ghost"]}).values
+    assert values == {"user_events": [7, None]}
+    assert not list(client.scan_iter(match=vector_prefix(project, dead).decode() + "*"))
+    store.close()
+
+
 def test_the_reader_returns_what_feasts_sdk_returns_on_the_real_output(tmp_path, job_output,
                                                                      redis_server):
     """Every feature of the real ETL output, known and unknown entities: the entity vectors
@@ -461,7 +490,8 @@ def test_publish_counts_changed_and_removed_entities(tmp_path, handmade_output, 
     # The same values again: nothing changed. A value altered in Redis: one entity changed.
     again = publish(repo, full=True, progress=lambda _: None)
     assert (again.keys_changed, again.keys_removed) == (0, 0)
-    key = next(k for k in client.scan_iter() if client.hexists(k, "_ts:user_features"))
+    key = next(k for k in client.scan_iter() if client.type(k) == b"hash"
+               and client.hexists(k, "_ts:user_features"))
     field = next(f for f in client.hkeys(key) if not f.startswith(b"_ts:"))
     client.hset(key, field, b"stale")
     assert publish(repo, full=True, progress=lambda _: None).keys_changed == 1
