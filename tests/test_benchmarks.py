@@ -154,6 +154,7 @@ def test_bench_feast_smoke():
     assert one["features_per_row"] == 10
     for entry in (one, hundred):
         assert entry["feast_sdk"]["p99_ms"] >= entry["feast_sdk"]["p50_ms"] > 0
+        assert entry["vectors"]["p99_ms"] >= entry["vectors"]["p50_ms"] > 0
 
 
 def test_chaos_smoke():
