@@ -143,8 +143,8 @@ def train_tables(output: Path, root: Path, echo: Callable[[str], None],
 LOG_ROLL_S = 1.0
 
 
-def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int, log: Path
-                ) -> dict[str, Any]:
+def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int, log: Path,
+                archive: Path) -> dict[str, Any]:
     settings = config.model_dump(mode="json")
     settings["api"].update({"data": str(output.resolve()), "hps": str(hps.resolve()),
                             "port": port, "auth": {"enabled": False, "keys_file": None},
@@ -153,8 +153,7 @@ def demo_config(config: FeaturelineConfig, output: Path, hps: Path, port: int, l
     settings["feature_store"]["repo"] = str(Path(settings["feature_store"]["repo"]).resolve())
     settings["feature_store"]["redis_dir"] = str(
         Path(settings["feature_store"]["redis_dir"]).resolve())
-    settings["stream"].update({"archive": str(Path(settings["stream"]["archive"]).resolve()),
-                               "metrics_port": free_port()})
+    settings["stream"].update({"archive": str(archive.resolve()), "metrics_port": free_port()})
     return settings
 
 
@@ -245,7 +244,9 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     port = config.api.port if _port_free(config.api.host, config.api.port) else free_port()
     log = out / "feature-log"
     shutil.rmtree(log, ignore_errors=True)  # this run's requests only
-    settings = demo_config(config, output, hps, port, log)
+    archive = out / "stream_archive"
+    reset_stream(archive, redis_url)
+    settings = demo_config(config, output, hps, port, log, archive)
     config_file = out / "featureline.yaml"
     config_file.write_text(yaml.safe_dump(settings, sort_keys=False))
     start_server(config_file, pid_file, redis_url, out / "api.log")
@@ -253,23 +254,37 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     ids = sample_ids(output)
     run_calls(base, ids["user"][0], ids["item"], echo)
     push_events(base, ids["user"][0], ids["item"][0], echo)
-    report_consistency(config, output, log, echo)
+    report_consistency(config, output, log, archive, echo)
     return base
 
 
-def report_consistency(config: FeaturelineConfig, output: Path, log: Path,
+def reset_stream(archive: Path, redis_url: str) -> None:
+    """This run's pushed events only: the demo's archive of earlier runs and the streamed
+    state they left in its Redis go together (a Redis restarted without its data would
+    otherwise hold less than the archive, and the consistency check compares the two)."""
+    from featureline.core.redis import client
+
+    shutil.rmtree(archive, ignore_errors=True)
+    redis = client(redis_url)
+    try:
+        stale = list(redis.scan_iter(match="featureline:stream:*", count=1000))
+        if stale:
+            redis.delete(*stale)
+    finally:
+        redis.close()
+
+
+def report_consistency(config: FeaturelineConfig, output: Path, log: Path, archive: Path,
                        echo: Callable[[str], None]) -> None:
     """``featureline consistency`` over what the API logged of the calls above (the rows of
-    entities the pushed events touched against the stream processor's archive, which keeps
-    every demo run's events, as its online state does); its metrics land beside the log,
-    where the API exports them."""
+    entities the pushed events touched against the stream processor's archive of this run's
+    pushes); its metrics land beside the log, where the API exports them."""
     from featureline.core.files import write_whole
     from featureline.feature_store.consistency import check_consistency
     from featureline.feature_store.feature_log import REPORT_METRICS
     from featureline.stream.expected import ArchivedStream
 
     time.sleep(2 * LOG_ROLL_S)  # the API writes its log once per LOG_ROLL_S
-    archive = Path(config.stream.archive)
     report = check_consistency(log, output, config.feature_store,
                                expected=ArchivedStream(archive, output))
     write_whole(log / REPORT_METRICS, lambda path: path.write_text(report.prometheus()))

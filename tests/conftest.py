@@ -105,11 +105,8 @@ def demo_run(spark, tmp_path_factory, redis_server):
     out = tmp_path_factory.mktemp("demo")
     repo = copy_packaged_repo(out / "feature_store")
     config = out / "config.yaml"
-    # Its stream archive in its folder: the default (data/stream_archive, relative to the
-    # working directory) is the repository's own demo's, whose consistency report reads it.
     config.write_text(json.dumps({"feature_store": {"repo": str(repo)},
-                                  "api": {"port": free_port()},
-                                  "stream": {"archive": str(out / "stream_archive")}}))
+                                  "api": {"port": free_port()}}))
     url = redis_server.url.rsplit("/", 1)[0] + "/7"
     try:
         result = CliRunner().invoke(main, ["demo", "--out", str(out), "--events", "4000",
