@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from featureline.core.errors import ConfigError
 from featureline.core.events import ROLES, EventContract, LabelSpec
 from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Settings, duration_seconds, validate
@@ -195,6 +196,15 @@ class VocabularyConfig(Settings):
         return self
 
 
+class IncrementalConfig(Settings):
+    """How an incremental run treats events dated before the output's latest
+    (docs/ARCHITECTURE.md, "Incremental runs")."""
+
+    # Accept them (their days are computed again with them) instead of quarantining them as
+    # late_event.
+    allow_late: bool = False
+
+
 class TFRecordConfig(Settings):
     enabled: bool = True
     # Rows per tf.train.Example; 1 writes plain per-example records.
@@ -241,6 +251,10 @@ class EtlConfig(Settings):
     vocabulary: VocabularyConfig = VocabularyConfig()
     tfrecord: TFRecordConfig = TFRecordConfig()
     spark: SparkSettings = SparkSettings()
+    # full: every raw file of etl.source.path; incremental: only the new ones, extending the
+    # output's state.
+    mode: Literal["full", "incremental"] = "full"
+    incremental: IncrementalConfig = IncrementalConfig()
 
     @field_validator("label", mode="before")
     @classmethod
@@ -279,14 +293,18 @@ class EtlConfig(Settings):
             label=LabelSpec(column=self.label.column, op=self.label.op, value=self.label.value),
             recent_days=self.entities.recent_days)
 
-    def hash(self) -> str:
+    def hash(self, exclude_source_path: bool = False) -> str:
         """A stable digest of the settings that decide the output values, for metadata.json.
 
         Where the output goes and how Spark runs (``output``, ``spark``) do not change values,
         so they are left out: the same input and features give the same hash anywhere. Where
-        the vocabularies start from is recorded by their versions instead.
+        the vocabularies start from is recorded by their versions instead; whether the run
+        is full or incremental does not change the values either.
         """
-        settings = self.model_dump(mode="json", exclude={"output", "spark", "vocabulary"})
+        settings = self.model_dump(mode="json", exclude={"output", "spark", "vocabulary",
+                                                         "mode", "incremental"})
+        if exclude_source_path:
+            settings["source"].pop("path")
         canonical = json.dumps(settings, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -347,6 +365,7 @@ def with_overrides(
     vocabulary_from: str | None = None,
     refit_vocabularies: bool = False,
     valid_days: int | None = None,
+    incremental: bool = False,
 ) -> EtlConfig:
     """Apply command-line flags on top of the file, re-validating the result."""
     data = config.model_dump(mode="json")
@@ -375,6 +394,11 @@ def with_overrides(
         data["vocabulary"]["refit"] = True
     if valid_days is not None:
         data["split"]["valid_days"] = valid_days
+    if incremental:
+        if input_path is None:
+            raise ConfigError("--input", "an incremental run reads only the new raw files: "
+                              "name them with --input")
+        data["mode"] = "incremental"
     return validate(EtlConfig, data, origin="command-line flags", prefix=("etl",), tags=OP_NAMES)
 
 

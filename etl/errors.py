@@ -5,6 +5,14 @@ from __future__ import annotations
 from featureline.core.errors import ConfigError, FeaturelineError
 
 
+class IncompatibleStateError(FeaturelineError):
+    """An incremental run cannot extend the output: no state there, or one written with
+    other settings, state version or vocabulary lineage (the message names which)."""
+
+    exit_code = 2
+    hint = "run `featureline etl run` without --incremental (a full run) to start over"
+
+
 class LabelRuleError(ConfigError):
     """A label expression that cannot be parsed, e.g. ``--label "value >>= 4"``."""
 

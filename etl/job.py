@@ -36,6 +36,17 @@ from featureline.etl.errors import NoInputError
 from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
+from featureline.etl.incremental import (
+    LATE_EVENT,
+    STATE_DIR,
+    State,
+    check_compatible,
+    cumulative,
+    mark_late,
+    read_state,
+    stored_events,
+    write_state,
+)
 from featureline.etl.outputs import local_path, write_json, write_parquet
 from featureline.etl.tfrecord.layout import build_layout
 from featureline.etl.tfrecord.writer import write_split
@@ -49,6 +60,8 @@ from featureline.etl.vocabulary import (
 logger = logging.getLogger("featureline.etl")
 
 KEYS = ("user_id", "item_id", "ts")
+# Beside the new rows of an incremental run: 1 for a row of the output's state.
+HELD = "_held"
 # Seconds between progress lines while a stage runs.
 PROGRESS_EVERY_S = 5.0
 SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array<long>"}
@@ -154,38 +167,77 @@ def _schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
     return [{"name": c, "dtype": types[c]} for c in columns]
 
 
-def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
-            cached: list[DataFrame]) -> tuple[DataFrame, dict[str, Any]]:
-    """Validate, write the quarantine, de-duplicate and label; the events come back cached."""
+def _ingest(spark: SparkSession, config: EtlConfig, staging: Path, cached: list[DataFrame],
+            state: State | None = None, output: Path | None = None
+            ) -> tuple[DataFrame, dict[str, Any]]:
+    """Validate, write the quarantine, de-duplicate and label; the events come back cached.
+    With the ``state`` of ``output`` (an incremental run): the state's events and the new
+    ones, an event the state holds counted as a duplicate, the quarantine and duplicates
+    lists the output's and this run's."""
     # Parse once; the record text stays for the quarantine and the duplicates lists.
     validated = ingest.validate(ingest.read_raw(spark, config.source), config)
+    if state is not None:
+        validated = mark_late(validated, state.latest, config.incremental.allow_late)
     validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(validated)
     counts = _account(validated)
     read = sum(counts.values())
     if read == 0:
         raise NoInputError(f"{config.source.path}: the source holds no rows")
-    write_parquet(ingest.quarantined(validated), staging / "quarantine")
+    quarantine = ingest.quarantined(validated)
+    if state is not None and output is not None:
+        quarantine = spark.read.parquet(str(output / "quarantine")).unionByName(quarantine)
+    write_parquet(quarantine, staging / "quarantine")
     valid_rows = counts.pop(None, 0)
     # Partition by user before removing duplicates: the user-scoped windows of the features
     # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
     partitions = int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))  # always set
-    events = ingest.deduplicate(ingest.accepted(validated, config)
-                                .repartition(partitions, "user_id"))
+    new = ingest.accepted(validated, config)
+    held = None
+    if state is not None:
+        # One row per stored event beside the new rows: a group holding one is an event
+        # the output has; its new copies are duplicates.
+        columns = ingest.event_columns(config)
+        new = new.withColumn(HELD, F.lit(0)).unionByName(
+            stored_events(spark, state, columns).withColumn(HELD, F.lit(1)))
+    if state is None:
+        events = ingest.deduplicate(new.repartition(partitions, "user_id"))
+    else:  # each event once: how many new copies it had, and whether the output holds it
+        events = new.repartition(partitions, "user_id").groupBy(*columns).agg(
+            F.sum(1 - F.col(HELD)).alias(ingest.COPIES), F.max(HELD).alias(HELD))
     events = events.withColumn(LABEL, label_column(config.label, config))
     events = events.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(events)
-    accepted = events.count()
-    if accepted == 0:
+    distinct = events.count()
+    if distinct == 0:
         raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
-    removed = ingest.duplicates(validated, events, config, valid_rows - accepted)
+    if state is not None:
+        held = events.where(F.col(HELD) == 1)
+        accepted = distinct - state.rows["accepted"]
+    else:
+        accepted = distinct
+    removed = ingest.duplicates(validated, events if held is None
+                                else events.where(F.col(HELD) == 0), config,
+                                valid_rows - accepted)
+    if held is not None:
+        removed = removed.unionByName(ingest.held_copies(validated, held, config,
+                                                         f"{STATE_DIR}/events"))
+    if state is not None and output is not None:
+        removed = spark.read.parquet(str(output / "duplicates")).unionByName(removed)
     # A log without duplicates skips the search and gets an empty list with the columns.
-    write_parquet(removed if valid_rows > accepted else removed.limit(0),
-                  staging / "duplicates")
+    write_parquet(removed if valid_rows > accepted or state is not None
+                  else removed.limit(0), staging / "duplicates")
     validated.unpersist()
     rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
             "quarantined": {reason: counts.get(reason, 0) for reason in REASONS}}
-    return events.drop(ingest.COPIES), rows
+    if LATE_EVENT in counts:
+        rows["quarantined"][LATE_EVENT] = counts[LATE_EVENT]
+    if state is not None:
+        rows = cumulative(state.rows, rows)
+    events = events.drop(ingest.COPIES, HELD) if state is not None else events.drop(
+        ingest.COPIES)
+    write_state(events.drop(LABEL), rows, config, staging)
+    return events, rows
 
 
 def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, Any]]:
@@ -279,11 +331,15 @@ def run(config: EtlConfig, spark: SparkSession,
     started = time.perf_counter()
     cached: list[DataFrame] = []
     pipeline = FeaturePipeline(config)
+    state = None
+    if config.mode == "incremental":
+        state = read_state(output)
+        check_compatible(state, config, output)
     previous = _extend_vocabularies(spark, config, pipeline, output)
     try:
         with staged_directory(output) as staging:
             with timer(stages.INGEST) as stage:
-                events, rows = _ingest(spark, config, staging, cached)
+                events, rows = _ingest(spark, config, staging, cached, state, output)
                 stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
                                  f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
                                  f"{rows['duplicates']:,} duplicates removed")
@@ -358,7 +414,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
               specs: list[FeatureSpec], entities: dict[str, Any], stats: dict[str, Any],
               tfrecord: dict[str, Any] | None, timings: dict[str, float], total: float
               ) -> dict[str, Any]:
-    outputs = ["examples", "quarantine", "duplicates", "artifacts", "entities"]
+    outputs = ["examples", "quarantine", "duplicates", "artifacts", "entities", STATE_DIR]
     outputs += ["tfrecord"] if tfrecord is not None else []
     return {
         "format_version": FORMAT_VERSION,
@@ -366,6 +422,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config_hash": config.hash(),
         "source": {"path": config.source.path, "format": config.source.format},
+        "mode": config.mode,
         "rows": rows,
         "split": split,
         "keys": list(KEYS),

@@ -29,7 +29,7 @@ def run_job(path: str | None = None, input_path: str | None = None,
             profile: str | None = None, label: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
             vocabulary_from: str | None = None, refit_vocabularies: bool = False,
-            valid_days: int | None = None, *,
+            valid_days: int | None = None, incremental: bool = False, *,
             submitted: bool = False, properties: dict[str, str] | None = None) -> Metadata:
     """Load the configuration, apply the flags, start Spark and run the job; its metadata.
 
@@ -42,7 +42,8 @@ def run_job(path: str | None = None, input_path: str | None = None,
         load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
-        refit_vocabularies=refit_vocabularies, valid_days=valid_days)
+        refit_vocabularies=refit_vocabularies, valid_days=valid_days,
+        incremental=incremental)
     if properties:
         settings = config.spark.model_copy(
             update={"properties": {**config.spark.properties, **properties}})

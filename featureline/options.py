@@ -39,6 +39,9 @@ def job_options(command: Command) -> Command:
         click.option("--valid-days", type=click.IntRange(min=1),
                      help="Days at the end of the log that form the validation split "
                           "(overrides split.valid_days)"),
+        click.option("--incremental", is_flag=True,
+                     help="Extend the output with the new raw files of --input only, from the "
+                          "state the last run left in it (etl.mode: incremental)"),
         click.option("--refit-vocabularies", is_flag=True,
                      help="Assign every id afresh: a new lineage, incompatible with earlier "
                           "outputs"),

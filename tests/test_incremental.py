@@ -1,0 +1,209 @@
+"""Incremental ETL runs: the last days' raw files and the output's state give every table a
+full run over every raw file gives, when both extend the same vocabularies; an incompatible
+output is refused; a failed incremental run leaves the previous output whole."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from featureline.etl import job
+from featureline.etl.errors import IncompatibleStateError
+from featureline.etl.incremental import LATE_EVENT, STATE_DIR, read_state
+from tests.job_config import make_config
+
+NEW_DAYS = ("2026-01-09", "2026-01-10")
+
+
+def _split_log(log: Path, folder: Path) -> dict[str, Path]:
+    """The small log as two raw files, the days before the new ones (and every line without
+    a readable day) and the new days, plus in the new file: an exact copy of an old event
+    (a duplicate across runs), an old event of a new item (late), and the first event of a
+    new user with a new category."""
+    folder.mkdir()
+    old, new = [], []
+    for line in log.read_text().splitlines():
+        try:
+            day = json.loads(line)["ts"][:10]
+        except (ValueError, KeyError, TypeError):
+            day = ""
+        (new if day in NEW_DAYS else old).append(line)
+    first = json.loads(old[0])
+    late = {**first, "item_id": "i-late", "ts": "2026-01-06T12:00:00Z"}
+    # In the training split once the new days are in (vocabularies are fitted on it).
+    newcomer = {**json.loads(new[-1]), "user_id": "u-new", "category": "c-new",
+                "ts": "2026-01-09T20:00:00Z"}
+    new += [old[0], json.dumps(late), json.dumps(newcomer)]
+    paths = {"old": folder / "events-old.jsonl", "new": folder / "events-new.jsonl"}
+    paths["old"].write_text("\n".join(old) + "\n")
+    paths["new"].write_text("\n".join(new) + "\n")
+    return paths
+
+
+def _table(path: Path) -> pa.Table:
+    """Every Parquet file under ``path`` as one table, rows in a canonical order."""
+    table = pq.read_table(path)
+    for index, field in enumerate(table.schema):  # a partition column comes as a dictionary
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(index, field.name,
+                                     table[field.name].cast(field.type.value_type))
+    keys = [(name, "ascending") for name in table.column_names
+            if not pa.types.is_list(table.schema.field(name).type)]
+    return table.sort_by(keys)
+
+
+def _same(ours: object, theirs: object, path: str = "") -> None:
+    """Equal, floats to 1e-12 relative: the continuous columns' statistics are sums of the
+    same values in another order (the examples they produce are equal bit for bit)."""
+    if isinstance(ours, dict) and isinstance(theirs, dict):
+        assert ours.keys() == theirs.keys(), path
+        for key in ours:
+            _same(ours[key], theirs[key], f"{path}.{key}")
+    elif isinstance(ours, list) and isinstance(theirs, list):
+        assert len(ours) == len(theirs), path
+        for index, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            _same(a, b, f"{path}[{index}]")
+    elif isinstance(ours, float):
+        assert ours == pytest.approx(theirs, rel=1e-12), path
+    else:
+        assert ours == theirs, path
+
+
+def _comparable(metadata: dict) -> dict:
+    """metadata.json less what differs from run to run (when, the run's own id and input,
+    its timings) and this run's own row accounting."""
+    left = {k: v for k, v in metadata.items()
+            if k not in ("created_at", "dataset", "timings_s", "source", "config_hash",
+                         "mode", "vocabularies")}
+    left["rows"] = {k: v for k, v in metadata["rows"].items() if k != "this_run"}
+    left["vocabularies"] = {column: entry["path"]
+                            for column, entry in metadata["vocabularies"].items()}
+    return left
+
+
+@pytest.fixture(scope="module")
+def runs(spark, small_log, tmp_path_factory):
+    """The old days' run, then an incremental run of the new days (late events allowed);
+    and a full run over both files extending the old run's vocabularies."""
+    root = tmp_path_factory.mktemp("incremental")
+    files = _split_log(small_log, root / "raw")
+    config = make_config(root, files["old"], incremental={"allow_late": True})
+    base = job.run(config, spark, progress=lambda _: None)
+    shutil.copytree(base.output, root / "base")  # the vocabularies both runs extend
+    incremental = job.run(config.model_copy(update={
+        "mode": "incremental", "source": config.source.model_copy(
+            update={"path": str(files["new"])})}), spark, progress=lambda _: None)
+    full = job.run(make_config(root / "full", root / "raw", incremental={"allow_late": True},
+                               vocabulary={"previous": str(root / "base")}),
+                   spark, progress=lambda _: None)
+    return {"root": root, "files": files, "config": config, "base": base.metadata,
+            "incremental": incremental, "full": full}
+
+
+@pytest.mark.parametrize("table", ["examples", "entities/user", "entities/item",
+                                   "quarantine", f"{STATE_DIR}/events",
+                                   "artifacts/categorify/user_id",
+                                   "artifacts/categorify/category"])
+def test_every_table_equals_the_full_runs(runs, table):
+    ours, theirs = (_table(runs[name].output / table) for name in ("incremental", "full"))
+    assert ours.num_rows > 0
+    # Names and types (a column of one run's may be nullable where the other's is not).
+    assert [(f.name, f.type) for f in ours.schema] == [(f.name, f.type) for f in theirs.schema]
+    assert ours.to_pylist() == theirs.to_pylist(), table
+
+
+def test_tfrecords_and_metadata_equal_the_full_runs(runs):
+    ours, theirs = runs["incremental"], runs["full"]
+    for path in sorted((theirs.output / "tfrecord").rglob("*")):
+        if path.is_file():
+            relative = path.relative_to(theirs.output)
+            assert (ours.output / relative).read_bytes() == path.read_bytes(), relative
+    _same(_comparable(ours.metadata), _comparable(theirs.metadata))
+
+
+def test_rows_add_up_across_runs_and_this_runs_own(runs):
+    rows = runs["incremental"].metadata["rows"]
+    base = runs["base"]["rows"]
+    this_run = rows["this_run"]
+    new_lines = len(runs["files"]["new"].read_text().splitlines())
+    assert this_run["read"] == new_lines
+    assert rows["read"] == base["read"] + new_lines
+    for accounting in (rows, this_run):
+        assert accounting["read"] == (accounting["accepted"] + accounting["duplicates"]
+                                      + sum(accounting["quarantined"].values()))
+    assert this_run["duplicates"] >= 1  # the old event sent again
+    assert rows["accepted"] == pq.read_table(
+        runs["incremental"].output / STATE_DIR / "events").num_rows
+    # The validation split moved to the new last day; the new user and category are in.
+    assert runs["incremental"].metadata["split"]["valid_from"].startswith(NEW_DAYS[-1])
+    examples = pq.read_table(runs["incremental"].output / "examples")
+    assert "u-new" in examples["user_id"].to_pylist()
+    vocabulary = pq.read_table(runs["incremental"].output / "artifacts/categorify/category")
+    assert "c-new" in vocabulary["value"].to_pylist()
+    duplicates = pq.read_table(runs["incremental"].output / "duplicates").to_pylist()
+    assert any(row["kept_file"] == f"{STATE_DIR}/events" for row in duplicates)
+
+
+def test_late_events_are_quarantined_unless_allowed(runs, spark):
+    root = runs["root"]
+    output = root / "late"
+    shutil.copytree(root / "base", output)
+    config = runs["config"]
+    result = job.run(config.model_copy(update={
+        "mode": "incremental", "incremental": config.incremental.model_copy(
+            update={"allow_late": False}),
+        "output": config.output.model_copy(update={"path": str(output)}),
+        "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})}),
+        spark, progress=lambda _: None)
+    assert result.metadata["rows"]["this_run"]["quarantined"][LATE_EVENT] >= 1
+    late = pq.read_table(output / "quarantine").to_pylist()
+    assert any(row["reason"] == LATE_EVENT and "i-late" in row["record"] for row in late)
+    examples = pq.read_table(output / "examples")
+    assert "i-late" not in examples["item_id"].to_pylist()
+
+
+def test_an_incompatible_output_is_refused_naming_what_differs(runs, spark, tmp_path):
+    config = runs["config"]
+    incremental = config.model_copy(update={
+        "mode": "incremental",
+        "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})})
+    other = incremental.model_copy(update={
+        "split": incremental.split.model_copy(update={"valid_days": 2})})
+    with pytest.raises(IncompatibleStateError, match="other settings"):
+        job.run(other.model_copy(update={"output": config.output.model_copy(
+            update={"path": str(runs["root"] / "base")})}), spark, progress=lambda _: None)
+    with pytest.raises(IncompatibleStateError, match="no ETL output there"):
+        job.run(incremental.model_copy(update={"output": config.output.model_copy(
+            update={"path": str(tmp_path / "nothing")})}), spark, progress=lambda _: None)
+    refit = incremental.model_copy(update={
+        "vocabulary": incremental.vocabulary.model_copy(update={"refit": True}),
+        "output": config.output.model_copy(update={"path": str(runs["root"] / "base")})})
+    with pytest.raises(IncompatibleStateError, match="refit-vocabularies"):
+        job.run(refit, spark, progress=lambda _: None)
+
+
+def test_a_failed_incremental_run_leaves_the_previous_output_whole(runs, spark, monkeypatch):
+    root = runs["root"]
+    output = root / "failing"
+    shutil.copytree(root / "base", output)
+    before = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
+    config = runs["config"]
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("killed while writing the entity tables")
+
+    monkeypatch.setattr(job, "_write_entities", fail)
+    with pytest.raises(RuntimeError, match="killed"):
+        job.run(config.model_copy(update={
+            "mode": "incremental",
+            "output": config.output.model_copy(update={"path": str(output)}),
+            "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})}),
+            spark, progress=lambda _: None)
+    after = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
+    assert after == before
+    assert read_state(output).rows == runs["base"]["rows"]
