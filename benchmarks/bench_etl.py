@@ -7,6 +7,13 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py                        # 1M and 10M events
     python benchmarks/bench_etl.py --sizes 20000 --smoke  # the tiny size CI runs
     python benchmarks/bench_etl.py --sizes 1000000 --profile  # + the slowest Spark stages
+    python benchmarks/bench_etl.py --incremental --sizes 1000000  # a new day on 30 days
+
+``--incremental``: a log of 31 days at each size (the history, then one new day); the full
+job over the history first (not timed), then, timed, the incremental run of the new day's
+file against a full recompute over both files extending the same vocabularies, the outputs
+compared by the benchmark itself (examples, entity tables, vocabularies: equal row for row);
+the incremental cost per new event at each size relative to the smallest size.
 """
 
 from __future__ import annotations
@@ -14,11 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 from featureline.etl import job
@@ -76,6 +86,80 @@ def measure(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
     }
 
 
+def _split_days(raw: Path, folder: Path) -> tuple[Path, Path, int]:
+    """The log as two files: every day but the last (and lines without a date), and the
+    last day; how many lines the last day has."""
+    lines = raw.read_text().splitlines()
+    days = sorted({line[line.find('"ts":"') + 6:][:10] for line in lines if '"ts":"2' in line})
+    last = f'"ts":"{days[-1]}'
+    new = [line for line in lines if last in line]
+    history = [line for line in lines if last not in line]
+    folder.mkdir()
+    paths = folder / "events-history.jsonl", folder / "events-new.jsonl"
+    for path, part in zip(paths, (history, new), strict=True):
+        path.write_text("\n".join(part) + "\n")
+    return paths[0], paths[1], len(new)
+
+
+def _canonical(path: Path) -> pa.Table:
+    table = pq.read_table(path)
+    for index, field in enumerate(table.schema):
+        if pa.types.is_dictionary(field.type):
+            table = table.set_column(index, field.name,
+                                     table[field.name].cast(field.type.value_type))
+    return table.sort_by([(f.name, "ascending") for f in table.schema
+                          if not pa.types.is_list(f.type)])
+
+
+def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
+    raw = workdir / f"all-{events}.jsonl"
+    users, items = max(100, events // 40), max(50, events // 100)
+    write_log(raw, events=events, users=users, items=items, days=31, seed=1,
+              bad_fraction=0.001)
+    history, new, new_lines = _split_days(raw, workdir / f"raw-{events}")
+    raw.unlink()
+    base = with_overrides(EtlConfig(), input_path=str(history),
+                          output=str(workdir / f"incremental-{events}"))
+    base = base.model_copy(update={"incremental": base.incremental.model_copy(
+        update={"allow_late": True})})
+    job.run(base, spark, progress=lambda _: None)
+    extended = workdir / f"history-{events}"
+    shutil.copytree(base.output.path, extended)
+    start = time.perf_counter()
+    incremental = job.run(with_overrides(base, input_path=str(new), incremental=True), spark,
+                          progress=lambda _: None)
+    incremental_s = time.perf_counter() - start
+    full_config = with_overrides(base, input_path=str(new.parent),
+                                 output=str(workdir / f"full-{events}"),
+                                 vocabulary_from=str(extended))
+    start = time.perf_counter()
+    full = job.run(full_config, spark, progress=lambda _: None)
+    full_s = time.perf_counter() - start
+    equal = {table: _canonical(incremental.output / table).equals(
+        _canonical(full.output / table))
+        for table in ("examples", "entities/user", "entities/item",
+                      "artifacts/categorify/user_id", "artifacts/categorify/item_id")}
+    return {"events": events, "new_day_rows": new_lines, "incremental_s": round(incremental_s, 2),
+            "full_recompute_s": round(full_s, 2),
+            "incremental_vs_full": round(incremental_s / full_s, 3),
+            "incremental_s_per_new_event": incremental_s / new_lines,
+            "outputs_equal": equal, "stages_s": incremental.metadata["timings_s"]}
+
+
+def run_incremental(sizes: list[int], spark: SparkSession | None = None) -> dict[str, Any]:
+    spark = spark or build_session(BENCH_SPARK)
+    with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
+        runs = [measure_incremental(spark, events, Path(tmp)) for events in sizes]
+    smallest = runs[0]["incremental_s_per_new_event"]
+    for entry in runs:
+        entry["cost_per_new_event_vs_smallest"] = round(
+            entry["incremental_s_per_new_event"] / smallest, 2)
+    return {"benchmark": "etl --incremental",
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "spark_master": spark.sparkContext.master, "spark": spark.version},
+            "runs": runs}
+
+
 def run(sizes: list[int], spark: SparkSession | None = None,
         event_log: Path | None = None) -> dict[str, Any]:
     """``event_log``: the folder of the session's event log, whose slowest Spark stages are
@@ -108,11 +192,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default="1000000,10000000",
                         help="comma-separated event counts")
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
+    parser.add_argument("--incremental", action="store_true",
+                        help="a new day's incremental run against a full recompute")
     parser.add_argument("--profile", action="store_true",
                         help=f"list each size's {PROFILE_TOP} slowest Spark stages, with the "
                              "stage of the job that ran each (from an event log)")
     args = parser.parse_args(argv)
     sizes = [20_000, 40_000] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    if args.incremental:
+        print(json.dumps(run_incremental(sizes), indent=2))
+        return
     if not args.profile:
         print(json.dumps(run(sizes), indent=2))
         return

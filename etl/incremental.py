@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +132,11 @@ def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,
                 "latest": datetime.fromtimestamp(latest, tz=timezone.utc).isoformat(),
                 "rows": {key: value for key, value in rows.items() if key != "this_run"}},
                folder / STATE_FILE)
+
+
+def dated(path: str, now: datetime | None = None) -> str:
+    """``path`` with ``{yesterday}`` and ``{today}`` replaced by those UTC dates
+    (YYYY-MM-DD): the daily chain names yesterday's files without a shell."""
+    now = now or datetime.now(timezone.utc)
+    return (path.replace("{yesterday}", f"{now - timedelta(days=1):%Y-%m-%d}")
+            .replace("{today}", f"{now:%Y-%m-%d}"))

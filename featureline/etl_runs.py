@@ -37,9 +37,11 @@ def run_job(path: str | None = None, input_path: str | None = None,
     """
     from featureline.config import load_config
     from featureline.etl.config import with_overrides
+    from featureline.etl.incremental import dated
 
     config = with_overrides(
-        load_config(config_path(path)).etl, input_path=input_path, input_format=input_format,
+        load_config(config_path(path)).etl,
+        input_path=dated(input_path) if input_path else None, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
         refit_vocabularies=refit_vocabularies, valid_days=valid_days,

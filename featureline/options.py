@@ -23,7 +23,9 @@ data_option = click.option("--data", type=click.Path(file_okay=False),
 def job_options(command: Command) -> Command:
     options = [
         config_option,
-        click.option("--input", "input_path", help="Raw log path or glob (overrides source.path)"),
+        click.option("--input", "input_path",
+                     help="Raw log path or glob (overrides source.path); {yesterday} and "
+                          "{today} stand for those UTC dates"),
         click.option("--format", "input_format", type=click.Choice(INPUT_FORMATS),
                      help="Raw log format (default: from the file suffix)"),
         click.option("--output", help="Output folder (overrides output.path)"),

@@ -47,6 +47,19 @@ def test_bench_tfrecord_smoke():
     assert write["ours_vs_tensorflow"] > 0 and read["full_vs_per_example_long_names"] > 0
 
 
+def test_bench_etl_incremental_smoke(spark):
+    """A new day on 30 days of 6,000 events: the incremental run's output equals the full
+    recompute's, table by table, as the benchmark compares them."""
+    report = _load("bench_etl").run_incremental([6000], spark)
+    json.dumps(report)
+    (entry,) = report["runs"]
+    assert entry["new_day_rows"] > 0
+    assert entry["outputs_equal"] == dict.fromkeys(entry["outputs_equal"], True)
+    assert len(entry["outputs_equal"]) == 5
+    assert entry["incremental_s"] > 0 and entry["full_recompute_s"] > 0
+    assert entry["cost_per_new_event_vs_smallest"] == 1.0
+
+
 def test_bench_api_smoke():
     """Ours cached and uncached, Feast's server reading its pre-computed vectors and per
     view, on a tiny store: every rate answered without an error (Feast's pre-computed path

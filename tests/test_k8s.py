@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import yaml
 
 from featureline.config import load_config
 from featureline.core.redis import REDIS_URL_ENV
+from featureline.etl.incremental import dated
 from featureline.etl.session import read_properties, spark_conf_dir
 from featureline.feature_store.feature_log import REPORT_METRICS
 from featureline.feature_store.repo import CONNECTION_ENV
@@ -257,6 +259,12 @@ def test_the_daily_train_step_writes_the_parameter_server_configuration_the_api_
     steps = pod["initContainers"]
     assert [step["name"] for step in steps + pod["containers"]] == [
         "etl", "train", "publish", "reload", "trim", "consistency"]
+    # The ETL extends the output with yesterday's raw files, late arrivals accepted.
+    etl = steps[0]["command"]
+    assert "--incremental" in etl
+    assert dated(etl[etl.index("--input") + 1], datetime(2026, 3, 2, 1, tzinfo=timezone.utc)
+                 ) == "/data/raw/events-2026-03-01*.jsonl"
+    assert config.etl.incremental.allow_late
     # The consistency step writes its metrics where every API pod exports them from.
     script = pod["containers"][1]["command"][2]
     assert script.startswith("exec featureline consistency ")
