@@ -6,8 +6,9 @@ Every run writes ``state/`` into its output: the accepted events — validated, 
 exact duplicate once — as Parquet, and ``state.json`` (the state's version, the hash of the
 settings that decide values, the latest event time, the cumulative row accounting). An
 incremental run (``etl run --incremental --input NEW``) validates only ``NEW``, counts an
-event the state already holds as a duplicate, quarantines events older than the state's
-latest (``late_event``) unless ``etl.incremental.allow_late``, and computes the features over
+event the state already holds as a duplicate (so a day run twice changes nothing),
+quarantines new events older than the state's latest (``late_event``) unless
+``etl.incremental.allow_late``, and computes the features over
 the state's events and the new ones — so every table equals a full run's that extends the
 same vocabularies (tested table by table). Raw logs of earlier days are never read again;
 the features are still computed over the whole history.
@@ -92,20 +93,6 @@ def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
         raise IncompatibleStateError(
             f"{output}: an incremental run extends the output's own vocabularies; "
             f"--refit-vocabularies and --vocabulary-from start another lineage: {way_out}")
-
-
-def mark_late(validated: DataFrame, latest: datetime, allow_late: bool) -> DataFrame:
-    """Quarantine the accepted rows dated before the state's latest event (``late_event``,
-    field ``ts``), unless ``allow_late``: those days' features are then computed again with
-    them, as every day's are."""
-    from featureline.etl.ingest import FIELD, REASON
-
-    if allow_late:
-        return validated
-    late = F.col(REASON).isNull() & (F.col("ts") < F.lit(latest))
-    return (validated
-            .withColumn(FIELD, F.when(late, F.lit("ts")).otherwise(F.col(FIELD)))
-            .withColumn(REASON, F.when(late, F.lit(LATE_EVENT)).otherwise(F.col(REASON))))
 
 
 def stored_events(spark: SparkSession, state: State, columns: list[str]) -> DataFrame:

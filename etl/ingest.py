@@ -412,19 +412,25 @@ def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
                                  record_text(removed_copies, KEPT_RECORD), KEPT_FILE)
 
 
+def copies_of(validated: DataFrame, events: DataFrame, config: EtlConfig) -> DataFrame:
+    """The valid rows of ``validated`` whose event is one of ``events`` (every typed column
+    equal, a missing value equal to a missing value): record text, file and columns."""
+    columns = event_columns(config)
+    keys = _null_safe_keys(events.select(*columns), columns, "_event_").drop(*columns)
+    rows = _null_safe_keys(validated.where(F.col(REASON).isNull())
+                           .select(RECORD, SOURCE_FILE, *columns), columns, "_row_")
+    same = functools.reduce(lambda a, b: a & b, [
+        F.col(f"_row_{c}{suffix}") == F.col(f"_event_{c}{suffix}")
+        for c in columns for suffix in ("", "_null")])
+    copies = rows.join(F.broadcast(keys), same, "inner")
+    return copies.select(record_text(copies), SOURCE_FILE, *columns)
+
+
 def held_copies(validated: DataFrame, held: DataFrame, config: EtlConfig,
                 kept_file: str) -> DataFrame:
     """The new rows of an incremental run whose event the output already holds (``held``:
     those events), as they go to ``duplicates/``: every copy is removed, the kept one is the
     stored event (``kept_file``; its record text is not kept)."""
-    columns = event_columns(config)
-    keys = _null_safe_keys(held.select(*columns), columns, "_held_").drop(*columns)
-    rows = _null_safe_keys(validated.where(F.col(REASON).isNull())
-                           .select(RECORD, SOURCE_FILE, *columns), columns, "_row_")
-    same = functools.reduce(lambda a, b: a & b, [
-        F.col(f"_row_{c}{suffix}") == F.col(f"_held_{c}{suffix}")
-        for c in columns for suffix in ("", "_null")])
-    copies = rows.join(F.broadcast(keys), same, "inner")
-    return copies.select(record_text(copies), SOURCE_FILE,
-                         F.lit(None).cast("string").alias(KEPT_RECORD),
-                         F.lit(kept_file).alias(KEPT_FILE))
+    return copies_of(validated, held, config).select(
+        RECORD, SOURCE_FILE, F.lit(None).cast("string").alias(KEPT_RECORD),
+        F.lit(kept_file).alias(KEPT_FILE))

@@ -37,12 +37,12 @@ from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpe
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.incremental import (
+    EVENTS_DIR,
     LATE_EVENT,
     STATE_DIR,
     State,
     check_compatible,
     cumulative,
-    mark_late,
     read_state,
     stored_events,
     write_state,
@@ -60,8 +60,13 @@ from featureline.etl.vocabulary import (
 logger = logging.getLogger("featureline.etl")
 
 KEYS = ("user_id", "item_id", "ts")
-# Beside the new rows of an incremental run: 1 for a row of the output's state.
+# Beside the new rows of an incremental run: 1 for a row of the output's state; a new event
+# older than the state's latest.
 HELD = "_held"
+LATE = "_late"
+# The reasons metadata.json counts quarantined rows by: the validation's, and an incremental
+# run's late events (0 in a full run).
+QUARANTINE_REASONS = (*REASONS, LATE_EVENT)
 # Seconds between progress lines while a stage runs.
 PROGRESS_EVERY_S = 5.0
 SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array<long>"}
@@ -167,75 +172,106 @@ def _schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
     return [{"name": c, "dtype": types[c]} for c in columns]
 
 
-def _ingest(spark: SparkSession, config: EtlConfig, staging: Path, cached: list[DataFrame],
-            state: State | None = None, output: Path | None = None
-            ) -> tuple[DataFrame, dict[str, Any]]:
-    """Validate, write the quarantine, de-duplicate and label; the events come back cached.
-    With the ``state`` of ``output`` (an incremental run): the state's events and the new
-    ones, an event the state holds counted as a duplicate, the quarantine and duplicates
-    lists the output's and this run's."""
+def _validated(spark: SparkSession, config: EtlConfig,
+               cached: list[DataFrame]) -> tuple[DataFrame, dict[str | None, int]]:
+    """The raw rows of ``config.source``, validated and cached, and their count by reason
+    (None: valid)."""
     # Parse once; the record text stays for the quarantine and the duplicates lists.
     validated = ingest.validate(ingest.read_raw(spark, config.source), config)
-    if state is not None:
-        validated = mark_late(validated, state.latest, config.incremental.allow_late)
     validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(validated)
     counts = _account(validated)
-    read = sum(counts.values())
-    if read == 0:
+    if sum(counts.values()) == 0:
         raise NoInputError(f"{config.source.path}: the source holds no rows")
-    quarantine = ingest.quarantined(validated)
-    if state is not None and output is not None:
-        quarantine = spark.read.parquet(str(output / "quarantine")).unionByName(quarantine)
-    write_parquet(quarantine, staging / "quarantine")
-    valid_rows = counts.pop(None, 0)
-    # Partition by user before removing duplicates: the user-scoped windows of the features
-    # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
-    partitions = int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))  # always set
-    new = ingest.accepted(validated, config)
-    held = None
-    if state is not None:
-        # One row per stored event beside the new rows: a group holding one is an event
-        # the output has; its new copies are duplicates.
-        columns = ingest.event_columns(config)
-        new = new.withColumn(HELD, F.lit(0)).unionByName(
-            stored_events(spark, state, columns).withColumn(HELD, F.lit(1)))
-    if state is None:
-        events = ingest.deduplicate(new.repartition(partitions, "user_id"))
-    else:  # each event once: how many new copies it had, and whether the output holds it
-        events = new.repartition(partitions, "user_id").groupBy(*columns).agg(
-            F.sum(1 - F.col(HELD)).alias(ingest.COPIES), F.max(HELD).alias(HELD))
+    return validated, counts
+
+
+def _labelled(events: DataFrame, config: EtlConfig,
+              cached: list[DataFrame]) -> tuple[DataFrame, int]:
+    """The events with their label, cached, and how many."""
     events = events.withColumn(LABEL, label_column(config.label, config))
     events = events.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(events)
-    distinct = events.count()
-    if distinct == 0:
+    return events, events.count()
+
+
+def _partitions(spark: SparkSession) -> int:
+    # Partition by user before removing duplicates: the user-scoped windows of the features
+    # and the user snapshots need that partitioning anyway, so it costs the only shuffle.
+    return int(cast(str, spark.conf.get("spark.sql.shuffle.partitions")))  # always set
+
+
+def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
+            cached: list[DataFrame]) -> tuple[DataFrame, dict[str, Any]]:
+    """Validate, write the quarantine, de-duplicate and label; the events come back cached."""
+    validated, counts = _validated(spark, config, cached)
+    read = sum(counts.values())
+    write_parquet(ingest.quarantined(validated), staging / "quarantine")
+    valid_rows = counts.pop(None, 0)
+    events = ingest.deduplicate(ingest.accepted(validated, config)
+                                .repartition(_partitions(spark), "user_id"))
+    events, accepted = _labelled(events, config, cached)
+    if accepted == 0:
         raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
-    if state is not None:
-        held = events.where(F.col(HELD) == 1)
-        accepted = distinct - state.rows["accepted"]
-    else:
-        accepted = distinct
-    removed = ingest.duplicates(validated, events if held is None
-                                else events.where(F.col(HELD) == 0), config,
-                                valid_rows - accepted)
-    if held is not None:
-        removed = removed.unionByName(ingest.held_copies(validated, held, config,
-                                                         f"{STATE_DIR}/events"))
-    if state is not None and output is not None:
-        removed = spark.read.parquet(str(output / "duplicates")).unionByName(removed)
+    removed = ingest.duplicates(validated, events, config, valid_rows - accepted)
     # A log without duplicates skips the search and gets an empty list with the columns.
-    write_parquet(removed if valid_rows > accepted or state is not None
-                  else removed.limit(0), staging / "duplicates")
+    write_parquet(removed if valid_rows > accepted else removed.limit(0),
+                  staging / "duplicates")
     validated.unpersist()
     rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
-            "quarantined": {reason: counts.get(reason, 0) for reason in REASONS}}
-    if LATE_EVENT in counts:
-        rows["quarantined"][LATE_EVENT] = counts[LATE_EVENT]
-    if state is not None:
-        rows = cumulative(state.rows, rows)
-    events = events.drop(ingest.COPIES, HELD) if state is not None else events.drop(
-        ingest.COPIES)
+            "quarantined": {reason: counts.get(reason, 0) for reason in QUARANTINE_REASONS}}
+    events = events.drop(ingest.COPIES)
+    write_state(events.drop(LABEL), rows, config, staging)
+    return events, rows
+
+
+def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
+                        cached: list[DataFrame], state: State, output: Path
+                        ) -> tuple[DataFrame, dict[str, Any]]:
+    """``_ingest`` of the new raw files against the ``state`` of ``output``: the state's
+    events and the new ones come back; a new copy of an event the state holds is a
+    duplicate (listed with the stored event as the kept one), a new event dated before the
+    state's latest is quarantined as ``late_event`` unless late events are allowed; the
+    quarantine and duplicates lists are the output's and this run's (docs/ARCHITECTURE.md,
+    "Incremental runs")."""
+    validated, counts = _validated(spark, config, cached)
+    read = sum(counts.values())
+    valid_rows = counts.pop(None, 0)
+    columns = ingest.event_columns(config)
+    rows_with_state = ingest.accepted(validated, config).withColumn(HELD, F.lit(0)).unionByName(
+        stored_events(spark, state, columns).withColumn(HELD, F.lit(1)))
+    # Each event once: how many new copies it had, whether the output holds it, whether it
+    # is a new one older than the output's latest.
+    grouped = rows_with_state.repartition(_partitions(spark), "user_id").groupBy(
+        *columns).agg(F.sum(1 - F.col(HELD)).alias(ingest.COPIES), F.max(HELD).alias(HELD))
+    late_rule = ((F.col(HELD) == 0) & (F.col("ts") < F.lit(state.latest))
+                 if not config.incremental.allow_late else F.lit(False))
+    events, distinct = _labelled(grouped.withColumn(LATE, late_rule), config, cached)
+    late = events.where(F.col(LATE))
+    late_events, late_rows = late.agg(F.count("*"), F.sum(ingest.COPIES)).collect()[0]
+    late_rows = int(late_rows or 0)
+    accepted = distinct - late_events - state.rows["accepted"]
+    kept = events.where(~F.col(LATE))
+    quarantine = (spark.read.parquet(str(output / "quarantine"))
+                  .unionByName(ingest.quarantined(validated)))
+    if late_rows:
+        quarantine = quarantine.unionByName(ingest.copies_of(
+            validated, late, config).select(ingest.RECORD, F.lit(LATE_EVENT).alias(
+                ingest.REASON), F.lit("ts").alias(ingest.FIELD), ingest.SOURCE_FILE))
+    write_parquet(quarantine, staging / "quarantine")
+    duplicates = valid_rows - accepted - late_rows
+    removed = ingest.duplicates(validated, kept.where(F.col(HELD) == 0), config, duplicates)
+    held = kept.where((F.col(HELD) == 1) & (F.col(ingest.COPIES) > 0))
+    removed = (spark.read.parquet(str(output / "duplicates")).unionByName(removed)
+               .unionByName(ingest.held_copies(validated, held, config,
+                                               f"{STATE_DIR}/{EVENTS_DIR}")))
+    write_parquet(removed, staging / "duplicates")
+    validated.unpersist()
+    quarantined = {reason: counts.get(reason, 0) for reason in QUARANTINE_REASONS}
+    rows = cumulative(state.rows, {"read": read, "accepted": accepted,
+                                   "duplicates": duplicates,
+                                   "quarantined": {**quarantined, LATE_EVENT: late_rows}})
+    events = kept.drop(ingest.COPIES, HELD, LATE)
     write_state(events.drop(LABEL), rows, config, staging)
     return events, rows
 
@@ -339,7 +375,9 @@ def run(config: EtlConfig, spark: SparkSession,
     try:
         with staged_directory(output) as staging:
             with timer(stages.INGEST) as stage:
-                events, rows = _ingest(spark, config, staging, cached, state, output)
+                events, rows = (_ingest(spark, config, staging, cached) if state is None
+                                else _ingest_incremental(spark, config, staging, cached, state,
+                                                         output))
                 stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
                                  f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
                                  f"{rows['duplicates']:,} duplicates removed")

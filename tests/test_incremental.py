@@ -167,6 +167,27 @@ def test_late_events_are_quarantined_unless_allowed(runs, spark):
     assert "i-late" not in examples["item_id"].to_pylist()
 
 
+def test_a_day_run_twice_changes_nothing(runs, spark):
+    """Its rows are duplicates of the events the first run stored (not late ones, though
+    they are older than the output's latest)."""
+    root = runs["root"]
+    output = root / "twice"
+    shutil.copytree(runs["incremental"].output, output)
+    config = runs["config"]
+    again = job.run(config.model_copy(update={
+        "mode": "incremental", "incremental": config.incremental.model_copy(
+            update={"allow_late": False}),
+        "output": config.output.model_copy(update={"path": str(output)}),
+        "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})}),
+        spark, progress=lambda _: None)
+    first, this_run = runs["incremental"].metadata["rows"]["this_run"], again.metadata[
+        "rows"]["this_run"]
+    assert this_run["accepted"] == 0 and this_run["quarantined"][LATE_EVENT] == 0
+    assert this_run["duplicates"] == first["accepted"] + first["duplicates"]
+    for table in ("examples", "entities/user", f"{STATE_DIR}/events"):
+        assert _table(output / table).equals(_table(runs["incremental"].output / table))
+
+
 def test_an_incompatible_output_is_refused_naming_what_differs(runs, spark, tmp_path):
     config = runs["config"]
     incremental = config.model_copy(update={
