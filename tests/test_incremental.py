@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from featureline.etl import job
+from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.incremental import LATE_EVENT, STATE_DIR, read_state
 from tests.job_config import make_config
@@ -149,17 +150,20 @@ def test_rows_add_up_across_runs_and_this_runs_own(runs):
     assert any(row["kept_file"] == f"{STATE_DIR}/events" for row in duplicates)
 
 
-def test_late_events_are_quarantined_unless_allowed(runs, spark):
-    root = runs["root"]
-    output = root / "late"
-    shutil.copytree(root / "base", output)
+def _new_day(runs: dict, output: Path, allow_late: bool) -> EtlConfig:
+    """The incremental run of the new days' file into ``output``."""
     config = runs["config"]
-    result = job.run(config.model_copy(update={
+    return config.model_copy(update={
         "mode": "incremental", "incremental": config.incremental.model_copy(
-            update={"allow_late": False}),
+            update={"allow_late": allow_late}),
         "output": config.output.model_copy(update={"path": str(output)}),
-        "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})}),
-        spark, progress=lambda _: None)
+        "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})})
+
+
+def test_late_events_are_quarantined_unless_allowed(runs, spark):
+    output = runs["root"] / "late"
+    shutil.copytree(runs["root"] / "base", output)
+    result = job.run(_new_day(runs, output, allow_late=False), spark, progress=lambda _: None)
     assert result.metadata["rows"]["this_run"]["quarantined"][LATE_EVENT] >= 1
     late = pq.read_table(output / "quarantine").to_pylist()
     assert any(row["reason"] == LATE_EVENT and "i-late" in row["record"] for row in late)
@@ -170,16 +174,9 @@ def test_late_events_are_quarantined_unless_allowed(runs, spark):
 def test_a_day_run_twice_changes_nothing(runs, spark):
     """Its rows are duplicates of the events the first run stored (not late ones, though
     they are older than the output's latest)."""
-    root = runs["root"]
-    output = root / "twice"
+    output = runs["root"] / "twice"
     shutil.copytree(runs["incremental"].output, output)
-    config = runs["config"]
-    again = job.run(config.model_copy(update={
-        "mode": "incremental", "incremental": config.incremental.model_copy(
-            update={"allow_late": False}),
-        "output": config.output.model_copy(update={"path": str(output)}),
-        "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})}),
-        spark, progress=lambda _: None)
+    again = job.run(_new_day(runs, output, allow_late=False), spark, progress=lambda _: None)
     first, this_run = runs["incremental"].metadata["rows"]["this_run"], again.metadata[
         "rows"]["this_run"]
     assert this_run["accepted"] == 0 and this_run["quarantined"][LATE_EVENT] == 0
@@ -209,22 +206,16 @@ def test_an_incompatible_output_is_refused_naming_what_differs(runs, spark, tmp_
 
 
 def test_a_failed_incremental_run_leaves_the_previous_output_whole(runs, spark, monkeypatch):
-    root = runs["root"]
-    output = root / "failing"
-    shutil.copytree(root / "base", output)
+    output = runs["root"] / "failing"
+    shutil.copytree(runs["root"] / "base", output)
     before = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
-    config = runs["config"]
 
     def fail(*_args, **_kwargs):
         raise RuntimeError("killed while writing the entity tables")
 
     monkeypatch.setattr(job, "_write_entities", fail)
     with pytest.raises(RuntimeError, match="killed"):
-        job.run(config.model_copy(update={
-            "mode": "incremental",
-            "output": config.output.model_copy(update={"path": str(output)}),
-            "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})}),
-            spark, progress=lambda _: None)
+        job.run(_new_day(runs, output, allow_late=True), spark, progress=lambda _: None)
     after = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
     assert after == before
     assert read_state(output).rows == runs["base"]["rows"]
