@@ -388,19 +388,11 @@ def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
     Of each group of duplicates the copy first in (file, record text) order is the one kept;
     every other copy is listed with its record text and file, and the kept copy's.
     """
+    # The repeated events are distinct (one per group): an inner join keeps each copy once;
+    # the usual few are broadcast: no shuffle of the accepted rows.
+    copies = copies_of(validated, events.where(F.col(COPIES) > 1), config,
+                       broadcast=removed <= BROADCAST_DUPLICATES)
     columns = event_columns(config)
-    repeated = _null_safe_keys(events.where(F.col(COPIES) > 1).select(*columns), columns,
-                               "_repeated_")
-    repeated = repeated.drop(*columns)
-    if removed <= BROADCAST_DUPLICATES:  # the usual few: no shuffle of the accepted rows
-        repeated = F.broadcast(repeated)
-    rows = _null_safe_keys(validated.where(F.col(REASON).isNull())
-                           .select(RECORD, SOURCE_FILE, *columns), columns, "_row_")
-    same = functools.reduce(lambda a, b: a & b, [
-        F.col(f"_row_{c}{suffix}") == F.col(f"_repeated_{c}{suffix}")
-        for c in columns for suffix in ("", "_null")])
-    # The repeated events are distinct (one per group): an inner join keeps each copy once.
-    copies = rows.join(repeated, same, "inner").select(RECORD, SOURCE_FILE, *columns)
     ordered = Window.partitionBy(*columns).orderBy(SOURCE_FILE, RECORD)
     first = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     removed_copies = (copies
@@ -412,25 +404,29 @@ def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
                                  record_text(removed_copies, KEPT_RECORD), KEPT_FILE)
 
 
-def copies_of(validated: DataFrame, events: DataFrame, config: EtlConfig) -> DataFrame:
+def copies_of(validated: DataFrame, events: DataFrame, config: EtlConfig, *,
+              broadcast: bool) -> DataFrame:
     """The valid rows of ``validated`` whose event is one of ``events`` (every typed column
-    equal, a missing value equal to a missing value): record text, file and columns."""
+    equal, a missing value equal to a missing value): record, file and columns; ``events``
+    sent to every task when ``broadcast``."""
     columns = event_columns(config)
     keys = _null_safe_keys(events.select(*columns), columns, "_event_").drop(*columns)
+    if broadcast:
+        keys = F.broadcast(keys)
     rows = _null_safe_keys(validated.where(F.col(REASON).isNull())
                            .select(RECORD, SOURCE_FILE, *columns), columns, "_row_")
     same = functools.reduce(lambda a, b: a & b, [
         F.col(f"_row_{c}{suffix}") == F.col(f"_event_{c}{suffix}")
         for c in columns for suffix in ("", "_null")])
-    copies = rows.join(F.broadcast(keys), same, "inner")
-    return copies.select(record_text(copies), SOURCE_FILE, *columns)
+    return rows.join(keys, same, "inner").select(RECORD, SOURCE_FILE, *columns)
 
 
-def held_copies(validated: DataFrame, held: DataFrame, config: EtlConfig,
-                kept_file: str) -> DataFrame:
+def held_copies(validated: DataFrame, held: DataFrame, config: EtlConfig, kept_file: str,
+                *, broadcast: bool) -> DataFrame:
     """The new rows of an incremental run whose event the output already holds (``held``:
     those events), as they go to ``duplicates/``: every copy is removed, the kept one is the
     stored event (``kept_file``; its record text is not kept)."""
-    return copies_of(validated, held, config).select(
-        RECORD, SOURCE_FILE, F.lit(None).cast("string").alias(KEPT_RECORD),
-        F.lit(kept_file).alias(KEPT_FILE))
+    copies = copies_of(validated, held, config, broadcast=broadcast)
+    return copies.select(record_text(copies), SOURCE_FILE,
+                         F.lit(None).cast("string").alias(KEPT_RECORD),
+                         F.lit(kept_file).alias(KEPT_FILE))

@@ -255,16 +255,19 @@ def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
     quarantine = (spark.read.parquet(str(output / "quarantine"))
                   .unionByName(ingest.quarantined(validated)))
     if late_rows:
-        quarantine = quarantine.unionByName(ingest.copies_of(
-            validated, late, config).select(ingest.RECORD, F.lit(LATE_EVENT).alias(
-                ingest.REASON), F.lit("ts").alias(ingest.FIELD), ingest.SOURCE_FILE))
+        copies = ingest.copies_of(validated, late, config,
+                                  broadcast=late_rows <= ingest.BROADCAST_DUPLICATES)
+        quarantine = quarantine.unionByName(copies.select(
+            ingest.record_text(copies), F.lit(LATE_EVENT).alias(ingest.REASON),
+            F.lit("ts").alias(ingest.FIELD), ingest.SOURCE_FILE))
     write_parquet(quarantine, staging / "quarantine")
     duplicates = valid_rows - accepted - late_rows
     removed = ingest.duplicates(validated, kept.where(F.col(HELD) == 0), config, duplicates)
     held = kept.where((F.col(HELD) == 1) & (F.col(ingest.COPIES) > 0))
     removed = (spark.read.parquet(str(output / "duplicates")).unionByName(removed)
-               .unionByName(ingest.held_copies(validated, held, config,
-                                               f"{STATE_DIR}/{EVENTS_DIR}")))
+               .unionByName(ingest.held_copies(
+                   validated, held, config, f"{STATE_DIR}/{EVENTS_DIR}",
+                   broadcast=duplicates <= ingest.BROADCAST_DUPLICATES)))
     write_parquet(removed, staging / "duplicates")
     validated.unpersist()
     quarantined = {reason: counts.get(reason, 0) for reason in QUARANTINE_REASONS}

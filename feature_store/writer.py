@@ -232,14 +232,20 @@ def vector_keys(prefix: bytes, keys: list[bytes]) -> list[bytes]:
     return [prefix + key for key in keys]
 
 
+def _unix_seconds(column: pa.Array) -> pa.Array:
+    """A timestamp column as whole Unix seconds, rounded down (a protobuf ``Timestamp``'s
+    ``seconds``); missing stays missing."""
+    micros = column.cast(pa.timestamp("us")).cast(pa.int64())
+    return pc.floor(pc.divide(micros.cast(pa.float64()), 1e6)).cast(pa.int64())
+
+
 def _plain(column: pa.Array, feast_type: ValueType) -> list[Any]:
     """A column as the JSON values of an entity vector: NaN as missing (as Feast stores
     it), Unix timestamps as their seconds (Feast's ``unix_timestamp_val``)."""
     if feast_type in (ValueType.FLOAT, ValueType.DOUBLE):
         column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
     elif feast_type == ValueType.UNIX_TIMESTAMP:
-        micros = column.cast(pa.timestamp("us")).cast(pa.int64())
-        column = pc.floor(pc.divide(micros.cast(pa.float64()), 1e6)).cast(pa.int64())
+        column = _unix_seconds(column)
     return column.to_pylist()
 
 
@@ -248,7 +254,6 @@ def encode_vectors(rows: pa.Table, layout: Layout) -> list[bytes]:
     its features' values in the view's order, missing ones null (docs/ARCHITECTURE.md,
     "Entity vectors"). Decoding one costs a few µs where the view's hash fields cost a
     protobuf each."""
-    micros = _array(rows[layout.timestamp_field]).cast(pa.timestamp("us")).cast(pa.int64())
-    seconds = np.floor_divide(micros.to_numpy(zero_copy_only=False), 1_000_000).tolist()
+    seconds = _unix_seconds(_array(rows[layout.timestamp_field])).to_pylist()
     columns = [_plain(_array(rows[name]), value_type) for name, value_type in layout.features]
     return [orjson.dumps(row) for row in zip(seconds, *columns, strict=True)]

@@ -250,6 +250,7 @@ class StreamProcessor:
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}"
         self.read_batch = read_batch
         self.stamp: str | None = None
+        self.generation: int | None = None  # of the entity vectors the stamp names
         self.base = BatchBase(None, {})
         self.processed = 0
         self.metrics = metrics or StreamMetrics()
