@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
@@ -34,6 +35,7 @@ from pyspark.sql import SparkSession
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import write_log
+from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
 from featureline.etl.qualification import stage_times
 from featureline.etl.session import build_session
 from featureline.etl.stages import STAGE_PROPERTY
@@ -111,6 +113,29 @@ def _canonical(path: Path) -> pa.Table:
                           if not pa.types.is_list(f.type)])
 
 
+def _compare(ours: pa.Table, theirs: pa.Table) -> dict[str, Any]:
+    """Where two tables differ: nothing when they are equal (schemas included); else, per
+    column, how many values differ and by how much at most (numeric columns)."""
+    if ours.equals(theirs):
+        return {}
+    if ours.schema != theirs.schema or ours.num_rows != theirs.num_rows:
+        return {"schema_or_rows": [str(ours.schema), ours.num_rows, theirs.num_rows]}
+    columns = {}
+    for name in ours.column_names:
+        left, right = ours[name].to_numpy(zero_copy_only=False), theirs[name].to_numpy(
+            zero_copy_only=False)
+        if left.dtype.kind in "fiu":
+            differing = ~((left == right) | (np.isnan(left) & np.isnan(right))
+                          if left.dtype.kind == "f" else left == right)
+            if differing.any():
+                columns[name] = {"values": int(differing.sum()), "max_abs_diff": float(
+                    np.abs(left[differing].astype(float) - right[differing]).max())}
+        elif not ours[name].equals(theirs[name]):
+            columns[name] = {"values": sum(a != b for a, b in zip(
+                ours[name].to_pylist(), theirs[name].to_pylist(), strict=True))}
+    return columns
+
+
 def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
@@ -135,15 +160,17 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict
     start = time.perf_counter()
     full = job.run(full_config, spark, progress=lambda _: None)
     full_s = time.perf_counter() - start
-    equal = {table: _canonical(incremental.output / table).equals(
-        _canonical(full.output / table))
-        for table in ("examples", "entities/user", "entities/item",
-                      "artifacts/categorify/user_id", "artifacts/categorify/item_id")}
+    tables = ("examples", "entities/user", "entities/item", "artifacts/categorify/user_id",
+              "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
+    compared = {table: _compare(_canonical(incremental.output / table),
+                                _canonical(full.output / table)) for table in tables}
     return {"events": events, "new_day_rows": new_lines, "incremental_s": round(incremental_s, 2),
             "full_recompute_s": round(full_s, 2),
             "incremental_vs_full": round(incremental_s / full_s, 3),
             "incremental_s_per_new_event": incremental_s / new_lines,
-            "outputs_equal": equal, "stages_s": incremental.metadata["timings_s"]}
+            "outputs_equal": {table: not found for table, found in compared.items()},
+            "outputs_differences": {table: found for table, found in compared.items() if found},
+            "stages_s": incremental.metadata["timings_s"]}
 
 
 def run_incremental(sizes: list[int], spark: SparkSession | None = None) -> dict[str, Any]:

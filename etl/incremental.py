@@ -28,14 +28,27 @@ from pyspark.sql import functions as F
 from featureline.core.metadata import METADATA_FILE
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
-from featureline.etl.outputs import write_json, write_parquet
+from featureline.etl.features.base import (
+    EARLIER_EVENTS,
+    EARLIER_POSITIVES,
+    LABEL,
+    TS_MICROS,
+    Lookback,
+)
+from featureline.etl.outputs import read_as_written, reread, write_json
 
 STATE_DIR = "state"
 STATE_FILE = "state.json"
 EVENTS_DIR = "events"
+# What an incremental run writes while its features stage runs (gone before the output is).
+WORK_DIR = "_work"
 # Raised when what the state holds, or how, changes: an older state is refused.
-STATE_VERSION = 1
+STATE_VERSION = 2
 LATE_EVENT = "late_event"
+# Beside the rows the kept features are computed over: whether the result is the output's.
+KEEP = "_keep"
+# Before any event (microseconds since the epoch).
+_EARLIEST = -(2**62)
 
 
 def values_hash(config: EtlConfig) -> str:
@@ -96,7 +109,8 @@ def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
 
 
 def stored_events(spark: SparkSession, state: State, columns: list[str]) -> DataFrame:
-    return spark.read.parquet(str(state.events)).select(*columns)
+    """The state's events (``columns`` of them), as they were written."""
+    return read_as_written(spark, state.events).select(*columns)
 
 
 def cumulative(previous: dict[str, Any], this_run: dict[str, Any]) -> dict[str, Any]:
@@ -109,11 +123,16 @@ def cumulative(previous: dict[str, Any], this_run: dict[str, Any]) -> dict[str, 
             "quarantined": reasons, "this_run": this_run}
 
 
+def write_state_events(events: DataFrame, staging: Path) -> DataFrame:
+    """The state's events (each with its label and kept features) written into the output
+    being written, and read back from there."""
+    return reread(events, staging / STATE_DIR / EVENTS_DIR, files=None)
+
+
 def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,
                 staging: Path) -> None:
-    """``state/`` of the output being written: its accepted events and ``state.json``."""
+    """``state.json`` beside the state's ``events`` (``write_state_events``)."""
     folder = staging / STATE_DIR
-    write_parquet(events, folder / EVENTS_DIR, files=None)
     latest = events.agg(F.max("ts").cast("double").alias("latest")).collect()[0]["latest"]
     write_json({"version": STATE_VERSION, "values_hash": values_hash(config),
                 "latest": datetime.fromtimestamp(latest, tz=timezone.utc).isoformat(),
@@ -127,3 +146,45 @@ def dated(path: str, now: datetime | None = None) -> str:
     now = now or datetime.now(timezone.utc)
     return (path.replace("{yesterday}", f"{now - timedelta(days=1):%Y-%m-%d}")
             .replace("{today}", f"{now:%Y-%m-%d}"))
+
+
+def window_rows(stored: DataFrame, new: DataFrame, dirty: DataFrame,
+                lookback: Lookback) -> DataFrame:
+    """The rows an incremental run computes the kept features over (docs/ARCHITECTURE.md,
+    "Incremental runs"), ``KEEP`` true where the result is the output's: the new events and
+    every stored event of a ``dirty`` user (one whose stored features moved). For the new
+    events' other users, only the stored events their features read (``KEEP`` false): those
+    within ``lookback`` of the user's first new event, the rows of the user's latest instant,
+    and the latest event of each (user, item) pair the new events hold; with, per user, the
+    events and positives before those (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``).
+
+    ``stored`` and ``new`` hold the event columns, the label and the time key."""
+    touched = new.select("user_id").distinct().join(dirty, "user_id", "left_anti")
+    theirs = stored.join(F.broadcast(touched), "user_id", "left_semi")
+    times = F.sort_array(F.collect_list(TS_MICROS), asc=False)
+    summary = theirs.groupBy("user_id").agg(F.max(TS_MICROS).alias("_last"),
+                                             times.alias("_times"))
+    first_new = new.groupBy("user_id").agg(F.min(TS_MICROS).alias("_first"))
+    # The rows before the event: the 2K before the first new one may start before the rows
+    # of the user's latest instant, which can sort after it.
+    at_last = F.size(F.filter("_times", lambda t: t == F.col("_times")[0]))
+    by_rows = F.coalesce(F.try_element_at("_times", F.lit(lookback.rows) + at_last),
+                         F.lit(_EARLIEST))
+    cut = F.least(F.col("_last"), F.col("_first") - F.lit(lookback.span_us), by_rows)
+    cuts = summary.join(first_new, "user_id").select("user_id", cut.alias("_cut"))
+    marked = theirs.join(F.broadcast(cuts), "user_id")
+    before = marked.where(F.col(TS_MICROS) < F.col("_cut")).drop("_cut")
+    pairs = new.select("user_id", "item_id").distinct()
+    pair_latest = (before.join(pairs, ["user_id", "item_id"], "left_semi")
+                   .groupBy("user_id", "item_id").agg(F.max(TS_MICROS).alias(TS_MICROS)))
+    pair_keys = ["user_id", "item_id", TS_MICROS]
+    context = (marked.where(F.col(TS_MICROS) >= F.col("_cut")).drop("_cut")
+               .unionByName(before.join(pair_latest, pair_keys, "left_semi")))
+    earlier = before.join(pair_latest, pair_keys, "left_anti").groupBy("user_id").agg(
+        F.count(F.lit(1)).alias(EARLIER_EVENTS), F.sum(LABEL).alias(EARLIER_POSITIVES))
+    rows = (context.withColumn(KEEP, F.lit(False))
+            .unionByName(new.withColumn(KEEP, F.lit(True)))
+            .unionByName(stored.join(F.broadcast(dirty), "user_id", "left_semi")
+                         .withColumn(KEEP, F.lit(True))))
+    return (rows.join(earlier, "user_id", "left")
+            .fillna({EARLIER_EVENTS: 0, EARLIER_POSITIVES: 0}))

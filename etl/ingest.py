@@ -406,19 +406,27 @@ def duplicates(validated: DataFrame, events: DataFrame, config: EtlConfig,
 
 def copies_of(validated: DataFrame, events: DataFrame, config: EtlConfig, *,
               broadcast: bool) -> DataFrame:
-    """The valid rows of ``validated`` whose event is one of ``events`` (every typed column
-    equal, a missing value equal to a missing value): record, file and columns; ``events``
-    sent to every task when ``broadcast``."""
+    """The valid rows of ``validated`` whose event is one of ``events``: record, file and
+    columns; ``events`` sent to every task when ``broadcast``."""
+    rows = validated.where(F.col(REASON).isNull()).select(RECORD, SOURCE_FILE,
+                                                          *event_columns(config))
+    return matching(rows, events, config, broadcast=broadcast)
+
+
+def matching(rows: DataFrame, events: DataFrame, config: EtlConfig, *, broadcast: bool,
+             anti: bool = False) -> DataFrame:
+    """The rows whose event is one of ``events`` (every typed column equal, a missing value
+    equal to a missing value), or with ``anti`` the others; ``events`` sent to every task
+    when ``broadcast``."""
     columns = event_columns(config)
     keys = _null_safe_keys(events.select(*columns), columns, "_event_").drop(*columns)
     if broadcast:
         keys = F.broadcast(keys)
-    rows = _null_safe_keys(validated.where(F.col(REASON).isNull())
-                           .select(RECORD, SOURCE_FILE, *columns), columns, "_row_")
+    keyed = _null_safe_keys(rows, columns, "_row_")
     same = functools.reduce(lambda a, b: a & b, [
         F.col(f"_row_{c}{suffix}") == F.col(f"_event_{c}{suffix}")
         for c in columns for suffix in ("", "_null")])
-    return rows.join(keys, same, "inner").select(RECORD, SOURCE_FILE, *columns)
+    return keyed.join(keys, same, "left_anti" if anti else "left_semi").select(*rows.columns)
 
 
 def held_copies(validated: DataFrame, held: DataFrame, config: EtlConfig, kept_file: str,

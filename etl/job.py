@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 import uuid
@@ -33,21 +34,33 @@ from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
-from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec
+from featureline.etl.features.base import (
+    LABEL,
+    SPLIT,
+    TRAIN,
+    TS_MICROS,
+    VALID,
+    FeatureSpec,
+    epoch_micros,
+)
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.incremental import (
     EVENTS_DIR,
+    KEEP,
     LATE_EVENT,
     STATE_DIR,
+    WORK_DIR,
     State,
     check_compatible,
     cumulative,
     read_state,
     stored_events,
+    window_rows,
     write_state,
+    write_state_events,
 )
-from featureline.etl.outputs import local_path, write_json, write_parquet
+from featureline.etl.outputs import local_path, read_as_written, reread, write_json, write_parquet
 from featureline.etl.tfrecord.layout import build_layout
 from featureline.etl.tfrecord.writer import write_split
 from featureline.etl.vocabulary import (
@@ -220,51 +233,58 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
     validated.unpersist()
     rows = {"read": read, "accepted": accepted, "duplicates": valid_rows - accepted,
             "quarantined": {reason: counts.get(reason, 0) for reason in QUARANTINE_REASONS}}
-    events = events.drop(ingest.COPIES)
-    write_state(events.drop(LABEL), rows, config, staging)
-    return events, rows
+    return events.drop(ingest.COPIES), rows
 
 
 def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
                         cached: list[DataFrame], state: State, output: Path
                         ) -> tuple[DataFrame, dict[str, Any]]:
-    """``_ingest`` of the new raw files against the ``state`` of ``output``: the state's
-    events and the new ones come back; a new copy of an event the state holds is a
-    duplicate (listed with the stored event as the kept one), a new event dated before the
-    state's latest is quarantined as ``late_event`` unless late events are allowed; the
-    quarantine and duplicates lists are the output's and this run's (docs/ARCHITECTURE.md,
-    "Incremental runs")."""
+    """``_ingest`` of the new raw files against the ``state`` of ``output``: the new events
+    come back, labelled and cached, ``LATE`` where dated before the state's latest. A new
+    copy of an event the state holds is a duplicate (listed with the stored event as the
+    kept one); a late event is quarantined as ``late_event`` unless late events are allowed;
+    the quarantine and duplicates lists are the output's and this run's
+    (docs/ARCHITECTURE.md, "Incremental runs")."""
     validated, counts = _validated(spark, config, cached)
     read = sum(counts.values())
     valid_rows = counts.pop(None, 0)
     columns = ingest.event_columns(config)
-    rows_with_state = ingest.accepted(validated, config).withColumn(HELD, F.lit(0)).unionByName(
-        stored_events(spark, state, columns).withColumn(HELD, F.lit(1)))
-    # Each event once: how many new copies it had, whether the output holds it, whether it
-    # is a new one older than the output's latest.
-    grouped = rows_with_state.repartition(_partitions(spark), "user_id").groupBy(
-        *columns).agg(F.sum(1 - F.col(HELD)).alias(ingest.COPIES), F.max(HELD).alias(HELD))
-    late_rule = ((F.col(HELD) == 0) & (F.col("ts") < F.lit(state.latest))
-                 if not config.incremental.allow_late else F.lit(False))
-    events, distinct = _labelled(grouped.withColumn(LATE, late_rule), config, cached)
-    late = events.where(F.col(LATE))
-    late_events, late_rows = late.agg(F.count("*"), F.sum(ingest.COPIES)).collect()[0]
-    late_rows = int(late_rows or 0)
-    accepted = distinct - late_events - state.rows["accepted"]
-    kept = events.where(~F.col(LATE))
-    quarantine = (spark.read.parquet(str(output / "quarantine"))
+    events, distinct = _labelled(ingest.deduplicate(ingest.accepted(validated, config)
+                                                    .repartition(_partitions(spark), "user_id")),
+                                 config, cached)
+    # The stored copies of new events: only stored events as old as the new ones are read.
+    earliest = events.agg(F.min(F.col("ts").cast("long"))).collect()[0][0]
+    stored = stored_events(spark, state, columns)
+    stored = (stored.where(F.col("ts") >= F.lit(datetime.fromtimestamp(earliest, timezone.utc)))
+              if earliest is not None else stored.limit(0))
+    held_events = ingest.matching(stored, events, config,
+                                  broadcast=distinct <= ingest.BROADCAST_DUPLICATES)
+    held_events = held_events.persist(StorageLevel.MEMORY_AND_DISK)
+    cached.append(held_events)
+    held = ingest.matching(events, held_events, config, broadcast=True)
+    fresh = (ingest.matching(events, held_events, config, broadcast=True, anti=True)
+             .withColumn(LATE, F.col("ts") < F.lit(state.latest)))
+    refused = (fresh.where(F.col(LATE)) if not config.incremental.allow_late
+               else fresh.limit(0))
+    fresh_events, late_events, late_rows = fresh.agg(
+        F.count(F.lit(1)), F.count_if(F.col(LATE)),
+        F.sum(F.when(F.col(LATE), F.col(ingest.COPIES)))).collect()[0]
+    late_rows = int(late_rows or 0) if not config.incremental.allow_late else 0
+    late_events = late_events if not config.incremental.allow_late else 0
+    accepted = fresh_events - late_events
+    kept = fresh.where(~F.col(LATE)) if not config.incremental.allow_late else fresh
+    quarantine = (read_as_written(spark, output / "quarantine")
                   .unionByName(ingest.quarantined(validated)))
     if late_rows:
-        copies = ingest.copies_of(validated, late, config,
+        copies = ingest.copies_of(validated, refused, config,
                                   broadcast=late_rows <= ingest.BROADCAST_DUPLICATES)
         quarantine = quarantine.unionByName(copies.select(
             ingest.record_text(copies), F.lit(LATE_EVENT).alias(ingest.REASON),
             F.lit("ts").alias(ingest.FIELD), ingest.SOURCE_FILE))
     write_parquet(quarantine, staging / "quarantine")
     duplicates = valid_rows - accepted - late_rows
-    removed = ingest.duplicates(validated, kept.where(F.col(HELD) == 0), config, duplicates)
-    held = kept.where((F.col(HELD) == 1) & (F.col(ingest.COPIES) > 0))
-    removed = (spark.read.parquet(str(output / "duplicates")).unionByName(removed)
+    removed = ingest.duplicates(validated, kept, config, duplicates)
+    removed = (read_as_written(spark, output / "duplicates").unionByName(removed)
                .unionByName(ingest.held_copies(
                    validated, held, config, f"{STATE_DIR}/{EVENTS_DIR}",
                    broadcast=duplicates <= ingest.BROADCAST_DUPLICATES)))
@@ -274,16 +294,13 @@ def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
     rows = cumulative(state.rows, {"read": read, "accepted": accepted,
                                    "duplicates": duplicates,
                                    "quarantined": {**quarantined, LATE_EVENT: late_rows}})
-    events = kept.drop(ingest.COPIES, HELD, LATE)
-    write_state(events.drop(LABEL), rows, config, staging)
-    return events, rows
+    return kept.drop(ingest.COPIES), rows
 
 
 def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, Any]]:
     """Tag the last ``valid_days`` days as the validation split."""
     valid_from = _valid_from(events, config.split.valid_days)
-    is_valid = F.col("ts") >= F.lit(valid_from)
-    events = events.withColumn(SPLIT, F.when(is_valid, VALID).otherwise(TRAIN))
+    events = events.withColumn(SPLIT, split_column(valid_from))
     split_rows = {TRAIN: 0, VALID: 0} | {
         row[SPLIT]: row["count"] for row in events.groupBy(SPLIT).count().collect()}
     if split_rows[TRAIN] == 0:
@@ -292,6 +309,65 @@ def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, A
                           f"(from {valid_from:%Y-%m-%d}); no training split is left")
     return events, {"column": SPLIT, "valid_days": config.split.valid_days,
                     "valid_from": valid_from.isoformat(), "rows": split_rows}
+
+
+def split_column(valid_from: datetime) -> Column:
+    return F.when(F.col("ts") >= F.lit(valid_from), VALID).otherwise(TRAIN)
+
+
+def _features(pipeline: FeaturePipeline, events: DataFrame, config: EtlConfig
+              ) -> tuple[DataFrame, DataFrame]:
+    """A full run's features: every op over every event. The featured rows come back, and
+    the rows of the state the next incremental run reads."""
+    featured = pipeline.fit_transform(events)
+    return featured, pipeline.featured().select(*state_columns(pipeline, config))
+
+
+def state_columns(pipeline: FeaturePipeline, config: EtlConfig) -> list[str]:
+    """The state's columns: each event's, its label, its kept features."""
+    return [*ingest.event_columns(config), LABEL, *pipeline.kept_features()]
+
+
+def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: DataFrame,
+                          new: DataFrame, split: dict[str, Any], config: EtlConfig,
+                          staging: Path) -> tuple[DataFrame, DataFrame]:
+    """``_features`` of an incremental run: the ops are fitted over every event, the kept
+    features computed for the new events and the stored events of ``dirty`` users only
+    (``window_rows``), the others' read from the state; the state's rows are written, then
+    the fitted ops and the model-ready step run over them (docs/ARCHITECTURE.md,
+    "Incremental runs"). The new events, the dirty users and the window's rows are written
+    under ``staging`` while the stage runs and read back: plans on them start from files."""
+    pipeline.fit(events)
+    work = staging / WORK_DIR
+    columns = [*ingest.event_columns(config), LABEL]
+    new = reread(new.select(*columns, LATE).withColumn(TS_MICROS, epoch_micros(F.col("ts"))),
+                 work / "new", files=None)
+    dirty = reread(dirty_users(pipeline, stored, new), work / "dirty")
+    rows = reread(window_rows(stored.select(*columns).withColumn(TS_MICROS, epoch_micros(
+        F.col("ts"))), new.drop(LATE), dirty, pipeline.lookback()), work / "rows", files=None)
+    kept = state_columns(pipeline, config)
+    computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
+    state_rows = write_state_events(
+        stored.join(F.broadcast(dirty), "user_id", "left_anti").select(*kept)
+        .unionByName(computed), staging)
+    shutil.rmtree(work)
+    valid_from = datetime.fromisoformat(split["valid_from"])
+    featured = pipeline.transform_fitted(state_rows.withColumns(
+        {SPLIT: split_column(valid_from), TS_MICROS: epoch_micros(F.col("ts"))}))
+    return featured, state_rows
+
+
+def dirty_users(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> DataFrame:
+    """The users whose stored kept features a full run would give otherwise: those with a
+    late new event (allowed), and those with a stored event of an item this run's
+    vocabulary numbers for the first time (encoded OOV in their history before)."""
+    late = new.where(F.col(LATE)).select("user_id")
+    categorify = pipeline.op(Categorify)
+    if isinstance(categorify, Categorify) and "item_id" in categorify.columns:
+        added = categorify.added("item_id").select(F.col("value").alias("item_id"))
+        late = late.unionByName(stored.join(F.broadcast(added), "item_id", "left_semi")
+                                .select("user_id"))
+    return late.distinct()
 
 
 def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
@@ -378,9 +454,17 @@ def run(config: EtlConfig, spark: SparkSession,
     try:
         with staged_directory(output) as staging:
             with timer(stages.INGEST) as stage:
-                events, rows = (_ingest(spark, config, staging, cached) if state is None
-                                else _ingest_incremental(spark, config, staging, cached, state,
-                                                         output))
+                if state is None:
+                    events, rows = _ingest(spark, config, staging, cached)
+                else:
+                    new, rows = _ingest_incremental(spark, config, staging, cached, state,
+                                                    output)
+                    columns = [*ingest.event_columns(config), LABEL]
+                    stored = stored_events(spark, state, [*columns, *pipeline.kept_features()])
+                    # Cached as a full run's events are: every op's fit reads them.
+                    events = (stored.select(*columns).unionByName(new.select(*columns))
+                              .persist(StorageLevel.MEMORY_AND_DISK))
+                    cached.append(events)
                 stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
                                  f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
                                  f"{rows['duplicates']:,} duplicates removed")
@@ -389,7 +473,10 @@ def run(config: EtlConfig, spark: SparkSession,
                 stage.summary = ", ".join(f"{name} {count:,}"
                                           for name, count in split["rows"].items())
             with timer(stages.FEATURES) as stage:
-                featured = pipeline.fit_transform(events)
+                featured, state_rows = (
+                    _features(pipeline, events, config) if state is None
+                    else _features_incremental(pipeline, events, stored, new, split, config,
+                                               staging))
                 specs = pipeline.features()
                 stage.summary = f"{len(specs)} features"
             with timer(stages.WRITE_EXAMPLES) as stage:
@@ -406,6 +493,11 @@ def run(config: EtlConfig, spark: SparkSession,
                 stage.summary = ", ".join(entities)
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
+            with timer(stages.STATE) as stage:
+                if state is None:
+                    state_rows = write_state_events(state_rows, staging)
+                write_state(state_rows, rows, config, staging)
+                stage.summary = f"{rows['accepted']:,} events"
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
             metadata.update(_versions(config, pipeline, previous))

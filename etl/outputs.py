@@ -11,7 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame
+import pyarrow.parquet as pq
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import ArrayType, BooleanType, DataType, StringType, StructType
 
 from featureline.core.errors import ConfigError
 
@@ -34,6 +38,43 @@ def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(str(path))
+
+
+def reread(frame: DataFrame, path: Path, *, files: int | None = 1) -> DataFrame:
+    """``frame`` written as Parquet at ``path`` and read back (``read_as_written``): what is
+    built on the result plans from the files, not from ``frame``'s whole lineage again (each
+    use of a deep lineage multiplies the plan Spark analyses and optimises)."""
+    write_parquet(frame, path, files=files)
+    return read_as_written(frame.sparkSession, path)
+
+
+def read_as_written(spark: SparkSession, path: Path) -> DataFrame:
+    """The Parquet table Spark wrote at ``path``, each column as nullable as when it was
+    written: Spark reads every column of a file as nullable, so the tables written from it
+    would declare as optional what the same job writes as required from its own rows."""
+    frame = spark.read.parquet(str(path))
+    first = min(path.glob("*.parquet"))
+    written = from_arrow_schema(pq.read_schema(first))
+    return frame.withColumns({field.name: _required(F.col(field.name), field.dataType)
+                              for field in written if not field.nullable})
+
+
+def _required(column: Column, kind: DataType) -> Column:
+    """``column`` declared non-null (and its elements, where ``kind`` says so): a null never
+    read from a required column becomes the type's zero."""
+    if isinstance(kind, ArrayType) and not kind.containsNull:
+        element = kind.elementType
+        column = F.transform(column, lambda item: F.coalesce(item, _zero(element)))
+    return F.coalesce(column, _zero(kind))
+
+
+def _zero(kind: DataType) -> Column:
+    if isinstance(kind, ArrayType):
+        return F.array_repeat(_zero(kind.elementType), 0)
+    if isinstance(kind, StructType):
+        raise TypeError(f"no zero value for {kind.simpleString()}")
+    return {StringType: F.lit(""), BooleanType: F.lit(False)}.get(
+        type(kind), F.lit(0).cast(kind))
 
 
 def write_json(data: Any, path: Path) -> None:

@@ -13,8 +13,8 @@ INPUT_FORMATS: tuple[str, ...] = get_args(InputFormat)
 
 # The job's stages, in the order it runs them (etl/job.py).
 JOB_STAGES = ("ingest", "split", "features", "write_examples", "write_tfrecord", "entities",
-              "artifacts")
-INGEST, SPLIT, FEATURES, WRITE_EXAMPLES, WRITE_TFRECORD, ENTITIES, ARTIFACTS = JOB_STAGES
+              "artifacts", "state")
+INGEST, SPLIT, FEATURES, WRITE_EXAMPLES, WRITE_TFRECORD, ENTITIES, ARTIFACTS, STATE = JOB_STAGES
 # The local property naming the stage each Spark job runs for (in the event log).
 STAGE_PROPERTY = "featureline.stage"
 # The driver-side logger StageTimer names each stage to as it starts ("" as it ends).

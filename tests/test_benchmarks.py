@@ -55,7 +55,7 @@ def test_bench_etl_incremental_smoke(spark):
     (entry,) = report["runs"]
     assert entry["new_day_rows"] > 0
     assert entry["outputs_equal"] == dict.fromkeys(entry["outputs_equal"], True)
-    assert len(entry["outputs_equal"]) == 5
+    assert len(entry["outputs_equal"]) == 6 and entry["outputs_differences"] == {}
     assert entry["incremental_s"] > 0 and entry["full_recompute_s"] > 0
     assert entry["cost_per_new_event_vs_smallest"] == 1.0
 

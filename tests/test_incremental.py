@@ -113,8 +113,9 @@ def runs(spark, small_log, tmp_path_factory):
 def test_every_table_equals_the_full_runs(runs, table):
     ours, theirs = (_table(runs[name].output / table) for name in ("incremental", "full"))
     assert ours.num_rows > 0
-    # Names and types (a column of one run's may be nullable where the other's is not).
-    assert [(f.name, f.type) for f in ours.schema] == [(f.name, f.type) for f in theirs.schema]
+    # Names, types and nullability (what a file's reader sees as required).
+    assert ([(f.name, f.type, f.nullable) for f in ours.schema]
+            == [(f.name, f.type, f.nullable) for f in theirs.schema])
     assert ours.to_pylist() == theirs.to_pylist(), table
 
 

@@ -235,7 +235,7 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
     rows = metadata["rows"]
     done = dict(line.split(" done in ", 1) for line in lines if " done in " in line)
     assert list(done) == ["ingest", "split", "features", "write_examples", "write_tfrecord",
-                          "entities", "artifacts"]
+                          "entities", "artifacts", "state"]
     summary = {stage: text.partition("s: ")[2] for stage, text in done.items()}
     assert summary["ingest"] == (
         f"{rows['read']:,} rows read, {rows['accepted']:,} events accepted, "
@@ -251,6 +251,7 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
     assert summary["write_tfrecord"] == f"{rows['accepted']:,} rows in {len(files)} files"
     assert summary["entities"] == ", ".join(metadata["entities"])
     assert summary["artifacts"] == ""  # none: its tables are listed in metadata.json
+    assert summary["state"] == f"{rows['accepted']:,} events"
 
 
 def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):

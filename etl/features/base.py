@@ -27,6 +27,11 @@ VALID = "valid"
 # Event time in microseconds since the epoch: the order and range key of the time windows.
 TS_MICROS = "_ts_us"
 MICROS = 1_000_000
+# Per row: the user's events, and positives among them, before the rows an incremental run
+# gives an op (docs/ARCHITECTURE.md, "Incremental runs"); absent in a full run, which gives
+# every row.
+EARLIER_EVENTS = "_earlier_events"
+EARLIER_POSITIVES = "_earlier_positives"
 CATEGORICAL_SELECTOR = "@categorical"
 CONTINUOUS_SELECTOR = "@continuous"
 
@@ -120,6 +125,18 @@ class OpSettings(Settings):
 
 
 @dataclass(frozen=True)
+class Lookback:
+    """The earlier events of its user an op reads for an event: those in the ``span_us``
+    microseconds before it, and the ``rows`` rows before it (in (time, item) order)."""
+
+    span_us: int = 0
+    rows: int = 0
+
+    def __or__(self, other: Lookback) -> Lookback:
+        return Lookback(max(self.span_us, other.span_us), max(self.rows, other.rows))
+
+
+@dataclass(frozen=True)
 class FeatureSpec:
     """One output column of a feature op, as metadata.json describes it."""
 
@@ -163,6 +180,11 @@ class FeatureOp(ABC):
     """A feature transform with an explicit fit on the training split."""
 
     name: str
+    # True for an op with statistics fitted on the training split: its outputs move as the
+    # split grows. The others' outputs for an event depend only on the event and its user's
+    # earlier events, so an incremental run keeps them (docs/ARCHITECTURE.md, "Incremental
+    # runs").
+    fitted: ClassVar[bool] = False
 
     def __init__(self) -> None:
         # Statistics cached for the transforms; ``release`` frees them.
@@ -181,6 +203,10 @@ class FeatureOp(ABC):
 
     def artifacts(self) -> Artifacts:
         return Artifacts()
+
+    def lookback(self) -> Lookback:
+        """The earlier events of the user the op reads (none for most ops)."""
+        return Lookback()
 
     def keep(self, frame: DataFrame) -> DataFrame:
         """Cache a fitted statistic for the transforms; ``release`` frees it. A statistic

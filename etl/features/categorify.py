@@ -45,6 +45,7 @@ class CategorifySettings(OpSettings):
 
 class Categorify(FeatureOp):
     name = "categorify"
+    fitted = True
 
     def __init__(self, columns: list[str], freq_threshold: int = 1) -> None:
         super().__init__()
@@ -75,6 +76,16 @@ class Categorify(FeatureOp):
             vocabulary = self.keep(vocabulary)
             self.sizes[column], self.versions[column] = summarize(vocabulary)
             self.vocabularies[column] = vocabulary
+
+    def added(self, column: str) -> DataFrame:
+        """The values of ``column`` this fit numbered that the vocabulary it extends had not
+        (all of them without one): events of theirs were encoded OOV before."""
+        vocabulary = self.vocabularies[column].select("value")
+        known = self.previous.get(column)
+        if known is None:
+            return vocabulary
+        return vocabulary.join(known.select(F.col("value").cast("string")), on="value",
+                               how="left_anti")
 
     def _ranked(self, counts: DataFrame, column: str, last_id: int) -> DataFrame:
         """Values at or above the frequency threshold, numbered after ``last_id`` by

@@ -33,6 +33,7 @@ class CountEncodeSettings(OpSettings):
 
 class CountEncode(FeatureOp):
     name = "count_encode"
+    fitted = True
 
     def __init__(self, columns: list[str]) -> None:
         super().__init__()

@@ -15,7 +15,14 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import PADDING_ID, encoded_name
-from featureline.etl.features.base import TS_MICROS, ColumnRoles, FeatureOp, FeatureSpec, OpSettings
+from featureline.etl.features.base import (
+    TS_MICROS,
+    ColumnRoles,
+    FeatureOp,
+    FeatureSpec,
+    Lookback,
+    OpSettings,
+)
 
 HISTORY = "user_hist_items"
 # Up to this K the earlier items are read by 2K offset lookups (lag), cheaper than a sliding
@@ -64,6 +71,10 @@ class History(FeatureOp):
             items = F.slice(F.reverse(earlier), 1, self.k)
             items = F.concat(items, F.array_repeat(padding, F.lit(self.k) - F.size(items)))
         return events.withColumn(HISTORY, items)
+
+    def lookback(self) -> Lookback:
+        # The 2K rows before the event's, whichever formulation reads them.
+        return Lookback(rows=2 * self.k)
 
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(HISTORY, "multi_hot", "int64", width=self.k, shares=self.item_column)]

@@ -22,12 +22,15 @@ from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.settings import duration_seconds
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.features.base import (
+    EARLIER_EVENTS,
+    EARLIER_POSITIVES,
     LABEL,
     MICROS,
     TS_MICROS,
     ColumnRoles,
     FeatureOp,
     FeatureSpec,
+    Lookback,
     OpSettings,
     plans_for_gpu,
 )
@@ -43,8 +46,13 @@ PRIOR_POSITIVES = "user_prior_positives"
 PRIOR_POSITIVE_RATE = "user_prior_positive_rate"
 
 
-def _label_history(positives: Column, events: Column) -> dict[str, Column]:
-    """The positives among a user's earlier ``events`` and their share (null without any)."""
+def _label_history(frame: DataFrame, positives: Column, events: Column) -> dict[str, Column]:
+    """The positives among a user's earlier ``events`` and their share (null without any);
+    counted over ``frame``'s rows, plus the user's events before them where an incremental
+    run says how many (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``)."""
+    if EARLIER_EVENTS in frame.columns:
+        positives = F.coalesce(positives, F.lit(0)) + F.col(EARLIER_POSITIVES)
+        events = events + F.col(EARLIER_EVENTS)
     return {PRIOR_POSITIVES: F.coalesce(positives, F.lit(0)).cast("double"),
             PRIOR_POSITIVE_RATE: F.when(events > 0, F.coalesce(positives, F.lit(0)) / events)
             .cast("double")}
@@ -106,7 +114,7 @@ class LagFeatures(FeatureOp):
             latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
             columns["user_prev_item"] = F.coalesce(latest[self.item_column],
                                                    F.lit(PADDING_ID).cast("long"))
-            columns.update(_label_history(F.sum(LABEL).over(before), earlier))
+            columns.update(_label_history(events, F.sum(LABEL).over(before), earlier))
         return events.withColumns(columns)
 
     def _frames_to_current_row(self, events: DataFrame, scope: str,
@@ -138,9 +146,15 @@ class LagFeatures(FeatureOp):
             so_far = by_time.rangeBetween(Window.unboundedPreceding, 0)
             now = by_time.rangeBetween(0, 0)
             columns.update(_label_history(
-                F.sum(LABEL).over(so_far) - F.sum(LABEL).over(now),
+                events, F.sum(LABEL).over(so_far) - F.sum(LABEL).over(now),
                 F.count(F.lit(1)).over(so_far) - at_instant))
         return events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
+
+    def lookback(self) -> Lookback:
+        """The windows' span; the latest earlier event (the seconds since it, its item) and
+        the label history before the rows given come with every row an incremental run
+        gives (``_label_history``)."""
+        return Lookback(span_us=max(duration_seconds(w) for w in self.windows) * MICROS)
 
     def features(self) -> list[FeatureSpec]:
         specs = []

@@ -36,6 +36,7 @@ class NormalizeSettings(OpSettings):
 
 class Normalize(FeatureOp):
     name = "normalize"
+    fitted = True
 
     def __init__(self, columns: list[str], fill: str = "mean", log1p: bool = True) -> None:
         super().__init__()

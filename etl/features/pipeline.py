@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -15,6 +17,7 @@ from featureline.etl.features.base import (
     TS_MICROS,
     FeatureOp,
     FeatureSpec,
+    Lookback,
     epoch_micros,
 )
 from featureline.etl.features.model_ready import ModelReady
@@ -36,24 +39,68 @@ class FeaturePipeline:
         self.model_ready = ModelReady(self._op_features(), config.model_ready)
         self._featured: DataFrame | None = None
 
-    def fit_transform(self, events: DataFrame) -> DataFrame:
-        """Fit every op on the training rows of ``events``, then transform all rows.
-
-        Statistics come from the raw columns only; ops that use an earlier op's output (history
-        and lag_features use the item ids categorify assigns) are stateless, so transforms
-        chain in the configured order. Then the model-ready step fits on the derived features
-        of the training rows, so those are computed once and cached for the writes after it.
-        """
+    def fit(self, events: DataFrame) -> DataFrame:
+        """Fit every op on the training rows of ``events``; ``events`` come back with the
+        time key the windows order by. Statistics come from the raw columns only."""
         events = events.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
             op.fit(train)
+        return events
+
+    def fit_transform(self, events: DataFrame) -> DataFrame:
+        """Fit every op on the training rows of ``events``, then transform all rows.
+
+        Ops that use an earlier op's output (history and lag_features use the item ids
+        categorify assigns) are not fitted, so transforms chain in the configured order.
+        Then the model-ready step fits on the derived features of the training rows, so those
+        are computed once and cached for the writes after it.
+        """
+        events = self.fit(events)
         for op in self.ops:
             events = op.transform(events)
+        return self._model_ready(events)
+
+    def kept_features(self) -> list[str]:
+        """The outputs of the ops without fitted statistics: an event's values never move
+        once computed (docs/ARCHITECTURE.md, "Incremental runs")."""
+        return [spec.name for op in self.ops if not op.fitted for spec in op.features()]
+
+    def lookback(self) -> Lookback:
+        """The earlier events of a user the kept features read."""
+        return functools.reduce(operator.or_, (op.lookback() for op in self.ops), Lookback())
+
+    def transform_kept(self, rows: DataFrame) -> DataFrame:
+        """``rows`` (with the time key) and the kept features: categorify's ids are added
+        for the window ops to read, then dropped again."""
+        categorify = next((op for op in self.ops if op.name == "categorify"), None)
+        given = rows.columns
+        if categorify is not None:
+            rows = categorify.transform(rows)
+        for op in self.ops:
+            if not op.fitted:
+                rows = op.transform(rows)
+        return rows.select(*given, *self.kept_features())
+
+    def transform_fitted(self, rows: DataFrame) -> DataFrame:
+        """The fitted ops' outputs for ``rows`` that hold the kept features, then the
+        model-ready step: what ``fit_transform`` gives for the same events."""
+        for op in self.ops:
+            if op.fitted:
+                rows = op.transform(rows)
+        return self._model_ready(rows)
+
+    def _model_ready(self, events: DataFrame) -> DataFrame:
         featured = events.drop(TS_MICROS).persist(StorageLevel.MEMORY_AND_DISK)
         self._featured = featured
         self.model_ready.fit(featured.where(F.col(SPLIT) == TRAIN))
         return self.model_ready.transform(featured)
+
+    def featured(self) -> DataFrame:
+        """The rows the last transform cached: every op's raw output, before the model-ready
+        step."""
+        assert self._featured is not None, "transform first"
+        return self._featured
 
     def _op_features(self) -> list[FeatureSpec]:
         return [spec for op in self.ops for spec in op.features()]

@@ -59,6 +59,7 @@ class TargetEncodeSettings(OpSettings):
 
 class TargetEncode(FeatureOp):
     name = "target_encode"
+    fitted = True
 
     def __init__(self, columns: list[str], folds: int = 5, smoothing: float = 20.0) -> None:
         super().__init__()
