@@ -20,6 +20,7 @@ from featureline.etl.features.base import (
     Lookback,
     epoch_micros,
 )
+from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.model_ready import ModelReady
 from featureline.etl.short_names import assign_short_names
 
@@ -73,7 +74,7 @@ class FeaturePipeline:
     def transform_kept(self, rows: DataFrame) -> DataFrame:
         """``rows`` (with the time key) and the kept features: categorify's ids are added
         for the window ops to read, then dropped again."""
-        categorify = next((op for op in self.ops if op.name == "categorify"), None)
+        categorify = self.op(Categorify)
         given = rows.columns
         if categorify is not None:
             rows = categorify.transform(rows)
