@@ -34,15 +34,7 @@ from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
-from featureline.etl.features.base import (
-    LABEL,
-    SPLIT,
-    TRAIN,
-    TS_MICROS,
-    VALID,
-    FeatureSpec,
-    epoch_micros,
-)
+from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec, with_time_key
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.incremental import (
@@ -73,9 +65,7 @@ from featureline.etl.vocabulary import (
 logger = logging.getLogger("featureline.etl")
 
 KEYS = ("user_id", "item_id", "ts")
-# Beside the new rows of an incremental run: 1 for a row of the output's state; a new event
-# older than the state's latest.
-HELD = "_held"
+# Beside the new rows of an incremental run: an event older than the state's latest.
 LATE = "_late"
 # The reasons metadata.json counts quarantined rows by: the validation's, and an incremental
 # run's late events (0 in a full run).
@@ -264,15 +254,14 @@ def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
     held = ingest.matching(events, held_events, config, broadcast=True)
     fresh = (ingest.matching(events, held_events, config, broadcast=True, anti=True)
              .withColumn(LATE, F.col("ts") < F.lit(state.latest)))
-    refused = (fresh.where(F.col(LATE)) if not config.incremental.allow_late
-               else fresh.limit(0))
+    # Late events are kept (``LATE`` still says which) where they are allowed.
+    refuse = F.col(LATE) & F.lit(not config.incremental.allow_late)
     fresh_events, late_events, late_rows = fresh.agg(
-        F.count(F.lit(1)), F.count_if(F.col(LATE)),
-        F.sum(F.when(F.col(LATE), F.col(ingest.COPIES)))).collect()[0]
-    late_rows = int(late_rows or 0) if not config.incremental.allow_late else 0
-    late_events = late_events if not config.incremental.allow_late else 0
+        F.count(F.lit(1)), F.count_if(refuse),
+        F.sum(F.when(refuse, F.col(ingest.COPIES)))).collect()[0]
+    late_rows = int(late_rows or 0)
     accepted = fresh_events - late_events
-    kept = fresh.where(~F.col(LATE)) if not config.incremental.allow_late else fresh
+    refused, kept = fresh.where(refuse), fresh.where(~refuse)
     quarantine = (read_as_written(spark, output / "quarantine")
                   .unionByName(ingest.quarantined(validated)))
     if late_rows:
@@ -340,11 +329,10 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: 
     pipeline.fit(events)
     work = staging / WORK_DIR
     columns = [*ingest.event_columns(config), LABEL]
-    new = reread(new.select(*columns, LATE).withColumn(TS_MICROS, epoch_micros(F.col("ts"))),
-                 work / "new", files=None)
+    new = reread(with_time_key(new.select(*columns, LATE)), work / "new", files=None)
     dirty = reread(dirty_users(pipeline, stored, new), work / "dirty")
-    rows = reread(window_rows(stored.select(*columns).withColumn(TS_MICROS, epoch_micros(
-        F.col("ts"))), new.drop(LATE), dirty, pipeline.lookback()), work / "rows", files=None)
+    rows = reread(window_rows(with_time_key(stored.select(*columns)), new.drop(LATE), dirty,
+                              pipeline.lookback()), work / "rows", files=None)
     kept = state_columns(pipeline, config)
     computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
     state_rows = write_state_events(
@@ -352,8 +340,8 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: 
         .unionByName(computed), staging)
     shutil.rmtree(work)
     valid_from = datetime.fromisoformat(split["valid_from"])
-    featured = pipeline.transform_fitted(state_rows.withColumns(
-        {SPLIT: split_column(valid_from), TS_MICROS: epoch_micros(F.col("ts"))}))
+    featured = pipeline.transform_fitted(
+        with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from)))
     return featured, state_rows
 
 

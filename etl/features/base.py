@@ -49,6 +49,11 @@ def epoch_micros(ts: Column) -> Column:
     return seconds * MICROS + fraction
 
 
+def with_time_key(frame: DataFrame) -> DataFrame:
+    """``frame`` with ``TS_MICROS``, the key the time windows order and range by."""
+    return frame.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
+
+
 def plans_for_gpu(spark: SparkSession) -> bool:
     """The session runs the RAPIDS Accelerator (or plans for it, in explain-only mode): ops
     whose fastest CPU formulation the plugin does not run choose another, same values."""

@@ -18,7 +18,7 @@ from featureline.etl.features.base import (
     FeatureOp,
     FeatureSpec,
     Lookback,
-    epoch_micros,
+    with_time_key,
 )
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.model_ready import ModelReady
@@ -43,7 +43,7 @@ class FeaturePipeline:
     def fit(self, events: DataFrame) -> DataFrame:
         """Fit every op on the training rows of ``events``; ``events`` come back with the
         time key the windows order by. Statistics come from the raw columns only."""
-        events = events.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
+        events = with_time_key(events)
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
             op.fit(train)
