@@ -48,8 +48,14 @@ STATE_VERSION = 2
 LATE_EVENT = "late_event"
 # Beside the rows the kept features are computed over: whether the result is the output's.
 KEEP = "_keep"
+# Per user of an incremental run: the time key of the user's earliest event whose kept
+# features the run computes (again).
+START = "_start"
+# Per user of an incremental run: the time key from which its kept rows' features read its
+# stored events before its ``START``.
+CUT = "_cut"
 # Before any event (microseconds since the epoch).
-_EARLIEST = -(2**62)
+EARLIEST = -(2**62)
 
 
 def values_hash(config: EtlConfig) -> str:
@@ -149,43 +155,72 @@ def dated(path: str, now: datetime | None = None) -> str:
             .replace("{today}", f"{now:%Y-%m-%d}"))
 
 
-def window_rows(stored: DataFrame, new: DataFrame, dirty: DataFrame,
-                lookback: Lookback) -> DataFrame:
-    """The rows an incremental run computes the kept features over (docs/ARCHITECTURE.md,
-    "Incremental runs"), ``KEEP`` true where the result is the output's: the new events and
-    every stored event of a ``dirty`` user (one whose stored features moved). For the new
-    events' other users, only the stored events their features read (``KEEP`` false): those
-    within ``lookback`` of the user's first new event, the rows of the user's latest instant,
-    and the latest event of each (user, item) pair the new events hold; with, per user, the
-    events and positives before those (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``).
-
-    ``stored`` and ``new`` hold the event columns, the label and the time key."""
-    touched = new.select("user_id").distinct().join(dirty, "user_id", "left_anti")
-    theirs = stored.join(F.broadcast(touched), "user_id", "left_semi")
+def cuts(stored: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
+    """Per user ``starts`` names, beside its ``START``: ``CUT``, the time key from which the
+    features of the user's kept rows read its stored events before the start
+    (docs/ARCHITECTURE.md, "Incremental runs"): those within ``lookback`` of the start, the
+    rows of the latest instant before it, and the ``lookback.rows`` before those. A user
+    without stored events before its start has no ``CUT``. ``stored`` holds the time key."""
+    earlier = (stored.select("user_id", TS_MICROS).join(starts, "user_id")
+               .where(F.col(TS_MICROS) < F.col(START)))
     times = F.sort_array(F.collect_list(TS_MICROS), asc=False)
-    summary = theirs.groupBy("user_id").agg(F.max(TS_MICROS).alias("_last"),
-                                             times.alias("_times"))
-    first_new = new.groupBy("user_id").agg(F.min(TS_MICROS).alias("_first"))
-    # The rows before the event: the 2K before the first new one may start before the rows
-    # of the user's latest instant, which can sort after it.
-    at_last = F.size(F.filter("_times", lambda t: t == F.col("_times")[0]))
-    by_rows = F.coalesce(F.try_element_at("_times", F.lit(lookback.rows) + at_last),
-                         F.lit(_EARLIEST))
-    cut = F.least(F.col("_last"), F.col("_first") - F.lit(lookback.span_us), by_rows)
-    cuts = summary.join(first_new, "user_id").select("user_id", cut.alias("_cut"))
-    marked = theirs.join(F.broadcast(cuts), "user_id")
-    before = marked.where(F.col(TS_MICROS) < F.col("_cut")).drop("_cut")
-    pairs = new.select("user_id", "item_id").distinct()
-    pair_latest = (before.join(pairs, ["user_id", "item_id"], "left_semi")
+    summary = earlier.groupBy("user_id").agg(times.alias("_times"))
+    # The rows before the start: the 2K before it may start before the rows of the user's
+    # latest earlier instant, which can sort after it.
+    at_latest = F.size(F.filter("_times", lambda t: t == F.col("_times")[0]))
+    by_rows = F.coalesce(F.try_element_at("_times", F.lit(lookback.rows) + at_latest),
+                         F.lit(EARLIEST))
+    cut = F.least(F.col("_times")[0], F.col(START) - F.lit(lookback.span_us), by_rows)
+    return (starts.join(summary, "user_id", "left")
+            .select("user_id", START, F.when(F.size("_times") > 0, cut).alias(CUT)))
+
+
+def kept_rows(stored: DataFrame, new: DataFrame, cut: DataFrame) -> DataFrame:
+    """The events whose kept features an incremental run computes: the new ones and each
+    user's stored ones from its ``START`` on. ``stored`` and ``new`` hold the event columns,
+    the label and the time key; ``cut`` is ``cuts``'."""
+    again = (stored.join(cut.select("user_id", START), "user_id")
+             .where(F.col(TS_MICROS) >= F.col(START)).drop(START))
+    return new.unionByName(again)
+
+
+def window_rows(stored: DataFrame, kept: DataFrame, cut: DataFrame, *,
+                broadcast: bool) -> DataFrame:
+    """The rows an incremental run computes the kept features over: the ``kept_rows``
+    (``KEEP`` true: their results are the output's); beside them the stored events they read
+    (from the user's ``CUT`` to its ``START``) and the latest earlier event of each (user,
+    item) pair the kept rows hold; with, per user, the events and positives before those
+    (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``). The kept rows' pairs are broadcast where
+    ``broadcast``: no shuffle of the events before the cut."""
+    theirs = (stored.join(cut.where(F.col(CUT).isNotNull()), "user_id")
+              .where(F.col(TS_MICROS) < F.col(START)))
+    context = theirs.where(F.col(TS_MICROS) >= F.col(CUT)).drop(START, CUT)
+    before = theirs.where(F.col(TS_MICROS) < F.col(CUT)).drop(START, CUT)
+    pairs = kept.select("user_id", "item_id").distinct()
+    pair_latest = (before.join(F.broadcast(pairs) if broadcast else pairs,
+                               ["user_id", "item_id"], "left_semi")
                    .groupBy("user_id", "item_id").agg(F.max(TS_MICROS).alias(TS_MICROS)))
-    pair_keys = ["user_id", "item_id", TS_MICROS]
-    context = (marked.where(F.col(TS_MICROS) >= F.col("_cut")).drop("_cut")
-               .unionByName(before.join(pair_latest, pair_keys, "left_semi")))
-    earlier = before.join(pair_latest, pair_keys, "left_anti").groupBy("user_id").agg(
-        F.count(F.lit(1)).alias(EARLIER_EVENTS), F.sum(LABEL).alias(EARLIER_POSITIVES))
-    rows = (context.withColumn(KEEP, F.lit(False))
-            .unionByName(new.withColumn(KEEP, F.lit(True)))
-            .unionByName(stored.join(F.broadcast(dirty), "user_id", "left_semi")
-                         .withColumn(KEEP, F.lit(True))))
+    latest_rows = before.join(F.broadcast(pair_latest) if broadcast else pair_latest,
+                              ["user_id", "item_id", TS_MICROS], "left_semi")
+    def tally(rows: DataFrame, events: str, positives: str) -> DataFrame:
+        return rows.groupBy("user_id").agg(F.count(F.lit(1)).alias(events),
+                                           F.sum(LABEL).alias(positives))
+
+    # The events before the cut less the pairs' latest ones, which the rows hold.
+    read = tally(latest_rows, "_read_events", "_read_positives")
+    earlier = tally(before, EARLIER_EVENTS, EARLIER_POSITIVES).join(read, "user_id", "left")
+    earlier = earlier.select("user_id", *(
+        (F.col(total) - F.coalesce(F.col(part), F.lit(0))).alias(total)
+        for total, part in ((EARLIER_EVENTS, "_read_events"),
+                            (EARLIER_POSITIVES, "_read_positives"))))
+    rows = (context.unionByName(latest_rows).withColumn(KEEP, F.lit(False))
+            .unionByName(kept.withColumn(KEEP, F.lit(True))))
     return (rows.join(earlier, "user_id", "left")
             .fillna({EARLIER_EVENTS: 0, EARLIER_POSITIVES: 0}))
+
+
+def unchanged(stored: DataFrame, starts: DataFrame) -> DataFrame:
+    """The stored events ``window_rows`` does not compute again: those before their user's
+    ``START``, and every event of the users ``starts`` does not name."""
+    return (stored.join(starts, "user_id", "left")
+            .where(F.col(START).isNull() | (F.col(TS_MICROS) < F.col(START))).drop(START))

@@ -34,20 +34,32 @@ from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
-from featureline.etl.features.base import LABEL, SPLIT, TRAIN, VALID, FeatureSpec, with_time_key
+from featureline.etl.features.base import (
+    LABEL,
+    SPLIT,
+    TRAIN,
+    TS_MICROS,
+    VALID,
+    FeatureSpec,
+    with_time_key,
+)
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.incremental import (
     EVENTS_DIR,
     KEEP,
     LATE_EVENT,
+    START,
     STATE_DIR,
     WORK_DIR,
     State,
     check_compatible,
     cumulative,
+    cuts,
+    kept_rows,
     read_state,
     stored_events,
+    unchanged,
     window_rows,
     write_state,
     write_state_events,
@@ -65,13 +77,16 @@ from featureline.etl.vocabulary import (
 logger = logging.getLogger("featureline.etl")
 
 KEYS = ("user_id", "item_id", "ts")
-# Beside the new rows of an incremental run: an event older than the state's latest.
+# Beside the new rows of an incremental run's ingest: an event older than the state's latest.
 LATE = "_late"
 # The reasons metadata.json counts quarantined rows by: the validation's, and an incremental
 # run's late events (0 in a full run).
 QUARANTINE_REASONS = (*REASONS, LATE_EVENT)
 # Seconds between progress lines while a stage runs.
 PROGRESS_EVERY_S = 5.0
+# Up to this many events an incremental run computes kept features for, their (user, item)
+# pairs are broadcast to find the pairs' latest stored events.
+BROADCAST_KEPT = 1_000_000
 SPARK_TYPES = {"categorical": "long", "continuous": "float", "multi_hot": "array<long>"}
 
 
@@ -230,11 +245,11 @@ def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
                         cached: list[DataFrame], state: State, output: Path
                         ) -> tuple[DataFrame, dict[str, Any]]:
     """``_ingest`` of the new raw files against the ``state`` of ``output``: the new events
-    come back, labelled and cached, ``LATE`` where dated before the state's latest. A new
-    copy of an event the state holds is a duplicate (listed with the stored event as the
-    kept one); a late event is quarantined as ``late_event`` unless late events are allowed;
-    the quarantine and duplicates lists are the output's and this run's
-    (docs/ARCHITECTURE.md, "Incremental runs")."""
+    come back, labelled and cached (an allowed late event among them). A new copy of an event
+    the state holds is a duplicate (listed with the stored event as the kept one); a late
+    event is quarantined as ``late_event`` unless late events are allowed; the quarantine
+    and duplicates lists are the output's and this run's (docs/ARCHITECTURE.md, "Incremental
+    runs")."""
     validated, counts = _validated(spark, config, cached)
     read = sum(counts.values())
     valid_rows = counts.pop(None, 0)
@@ -283,7 +298,7 @@ def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
     rows = cumulative(state.rows, {"read": read, "accepted": accepted,
                                    "duplicates": duplicates,
                                    "quarantined": {**quarantined, LATE_EVENT: late_rows}})
-    return kept.drop(ingest.COPIES), rows
+    return kept.drop(ingest.COPIES, LATE), rows
 
 
 def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, Any]]:
@@ -321,23 +336,27 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: 
                           new: DataFrame, split: dict[str, Any], config: EtlConfig,
                           staging: Path) -> tuple[DataFrame, DataFrame]:
     """``_features`` of an incremental run: the ops are fitted over every event, the kept
-    features computed for the new events and the stored events of ``dirty`` users only
-    (``window_rows``), the others' read from the state; the state's rows are written, then
-    the fitted ops and the model-ready step run over them (docs/ARCHITECTURE.md,
-    "Incremental runs"). The new events, the dirty users and the window's rows are written
-    under ``staging`` while the stage runs and read back: plans on them start from files."""
+    features computed for the new events and the stored events from each user's start on
+    (``starts``, ``window_rows``), the others' read from the state; the state's rows are
+    written, then the fitted ops and the model-ready step run over them (docs/ARCHITECTURE.md,
+    "Incremental runs"). The new events, the starts and the window's rows are written under
+    ``staging`` while the stage runs and read back: plans on them start from files."""
     pipeline.fit(events)
     work = staging / WORK_DIR
     columns = [*ingest.event_columns(config), LABEL]
-    new = reread(with_time_key(new.select(*columns, LATE)), work / "new", files=None)
-    dirty = reread(dirty_users(pipeline, stored, new), work / "dirty")
-    rows = reread(window_rows(with_time_key(stored.select(*columns)), new.drop(LATE), dirty,
-                              pipeline.lookback()), work / "rows", files=None)
+    new = reread(with_time_key(new.select(*columns)), work / "new", files=None)
+    stored = with_time_key(stored)
+    begins = reread(starts(pipeline, stored, new), work / "starts")
+    stored_rows = stored.select(*columns, TS_MICROS)
+    cut = reread(cuts(stored_rows, begins, pipeline.lookback()), work / "cuts")
+    kept_events = reread(kept_rows(stored_rows, new, cut), work / "kept", files=None)
+    rows = reread(window_rows(stored_rows, kept_events, cut,
+                              broadcast=kept_events.count() <= BROADCAST_KEPT),
+                  work / "rows", files=None)
     kept = state_columns(pipeline, config)
     computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
     state_rows = write_state_events(
-        stored.join(F.broadcast(dirty), "user_id", "left_anti").select(*kept)
-        .unionByName(computed), staging)
+        unchanged(stored, begins).select(*kept).unionByName(computed), staging)
     shutil.rmtree(work)
     valid_from = datetime.fromisoformat(split["valid_from"])
     featured = pipeline.transform_fitted(
@@ -345,17 +364,18 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: 
     return featured, state_rows
 
 
-def dirty_users(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> DataFrame:
-    """The users whose stored kept features a full run would give otherwise: those with a
-    late new event (allowed), and those with a stored event of an item this run's
-    vocabulary numbers for the first time (encoded OOV in their history before)."""
-    late = new.where(F.col(LATE)).select("user_id")
+def starts(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> DataFrame:
+    """Per user, the earliest event whose kept features this run computes (``START``, its
+    time key): the user's first new event (before stored ones where late), or an earlier
+    stored event of an item this run's vocabulary numbers for the first time (its id was
+    the OOV id in the history and previous item of the user's later events)."""
+    first = new.select("user_id", TS_MICROS)
     categorify = pipeline.op(Categorify)
     if isinstance(categorify, Categorify) and "item_id" in categorify.columns:
         added = categorify.added("item_id").select(F.col("value").alias("item_id"))
-        late = late.unionByName(stored.join(F.broadcast(added), "item_id", "left_semi")
-                                .select("user_id"))
-    return late.distinct()
+        first = first.unionByName(stored.join(F.broadcast(added), "item_id", "left_semi")
+                                  .select("user_id", TS_MICROS))
+    return first.groupBy("user_id").agg(F.min(TS_MICROS).alias(START))
 
 
 def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,

@@ -24,8 +24,10 @@ NEW_DAYS = ("2026-01-09", "2026-01-10")
 def _split_log(log: Path, folder: Path) -> dict[str, Path]:
     """The small log as two raw files, the days before the new ones (and every line without
     a readable day) and the new days, plus in the new file: an exact copy of an old event
-    (a duplicate across runs), an old event of a new item (late), and the first event of a
-    new user with a new category."""
+    (a duplicate across runs), an old event of a new item (late), the first event of a new
+    user with a new category, and two events of a user back after weeks away (their new
+    events' history and item recency read events older than every time window, some at one
+    instant)."""
     folder.mkdir()
     old, new = [], []
     for line in log.read_text().splitlines():
@@ -39,11 +41,28 @@ def _split_log(log: Path, folder: Path) -> dict[str, Path]:
     # In the training split once the new days are in (vocabularies are fitted on it).
     newcomer = {**json.loads(new[-1]), "user_id": "u-new", "category": "c-new",
                 "ts": "2026-01-09T20:00:00Z"}
-    new += [old[0], json.dumps(late), json.dumps(newcomer)]
+    away = [{**event, "user_id": "u-back", "ts": f"2025-12-1{index % 3}T10:{index // 2:02d}:00Z"}
+            for index, event in enumerate(_events(old[:200])[:25])]
+    back = [{**away[3], "ts": "2026-01-09T08:00:00Z"}, {**away[20], "ts": "2026-01-10T09:00:00Z"}]
+    old += map(json.dumps, away)
+    new += [old[0], json.dumps(late), json.dumps(newcomer), *map(json.dumps, back)]
     paths = {"old": folder / "events-old.jsonl", "new": folder / "events-new.jsonl"}
     paths["old"].write_text("\n".join(old) + "\n")
     paths["new"].write_text("\n".join(new) + "\n")
     return paths
+
+
+def _events(lines: list[str]) -> list[dict]:
+    """The lines that are JSON objects, parsed (the small log holds broken ones too)."""
+    events = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 def _table(path: Path) -> pa.Table:
