@@ -18,8 +18,10 @@ every stored event — so every table equals a full run's that extends the same 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -36,15 +38,17 @@ from featureline.etl.features.base import (
     TS_MICROS,
     Lookback,
 )
-from featureline.etl.outputs import read_as_written, reread, write_json
+from featureline.etl.outputs import read_as_written, write_json, write_parquet
 
 STATE_DIR = "state"
 STATE_FILE = "state.json"
 EVENTS_DIR = "events"
 # What an incremental run writes while its features stage runs (gone before the output is).
 WORK_DIR = "_work"
+# The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
+DAY = "state_day"
 # Raised when what the state holds, or how, changes: an older state is refused.
-STATE_VERSION = 2
+STATE_VERSION = 3
 LATE_EVENT = "late_event"
 # Beside the rows the kept features are computed over: whether the result is the output's.
 KEEP = "_keep"
@@ -115,9 +119,15 @@ def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
             f"--refit-vocabularies and --vocabulary-from start another lineage: {way_out}")
 
 
-def stored_events(spark: SparkSession, state: State, columns: list[str]) -> DataFrame:
-    """The state's events (``columns`` of them), as they were written."""
-    return read_as_written(spark, state.events).select(*columns)
+def stored_events(spark: SparkSession, state: State, columns: list[str],
+                  since: datetime | None = None) -> DataFrame:
+    """The state's events (``columns`` of them), as they were written; only those from
+    ``since`` on where given (the days before are not read)."""
+    events = read_as_written(spark, state.events)
+    if since is not None:
+        events = events.where((F.col(DAY) >= F.lit(since.date()))
+                              & (F.col("ts") >= F.lit(since)))
+    return events.select(*columns)
 
 
 def cumulative(previous: dict[str, Any], this_run: dict[str, Any]) -> dict[str, Any]:
@@ -130,10 +140,41 @@ def cumulative(previous: dict[str, Any], this_run: dict[str, Any]) -> dict[str, 
             "quarantined": reasons, "this_run": this_run}
 
 
+def with_day(events: DataFrame) -> DataFrame:
+    """``events`` with ``DAY``, the UTC date of each (the session's time zone is UTC)."""
+    return events.withColumn(DAY, F.to_date("ts"))
+
+
 def write_state_events(events: DataFrame, staging: Path) -> DataFrame:
     """The state's events (each with its label and kept features) written into the output
-    being written, and read back from there."""
-    return reread(events, staging / STATE_DIR / EVENTS_DIR, files=None)
+    being written, a folder per day (``DAY``), and read back from there."""
+    write_parquet(with_day(events), staging / STATE_DIR / EVENTS_DIR, files=None,
+                  partition_by=DAY)
+    return read_as_written(events.sparkSession, staging / STATE_DIR / EVENTS_DIR)
+
+
+def extend_state_events(state: State, events: DataFrame, since: date,
+                        staging: Path) -> DataFrame:
+    """The state's events after an incremental run: the stored days before ``since``
+    unchanged, their files linked into the output being written (copied where the
+    filesystem links none), and ``events``, every event from ``since`` on, written; the
+    whole read back."""
+    folder = staging / STATE_DIR / EVENTS_DIR
+    for day in sorted(state.events.glob(f"{DAY}=*")):
+        if date.fromisoformat(day.name.partition("=")[2]) < since:
+            (folder / day.name).mkdir(parents=True)
+            for file in day.iterdir():
+                link_or_copy(file, folder / day.name / file.name)
+    write_parquet(with_day(events), folder, files=None, partition_by=DAY, mode="append")
+    return read_as_written(events.sparkSession, folder)
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` the same file as ``source`` (a hard link: no bytes copied), or a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,

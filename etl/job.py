@@ -36,6 +36,7 @@ from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
 from featureline.etl.features.base import (
     LABEL,
+    MICROS,
     SPLIT,
     TRAIN,
     TS_MICROS,
@@ -56,6 +57,7 @@ from featureline.etl.incremental import (
     check_compatible,
     cumulative,
     cuts,
+    extend_state_events,
     kept_rows,
     read_state,
     stored_events,
@@ -259,9 +261,9 @@ def _ingest_incremental(spark: SparkSession, config: EtlConfig, staging: Path,
                                  config, cached)
     # The stored copies of new events: only stored events as old as the new ones are read.
     earliest = events.agg(F.min(F.col("ts").cast("long"))).collect()[0][0]
-    stored = stored_events(spark, state, columns)
-    stored = (stored.where(F.col("ts") >= F.lit(datetime.fromtimestamp(earliest, timezone.utc)))
-              if earliest is not None else stored.limit(0))
+    stored = (stored_events(spark, state, columns,
+                            since=datetime.fromtimestamp(earliest, timezone.utc))
+              if earliest is not None else stored_events(spark, state, columns).limit(0))
     held_events = ingest.matching(stored, events, config,
                                   broadcast=distinct <= ingest.BROADCAST_DUPLICATES)
     held_events = held_events.persist(StorageLevel.MEMORY_AND_DISK)
@@ -332,9 +334,9 @@ def state_columns(pipeline: FeaturePipeline, config: EtlConfig) -> list[str]:
     return [*ingest.event_columns(config), LABEL, *pipeline.kept_features()]
 
 
-def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: DataFrame,
-                          new: DataFrame, split: dict[str, Any], config: EtlConfig,
-                          staging: Path) -> tuple[DataFrame, DataFrame]:
+def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: State,
+                          stored: DataFrame, new: DataFrame, split: dict[str, Any],
+                          config: EtlConfig, staging: Path) -> tuple[DataFrame, DataFrame]:
     """``_features`` of an incremental run: the ops are fitted over every event, the kept
     features computed for the new events and the stored events from each user's start on
     (``starts``, ``window_rows``), the others' read from the state; the state's rows are
@@ -355,8 +357,15 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, stored: 
                   work / "rows", files=None)
     kept = state_columns(pipeline, config)
     computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
-    state_rows = write_state_events(
-        unchanged(stored, begins).select(*kept).unionByName(computed), staging)
+    # The stored days before the earliest start keep their files (all of them without one).
+    first = begins.agg(F.min(START)).collect()[0][0]
+    since = (datetime.fromtimestamp(first // MICROS, timezone.utc) if first is not None
+             else state.latest + timedelta(days=1))
+    since = since.replace(hour=0, minute=0, second=0, microsecond=0)
+    recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
+    state_rows = extend_state_events(
+        state, unchanged(recent, begins).select(*kept).unionByName(computed), since.date(),
+        staging)
     shutil.rmtree(work)
     valid_from = datetime.fromisoformat(split["valid_from"])
     featured = pipeline.transform_fitted(
@@ -483,8 +492,8 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.FEATURES) as stage:
                 featured, state_rows = (
                     _features(pipeline, events, config) if state is None
-                    else _features_incremental(pipeline, events, stored, new, split, config,
-                                               staging))
+                    else _features_incremental(pipeline, events, state, stored, new, split,
+                                               config, staging))
                 specs = pipeline.features()
                 stage.summary = f"{len(specs)} features"
             with timer(stages.WRITE_EXAMPLES) as stage:

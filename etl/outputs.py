@@ -30,11 +30,12 @@ def local_path(path: str) -> Path:
 
 
 def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,
-                  partition_by: str | None = None) -> None:
-    """Write ``frame`` as Parquet; ``files=1`` makes a table small readers open in one go."""
+                  partition_by: str | None = None, mode: str = "errorifexists") -> None:
+    """Write ``frame`` as Parquet; ``files=1`` makes a table small readers open in one go;
+    ``mode="append"`` adds files (and partitions) to a table."""
     if files is not None:
         frame = frame.coalesce(files)
-    writer = frame.write.mode("errorifexists")
+    writer = frame.write.mode(mode)
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(str(path))
@@ -53,7 +54,7 @@ def read_as_written(spark: SparkSession, path: Path) -> DataFrame:
     written: Spark reads every column of a file as nullable, so the tables written from it
     would declare as optional what the same job writes as required from its own rows."""
     frame = spark.read.parquet(str(path))
-    first = min(path.glob("*.parquet"))
+    first = min(path.rglob("*.parquet"))
     written = from_arrow_schema(pq.read_schema(first))
     return frame.withColumns({field.name: _required(F.col(field.name), field.dataType)
                               for field in written if not field.nullable})

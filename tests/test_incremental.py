@@ -193,10 +193,18 @@ def test_late_events_are_quarantined_unless_allowed(runs, spark):
 
 def test_a_day_run_twice_changes_nothing(runs, spark):
     """Its rows are duplicates of the events the first run stored (not late ones, though
-    they are older than the output's latest)."""
+    they are older than the output's latest); no stored day changes, so every state file
+    is the one before (linked into the new output, not written again)."""
     output = runs["root"] / "twice"
     shutil.copytree(runs["incremental"].output, output)
+
+    def state_files() -> dict[Path, int]:
+        return {path.relative_to(output): path.stat().st_ino
+                for path in (output / STATE_DIR / "events").rglob("*.parquet")}
+
+    before = state_files()
     again = job.run(_new_day(runs, output, allow_late=False), spark, progress=lambda _: None)
+    assert before and state_files() == before
     first, this_run = runs["incremental"].metadata["rows"]["this_run"], again.metadata[
         "rows"]["this_run"]
     assert this_run["accepted"] == 0 and this_run["quarantined"][LATE_EVENT] == 0
