@@ -3,16 +3,18 @@ its output, and produces what a full run over every raw file would (docs/ARCHITE
 "Incremental runs").
 
 Every run writes ``state/`` into its output: the accepted events — validated, typed, every
-exact duplicate once — each with its label and kept features (the outputs of the ops without
-fitted statistics), as Parquet, and ``state.json`` (the state's version, the hash of the
-settings that decide values, the latest event time, the cumulative row accounting). An
-incremental run (``etl run --incremental --input NEW``) validates only ``NEW``, counts an
-event the state already holds as a duplicate (so a day run twice changes nothing),
-quarantines new events older than the state's latest (``late_event``) unless
-``etl.incremental.allow_late``, computes the kept features of the new events over the
-stored events they look back to (``window_rows``), and fits and applies the fitted ops over
-every stored event — so every table equals a full run's that extends the same vocabularies
-(tested table by table). Raw logs of earlier days are never read again.
+exact duplicate once — each with its label and kept features (the outputs of the ops
+without fitted statistics), as Parquet a folder per UTC day, and ``state.json`` (the
+state's version, the hash of the settings that decide values, the latest event time, the
+cumulative row accounting). An incremental run (``etl run --incremental --input NEW``)
+validates only ``NEW``, counts an event the state already holds as a duplicate (so a day
+run twice changes nothing), quarantines new events older than the state's latest
+(``late_event``) unless ``etl.incremental.allow_late``, computes the kept features of the
+new events (and of the stored ones they move) over the stored events they look back to
+(``window_rows``), writes the state's days that changed (``extend_state_events``), and fits
+and applies the fitted ops over every stored event — so every table equals a full run's
+that extends the same vocabularies (tested table by table). Raw logs of earlier days are
+never read again.
 """
 
 from __future__ import annotations

@@ -339,10 +339,11 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
                           config: EtlConfig, staging: Path) -> tuple[DataFrame, DataFrame]:
     """``_features`` of an incremental run: the ops are fitted over every event, the kept
     features computed for the new events and the stored events from each user's start on
-    (``starts``, ``window_rows``), the others' read from the state; the state's rows are
-    written, then the fitted ops and the model-ready step run over them (docs/ARCHITECTURE.md,
-    "Incremental runs"). The new events, the starts and the window's rows are written under
-    ``staging`` while the stage runs and read back: plans on them start from files."""
+    (``starts``, ``window_rows``), the others' read from the state; the state's days from the
+    earliest start on are written (the earlier days' files linked), then the fitted ops and
+    the model-ready step run over every state row (docs/ARCHITECTURE.md, "Incremental runs").
+    The new events, the starts, the cuts, the kept rows and the window's rows are written
+    under ``staging`` while the stage runs and read back: plans on them start from files."""
     pipeline.fit(events)
     work = staging / WORK_DIR
     columns = [*ingest.event_columns(config), LABEL]
