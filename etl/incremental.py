@@ -61,7 +61,7 @@ START = "_start"
 # stored events before its ``START``.
 CUT = "_cut"
 # Before any event (microseconds since the epoch).
-EARLIEST = -(2**62)
+_EARLIEST = -(2**62)
 
 
 def values_hash(config: EtlConfig) -> str:
@@ -147,12 +147,15 @@ def with_day(events: DataFrame) -> DataFrame:
     return events.withColumn(DAY, F.to_date("ts"))
 
 
-def write_state_events(events: DataFrame, staging: Path) -> DataFrame:
+def write_state_events(events: DataFrame, staging: Path, *, append: bool = False
+                       ) -> DataFrame:
     """The state's events (each with its label and kept features) written into the output
-    being written, a folder per day (``DAY``), and read back from there."""
-    write_parquet(with_day(events), staging / STATE_DIR / EVENTS_DIR, files=None,
-                  partition_by=DAY)
-    return read_as_written(events.sparkSession, staging / STATE_DIR / EVENTS_DIR)
+    being written, a folder per day (``DAY``), and read back from there; ``append``: beside
+    the days already there."""
+    folder = staging / STATE_DIR / EVENTS_DIR
+    write_parquet(with_day(events), folder, files=None, partition_by=DAY,
+                  mode="append" if append else "errorifexists")
+    return read_as_written(events.sparkSession, folder)
 
 
 def extend_state_events(state: State, events: DataFrame, since: date,
@@ -167,8 +170,7 @@ def extend_state_events(state: State, events: DataFrame, since: date,
             (folder / day.name).mkdir(parents=True)
             for file in day.iterdir():
                 link_or_copy(file, folder / day.name / file.name)
-    write_parquet(with_day(events), folder, files=None, partition_by=DAY, mode="append")
-    return read_as_written(events.sparkSession, folder)
+    return write_state_events(events, staging, append=True)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -212,7 +214,7 @@ def cuts(stored: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
     # latest earlier instant, which can sort after it.
     at_latest = F.size(F.filter("_times", lambda t: t == F.col("_times")[0]))
     by_rows = F.coalesce(F.try_element_at("_times", F.lit(lookback.rows) + at_latest),
-                         F.lit(EARLIEST))
+                         F.lit(_EARLIEST))
     cut = F.least(F.col("_times")[0], F.col(START) - F.lit(lookback.span_us), by_rows)
     return (starts.join(summary, "user_id", "left")
             .select("user_id", START, F.when(F.size("_times") > 0, cut).alias(CUT)))
@@ -245,13 +247,9 @@ def window_rows(stored: DataFrame, kept: DataFrame, cut: DataFrame, *,
                    .groupBy("user_id", "item_id").agg(F.max(TS_MICROS).alias(TS_MICROS)))
     latest_rows = before.join(F.broadcast(pair_latest) if broadcast else pair_latest,
                               ["user_id", "item_id", TS_MICROS], "left_semi")
-    def tally(rows: DataFrame, events: str, positives: str) -> DataFrame:
-        return rows.groupBy("user_id").agg(F.count(F.lit(1)).alias(events),
-                                           F.sum(LABEL).alias(positives))
-
     # The events before the cut less the pairs' latest ones, which the rows hold.
-    read = tally(latest_rows, "_read_events", "_read_positives")
-    earlier = tally(before, EARLIER_EVENTS, EARLIER_POSITIVES).join(read, "user_id", "left")
+    read = _tally(latest_rows, "_read_events", "_read_positives")
+    earlier = _tally(before, EARLIER_EVENTS, EARLIER_POSITIVES).join(read, "user_id", "left")
     earlier = earlier.select("user_id", *(
         (F.col(total) - F.coalesce(F.col(part), F.lit(0))).alias(total)
         for total, part in ((EARLIER_EVENTS, "_read_events"),
@@ -260,6 +258,12 @@ def window_rows(stored: DataFrame, kept: DataFrame, cut: DataFrame, *,
             .unionByName(kept.withColumn(KEEP, F.lit(True))))
     return (rows.join(earlier, "user_id", "left")
             .fillna({EARLIER_EVENTS: 0, EARLIER_POSITIVES: 0}))
+
+
+def _tally(rows: DataFrame, events: str, positives: str) -> DataFrame:
+    """Per user of ``rows``: how many (``events``) and how many positive (``positives``)."""
+    return rows.groupBy("user_id").agg(F.count(F.lit(1)).alias(events),
+                                       F.sum(LABEL).alias(positives))
 
 
 def unchanged(stored: DataFrame, starts: DataFrame) -> DataFrame:
