@@ -32,7 +32,11 @@ ROLES = ("user_id", "item_id", "event_type", "ts", "value")
 REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")
 # Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
 MILLIS_THRESHOLD = 1e11
-EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?$"
+# Epoch times beyond this many microseconds (the threshold in seconds) are unreadable.
+MAX_EPOCH_MICROS = MILLIS_THRESHOLD * 1_000_000
+# Epoch seconds / milliseconds: plain decimals, or the exponent form in which Spark's JSON
+# reader hands a JSON float to a string column (Java's Double.toString: 1.764085000123E9).
+EPOCH_PATTERN = r"^[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?$"
 _EPOCH = re.compile(EPOCH_PATTERN)
 # What a number's text may hold, as Spark's string → double cast reads it (Python's float()
 # also takes digit separators, which Spark does not).
@@ -74,6 +78,36 @@ class LabelSpec(BaseModel):
     column: str
     op: Literal[">=", ">", "<=", "<", "==", "!=", "in"]
     value: float | str | list[str | float]
+
+
+_COMPARISON = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([^<>=!\s].*?)\s*$")
+_MEMBERSHIP = re.compile(r"^\s*(\w+)\s+in\s*[(\[](.*)[)\]]\s*$", re.IGNORECASE)
+
+
+def _literal(text: str) -> str | float:
+    text = text.strip().strip("'\"")
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_rule(expression: str) -> LabelSpec:
+    """``value >= 4`` or ``event_type in (click, purchase)`` → a rule (the label's and the
+    aggregations' filters); ValueError saying what is wrong."""
+    membership = _MEMBERSHIP.match(expression)
+    if membership:
+        items = [_literal(part) for part in membership.group(2).split(",") if part.strip()]
+        if not items:
+            raise ValueError(f"{expression!r}: 'in' needs at least one value")
+        return LabelSpec(column=membership.group(1), op="in", value=items)
+    comparison = _COMPARISON.match(expression)
+    if comparison:
+        return LabelSpec(column=comparison.group(1),
+                         op=comparison.group(2),  # type: ignore[arg-type]
+                         value=_literal(comparison.group(3)))
+    raise ValueError(f"cannot parse {expression!r}; expected e.g. 'value >= 4' "
+                     "or 'event_type in (click, purchase)'")
 
 
 class EventContract(BaseModel):
@@ -147,17 +181,25 @@ def java_double_text(value: float) -> str:
     return f"{'-' if sign else ''}{shown[0]}.{shown[1:] or '0'}E{power}"
 
 
+def epoch_micros(number: float, unit: str) -> int | None:
+    """Epoch seconds or milliseconds (``unit``: s, ms, or auto by :data:`MILLIS_THRESHOLD`)
+    → microseconds, rounded half up (a float's decimal digits kept to the microsecond: a
+    truncation turns 1764085000.123 into ...122999); None when not finite or too large. The
+    ETL's ``_timestamp`` does the same arithmetic on Spark columns."""
+    millis = unit == "ms" or (unit == "auto" and abs(number) >= MILLIS_THRESHOLD)
+    micros = number * (1_000 if millis else 1_000_000)
+    if math.isnan(micros) or abs(micros) >= MAX_EPOCH_MICROS:
+        return None
+    return math.floor(micros + 0.5)
+
+
 def parse_timestamp(text: str, unit: str) -> datetime | None:
     """ISO-8601 text or epoch seconds / milliseconds → an aware UTC time to the microsecond;
     None when unparseable (the ETL's ``_timestamp``)."""
     if _EPOCH.match(text):
-        number = float(text)
-        seconds = number / 1000 if unit == "ms" or (
-            unit == "auto" and abs(number) >= MILLIS_THRESHOLD) else number
-        if math.isnan(seconds) or abs(seconds) >= MILLIS_THRESHOLD:
-            return None
-        return datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
-            microseconds=int(seconds * 1_000_000))
+        micros = epoch_micros(float(text), unit)
+        return None if micros is None else datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
+            microseconds=micros)
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:
@@ -264,7 +306,17 @@ def event_digest(line: bytes) -> bytes:
 def labeler(contract: EventContract) -> Callable[[Mapping[str, Any]], int]:
     """The ETL's label of an accepted event (``etl/job.py``'s ``label_column``), its
     literals read once: 1 where the event matches the rule, else 0."""
-    rule = contract.label
+    match = matcher(contract.label, contract)
+
+    def label(event: Mapping[str, Any]) -> int:
+        return int(match(event))
+
+    return label
+
+
+def matcher(rule: LabelSpec, contract: EventContract) -> Callable[[Mapping[str, Any]], bool]:
+    """Whether an accepted event matches ``rule`` (a missing value never matches), as the
+    ETL's ``label_column`` reads it; its literals read once."""
     categorical = rule.column not in contract.numeric and rule.column != "ts"
     wanted = rule.value if isinstance(rule.value, list) else [rule.value]
     literals = [label_text(v) if categorical else float(v) for v in wanted]
@@ -275,11 +327,11 @@ def labeler(contract: EventContract) -> Callable[[Mapping[str, Any]], int]:
         "==": lambda value: value == literals[0], "!=": lambda value: value != literals[0],
     }[rule.op]
 
-    def label(event: Mapping[str, Any]) -> int:
+    def matches(event: Mapping[str, Any]) -> bool:
         value = event.get(rule.column)
-        return 0 if value is None else int(compare(value))
+        return value is not None and compare(value)
 
-    return label
+    return matches
 
 
 def label_text(value: str | float) -> str:

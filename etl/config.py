@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 from pydantic import Field, field_validator, model_validator
 
 from featureline.core.errors import ConfigError
-from featureline.core.events import ROLES, EventContract, LabelSpec
+from featureline.core.events import ROLES, EventContract, LabelSpec, parse_rule
 from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
@@ -104,18 +104,6 @@ class ValidationConfig(Settings):
         return self
 
 
-_COMPARISON = re.compile(r"^\s*(\w+)\s*(>=|<=|==|!=|>|<)\s*([^<>=!\s].*?)\s*$")
-_MEMBERSHIP = re.compile(r"^\s*(\w+)\s+in\s*[(\[](.*)[)\]]\s*$", re.IGNORECASE)
-
-
-def _literal(text: str) -> str | float:
-    text = text.strip().strip("'\"")
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
 class LabelRule(Settings):
     """How the binary label is derived from an event: ``value >= 4`` or ``event_type in (...)``."""
 
@@ -126,24 +114,11 @@ class LabelRule(Settings):
     @classmethod
     def parse(cls, expression: str) -> LabelRule:
         """Parse the CLI / YAML form of a label rule."""
-        membership = _MEMBERSHIP.match(expression)
-        if membership:
-            items = [_literal(part) for part in membership.group(2).split(",") if part.strip()]
-            if not items:
-                raise LabelRuleError("label", f"{expression!r}: 'in' needs at least one value")
-            return cls(column=membership.group(1), op="in", value=items)
-        comparison = _COMPARISON.match(expression)
-        if comparison:
-            return cls(
-                column=comparison.group(1),
-                op=comparison.group(2),  # type: ignore[arg-type]
-                value=_literal(comparison.group(3)),
-            )
-        raise LabelRuleError(
-            "label",
-            f"cannot parse {expression!r}; expected e.g. 'value >= 4' "
-            "or 'event_type in (click, purchase)'",
-        )
+        try:
+            rule = parse_rule(expression)
+        except ValueError as exc:
+            raise LabelRuleError("label", str(exc)) from None
+        return cls(column=rule.column, op=rule.op, value=rule.value)
 
     def __str__(self) -> str:
         if isinstance(self.value, list):

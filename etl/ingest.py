@@ -23,6 +23,7 @@ from pyspark.sql import types as T
 from featureline.core.events import (
     CHECKS,
     EPOCH_PATTERN,
+    MAX_EPOCH_MICROS,
     MILLIS_THRESHOLD,
     REQUIRED_ROLES,
     check_fields,
@@ -243,13 +244,14 @@ def _timestamp(text: Column, validation: ValidationConfig) -> Column:
     # Gate the numeric parse: a failed cast costs far more than the pattern test.
     number = F.when(text.rlike(EPOCH_PATTERN), text.cast("double"))
     if validation.ts_unit == "ms":
-        seconds = number / 1000
+        micros = number * 1_000
     elif validation.ts_unit == "s":
-        seconds = number
+        micros = number * 1_000_000
     else:
-        seconds = F.when(F.abs(number) >= MILLIS_THRESHOLD, number / 1000).otherwise(number)
-    finite = ~F.isnan(seconds) & (F.abs(seconds) < MILLIS_THRESHOLD)
-    from_number = F.when(finite, F.timestamp_micros((seconds * 1_000_000).cast("long")))
+        micros = number * F.when(F.abs(number) >= MILLIS_THRESHOLD, 1_000).otherwise(1_000_000)
+    # core.events.epoch_micros, on columns: rounded half up, within the readable range.
+    readable = ~F.isnan(micros) & (F.abs(micros) < MAX_EPOCH_MICROS)
+    from_number = F.when(readable, F.timestamp_micros(F.floor(micros + 0.5)))
     return F.when(number.isNotNull(), from_number).otherwise(text.cast("timestamp"))
 
 

@@ -296,6 +296,49 @@ def test_every_input_format_has_its_reader():
     assert sorted(ingest._READERS) == sorted(INPUT_FORMATS)
 
 
+# Float epoch times as SDKs send them (time.time(), Date.now() / 1000) and their text forms,
+# with the time each stands for to the microsecond. Spark's JSON reader hands a JSON float
+# to a string column as Java's Double.toString (1.764085000123E9).
+FLOAT_EPOCHS = {
+    "2025-11-25T15:36:40.123000": {"ts": 1764085000.123},
+    "2025-11-25T15:36:40.123457": {"ts": 1764085000.123457},
+    "2025-11-25T15:36:40": {"ts": 1764085000.0},
+    "2025-11-25T15:36:40.500000": {"ts": "1.7640850005E9"},
+    "2025-11-25T15:36:40.250000": {"ts": "1.76408500025e+9"},
+    "2025-11-25T15:36:40.123456": {"ts": 1764085000123.456},  # milliseconds
+    "2025-11-25T15:36:41": {"ts": "1.764085001E12"},            # milliseconds
+}
+# Still bad timestamps: negative, huge, non-finite, malformed exponents.
+BAD_EPOCHS = [-1764085000.5, "-1.7E9", 1e300, "1.0E300", "Infinity", "1.7E", "1.7E9.5", "E9"]
+
+
+def test_float_epoch_timestamps_are_read_to_the_microsecond(spark, tmp_path):
+    records = [_record(changes) for changes in FLOAT_EPOCHS.values()]
+    records += [_record({"ts": ts}) for ts in BAD_EPOCHS]
+    lines = [json.dumps(record) for record in records]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    rows = {r["record"]: r for r in _validated(spark, _config(path, "jsonl")).collect()}
+    times = [rows[line]["ts"] for line in lines[:len(FLOAT_EPOCHS)]]
+    assert [t.isoformat() for t in times] == list(FLOAT_EPOCHS)
+    assert [(rows[line]["reason"], rows[line]["field"]) for line in lines[len(FLOAT_EPOCHS):]] \
+        == [("bad_timestamp", "ts")] * len(BAD_EPOCHS)
+
+
+def test_pushed_float_epoch_timestamps_are_read_to_the_microsecond(tmp_path):
+    from featureline.core.events import validate_event
+
+    contract = _config(tmp_path / "events.jsonl", "jsonl").event_contract()
+    for expected, changes in FLOAT_EPOCHS.items():
+        event, rejection = validate_event(_record(changes), contract)
+        assert rejection is None and event is not None, changes
+        assert event["ts"].isoformat() == f"{expected}+00:00", changes
+    for ts in BAD_EPOCHS:
+        event, rejection = validate_event(_record({"ts": ts}), contract)
+        assert (event, rejection and (rejection.reason, rejection.field)) == (
+            None, ("bad_timestamp", "ts")), ts
+
+
 # Beyond CASES: notations both parsers must read alike.
 PARITY_CASES = [
     *(changes for changes, _ in CASES),
@@ -303,6 +346,7 @@ PARITY_CASES = [
     {"ts": " 1767607200 "}, {"value": "4"}, {"value": " 2.5e1 "}, {"value": "inf"},
     {"value": True}, {"price": ""}, {"category": " c2 "}, {"device": None},
     {"user_id": 42}, {"event_type": " click "}, {"ts": "2026-13-01T00:00:00"},
+    *FLOAT_EPOCHS.values(), *({"ts": ts} for ts in BAD_EPOCHS),
 ]
 
 

@@ -1,0 +1,81 @@
+"""The rule of time written from its definition alone, for the tests: the value of an
+aggregation at ``t`` from the raw events, with no tiles, hops of tiles or merges — the
+brute-force reference the engine, the Spark backfill and the online path are checked against."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+from featureline.core.aggregations import GroupSpec
+from featureline.core.events import EventContract, LabelSpec, matcher
+
+MICROS = 1_000_000
+# A Monday 00:00 UTC: day, hour and 5-minute boundaries all fall on it.
+ORIGIN = int(datetime(2026, 1, 5, tzinfo=timezone.utc).timestamp()) * MICROS
+CONTRACT = EventContract(
+    event_types=["view", "click", "purchase"], ts_min=datetime(2000, 1, 1, tzinfo=timezone.utc),
+    ts_max=datetime(2100, 1, 1, tzinfo=timezone.utc), continuous=["price"],
+    categorical=["category"], label=LabelSpec(column="event_type", op="in",
+                                              value=["click", "purchase"]))
+
+# Every operation, with and without filters and windows, hops defaulted and overridden.
+SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "features": [
+    {"op": "count", "windows": ["30m", "1h", "1d", "7d"]},
+    {"op": "count", "name": "purchases", "filter": "event_type in (purchase)",
+     "windows": ["1d", "30d"]},
+    {"op": "count", "name": "positives", "filter": "label", "windows": ["all"]},
+    {"op": "sum", "column": "value", "windows": ["1h", "7d", "all"]},
+    {"op": "mean", "column": "price", "windows": ["30d"]},
+    {"op": "mean", "column": "label", "name": "positive_rate"},
+    {"op": "min", "column": "price", "windows": ["1d"]},
+    {"op": "max", "column": "value", "windows": ["10m"], "hop": "1m"},
+    {"op": "last", "column": "category", "windows": ["1h"]},
+    {"op": "last_k", "column": "item_id", "k": 3},
+    {"op": "last_k", "column": "item_id", "k": 2, "windows": ["1d"]},
+    {"op": "approx_distinct", "column": "category", "windows": ["7d"]},
+    {"op": "approx_distinct", "column": "item_id"},
+]})
+OUTPUTS = SPEC.outputs()
+LABEL = matcher(CONTRACT.label, CONTRACT)
+
+
+def reference(feature, events, t):
+    """The value at ``t`` written from the definition alone: events with ts in [start, t),
+    start = floor((t − window) / hop) · hop, kept by the filter, with the column present."""
+    spec, window = feature.spec, feature.window
+    if window.seconds is None:
+        start = -math.inf
+    else:
+        hop = window.hop * MICROS
+        start = math.floor((t - window.seconds * MICROS) / hop) * hop
+    rule = spec.rule()
+    matching = [e for e in events if start <= e["ts"] < t
+            and (spec.filter is None or (LABEL(e) if rule is None else matcher(rule, CONTRACT)(e)))]
+    pairs = [(e["ts"], e[spec.column] if spec.column else True) for e in matching]
+    values = [v for _, v in pairs if v is not None]
+    op = spec.op
+    if op == "count":
+        return len(values)
+    if op == "sum":
+        return math.fsum(values)
+    if op == "mean":
+        return math.fsum(values) / len(values) if values else None
+    if op in ("min", "max"):
+        return (min if op == "min" else max)(values) if values else None
+    ordered = sorted(((ts, v) for ts, v in pairs if v is not None), reverse=True)
+    if op == "last":
+        return ordered[0][1] if ordered else None
+    if op == "last_k":
+        return [v for _, v in ordered[: spec.k]]
+    assert op == "approx_distinct"
+    return len(set(values))
+
+
+def kept(feature, event):
+    rule = feature.spec.rule()
+    if feature.spec.filter is None:
+        return True
+    return bool(LABEL(event) if rule is None else matcher(rule, CONTRACT)(event))
+
+

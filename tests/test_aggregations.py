@@ -1,0 +1,187 @@
+"""The aggregation spec and its engine (core.aggregations) against a brute-force reference
+that implements the rule of time on its own: for every operation × window, random logs with
+ties at hop and window boundaries give the reference's values from the engine's tiles, merged
+in any order; bad specs fail naming the key."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from featureline.core.aggregations import (
+    ALL,
+    GroupSpec,
+    check_groups,
+    event_value,
+    fold,
+    merge_tiles,
+    parse_window,
+    tiles,
+    value_from_tiles,
+)
+from featureline.core.errors import ConfigError
+from featureline.core.settings import Settings, validate
+from tests.aggregation_reference import (
+    CONTRACT,
+    LABEL,
+    MICROS,
+    ORIGIN,
+    OUTPUTS,
+    kept,
+    reference,
+)
+
+
+def test_output_names_follow_the_spec():
+    assert [f.output for f in OUTPUTS][:12] == [
+        "count_30m", "count_1h", "count_1d", "count_7d", "purchases_1d", "purchases_30d",
+        "positives_all", "value_sum_1h", "value_sum_7d", "value_sum_all", "price_mean_30d",
+        "positive_rate"]
+    assert OUTPUTS[-1].output == "item_id_approx_distinct"
+    assert OUTPUTS[0].qualified == "user_activity:count_30m"
+    assert OUTPUTS[0].column_name == "user_activity__count_30m"
+
+
+def test_hops_by_window_length():
+    assert [(w.seconds, w.hop) for w in map(parse_window, ["30m", "1d", "25h", "14d", "30d"])] \
+        == [(1800, 300), (86_400, 300), (90_000, 3600), (1_209_600, 3600), (2_592_000, 86_400)]
+    assert parse_window(ALL).start(ORIGIN) is None
+    # The 1h window at 10:07 starts at 09:05: rounded down to its 5-minute hop.
+    window = parse_window("1h")
+    t = ORIGIN + (10 * 3600 + 7 * 60) * MICROS
+    assert window.start(t) == ORIGIN + (9 * 3600 + 5 * 60) * MICROS
+    assert window.covers(window.start(t), t) and not window.covers(window.start(t) - 1, t)
+    assert not window.covers(t, t)  # strictly before t: an example never sees itself
+
+
+def _with_label(event):
+    return {**event, "label": int(LABEL(event))}
+
+
+# Times on and one microsecond around 5-minute, hour and day boundaries, and in between.
+_offsets = st.one_of(
+    st.builds(lambda n, d: n * 300 * MICROS + d, st.integers(0, 12 * 24 * 9), st.sampled_from(
+        [-1, 0, 1])),
+    st.integers(0, 9 * 86_400 * MICROS))
+_events = st.lists(st.fixed_dictionaries({
+    "ts": _offsets.map(lambda offset: ORIGIN + offset),
+    "user_id": st.just("u1"),
+    "item_id": st.sampled_from([f"i{n}" for n in range(6)]),
+    "event_type": st.sampled_from(["view", "click", "purchase"]),
+    "value": st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0, 4.0, -3.0])),
+    "price": st.one_of(st.none(), st.sampled_from([1.25, 9.5, 100.0])),
+    "category": st.one_of(st.none(), st.sampled_from(["c1", "c2", "c3"])),
+}), max_size=40).map(lambda events: [_with_label(e) for e in events])
+
+
+def _same(feature, got, expected):
+    if feature.spec.op in ("sum", "mean") and expected is not None:
+        return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    return got == expected
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=_events, at=st.lists(_offsets, min_size=1, max_size=4), seed=st.integers(0, 99))
+def test_tiles_merged_at_any_time_equal_the_definition(events, at, seed):
+    """Serving: every event in its tile, read at any time after the latest. The batch, at any
+    time t: the whole tiles before t's own tile, merged with the partial of the own tile's
+    events before t. Tiles fold events in any order and merge in any order."""
+    shuffle = random.Random(seed).shuffle
+    latest = max((e["ts"] for e in events), default=ORIGIN)
+    times = [ORIGIN + offset for offset in at] + [latest + 1, latest + 3 * 86_400 * MICROS]
+    for feature in OUTPUTS:
+        operation = feature.operation()
+        kept = [(e["ts"], event_value(feature.spec, e)) for e in events if kept(feature, e)]
+        shuffle(kept)
+        for t in times:
+            hop = (feature.window.hop or 0) * MICROS
+            own = t // hop * hop if hop else t
+            by_tile = list(tiles(operation, feature.window,
+                                 [p for p in kept if p[0] < own]).items())
+            shuffle(by_tile)
+            tail = fold(operation, (p for p in kept if own <= p[0] < t))
+            got = operation.finish(operation.merge(
+                merge_tiles(operation, feature.window, dict(by_tile), t), tail))
+            expected = reference(feature, events, t)
+            assert _same(feature, got, expected), (feature.output, t - ORIGIN, got, expected)
+            if t > latest:
+                served = value_from_tiles(operation, feature.window,
+                                          tiles(operation, feature.window, kept), t)
+                assert _same(feature, served, expected), (feature.output, t - ORIGIN)
+
+
+def test_an_idle_key_decays():
+    feature = next(f for f in OUTPUTS if f.output == "count_1h")
+    operation = feature.operation()
+    last = ORIGIN + 3600 * MICROS + 17
+    by_tile = tiles(operation, feature.window, [(ORIGIN + 60 * MICROS, True), (last, True)])
+    assert value_from_tiles(operation, feature.window, by_tile, last + 1) == 2
+    # An hour and up to one hop after its last event, the key reads 0.
+    decayed = last + 3600 * MICROS + 300 * MICROS
+    assert value_from_tiles(operation, feature.window, by_tile, decayed) == 0
+    assert value_from_tiles(operation, feature.window, by_tile, last + 3600 * MICROS) == 1
+
+
+def test_approx_distinct_within_two_percent_at_ten_thousand_and_order_free():
+    feature = next(f for f in OUTPUTS if f.output == "item_id_approx_distinct")
+    operation = feature.operation()
+    pairs = [(ORIGIN + n * MICROS, f"item-{n % 10_000}") for n in range(30_000)]
+    by_tile = tiles(operation, parse_window("1d"), pairs)
+    estimate = value_from_tiles(operation, feature.window, by_tile, ORIGIN + 86_400 * MICROS)
+    assert abs(estimate - 10_000) / 10_000 <= 0.02
+    reversed_tiles = dict(reversed(list(by_tile.items())))
+    assert value_from_tiles(operation, feature.window, reversed_tiles,
+                            ORIGIN + 86_400 * MICROS) == estimate
+
+
+class _Spec(Settings):
+    aggregations: list[GroupSpec]
+
+
+def _group(**feature):
+    return {"name": "g", "keys": ["user_id"], "features": [feature]}
+
+
+@pytest.mark.parametrize(("group", "key", "message"), [
+    (_group(op="median", column="value"), "aggregations[0].features[0].op", "'count'"),
+    (_group(op="count", windows=["1h"], hop="15m"), "aggregations[0].features[0].windows[0]",
+     "at least 6"),
+    (_group(op="count", windows=["2m"]), "aggregations[0].features[0].windows[0]", "hop"),
+    (_group(op="count", windows=["soon"]), "aggregations[0].features[0].windows[0]",
+     "not a duration"),
+    (_group(op="last_k", column="item_id"), "aggregations[0].features[0].k", "needs k"),
+    (_group(op="sum"), "aggregations[0].features[0].column", "needs a column"),
+    (_group(op="count", filter="event_type is purchase"), "aggregations[0].features[0].filter",
+     "cannot parse"),
+    ({"name": "g", "keys": ["user_id"], "features": [{"op": "count"}, {"op": "count"}]},
+     "aggregations[0].features[1].name", "count is also the output of features[0]"),
+    ({"name": "g", "keys": [], "features": [{"op": "count"}]}, "aggregations[0].keys", "at least"),
+])
+def test_bad_specs_name_the_key(group, key, message):
+    with pytest.raises(ConfigError) as raised:
+        validate(_Spec, {"aggregations": [group]}, origin="test")
+    assert raised.value.key == key
+    assert message in raised.value.message
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ([_group(op="sum", column="dwell")], "[0].features[0].column: the events have no column "
+                                         "'dwell'"),
+    ([_group(op="count", filter="country == de")], "[0].features[0].filter: the events have no "
+                                                   "column 'country'"),
+    ([{"name": "g", "keys": ["user_id", "country"], "features": [{"op": "count"}]}],
+     "[0].keys[1]: 'country' is not a text column"),
+    ([{"name": "g", "keys": ["price"], "features": [{"op": "count"}]}],
+     "[0].keys[0]: 'price' is not a text column"),
+    ([_group(op="approx_distinct", column="value")], "[0].features[0].column: approx_distinct "
+                                                      "counts text values"),
+    ([_group(op="count"), _group(op="count")], "[1].name: group g is also [0]"),
+])
+def test_specs_read_only_columns_the_events_have(groups, message):
+    specs = [GroupSpec.model_validate(g) for g in groups]
+    with pytest.raises(ValueError) as raised:
+        check_groups(specs, CONTRACT)
+    assert str(raised.value).startswith(message)
