@@ -14,11 +14,12 @@ export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: help venv java test lint typecheck demo stop bench qualify gpu-check clean FORCE
+.PHONY: help venv java test test-fast lint typecheck demo stop bench qualify gpu-check clean FORCE
 
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
 	@echo "make test   run the test suite (creates .venv on first use)"
+	@echo "make test-fast  the suite without the slow end-to-end runs"
 	@echo "make lint   ruff check"
 	@echo "make typecheck  mypy over the package"
 	@echo "make stop   stop what the demo left running (the API, the embedded Redis)"
@@ -48,10 +49,18 @@ venv: $(STAMP)
 java:
 	@scripts/check_java.sh
 
+# The tools the tests use are fetched while the linters run (nothing then waits on a
+# download); a tool that cannot be fetched is reported, and its tests skip or fail.
 test: venv java
-	$(BIN)/ruff check .
-	$(MAKE) --no-print-directory typecheck
+	@$(BIN)/featureline fetch > $(VENV)/fetch.log 2>&1 & fetching=$$!; \
+	$(BIN)/ruff check . && $(MAKE) --no-print-directory typecheck; linted=$$?; \
+	wait $$fetching; cat $(VENV)/fetch.log; exit $$linted
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite without the end-to-end runs marked slow (each a Spark job or a benchmark in a
+# process of its own): for a quick check while developing; `make test` runs them all.
+test-fast: venv java
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check .

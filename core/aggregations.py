@@ -412,7 +412,7 @@ class GroupSpec(Settings):
 
     def outputs(self) -> list[AggregateFeature]:
         """Every output of the group, in the order of the spec."""
-        return [AggregateFeature(self.name, output, feature, window)
+        return [AggregateFeature(self.name, tuple(self.keys), output, feature, window)
                 for feature in self.features for output, window in feature.outputs()]
 
 
@@ -445,6 +445,7 @@ class AggregateFeature:
     """One output: a window of one feature of one group."""
 
     group: str
+    keys: tuple[str, ...]
     output: str
     spec: FeatureSpec
     window: Window

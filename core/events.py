@@ -317,7 +317,8 @@ def labeler(contract: EventContract) -> Callable[[Mapping[str, Any]], int]:
 def matcher(rule: LabelSpec, contract: EventContract) -> Callable[[Mapping[str, Any]], bool]:
     """Whether an accepted event matches ``rule`` (a missing value never matches), as the
     ETL's ``label_column`` reads it; its literals read once."""
-    categorical = rule.column not in contract.numeric and rule.column != "ts"
+    # The label (a filter may test it) is a number.
+    categorical = rule.column not in (*contract.numeric, "ts", "label")
     wanted = rule.value if isinstance(rule.value, list) else [rule.value]
     literals = [label_text(v) if categorical else float(v) for v in wanted]
     compare: Callable[[Any], bool] = {

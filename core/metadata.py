@@ -92,6 +92,8 @@ class FeatureInfo(Contract):
     cardinality: int | None = None
     shares: str | None = None
     transform: dict[str, Any] | None = None
+    # An aggregation feature's definition (etl/features/aggregate.py).
+    aggregation: dict[str, Any] | None = None
 
 
 class PlanEntry(Contract):

@@ -66,7 +66,8 @@ def validate(model: type[Model], data: Any, *, origin: str, prefix: Sequence[str
         message = error["msg"].removeprefix("Value error, ")
         inner = _INNER_KEY.match(message)
         if inner:
-            key, message = f"{key}.{inner.group(1)}", inner.group(2)
+            key = inner.group(1) if key == "(root)" else f"{key}.{inner.group(1)}"
+            message = inner.group(2)
         raise ConfigError(key, f"{message} (in {origin})") from None
 
 

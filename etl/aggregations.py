@@ -20,7 +20,7 @@ both against a brute-force reference.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
@@ -46,6 +46,9 @@ _EVENT, _TILE, _ANCHOR = 0, 1, 2
 _HOP = "_agg_hop"
 _REGISTER = "_agg_register"
 _RANK = "_agg_rank"
+
+# The operations that keep values in (ts, value) order: what they read may carry more.
+ORDERED = ("last", "last_k")
 
 Columns = dict[str, Column]
 Getter = Callable[[str], Column]
@@ -129,13 +132,14 @@ def _merged(operation: SparkOperation, getter: Getter, window: WindowSpec | None
             for name, (aggregate, post) in operation.merge(getter).items()]
 
 
-def rule_column(rule: LabelSpec, numeric: Sequence[str]) -> Column:
+def rule_column(rule: LabelSpec, categorical: bool) -> Column:
     """Whether an event matches ``rule`` (a missing value never matches): the label's and
-    the filters' test, as ``core.events.matcher`` reads it."""
+    the filters' test, as ``core.events.matcher`` reads it; ``categorical``: the rule's
+    column holds text (its literals compared as ``label_text``)."""
     column = F.col(rule.column)
-    categorical = rule.column not in numeric and rule.column != "ts"
     values = rule.value if isinstance(rule.value, list) else [rule.value]
-    literals = [label_text(v) if categorical else float(v) for v in values]
+    literals = [label_text(v) if categorical else float(v) if not isinstance(v, str) else v
+                for v in values]
     comparisons = {">=": column.__ge__, ">": column.__gt__, "<=": column.__le__,
                    "<": column.__lt__, "==": column.__eq__, "!=": column.__ne__}
     matches = column.isin(literals) if rule.op == "in" else comparisons[rule.op](literals[0])
@@ -143,20 +147,31 @@ def rule_column(rule: LabelSpec, numeric: Sequence[str]) -> Column:
 
 
 def backfill(events: DataFrame, queries: DataFrame, groups: Sequence[GroupSpec],
-             numeric: Sequence[str]) -> DataFrame:
+             numeric: Sequence[str], values: Mapping[str, Column] | None = None) -> DataFrame:
     """``queries`` (each group's keys and ``TS_MICROS``) with every output of ``groups``
     (``<group>__<feature>``) at its time, from ``events`` (the accepted events with their
     label and ``TS_MICROS``). ``numeric``: the events' number columns (filters compare them
-    as numbers)."""
+    as numbers). ``values``: what a feature reads of a column where not the column itself
+    (a struct of the value and its encoded id: last and last_k order by the value first)."""
     for group in groups:
-        keys = list(group.keys)
-        anchors = queries.select(*keys, TS_MICROS).distinct()
-        values = anchors
-        for feature in group.outputs():
-            values = values.join(_values_at(events, anchors, keys, feature, numeric),
-                                 on=[*keys, TS_MICROS], how="left")
-        queries = queries.join(values, on=[*keys, TS_MICROS], how="left")
+        anchors = queries.select(*group.keys, TS_MICROS).distinct()
+        queries = queries.join(group_values(events, anchors, group, numeric, values),
+                               on=[*group.keys, TS_MICROS], how="left")
     return queries
+
+
+def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
+                 numeric: Sequence[str], values: Mapping[str, Column] | None = None
+                 ) -> DataFrame:
+    """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each."""
+    keys = list(group.keys)
+    at = anchors
+    for feature in group.outputs():
+        column = feature.spec.column
+        read = (values or {}).get(column) if column and feature.spec.op in ORDERED else None
+        at = at.join(_values_at(events, anchors, keys, feature, numeric, read),
+                     on=[*keys, TS_MICROS], how="left")
+    return at
 
 
 def _kept(events: DataFrame, feature: AggregateFeature, numeric: Sequence[str]) -> DataFrame:
@@ -164,17 +179,20 @@ def _kept(events: DataFrame, feature: AggregateFeature, numeric: Sequence[str]) 
     kept = events
     if spec.filter is not None:
         rule = spec.rule()
-        kept = kept.where(F.col(LABEL) == 1 if rule is None else rule_column(rule, numeric))
+        kept = kept.where(F.col(LABEL) == 1 if rule is None else rule_column(
+            rule, rule.column not in (*numeric, "ts")))
     if spec.column is not None:  # accepted events hold no NaN: validation quarantines it
         kept = kept.where(F.col(spec.column).isNotNull())
     return kept
 
 
 def _values_at(events: DataFrame, anchors: DataFrame, keys: list[str],
-               feature: AggregateFeature, numeric: Sequence[str]) -> DataFrame:
+               feature: AggregateFeature, numeric: Sequence[str],
+               read: Column | None) -> DataFrame:
     """(keys, TS_MICROS, the feature's column) for each anchor."""
     kept = _kept(events, feature, numeric)
-    value = F.col(feature.spec.column) if feature.spec.column else F.lit(True)
+    value = read if read is not None else (
+        F.col(feature.spec.column) if feature.spec.column else F.lit(True))
     if feature.spec.op == "approx_distinct":
         return _distinct_at(kept, anchors, keys, feature, value)
     operation = OPERATIONS[feature.spec.op]

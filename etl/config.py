@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from featureline.core.aggregations import LABEL as LABEL_COLUMN
+from featureline.core.aggregations import GroupSpec, check_groups
 from featureline.core.errors import ConfigError
 from featureline.core.events import ROLES, EventContract, LabelSpec, parse_rule
 from featureline.core.metadata import DEFAULT_OUTPUT
@@ -230,6 +232,9 @@ class EtlConfig(Settings):
     # output's state.
     mode: Literal["full", "incremental"] = "full"
     incremental: IncrementalConfig = IncrementalConfig()
+    # featureline.yaml's top-level ``aggregations:`` (the stream and the API read it too),
+    # copied here by the launcher: the examples hold its values.
+    aggregations: list[GroupSpec] = Field(default_factory=list)
 
     @field_validator("label", mode="before")
     @classmethod
@@ -244,6 +249,7 @@ class EtlConfig(Settings):
     @model_validator(mode="after")
     def _features_refer_to_known_columns(self) -> EtlConfig:
         check_features(self)
+        check_aggregations(self)
         return self
 
     def column_roles(self) -> ColumnRoles:
@@ -325,6 +331,37 @@ def check_features(config: EtlConfig) -> None:
             if column not in encoded:
                 raise ValueError(f"{key}: {op.op} needs a categorify of {column} before it")
         encoded.update(op.encodes(roles))
+
+
+def encoded_columns(config: EtlConfig) -> list[str]:
+    """The columns whose ids the configured ops assign (categorify's)."""
+    roles = config.column_roles()
+    return list(dict.fromkeys(column for op in config.features for column in op.encodes(roles)))
+
+
+def check_aggregations(config: EtlConfig) -> None:
+    """The spec reads columns the events have; a ``last`` or ``last_k`` of a text column in
+    the examples needs its ids (a categorify of it). Raises :class:`ConfigError` naming the
+    key as featureline.yaml holds it (``aggregations[0].features[2].column``)."""
+    try:
+        check_groups(config.aggregations, config.event_contract())
+    except ValueError as exc:
+        key, _, message = str(exc).partition(": ")
+        raise ConfigError(f"aggregations{key}", message) from None
+    numeric = set(config.event_contract().numeric) | {LABEL_COLUMN}
+    encoded = set(encoded_columns(config))
+    for g, group in enumerate(config.aggregations):
+        for f, feature in enumerate(group.features):
+            column = feature.column
+            if feature.op == "last_k" and column in numeric:
+                raise ConfigError(f"aggregations[{g}].features[{f}].column",
+                                  "last_k keeps ids of a text column; a number's latest "
+                                  "values are not an example feature")
+            if feature.op in ("last", "last_k") and column not in numeric and \
+                    column not in encoded:
+                raise ConfigError(f"aggregations[{g}].features[{f}].column",
+                                  f"{feature.op} of {column!r} gives ids: add {column} to a "
+                                  f"categorify op's columns in etl.features")
 
 
 def with_overrides(

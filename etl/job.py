@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from featureline.core import __version__
 from featureline.core.errors import ConfigError
-from featureline.core.events import REASONS, label_text
+from featureline.core.events import REASONS, LabelSpec
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     EVENT_TIMESTAMP,
@@ -30,6 +30,7 @@ from featureline.core.metadata import (
     Metadata,
 )
 from featureline.etl import ingest, stages
+from featureline.etl.aggregations import rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
@@ -159,15 +160,8 @@ class StageTimer:
 
 def label_column(rule: LabelRule, config: EtlConfig) -> Column:
     """1 where the event matches the rule, else 0 (a missing value never matches)."""
-    column = F.col(rule.column)
-    categorical = rule.column in categorical_columns(config)
-    values = rule.value if isinstance(rule.value, list) else [rule.value]
-    literals = [label_text(v) if categorical else float(v) if not isinstance(v, str) else v
-                for v in values]
-    comparisons = {">=": column.__ge__, ">": column.__gt__, "<=": column.__le__,
-                   "<": column.__lt__, "==": column.__eq__, "!=": column.__ne__}
-    matches = column.isin(literals) if rule.op == "in" else comparisons[rule.op](literals[0])
-    return F.coalesce(matches, F.lit(False)).cast("long")
+    spec = LabelSpec(column=rule.column, op=rule.op, value=rule.value)
+    return rule_column(spec, rule.column in categorical_columns(config)).cast("long")
 
 
 def _valid_from(events: DataFrame, valid_days: int) -> datetime:

@@ -416,6 +416,17 @@ def redis_env(path: str | None) -> None:
     click.echo(f"export {REDIS_URL_ENV}='{url}'\nexport {CONNECTION_ENV}='{connection}'")
 
 
+@main.command()
+def fetch() -> None:
+    """Fetch the developer tools into ~/.cache/featureline at once (the RAPIDS plugin jar,
+    Kafka, the Qualification tool, MovieLens 100K, promtool): what gpu-check, qualify,
+    the benchmarks and the tests use; exit 1 when one could not be fetched."""
+    from featureline.tools import fetch_all
+
+    if not fetch_all(lambda line: click.echo(line, err=True)):
+        raise SystemExit(1)
+
+
 @main.group()
 def hps() -> None:
     """The parameter server's online update streams."""

@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from featureline.api.settings import ApiConfig, ServingConfig
+from featureline.core.aggregations import GroupSpec
 from featureline.core.settings import Settings, read_yaml, validate
 from featureline.etl.config import OP_NAMES, EtlConfig
 from featureline.feature_store.settings import FeatureStoreConfig
@@ -20,12 +21,26 @@ from featureline.stream.settings import StreamConfig
 
 
 class FeaturelineConfig(Settings):
-    """The whole ``featureline.yaml``: one section per stage."""
+    """The whole ``featureline.yaml``: one section per stage, and the aggregation features
+    that several stages compute (``aggregations``, copied into ``etl``)."""
 
+    aggregations: list[GroupSpec] = Field(default_factory=list)
     etl: EtlConfig = Field(default_factory=EtlConfig)
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
     api: ApiConfig = ApiConfig()
     stream: StreamConfig = StreamConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aggregations_into_etl(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not data.get("aggregations"):
+            return data
+        etl = data.get("etl") or {}
+        if not isinstance(etl, dict):
+            return data
+        if "aggregations" in etl:
+            raise ValueError("etl.aggregations: write aggregations at the top level of the file")
+        return {**data, "etl": {**etl, "aggregations": data["aggregations"]}}
 
     def serving(self) -> ServingConfig:
         """What the API serves with: its section, the feature store's, the event log's, the

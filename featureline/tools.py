@@ -3,8 +3,12 @@
 it runs on (from PyPI, for ``featureline etl qualify``), and the RAPIDS Accelerator jar the
 project pins (from Maven Central, for ``featureline etl gpu-check``), and Apache Kafka's
 release jars (from Maven Central, for ``featureline kafka start`` and the tests' broker),
-and a real public ratings log for the trainer's benchmark (MovieLens 100K, as the RecBole
-package on PyPI ships it). Developer tooling: the ETL and the services never fetch anything.
+a real public ratings log for the trainer's benchmark (MovieLens 100K, as the RecBole
+package on PyPI ships it), and Prometheus' promtool (from Debian, for the alert rules'
+tests). Developer tooling: the ETL and the services never fetch anything.
+
+:func:`fetch_all` fetches every one at once, in parallel (``featureline fetch``; ``make
+test`` runs it beside the linters, so that no test waits on a download).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from featureline.core.errors import FeaturelineError
@@ -187,3 +194,67 @@ def _fetch_qualification(folder: Path) -> None:
     shutil.rmtree(downloads)
     (folder / "READY").write_text(json.dumps({"tools": TOOLS_VERSION,
                                               "spark_jars": SPARK_JARS_VERSION}))
+
+
+class PromtoolFetchError(FeaturelineError):
+    """promtool could not be fetched from Debian's packages."""
+
+    hint = "install Prometheus' promtool, or run on Debian with apt-get and dpkg-deb"
+
+
+# Debian's build of Prometheus 2.42 ships promtool; fetched with apt-get download (no root).
+PROMETHEUS_DEB = "prometheus=2.42.0+ds-5+deb12u1"
+
+
+def promtool() -> Path:
+    """promtool: the one on PATH, else Debian's, fetched into the cache the first time."""
+    found = shutil.which("promtool")
+    if found:
+        return Path(found)
+    root = fetched_once(cache_root() / "promtool-2.42.0", "usr/bin/promtool", _fetch_promtool)
+    return root / "usr" / "bin" / "promtool"
+
+
+def _fetch_promtool(folder: Path) -> None:
+    if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
+        raise PromtoolFetchError("promtool is not installed and this is no Debian machine "
+                                 "to fetch it")
+    fetched = subprocess.run(["apt-get", "download", PROMETHEUS_DEB], cwd=folder,
+                             capture_output=True, text=True, timeout=300, check=False)
+    if fetched.returncode != 0:
+        raise PromtoolFetchError(f"cannot fetch {PROMETHEUS_DEB} from Debian: "
+                                 f"{fetched.stderr.strip()[-300:]}")
+    (deb,) = folder.glob("prometheus_*.deb")
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(folder)], check=True, timeout=300)
+    deb.unlink()
+
+
+# Everything this module fetches, by the name ``featureline fetch`` prints.
+FETCHES: dict[str, Callable[[], object]] = {
+    "rapids-plugin": plugin_jar,
+    "kafka": kafka_classpath,
+    "qualification": qualification_classpath,
+    "movielens-100k": movielens_100k,
+    "promtool": promtool,
+}
+
+
+def fetch_all(report: Callable[[str], None]) -> bool:
+    """Fetch every tool at once (a thread each: the time goes to the network and to mvn and
+    pip), reporting each one's outcome and seconds; whether all were fetched."""
+    started = time.perf_counter()
+
+    def fetch(name: str) -> bool:
+        begun = time.perf_counter()
+        try:
+            where = FETCHES[name]()
+        except FeaturelineError as exc:
+            report(f"{name}: not fetched ({exc})")
+            return False
+        report(f"{name}: {where} ({time.perf_counter() - begun:.1f}s)")
+        return True
+
+    with ThreadPoolExecutor(max_workers=len(FETCHES)) as pool:
+        fetched = list(pool.map(fetch, FETCHES))
+    report(f"fetched {sum(fetched)} of {len(fetched)} in {time.perf_counter() - started:.1f}s")
+    return all(fetched)

@@ -94,22 +94,22 @@ def test_tiles_merged_at_any_time_equal_the_definition(events, at, seed):
     times = [ORIGIN + offset for offset in at] + [latest + 1, latest + 3 * 86_400 * MICROS]
     for feature in OUTPUTS:
         operation = feature.operation()
-        kept = [(e["ts"], event_value(feature.spec, e)) for e in events if kept(feature, e)]
-        shuffle(kept)
+        pairs = [(e["ts"], event_value(feature.spec, e)) for e in events if kept(feature, e)]
+        shuffle(pairs)
         for t in times:
             hop = (feature.window.hop or 0) * MICROS
             own = t // hop * hop if hop else t
             by_tile = list(tiles(operation, feature.window,
-                                 [p for p in kept if p[0] < own]).items())
+                                 [p for p in pairs if p[0] < own]).items())
             shuffle(by_tile)
-            tail = fold(operation, (p for p in kept if own <= p[0] < t))
+            tail = fold(operation, (p for p in pairs if own <= p[0] < t))
             got = operation.finish(operation.merge(
                 merge_tiles(operation, feature.window, dict(by_tile), t), tail))
             expected = reference(feature, events, t)
             assert _same(feature, got, expected), (feature.output, t - ORIGIN, got, expected)
             if t > latest:
                 served = value_from_tiles(operation, feature.window,
-                                          tiles(operation, feature.window, kept), t)
+                                          tiles(operation, feature.window, pairs), t)
                 assert _same(feature, served, expected), (feature.output, t - ORIGIN)
 
 
@@ -185,3 +185,29 @@ def test_specs_read_only_columns_the_events_have(groups, message):
     with pytest.raises(ValueError) as raised:
         check_groups(specs, CONTRACT)
     assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(("data", "key", "message"), [
+    ({"aggregations": [_group(op="sum", column="dwell")]},
+     "aggregations[0].features[0].column", "the events have no column 'dwell'"),
+    ({"aggregations": [_group(op="last", column="event_type")]},
+     "aggregations[0].features[0].column", "add event_type to a categorify op's columns"),
+    ({"aggregations": [_group(op="last_k", column="price", k=3)]},
+     "aggregations[0].features[0].column", "last_k keeps ids of a text column"),
+    ({"aggregations": [_group(op="count")], "etl": {"aggregations": []}},
+     "etl.aggregations", "write aggregations at the top level"),
+])
+def test_the_file_names_the_key_of_a_spec_the_events_cannot_feed(data, key, message):
+    from featureline.config import parse_config
+
+    with pytest.raises(ConfigError) as raised:
+        parse_config(data)
+    assert (raised.value.key, message in raised.value.message) == (key, True), raised.value
+
+
+def test_the_spec_reaches_the_etl():
+    from featureline.config import parse_config
+
+    config = parse_config({"aggregations": [_group(op="count", windows=["1h"])]})
+    assert [f.column_name for g in config.etl.aggregations for f in g.outputs()] == [
+        "g__count_1h"]

@@ -20,6 +20,7 @@ def _load(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_bench_etl_smoke(spark):
     report = _load("bench_etl").run([3000, 6000], spark)
     json.dumps(report)  # printable as JSON
@@ -47,6 +48,7 @@ def test_bench_tfrecord_smoke():
     assert write["ours_vs_tensorflow"] > 0 and read["full_vs_per_example_long_names"] > 0
 
 
+@pytest.mark.slow
 def test_bench_etl_incremental_smoke(spark):
     """A new day on 30 days of 6,000 events: the incremental run's output equals the full
     recompute's, table by table, as the benchmark compares them."""
@@ -60,6 +62,7 @@ def test_bench_etl_incremental_smoke(spark):
     assert entry["cost_per_new_event_vs_smallest"] == 1.0
 
 
+@pytest.mark.slow
 def test_bench_api_smoke():
     """Ours cached and uncached, Feast's server reading its pre-computed vectors and per
     view, on a tiny store: every rate answered without an error (Feast's pre-computed path
@@ -170,6 +173,7 @@ def test_bench_feast_smoke():
         assert entry["vectors"]["p99_ms"] >= entry["vectors"]["p50_ms"] > 0
 
 
+@pytest.mark.slow
 def test_chaos_smoke():
     """Every fault of benchmarks/chaos.py, small: no other 5xx, no wrong answer, every 503
     with Retry-After, every fault recovered from (a Sentinel failover too), the ETL output
@@ -228,6 +232,7 @@ def test_bench_publish_smoke(spark):
         assert entry[path] > 0
 
 
+@pytest.mark.slow
 def test_bench_gpu_plan_smoke():
     from featureline.etl.errors import PluginFetchError
     from featureline.tools import plugin_jar
@@ -267,6 +272,7 @@ def test_bench_consistency_smoke():
     assert run["consistency_s"] > 0 and run["training_set_s"] > 0
 
 
+@pytest.mark.slow
 def test_the_model_beats_popularity_and_ties_gbdt_on_real_data(tmp_path):
     """MovieLens 100K fetched from PyPI (the RecBole wheel) into the cache, through the ETL
     with the temporal split; one epoch (the best one on this log with the defaults): the

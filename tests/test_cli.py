@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -70,6 +71,7 @@ def _one_error(result: subprocess.CompletedProcess, code: int) -> list[str]:
     return lines
 
 
+@pytest.mark.slow
 def test_each_front_door_error_is_one_line_a_hint_and_its_exit_code(tmp_path):
     missing = _one_error(_featureline("etl", "run", "--input", str(tmp_path / "no/*.jsonl"),
                                       "--output", str(tmp_path / "out")), 2)
@@ -115,6 +117,7 @@ def test_datagen_command(tmp_path):
     assert len((tmp_path / "e.csv").read_text().splitlines()) == 501
 
 
+@pytest.mark.slow
 def test_spark_submit_runs_the_same_job(small_log, tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                SPARK_LOCAL_IP="127.0.0.1")
@@ -180,6 +183,7 @@ def test_the_demo_serves_the_embeddings_it_trained(demo_run):
             np.array(served["embeddings"][feature]["vectors"], dtype=np.float32), expected)
 
 
+@pytest.mark.slow
 def test_csv_and_parquet_logs_through_the_whole_job(spark, tmp_path):
     from featureline.etl.datagen import write_log
 

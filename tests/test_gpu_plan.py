@@ -139,6 +139,7 @@ def test_a_maven_failure_is_a_clear_error(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no half-fetched folder left
 
 
+@pytest.mark.slow
 def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(small_log, tmp_path):
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: Spark and the plugin are Java programs")

@@ -180,6 +180,7 @@ def _new_day(runs: dict, output: Path, allow_late: bool) -> EtlConfig:
         "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})})
 
 
+@pytest.mark.slow
 def test_late_events_are_quarantined_unless_allowed(runs, spark):
     output = runs["root"] / "late"
     shutil.copytree(runs["root"] / "base", output)
@@ -191,6 +192,7 @@ def test_late_events_are_quarantined_unless_allowed(runs, spark):
     assert "i-late" not in examples["item_id"].to_pylist()
 
 
+@pytest.mark.slow
 def test_a_day_run_twice_changes_nothing(runs, spark):
     """Its rows are duplicates of the events the first run stored (not late ones, though
     they are older than the output's latest); no stored day changes, so every state file
@@ -233,6 +235,7 @@ def test_an_incompatible_output_is_refused_naming_what_differs(runs, spark, tmp_
         job.run(refit, spark, progress=lambda _: None)
 
 
+@pytest.mark.slow
 def test_a_failed_incremental_run_leaves_the_previous_output_whole(runs, spark, monkeypatch):
     output = runs["root"] / "failing"
     shutil.copytree(runs["root"] / "base", output)

@@ -176,6 +176,7 @@ def test_two_runs_give_identical_values(spark, small_log, tmp_path, job_output):
                                              if isinstance(value, float) else value)
 
 
+@pytest.mark.slow
 def test_failed_job_leaves_no_partial_output(spark, small_log, tmp_path, monkeypatch):
     config = make_config(tmp_path, small_log)
     first = job.run(config, spark, progress=lambda _: None)

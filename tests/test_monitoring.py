@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -17,8 +16,6 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "k8s" / "monitoring"
-# Debian's build of Prometheus 2.42 ships promtool; fetched with apt-get download (no root).
-PROMETHEUS_DEB = "prometheus=2.42.0+ds-5+deb12u1"
 METRIC = re.compile(r"\b(featureline_[a-z0-9_]+)")
 
 
@@ -58,23 +55,13 @@ def test_the_dashboard_queries_only_metrics_the_api_exports(demo_run):
         assert wanted in queried
 
 
-def _promtool(cache: Path) -> Path:
-    found = shutil.which("promtool")
-    if found:
-        return Path(found)
-    binary = cache / "usr" / "bin" / "promtool"
-    if not binary.is_file():
-        if not (shutil.which("apt-get") and shutil.which("dpkg-deb")):
-            pytest.skip("promtool is not installed and this is no Debian machine to fetch it")
-        cache.mkdir(parents=True, exist_ok=True)
-        fetched = subprocess.run(["apt-get", "download", PROMETHEUS_DEB], cwd=cache,
-                                 capture_output=True, text=True, timeout=300)
-        if fetched.returncode != 0:  # the rules' schema is still checked in test_k8s.py
-            pytest.skip(f"promtool could not be fetched from Debian: {fetched.stderr[-300:]}")
-        (deb,) = cache.glob("prometheus_*.deb")
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(cache)], check=True, timeout=300)
-        deb.unlink()
-    return binary
+def _promtool() -> Path:
+    from featureline.tools import PromtoolFetchError, promtool
+
+    try:
+        return promtool()
+    except PromtoolFetchError as exc:  # the rules' schema is still checked in test_k8s.py
+        pytest.skip(str(exc))
 
 
 def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
@@ -91,7 +78,7 @@ def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
     assert {t["alertname"] for t in tests["tests"][0]["alert_rule_test"]} == alerts
     unit = tmp_path / "alerts_test.yaml"
     unit.write_text(yaml.safe_dump(tests))
-    promtool = _promtool(Path.home() / ".cache" / "featureline" / "promtool-2.42.0")
+    promtool = _promtool()
     checked = subprocess.run([str(promtool), "check", "rules", str(rules)],
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -120,6 +120,7 @@ def test_the_report_sums_task_time_per_job_stage(tmp_path):
     assert app["potential_problems"][0]["code"] == [f"etl/features/cyclic_time.py:{line}"]
 
 
+@pytest.mark.slow
 def test_every_stage_of_the_job_runs_on_supported_operators(small_log, tmp_path):
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: the Qualification tool is a Java program")

@@ -122,7 +122,7 @@ def _check_pushed_events(client, processor, output: Path) -> None:
     clicked = _event("new-user", "i1", "click", day)
     # An epoch float, as time.time() gives it, is a time like any other.
     viewed = day + timedelta(minutes=1, microseconds=123457)
-    events = [clicked, _event("new-user", "i1", "view", viewed, ts=viewed.timestamp()),
+    events = [clicked, {**_event("new-user", "i1", "view", viewed), "ts": viewed.timestamp()},
               _event("new-user", "i1", "purchase", day + timedelta(minutes=2)),
               dict(clicked),  # an exact duplicate: counts once
               {**clicked, "user_id": None}, {**clicked, "ts": "yesterday"},

@@ -160,6 +160,8 @@ class FeatureSpec:
     transform_hint: str = "standardize"
     missing: bool = False
     transform: dict[str, Any] | None = None
+    # An aggregation's definition: its group, keys, op, column, filter, window and hop.
+    aggregation: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "short_name": self.short_name,
@@ -170,6 +172,8 @@ class FeatureSpec:
             data["shares"] = self.shares
         if self.transform is not None:
             data["transform"] = self.transform
+        if self.aggregation is not None:
+            data["aggregation"] = self.aggregation
         return data
 
 

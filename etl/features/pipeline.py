@@ -10,8 +10,10 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from featureline.etl.config import EtlConfig
+from featureline.etl.config import EtlConfig, encoded_columns
+from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
+    LABEL,
     SPLIT,
     TRAIN,
     TS_MICROS,
@@ -34,6 +36,10 @@ class FeaturePipeline:
         self.config = config
         roles = config.column_roles()
         self.ops = [op.build(roles) for op in config.features]
+        if config.aggregations:
+            self.ops.append(Aggregations(config.aggregations,
+                                         [*config.event_contract().numeric, LABEL],
+                                         encoded_columns(config)))
         self._overrides = {name: short for op in config.features
                            for name, short in op.short_names.items()}
         # Checks etl.model_ready against the ops' feature names before any data is read.

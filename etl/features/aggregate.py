@@ -1,0 +1,102 @@
+"""aggregations: the ``aggregations:`` spec's values at each example's own time, strictly
+before it (docs/ARCHITECTURE.md, "Features as definitions"), as example columns named
+``<group>__<feature>``.
+
+Not an entry of ``etl.features``: the pipeline adds it after the configured ops when the
+top-level spec has groups, so it reads the ids categorify assigned. Numbers are continuous
+features (counts and distinct counts with a log1p transform; a mean, minimum, maximum or last
+number can be missing); ``last`` of a text column is that column's id, ``last_k`` its ids,
+newest first and padded, sharing the column's embedding table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from featureline.core.aggregations import AggregateFeature, GroupSpec
+from featureline.core.metadata import PADDING_ID, encoded_name
+from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
+from featureline.etl.aggregations import ORDERED, group_values
+from featureline.etl.features.base import LABEL, TS_MICROS, FeatureOp, FeatureSpec
+
+# Operations whose value is a count.
+_COUNTS = ("count", "approx_distinct")
+# Operations that have no value without events.
+_MAYBE_MISSING = ("mean", "min", "max", "last")
+
+
+class Aggregations(FeatureOp):
+    name = "aggregations"
+    # Not kept by an incremental run: a group's value at an event reads other users' events
+    # (an item's, a category's), so every run computes it over every event, as it does the
+    # fitted ops' outputs.
+    fitted = True
+
+    def __init__(self, groups: Sequence[GroupSpec], numeric: Sequence[str],
+                 encoded: Sequence[str]) -> None:
+        super().__init__()
+        self.groups = list(groups)
+        self.numeric = list(numeric)
+        self.encoded = list(encoded)
+        self.outputs = [feature for group in self.groups for feature in group.outputs()]
+
+    def _as_ids(self, feature: AggregateFeature) -> bool:
+        return feature.spec.op in ORDERED and feature.spec.column in self.encoded
+
+    def transform(self, events: DataFrame) -> DataFrame:
+        # The columns the groups read, computed once: every output's plan starts from them.
+        reads = {column: F.struct(F.col(column).alias("raw"),
+                                  F.col(encoded_name(column)).alias("id"))
+                 for column in self.encoded}
+        needed = {TS_MICROS, LABEL, *(encoded_name(c) for c in self.encoded),
+                  *(key for group in self.groups for key in group.keys),
+                  *(column for group in self.groups for feature in group.features
+                    for column in feature.columns())}
+        # Checkpointed (plan and data): each output's plan unions and joins these rows, and
+        # the whole pipeline's plan under every one of them makes a plan too large to plan.
+        narrow = events.select(*sorted(needed & set(events.columns))).localCheckpoint()
+        for group in self.groups:
+            anchors = narrow.select(*group.keys, TS_MICROS).distinct()
+            at = group_values(narrow, anchors, group, self.numeric, reads).localCheckpoint()
+            events = events.join(at, on=[*group.keys, TS_MICROS], how="left")
+        return events.withColumns({f.column_name: self._column(f) for f in self.outputs})
+
+    def _column(self, feature: AggregateFeature) -> Column:
+        value = F.col(feature.column_name)
+        padding = F.lit(PADDING_ID).cast("long")
+        if feature.spec.op == "last_k":
+            ids = F.transform(value, lambda pair: pair["id"])
+            return F.concat(ids, F.array_repeat(padding, F.lit(feature.spec.k) - F.size(ids)))
+        if self._as_ids(feature):
+            return F.coalesce(value["id"], padding)
+        return value.cast("double")
+
+    def features(self) -> list[FeatureSpec]:
+        return [self._spec(feature) for feature in self.outputs]
+
+    def _spec(self, feature: AggregateFeature) -> FeatureSpec:
+        spec = feature.spec
+        described = _description(feature)
+        if spec.op == "last_k":
+            return FeatureSpec(feature.column_name, "multi_hot", "int64", width=spec.k or 1,
+                               shares=encoded_name(spec.column or ""), aggregation=described)
+        if self._as_ids(feature):
+            return FeatureSpec(feature.column_name, "categorical", "int64",
+                               shares=encoded_name(spec.column or ""), aggregation=described)
+        return FeatureSpec(
+            feature.column_name, "continuous", "float32",
+            transform_hint=LOG1P_STANDARDIZE if spec.op in _COUNTS else STANDARDIZE,
+            missing=spec.op in _MAYBE_MISSING, aggregation=described)
+
+
+def _description(feature: AggregateFeature) -> dict[str, Any]:
+    """What metadata.json says of an aggregation feature."""
+    spec, window = feature.spec, feature.window
+    return {"group": feature.group, "keys": list(feature.keys), "feature": feature.output,
+            "op": spec.op,
+            "column": spec.column, "filter": spec.filter, "k": spec.k,
+            "window": window.text, "window_s": window.seconds, "hop_s": window.hop}

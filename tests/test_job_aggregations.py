@@ -1,0 +1,141 @@
+"""Aggregation features defined in featureline.yaml only — a user group and a
+[user_id, category] group — in the ETL's examples, TFRecords and metadata.json, each example's
+values equal to the brute-force reference at its own time."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import timezone
+
+import pyarrow.dataset as ds
+import pytest
+import yaml
+
+from featureline.config import parse_config
+from featureline.core.aggregations import MICROS
+from featureline.core.metadata import PADDING_ID
+from featureline.core.transforms import apply
+from featureline.etl import job
+from featureline.etl.datagen import write_log
+from featureline.etl.tfrecord.reader import read_numpy
+from tests.aggregation_reference import reference
+from tests.job_config import TEST_SPARK
+
+SPEC = """
+aggregations:
+  - name: user_activity
+    keys: [user_id]
+    features:
+      - {op: count, windows: [1h, 1d, 7d]}
+      - {op: count, name: purchases, filter: "event_type in (purchase)", windows: [1d]}
+      - {op: sum, column: value, windows: [7d, all]}
+      - {op: mean, column: price, windows: [1d]}
+      - {op: last_k, column: item_id, k: 3}
+      - {op: last, column: category, windows: [1d]}
+      - {op: approx_distinct, column: category, windows: [7d]}
+  - name: user_category
+    keys: [user_id, category]
+    features:
+      - {op: count, windows: [1d]}
+      - {op: max, column: price, windows: [7d]}
+"""
+
+
+@pytest.fixture(scope="module")
+def aggregated(spark, tmp_path_factory):
+    root = tmp_path_factory.mktemp("aggregated")
+    log = root / "events.jsonl"
+    write_log(log, events=1500, users=20, items=30, days=4, seed=5, bad_fraction=0.0)
+    config = parse_config({**yaml.safe_load(SPEC), "etl": {
+        "source": {"path": str(log)}, "output": {"path": str(root / "out")},
+        "spark": TEST_SPARK.model_dump(mode="json")}})
+    return job.run(config.etl, spark, progress=lambda _: None), config
+
+
+def _table(output, folder):
+    return ds.dataset(output / folder, format="parquet", partitioning="hive").to_table(
+    ).to_pylist()
+
+
+def test_a_group_added_in_yaml_is_in_the_examples_at_each_examples_time(aggregated):
+    result, config = aggregated
+    rows = _table(result.output, "examples")
+    accepted = _table(result.output, "state/events")
+    assert len(rows) == len(accepted) == result.metadata["rows"]["accepted"]
+    # An example is found by (user, item, time); the rare pairs of events sharing all three
+    # (another event type) are left out, not guessed.
+    keys = Counter((r["user_id"], r["item_id"], r["ts"]) for r in rows)
+    examples = {key: r for r in rows if keys[key := (r["user_id"], r["item_id"], r["ts"])] == 1}
+    accepted = [r for r in accepted if (r["user_id"], r["item_id"], r["ts"]) in examples]
+    assert len(accepted) >= len(rows) - 4
+    described = {f["name"]: f for f in result.metadata["features"]}
+    events = [{**row, "ts": _micros(row["ts"])} for row in _table(result.output, "state/events")]
+    # Each raw value's id, as the examples hold it.
+    ids = {column: {raw[column]: examples[(raw["user_id"], raw["item_id"], raw["ts"])][
+        f"{column}_cat"] for raw in accepted} for column in ("item_id", "category")}
+    for group in config.aggregations:
+        by_key: dict[tuple, list[dict]] = {}
+        for event in events:
+            by_key.setdefault(tuple(event[k] for k in group.keys), []).append(event)
+        for feature in group.outputs():
+            differ = []
+            for raw in accepted:
+                row = examples[(raw["user_id"], raw["item_id"], raw["ts"])]
+                event = {**raw, "ts": _micros(raw["ts"])}
+                own = by_key[tuple(event[k] for k in group.keys)]
+                value = reference(feature, own, event["ts"])
+                expected = _as_example(feature, value, ids, described[feature.column_name])
+                got = row[feature.column_name]
+                if not _same(got, expected):
+                    differ.append((row["user_id"], event["ts"], got, expected))
+                indicator = f"{feature.column_name}_missing"
+                if indicator in row and row[indicator] != float(value is None):
+                    differ.append((row["user_id"], event["ts"], "missing", value))
+            assert differ == [], (feature.column_name, differ[:5])
+
+
+def _micros(ts) -> int:
+    return int(ts.replace(tzinfo=timezone.utc).timestamp() * MICROS)
+
+
+def _same(got, expected) -> bool:
+    if isinstance(expected, float):
+        return got == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    return got == expected
+
+
+def _as_example(feature, value, ids, described):
+    """The reference's value as the examples hold it: ids for last_k (padded) and a text
+    last, the model-ready transform of the number for the rest."""
+    op, column = feature.spec.op, feature.spec.column
+    if op in ("last", "last_k") and column in ("item_id", "category"):
+        if op == "last":
+            return PADDING_ID if value is None else ids[column][value]
+        return [ids[column][v] for v in value] + [PADDING_ID] * (feature.spec.k - len(value))
+    return float(apply([math.nan if value is None else value], described["transform"])[0])
+
+
+def test_metadata_and_tfrecords_describe_every_aggregation(aggregated):
+    result, config = aggregated
+    features = {f["name"]: f for f in result.metadata["features"]}
+    outputs = [f for group in config.aggregations for f in group.outputs()]
+    assert len(outputs) == 12
+    described = features["user_category__price_max_7d"]["aggregation"]
+    assert described == {"group": "user_category", "keys": ["user_id", "category"],
+                         "feature": "price_max_7d", "op": "max", "column": "price",
+                         "filter": None, "k": None, "window": "7d", "window_s": 604_800,
+                         "hop_s": 3600}
+    assert features["user_activity__item_id_last_k"]["kind"] == "multi_hot"
+    assert features["user_activity__item_id_last_k"]["shares"] == "item_id_cat"
+    assert features["user_activity__count_1h"]["transform"]["name"] == "log1p_standardize"
+    # The TFRecords hold the model-ready values of the examples, row for row.
+    train = read_numpy(result.output, "train")
+    examples = sorted((r for r in _table(result.output, "examples") if r["split"] == "train"),
+                      key=lambda r: (r["user_id"], r["item_id"], r["ts"]))
+    assert len(train["user_activity__item_id_last_k"]) == len(examples)
+    assert sorted(map(tuple, train["user_activity__item_id_last_k"].tolist())) == sorted(
+        tuple(r["user_activity__item_id_last_k"]) for r in examples)
+    assert sorted(train["user_category__count_1d"].tolist()) == pytest.approx(sorted(
+        r["user_category__count_1d"] for r in examples), rel=1e-6)
+    assert len(set(train["user_category__count_1d"].tolist())) > 3
