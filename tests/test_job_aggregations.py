@@ -22,6 +22,9 @@ from featureline.etl.tfrecord.reader import read_numpy
 from tests.aggregation_reference import reference
 from tests.job_config import TEST_SPARK
 
+# A job run of its own (~40 s on 2 cores).
+pytestmark = pytest.mark.slow
+
 SPEC = """
 aggregations:
   - name: user_activity
