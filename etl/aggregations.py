@@ -44,6 +44,10 @@ _KIND = "_agg_kind"
 _EVENT, _TILE, _ANCHOR = 0, 1, 2
 # The start of the hop a row belongs to (µs); for a tile, its own start.
 _HOP = "_agg_hop"
+# The order of a row in its frames (µs): an event's time, a tile's start, an anchor's time
+# less 1 µs; and in the frames of whole hops, an anchor's own hop's start less 1 µs.
+_AT = "_agg_at"
+_HOP_AT = "_agg_hop_at"
 _REGISTER = "_agg_register"
 _RANK = "_agg_rank"
 
@@ -198,14 +202,14 @@ def _values_at(events: DataFrame, anchors: DataFrame, keys: list[str],
     operation = OPERATIONS[feature.spec.op]
     state = operation.state(value)
     names = list(state)
-    rows = kept.select(*keys, TS_MICROS, F.lit(_EVENT).alias(_KIND),
+    rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT), F.lit(_EVENT).alias(_KIND),
                        *(column.alias(name) for name, column in state.items()))
+    anchor_rows = _anchor_rows(anchors, keys, state)
     window = feature.window
     if window.hop is None:
-        frame = Window.partitionBy(*keys).orderBy(TS_MICROS).rangeBetween(
-            Window.unboundedPreceding, -1)
-        union = rows.unionByName(_anchor_rows(anchors, keys, state))
-        result = union.select(*keys, TS_MICROS, _KIND, *_merged(operation, F.col, frame))
+        union = rows.unionByName(anchor_rows)
+        result = union.select(*keys, TS_MICROS, _KIND,
+                              *_merged(operation, F.col, _before(keys)))
         # Combined with no partial: a count or sum of no events reads 0, as in the engine.
         alone = operation.combine(F.col, lambda name: F.lit(None))
         value_column = operation.finish(lambda name: alone[name], feature.spec.k)
@@ -213,31 +217,48 @@ def _values_at(events: DataFrame, anchors: DataFrame, keys: list[str],
             *keys, TS_MICROS, value_column.alias(feature.column_name))
     hop = window.hop * MICROS
     span = (window.seconds or 0) * MICROS
-    hop_start = F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
-    events_in_hops = rows.withColumn(_HOP, hop_start)
+    events_in_hops = rows.withColumns({_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop)})
     tiles = events_in_hops.groupBy(*keys, _HOP).agg(*_merged(operation, F.col)).select(
-        *keys, F.col(_HOP).alias(TS_MICROS), F.lit(_TILE).alias(_KIND), F.col(_HOP), *names)
-    union = (events_in_hops.unionByName(tiles)
-             .unionByName(_anchor_rows(anchors, keys, state).withColumn(_HOP, hop_start)))
-    # The whole hops [own − w, own): tiles, ordered by their start, anchors by their own hop's.
-    whole = Window.partitionBy(*keys).orderBy(_HOP).rangeBetween(-span, -1)
-    # The own hop's events before t.
-    own = Window.partitionBy(*keys, _HOP).orderBy(TS_MICROS).rangeBetween(
-        Window.unboundedPreceding, -1)
+        *keys, F.col(_HOP).alias(TS_MICROS), F.col(_HOP).alias(_AT), F.lit(_TILE).alias(_KIND),
+        F.col(_HOP), F.col(_HOP).alias(_HOP_AT), *names)
+    union = (events_in_hops.unionByName(tiles).unionByName(anchor_rows.withColumns(
+        {_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop) - 1})))
     framed = union.select(
         *keys, TS_MICROS, _KIND,
-        *_merged(operation, lambda name: F.when(F.col(_KIND) == _TILE, F.col(name)), whole,
-                 "a_"),
-        *_merged(operation, lambda name: F.when(F.col(_KIND) == _EVENT, F.col(name)), own,
-                 "b_"))
+        *_merged(operation, lambda name: F.when(F.col(_KIND) == _TILE, F.col(name)),
+                 _whole_hops(keys, span), "a_"),
+        *_merged(operation, lambda name: F.when(F.col(_KIND) == _EVENT, F.col(name)),
+                 _before(keys, _HOP), "b_"))
     combined = operation.combine(lambda name: F.col(f"a_{name}"), lambda name: F.col(f"b_{name}"))
     value_column = operation.finish(lambda name: combined[name], feature.spec.k)
     return framed.where(F.col(_KIND) == _ANCHOR).select(
         *keys, TS_MICROS, value_column.alias(feature.column_name))
 
 
+# The frames end at the current row (the RAPIDS Accelerator runs no range frame whose upper
+# bound lies behind it): an anchor at t is ordered at t − 1 µs, so "up to it" is "before t";
+# the anchor itself holds no event.
+
+
+def _hop_of(hop: int) -> Column:
+    """The start of the hop holding a row's time (µs)."""
+    return F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
+
+
+def _before(keys: Sequence[str], *within: str) -> WindowSpec:
+    """The key's events before an anchor's time (in the anchor's hop, with ``within``)."""
+    return Window.partitionBy(*keys, *within).orderBy(_AT).rangeBetween(
+        Window.unboundedPreceding, 0)
+
+
+def _whole_hops(keys: Sequence[str], span: int) -> WindowSpec:
+    """The tiles of the whole hops [own − window, own) of an anchor ordered at own − 1 µs."""
+    return Window.partitionBy(*keys).orderBy(_HOP_AT).rangeBetween(-(span - 1), 0)
+
+
 def _anchor_rows(anchors: DataFrame, keys: list[str], state: Columns) -> DataFrame:
-    rows = anchors.select(*keys, TS_MICROS, F.lit(_ANCHOR).alias(_KIND))
+    rows = anchors.select(*keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT),
+                          F.lit(_ANCHOR).alias(_KIND))
     # An anchor holds no event: null state, typed as an event's.
     return rows.select("*", *(F.lit(None).alias(name) for name in state))
 
@@ -272,35 +293,31 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     """approx_distinct: per key and register, the greatest rank in the frames (the same two
     parts as the other operations), then the estimate over the registers at each anchor."""
     register, rank = hll_columns(value.cast("string"))
-    rows = kept.select(*keys, TS_MICROS, register.alias(_REGISTER), rank.alias(_RANK),
-                       F.lit(_EVENT).alias(_KIND))
+    rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
+                       register.alias(_REGISTER), rank.alias(_RANK), F.lit(_EVENT).alias(_KIND))
     by_register = [*keys, _REGISTER]
     # Each anchor once per register its key has.
     registers = rows.select(*by_register).distinct()
     anchor_rows = anchors.join(registers, on=keys).select(
-        *keys, TS_MICROS, _REGISTER, F.lit(None).cast("int").alias(_RANK),
-        F.lit(_ANCHOR).alias(_KIND))
+        *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
+        F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))
     window = feature.window
     if window.hop is None:
-        frame = Window.partitionBy(*by_register).orderBy(TS_MICROS).rangeBetween(
-            Window.unboundedPreceding, -1)
         ranked = rows.unionByName(anchor_rows).select(
-            *keys, TS_MICROS, _KIND, F.max(_RANK).over(frame).alias(_RANK))
+            *keys, TS_MICROS, _KIND, F.max(_RANK).over(_before(by_register)).alias(_RANK))
     else:
         hop = window.hop * MICROS
         span = (window.seconds or 0) * MICROS
-        hop_start = F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
-        events_in_hops = rows.withColumn(_HOP, hop_start)
+        events_in_hops = rows.withColumns({_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop)})
         tiles = events_in_hops.groupBy(*by_register, _HOP).agg(F.max(_RANK).alias(_RANK)).select(
-            *keys, F.col(_HOP).alias(TS_MICROS), _REGISTER, _RANK, F.lit(_TILE).alias(_KIND),
-            _HOP)
-        union = (events_in_hops.unionByName(tiles)
-                 .unionByName(anchor_rows.withColumn(_HOP, hop_start)))
-        whole = Window.partitionBy(*by_register).orderBy(_HOP).rangeBetween(-span, -1)
-        own = Window.partitionBy(*by_register, _HOP).orderBy(TS_MICROS).rangeBetween(
-            Window.unboundedPreceding, -1)
-        of_tiles = F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK))).over(whole)
-        of_events = F.max(F.when(F.col(_KIND) == _EVENT, F.col(_RANK))).over(own)
+            *keys, F.col(_HOP).alias(TS_MICROS), F.col(_HOP).alias(_AT), _REGISTER, _RANK,
+            F.lit(_TILE).alias(_KIND), _HOP, F.col(_HOP).alias(_HOP_AT))
+        union = (events_in_hops.unionByName(tiles).unionByName(anchor_rows.withColumns(
+            {_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop) - 1})))
+        of_tiles = F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK))).over(
+            _whole_hops(by_register, span))
+        of_events = F.max(F.when(F.col(_KIND) == _EVENT, F.col(_RANK))).over(
+            _before(by_register, _HOP))
         ranked = union.select(*keys, TS_MICROS, _KIND,
                               F.greatest(of_tiles, of_events).alias(_RANK))
     at_anchors = ranked.where(F.col(_KIND) == _ANCHOR)

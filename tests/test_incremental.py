@@ -19,6 +19,13 @@ from featureline.etl.incremental import LATE_EVENT, STATE_DIR, read_state
 from tests.job_config import make_config
 
 NEW_DAYS = ("2026-01-09", "2026-01-10")
+# Aggregations keyed by the user and by the item (an item's value reads other users'
+# events): an incremental run computes them as a full run does.
+AGGREGATIONS = [{"name": "user_recent", "keys": ["user_id"], "features": [
+                    {"op": "count", "windows": ["1d"]}, {"op": "last_k", "column": "item_id",
+                                                        "k": 2}]},
+                {"name": "item_recent", "keys": ["item_id"], "features": [
+                    {"op": "sum", "column": "value", "windows": ["7d"]}]}]
 
 
 def _split_log(log: Path, folder: Path) -> dict[str, Path]:
@@ -112,14 +119,16 @@ def runs(spark, small_log, tmp_path_factory):
     and a full run over both files extending the old run's vocabularies."""
     root = tmp_path_factory.mktemp("incremental")
     files = _split_log(small_log, root / "raw")
-    config = make_config(root, files["old"], incremental={"allow_late": True})
+    config = make_config(root, files["old"], incremental={"allow_late": True},
+                         aggregations=AGGREGATIONS)
     base = job.run(config, spark, progress=lambda _: None)
     shutil.copytree(base.output, root / "base")  # the vocabularies both runs extend
     incremental = job.run(config.model_copy(update={
         "mode": "incremental", "source": config.source.model_copy(
             update={"path": str(files["new"])})}), spark, progress=lambda _: None)
     full = job.run(make_config(root / "full", root / "raw", incremental={"allow_late": True},
-                               vocabulary={"previous": str(root / "base")}),
+                               vocabulary={"previous": str(root / "base")},
+                               aggregations=AGGREGATIONS),
                    spark, progress=lambda _: None)
     return {"root": root, "files": files, "config": config, "base": base.metadata,
             "incremental": incremental, "full": full}
@@ -132,6 +141,8 @@ def runs(spark, small_log, tmp_path_factory):
 def test_every_table_equals_the_full_runs(runs, table):
     ours, theirs = (_table(runs[name].output / table) for name in ("incremental", "full"))
     assert ours.num_rows > 0
+    if table == "examples":
+        assert {"user_recent__count_1d", "item_recent__value_sum_7d"} <= set(ours.column_names)
     # Names, types and nullability (what a file's reader sees as required).
     assert ([(f.name, f.type, f.nullable) for f in ours.schema]
             == [(f.name, f.type, f.nullable) for f in theirs.schema])
