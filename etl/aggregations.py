@@ -42,12 +42,12 @@ from featureline.etl.features.base import TS_MICROS
 # Row kinds in the union the frames run over.
 _KIND = "_agg_kind"
 _EVENT, _TILE, _ANCHOR = 0, 1, 2
-# The start of the hop a row belongs to (µs); for a tile, its own start.
+# The start of the hop a row belongs to (µs), one column per hop ("_agg_hop<µs>"); for a
+# tile, its own start.
 _HOP = "_agg_hop"
 # The order of a row in its frames (µs): an event's time, a tile's start, an anchor's time
-# less 1 µs; and in the frames of whole hops, an anchor's own hop's start less 1 µs.
+# less 1 µs.
 _AT = "_agg_at"
-_HOP_AT = "_agg_hop_at"
 _REGISTER = "_agg_register"
 _RANK = "_agg_rank"
 
@@ -167,72 +167,105 @@ def backfill(events: DataFrame, queries: DataFrame, groups: Sequence[GroupSpec],
 def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
                  numeric: Sequence[str], values: Mapping[str, Column] | None = None
                  ) -> DataFrame:
-    """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each."""
+    """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each.
+
+    Every output but approx_distinct comes from one union of the group's events, its tiles
+    (one set per hop) and the anchors, and one select of window functions over it: the
+    events' plan is read once per hop, not once per output."""
     keys = list(group.keys)
-    at = anchors
-    for feature in group.outputs():
-        column = feature.spec.column
-        read = (values or {}).get(column) if column and feature.spec.op in ORDERED else None
-        at = at.join(_values_at(events, anchors, keys, feature, numeric, read),
+    outputs = group.outputs()
+    distinct = [f for f in outputs if f.spec.op == "approx_distinct"]
+    framed = [f for f in outputs if f.spec.op != "approx_distinct"]
+    at = _framed_values(events, anchors, keys, framed, numeric, values or {}) if framed \
+        else anchors
+    for feature in distinct:
+        at = at.join(_distinct_at(events.where(_keeps(feature, numeric)), anchors, keys,
+                                  feature, _read(feature, values or {})),
                      on=[*keys, TS_MICROS], how="left")
     return at
 
 
-def _kept(events: DataFrame, feature: AggregateFeature, numeric: Sequence[str]) -> DataFrame:
+def _keeps(feature: AggregateFeature, numeric: Sequence[str]) -> Column:
+    """Whether an event counts for the feature: its filter, and its column present
+    (accepted events hold no NaN: validation quarantines it)."""
     spec = feature.spec
-    kept = events
+    keeps = F.lit(True)
     if spec.filter is not None:
         rule = spec.rule()
-        kept = kept.where(F.col(LABEL) == 1 if rule is None else rule_column(
-            rule, rule.column not in (*numeric, "ts")))
-    if spec.column is not None:  # accepted events hold no NaN: validation quarantines it
-        kept = kept.where(F.col(spec.column).isNotNull())
-    return kept
+        keeps = F.col(LABEL) == 1 if rule is None else rule_column(
+            rule, rule.column not in (*numeric, "ts"))
+    if spec.column is not None:
+        keeps = keeps & F.col(spec.column).isNotNull()
+    return keeps
 
 
-def _values_at(events: DataFrame, anchors: DataFrame, keys: list[str],
-               feature: AggregateFeature, numeric: Sequence[str],
-               read: Column | None) -> DataFrame:
-    """(keys, TS_MICROS, the feature's column) for each anchor."""
-    kept = _kept(events, feature, numeric)
-    value = read if read is not None else (
-        F.col(feature.spec.column) if feature.spec.column else F.lit(True))
-    if feature.spec.op == "approx_distinct":
-        return _distinct_at(kept, anchors, keys, feature, value)
-    operation = OPERATIONS[feature.spec.op]
-    state = operation.state(value)
-    names = list(state)
-    rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT), F.lit(_EVENT).alias(_KIND),
-                       *(column.alias(name) for name, column in state.items()))
-    anchor_rows = _anchor_rows(anchors, keys, state)
-    window = feature.window
-    if window.hop is None:
-        union = rows.unionByName(anchor_rows)
-        result = union.select(*keys, TS_MICROS, _KIND,
-                              *_merged(operation, F.col, _before(keys)))
-        # Combined with no partial: a count or sum of no events reads 0, as in the engine.
-        alone = operation.combine(F.col, lambda name: F.lit(None))
-        value_column = operation.finish(lambda name: alone[name], feature.spec.k)
-        return result.where(F.col(_KIND) == _ANCHOR).select(
-            *keys, TS_MICROS, value_column.alias(feature.column_name))
-    hop = window.hop * MICROS
-    span = (window.seconds or 0) * MICROS
-    events_in_hops = rows.withColumns({_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop)})
-    tiles = events_in_hops.groupBy(*keys, _HOP).agg(*_merged(operation, F.col)).select(
-        *keys, F.col(_HOP).alias(TS_MICROS), F.col(_HOP).alias(_AT), F.lit(_TILE).alias(_KIND),
-        F.col(_HOP), F.col(_HOP).alias(_HOP_AT), *names)
-    union = (events_in_hops.unionByName(tiles).unionByName(anchor_rows.withColumns(
-        {_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop) - 1})))
-    framed = union.select(
-        *keys, TS_MICROS, _KIND,
-        *_merged(operation, lambda name: F.when(F.col(_KIND) == _TILE, F.col(name)),
-                 _whole_hops(keys, span), "a_"),
-        *_merged(operation, lambda name: F.when(F.col(_KIND) == _EVENT, F.col(name)),
-                 _before(keys, _HOP), "b_"))
-    combined = operation.combine(lambda name: F.col(f"a_{name}"), lambda name: F.col(f"b_{name}"))
-    value_column = operation.finish(lambda name: combined[name], feature.spec.k)
-    return framed.where(F.col(_KIND) == _ANCHOR).select(
-        *keys, TS_MICROS, value_column.alias(feature.column_name))
+def _read(feature: AggregateFeature, values: Mapping[str, Column]) -> Column:
+    column = feature.spec.column
+    if column is None:
+        return F.lit(True)
+    read = values.get(column) if feature.spec.op in ORDERED else None
+    return read if read is not None else F.col(column)
+
+
+def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
+                   features: list[AggregateFeature], numeric: Sequence[str],
+                   values: Mapping[str, Column]) -> DataFrame:
+    operations = [OPERATIONS[f.spec.op] for f in features]
+    # Output i's partial in columns "<i>_<name>": null on the rows it does not count.
+    state: dict[str, Column] = {}
+    for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
+        keeps = _keeps(feature, numeric)
+        state.update({f"{index}_{name}": F.when(keeps, column) for name, column
+                      in operation.state(_read(feature, values)).items()})
+    hops = sorted({f.window.hop * MICROS for f in features if f.window.hop})
+    hop_columns = {f"{_HOP}{hop}": _hop_of(hop) for hop in hops}
+    rows = events.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
+                         F.lit(_EVENT).alias(_KIND), *(c.alias(n) for n, c in state.items()),
+                         *(c.alias(n) for n, c in hop_columns.items()))
+    union = rows.unionByName(anchors.select(
+        *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND),
+        *(c.alias(n) for n, c in hop_columns.items())), allowMissingColumns=True)
+    for hop in hops:
+        # The tiles of the outputs of this hop: one row per key and hop.
+        members = [i for i, f in enumerate(features) if (f.window.hop or 0) * MICROS == hop]
+        merged = [column for i in members
+                  for column in _merged(operations[i], _partial(i), prefix=f"{i}_")]
+        tiles = rows.groupBy(*keys, f"{_HOP}{hop}").agg(*merged).select(
+            "*", F.col(f"{_HOP}{hop}").alias(TS_MICROS), F.col(f"{_HOP}{hop}").alias(_AT),
+            F.lit(_TILE + hop).alias(_KIND))
+        union = union.unionByName(tiles, allowMissingColumns=True)
+    columns = []
+    for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
+        hop = (feature.window.hop or 0) * MICROS
+        columns += _merged(operation, _partial(index, _EVENT),
+                           _before(keys, *([f"{_HOP}{hop}"] if hop else [])), f"b{index}_")
+        if hop:
+            columns += _merged(operation, _partial(index, _TILE + hop),
+                               _whole_hops(keys, hop, (feature.window.seconds or 0) * MICROS),
+                               f"a{index}_")
+    framed = union.select(*keys, TS_MICROS, _KIND, *columns).where(F.col(_KIND) == _ANCHOR)
+    outputs = []
+    for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
+        whole = _partial(index, prefix="a") if feature.window.hop else _nothing
+        combined = operation.combine(whole, _partial(index, prefix="b"))
+        outputs.append(operation.finish(combined.__getitem__, feature.spec.k)
+                       .alias(feature.column_name))
+    return framed.select(*keys, TS_MICROS, *outputs)
+
+
+def _partial(index: int, kind: int | None = None, prefix: str = "") -> Getter:
+    """Output ``index``'s partial, by name: the columns ``<prefix><index>_<name>``, null on
+    the rows not of ``kind`` (where given)."""
+    def column(name: str) -> Column:
+        value = F.col(f"{prefix}{index}_{name}")
+        return value if kind is None else F.when(F.col(_KIND) == kind, value)
+
+    return column
+
+
+def _nothing(name: str) -> Column:
+    """No partial: the lifetime's part of whole hops."""
+    return F.lit(None)
 
 
 # The frames end at the current row (the RAPIDS Accelerator runs no range frame whose upper
@@ -241,7 +274,7 @@ def _values_at(events: DataFrame, anchors: DataFrame, keys: list[str],
 
 
 def _hop_of(hop: int) -> Column:
-    """The start of the hop holding a row's time (µs)."""
+    """The start of the hop (µs) holding a row's time."""
     return F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
 
 
@@ -251,16 +284,15 @@ def _before(keys: Sequence[str], *within: str) -> WindowSpec:
         Window.unboundedPreceding, 0)
 
 
-def _whole_hops(keys: Sequence[str], span: int) -> WindowSpec:
-    """The tiles of the whole hops [own − window, own) of an anchor ordered at own − 1 µs."""
-    return Window.partitionBy(*keys).orderBy(_HOP_AT).rangeBetween(-(span - 1), 0)
+def _whole_hops(keys: Sequence[str], hop: int, span: int) -> WindowSpec:
+    """The tiles of the whole hops [own − window, own) of an anchor: ordered by the start of
+    a tile's hop, and an anchor's own hop's start less 1 µs."""
+    return Window.partitionBy(*keys).orderBy(_hop_at(hop)).rangeBetween(-(span - 1), 0)
 
 
-def _anchor_rows(anchors: DataFrame, keys: list[str], state: Columns) -> DataFrame:
-    rows = anchors.select(*keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT),
-                          F.lit(_ANCHOR).alias(_KIND))
-    # An anchor holds no event: null state, typed as an event's.
-    return rows.select("*", *(F.lit(None).alias(name) for name in state))
+def _hop_at(hop: int) -> Column:
+    column = F.col(f"{_HOP}{hop}")
+    return F.when(F.col(_KIND) == _ANCHOR, column - 1).otherwise(column)
 
 
 def hll_columns(text: Column) -> tuple[Column, Column]:
@@ -307,17 +339,18 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
             *keys, TS_MICROS, _KIND, F.max(_RANK).over(_before(by_register)).alias(_RANK))
     else:
         hop = window.hop * MICROS
-        span = (window.seconds or 0) * MICROS
-        events_in_hops = rows.withColumns({_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop)})
-        tiles = events_in_hops.groupBy(*by_register, _HOP).agg(F.max(_RANK).alias(_RANK)).select(
-            *keys, F.col(_HOP).alias(TS_MICROS), F.col(_HOP).alias(_AT), _REGISTER, _RANK,
-            F.lit(_TILE).alias(_KIND), _HOP, F.col(_HOP).alias(_HOP_AT))
-        union = (events_in_hops.unionByName(tiles).unionByName(anchor_rows.withColumns(
-            {_HOP: _hop_of(hop), _HOP_AT: _hop_of(hop) - 1})))
+        hop_column = f"{_HOP}{hop}"
+        events_in_hops = rows.withColumn(hop_column, _hop_of(hop))
+        tiles = events_in_hops.groupBy(*by_register, hop_column).agg(
+            F.max(_RANK).alias(_RANK)).select(
+            *keys, F.col(hop_column).alias(TS_MICROS), F.col(hop_column).alias(_AT), _REGISTER,
+            _RANK, F.lit(_TILE).alias(_KIND), hop_column)
+        union = (events_in_hops.unionByName(tiles)
+                 .unionByName(anchor_rows.withColumn(hop_column, _hop_of(hop))))
         of_tiles = F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK))).over(
-            _whole_hops(by_register, span))
+            _whole_hops(by_register, hop, (window.seconds or 0) * MICROS))
         of_events = F.max(F.when(F.col(_KIND) == _EVENT, F.col(_RANK))).over(
-            _before(by_register, _HOP))
+            _before(by_register, hop_column))
         ranked = union.select(*keys, TS_MICROS, _KIND,
                               F.greatest(of_tiles, of_events).alias(_RANK))
     at_anchors = ranked.where(F.col(_KIND) == _ANCHOR)

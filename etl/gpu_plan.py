@@ -61,7 +61,11 @@ logger.stage.appenderRef.plan.ref = plan
 _NODE = re.compile(r"^\s*(?P<mark>[*@!^#])(?P<kind>\w*) <(?P<name>[^>]+)> (?P<text>.*)$")
 _OFF = re.compile(r"^(?:(?P<node>.*?) )?(?:cannot run on GPU|will run on GPU via CPU bridge) "
                   r"because (?P<reason>.*)$")
-_ON = re.compile(r"^(?:(?P<node>.*?) )?(?:will|could) run on GPU$")
+# A node the plugin drops from its plan ("#… could run on GPU but is going to be removed
+# because replacing sortMergeJoin with shuffleHashJoin": its GPU join needs no sort) runs
+# nowhere: it counts as planned on the GPU.
+_ON = re.compile(r"^(?:(?P<node>.*?) )?(?:will|could) run on GPU"
+                 r"(?: but is going to be removed because .*)?$")
 _OPERATOR_KINDS = {"Exec", "Output", ""}
 _EXPRESSION_IDS = re.compile(r"#\d+L?\b")
 # How a node the plugin names shows up in our code, where its name alone is not a call,

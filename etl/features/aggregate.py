@@ -56,12 +56,11 @@ class Aggregations(FeatureOp):
                   *(key for group in self.groups for key in group.keys),
                   *(column for group in self.groups for feature in group.features
                     for column in feature.columns())}
-        # Checkpointed (plan and data): each output's plan unions and joins these rows, and
-        # the whole pipeline's plan under every one of them makes a plan too large to plan.
-        narrow = events.select(*sorted(needed & set(events.columns))).localCheckpoint()
+        # Cached: each hop's tiles, the frames and the anchors read these rows.
+        narrow = self.keep(events.select(*sorted(needed & set(events.columns))))
         for group in self.groups:
             anchors = narrow.select(*group.keys, TS_MICROS).distinct()
-            at = group_values(narrow, anchors, group, self.numeric, reads).localCheckpoint()
+            at = group_values(narrow, anchors, group, self.numeric, reads)
             events = events.join(at, on=[*group.keys, TS_MICROS], how="left")
         return events.withColumns({f.column_name: self._column(f) for f in self.outputs})
 
