@@ -8,12 +8,17 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py --sizes 20000 --smoke  # the tiny size CI runs
     python benchmarks/bench_etl.py --sizes 1000000 --profile  # + the slowest Spark stages
     python benchmarks/bench_etl.py --incremental --sizes 1000000  # a new day on 30 days
+    python benchmarks/bench_etl.py --aggregations --sizes 1000000  # the cost of a spec
 
 ``--incremental``: a log of 31 days at each size (the history, then one new day); the full
 job over the history first (not timed), then, timed, the incremental run of the new day's
 file against a full recompute over both files extending the same vocabularies, the outputs
 compared by the benchmark itself (examples, entity tables, vocabularies: equal row for row);
 the incremental cost per new event at each size relative to the smallest size.
+
+``--aggregations [SPEC]``: the job without and with an ``aggregations:`` spec
+(benchmarks/aggregations.yaml by default) on the same log, interleaved A B B A; the ratio of
+the means is the spec's cost.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import yaml
 from pyspark.sql import SparkSession
 
+from featureline.core.aggregations import GroupSpec
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import write_log
@@ -46,6 +53,7 @@ BENCH_SPARK = SparkSettings(master="local[2]", properties={
     "spark.sql.shuffle.partitions": "8"})
 # Spark stages listed per size with --profile.
 PROFILE_TOP = 10
+AGGREGATIONS = Path(__file__).with_name("aggregations.yaml")
 
 
 def _profiled(settings: SparkSettings, event_log: Path) -> SparkSettings:
@@ -87,6 +95,39 @@ def measure(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
         "stages_s": result.metadata["timings_s"],
         "rows": result.metadata["rows"],
     }
+
+
+def measure_aggregations(spark: SparkSession, events: int, workdir: Path,
+                         spec: Path) -> dict[str, Any]:
+    """The job's time without (A) and with (B) the spec's groups, A B B A on one log."""
+    groups = [GroupSpec.model_validate(g)
+              for g in yaml.safe_load(spec.read_text())["aggregations"]]
+    raw = workdir / f"events-{events}.jsonl"
+    write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+              days=28, seed=1, bad_fraction=0.001)
+    base = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    for side in ("without", "with", "with", "without"):
+        config = base.model_copy(update={"aggregations": groups if side == "with" else []})
+        shutil.rmtree(workdir / "out", ignore_errors=True)
+        start = time.perf_counter()
+        job.run(config, spark, progress=lambda _: None)
+        times[side].append(round(time.perf_counter() - start, 2))
+    values = sum(len(g.outputs()) for g in groups)
+    means = {side: sum(runs) / len(runs) for side, runs in times.items()}
+    return {"events": events, "spec": spec.name, "groups": len(groups), "values": values,
+            "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
+
+
+def run_aggregations(sizes: list[int], spec: Path,
+                     spark: SparkSession | None = None) -> dict[str, Any]:
+    spark = spark or build_session(BENCH_SPARK)
+    with tempfile.TemporaryDirectory(prefix="bench-etl-aggregations-") as tmp:
+        runs = [measure_aggregations(spark, events, Path(tmp), spec) for events in sizes]
+    return {"benchmark": "etl_aggregations",
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "spark_master": spark.sparkContext.master, "spark": spark.version},
+            "runs": runs}
 
 
 def _split_days(raw: Path, folder: Path) -> tuple[Path, Path, int]:
@@ -241,8 +282,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true",
                         help=f"list each size's {PROFILE_TOP} slowest Spark stages, with the "
                              "stage of the job that ran each (from an event log)")
+    parser.add_argument("--aggregations", nargs="?", const=str(AGGREGATIONS), default=None,
+                        metavar="SPEC", help="the job without and with an aggregations spec "
+                                             "(default benchmarks/aggregations.yaml)")
     args = parser.parse_args(argv)
     sizes = [20_000, 40_000] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    if args.aggregations:
+        print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))
+        return
     if args.incremental:
         print(json.dumps(run_incremental(sizes), indent=2))
         return

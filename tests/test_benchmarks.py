@@ -36,6 +36,17 @@ def test_bench_etl_smoke(spark):
     assert first["cost_per_event_vs_smallest"] == 1.0
 
 
+@pytest.mark.slow
+def test_bench_etl_aggregations_smoke(spark):
+    bench = _load("bench_etl")
+    report = bench.run_aggregations([3000], bench.AGGREGATIONS, spark)
+    json.dumps(report)
+    (entry,) = report["runs"]
+    assert (entry["events"], entry["groups"], entry["values"]) == (3000, 2, 15)
+    assert [len(entry["job_s"][side]) for side in ("without", "with")] == [2, 2]
+    assert entry["with_vs_without"] > 0
+
+
 def test_bench_tfrecord_smoke():
     pytest.importorskip("tensorflow")
     report = _load("bench_tfrecord").run(rows=3000, tf_rows=300, passes=2, min_rows=6000)

@@ -21,7 +21,13 @@ from featureline.core.aggregations import AggregateFeature, GroupSpec
 from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.aggregations import ORDERED, group_values
-from featureline.etl.features.base import LABEL, TS_MICROS, FeatureOp, FeatureSpec
+from featureline.etl.features.base import (
+    LABEL,
+    TS_MICROS,
+    FeatureOp,
+    FeatureSpec,
+    plans_for_gpu,
+)
 
 # Operations whose value is a count.
 _COUNTS = ("count", "approx_distinct")
@@ -61,8 +67,18 @@ class Aggregations(FeatureOp):
         for group in self.groups:
             anchors = narrow.select(*group.keys, TS_MICROS).distinct()
             at = group_values(narrow, anchors, group, self.numeric, reads)
-            events = events.join(at, on=[*group.keys, TS_MICROS], how="left")
+            events = events.join(self._cut(at), on=[*group.keys, TS_MICROS], how="left")
         return events.withColumns({f.column_name: self._column(f) for f in self.outputs})
+
+    def _cut(self, values: DataFrame) -> DataFrame:
+        """A group's values, computed once: every later action of the job (the model-ready
+        fit, each write) would plan the group's unions and frames again under its own plan,
+        and an incremental run's plan with them outgrows the driver's memory. On the CPU a
+        local checkpoint; under the RAPIDS Accelerator, which runs no scan of a checkpoint,
+        a cache."""
+        if plans_for_gpu(values.sparkSession):
+            return self.keep(values)
+        return values.localCheckpoint()
 
     def _column(self, feature: AggregateFeature) -> Column:
         value = F.col(feature.column_name)
