@@ -97,9 +97,12 @@ def measure(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
     }
 
 
-def measure_aggregations(spark: SparkSession, events: int, workdir: Path,
-                         spec: Path) -> dict[str, Any]:
-    """The job's time without (A) and with (B) the spec's groups, A B B A on one log."""
+ABBA = ("without", "with", "with", "without")
+
+
+def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: Path,
+                         order: tuple[str, ...] = ABBA) -> dict[str, Any]:
+    """The job's time without (A) and with (B) the spec's groups on one log, in ``order``."""
     groups = [GroupSpec.model_validate(g)
               for g in yaml.safe_load(spec.read_text())["aggregations"]]
     raw = workdir / f"events-{events}.jsonl"
@@ -107,7 +110,7 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path,
               days=28, seed=1, bad_fraction=0.001)
     base = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
     times: dict[str, list[float]] = {"without": [], "with": []}
-    for side in ("without", "with", "with", "without"):
+    for side in order:
         config = base.model_copy(update={"aggregations": groups if side == "with" else []})
         shutil.rmtree(workdir / "out", ignore_errors=True)
         start = time.perf_counter()
@@ -119,11 +122,12 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path,
             "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
 
 
-def run_aggregations(sizes: list[int], spec: Path,
-                     spark: SparkSession | None = None) -> dict[str, Any]:
+def run_aggregations(sizes: list[int], spec: Path, spark: SparkSession | None = None,
+                     order: tuple[str, ...] = ABBA) -> dict[str, Any]:
     spark = spark or build_session(BENCH_SPARK)
     with tempfile.TemporaryDirectory(prefix="bench-etl-aggregations-") as tmp:
-        runs = [measure_aggregations(spark, events, Path(tmp), spec) for events in sizes]
+        runs = [measure_aggregations(spark, events, Path(tmp), spec, order)
+                for events in sizes]
     return {"benchmark": "etl_aggregations",
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
