@@ -358,7 +358,7 @@ class FeatureSpec(Settings):
     def outputs(self) -> list[tuple[str, Window]]:
         """(output name, window) per window; no window: the lifetime under the base name."""
         if not self.windows:
-            return [(self.base_name, Window(ALL, None, None))]
+            return [(self.base_name, parse_window(ALL))]
         return [(f"{self.base_name}_{w}", parse_window(w, self.hop)) for w in self.windows]
 
     def rule(self) -> LabelSpec | None:

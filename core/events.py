@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -314,11 +314,17 @@ def labeler(contract: EventContract) -> Callable[[Mapping[str, Any]], int]:
     return label
 
 
+def compares_text(column: str, numeric: Sequence[str]) -> bool:
+    """Whether a rule on ``column`` compares text (its literals read as ``label_text``): not
+    a number column of the events (``numeric``), the time, or the label (a filter may test
+    it). The Spark side (``etl.aggregations``) and :func:`matcher` both ask this."""
+    return column not in (*numeric, "ts", "label")
+
+
 def matcher(rule: LabelSpec, contract: EventContract) -> Callable[[Mapping[str, Any]], bool]:
     """Whether an accepted event matches ``rule`` (a missing value never matches), as the
     ETL's ``label_column`` reads it; its literals read once."""
-    # The label (a filter may test it) is a number.
-    categorical = rule.column not in (*contract.numeric, "ts", "label")
+    categorical = compares_text(rule.column, contract.numeric)
     wanted = rule.value if isinstance(rule.value, list) else [rule.value]
     literals = [label_text(v) if categorical else float(v) for v in wanted]
     compare: Callable[[Any], bool] = {

@@ -36,7 +36,7 @@ from featureline.core.aggregations import (
     AggregateFeature,
     GroupSpec,
 )
-from featureline.core.events import LabelSpec, label_text
+from featureline.core.events import LabelSpec, compares_text, label_text
 from featureline.etl.features.base import TS_MICROS
 
 # Row kinds in the union the frames run over.
@@ -87,23 +87,22 @@ def _plus(zero: int | float) -> Callable[[Column, Column], Column]:
     return lambda a, b: F.coalesce(a, F.lit(zero)) + F.coalesce(b, F.lit(zero))
 
 
-_ZERO_L, _ZERO_D = 0, 0.0
 OPERATIONS: dict[str, SparkOperation] = {
     "count": SparkOperation(
         state=lambda v: {"n": F.lit(1).cast("long")},
         merge=lambda c: {"n": (F.sum(c("n")), _same)},
-        combine=lambda a, b: {"n": _plus(_ZERO_L)(a("n"), b("n"))},
+        combine=lambda a, b: {"n": _plus(0)(a("n"), b("n"))},
         finish=lambda c, k: c("n")),
     "sum": SparkOperation(
         state=lambda v: {"s": v.cast("double")},
         merge=lambda c: {"s": (F.sum(c("s")), _same)},
-        combine=lambda a, b: {"s": _plus(_ZERO_D)(a("s"), b("s"))},
+        combine=lambda a, b: {"s": _plus(0.0)(a("s"), b("s"))},
         finish=lambda c, k: c("s")),
     "mean": SparkOperation(
         state=lambda v: {"s": v.cast("double"), "n": F.lit(1).cast("long")},
         merge=lambda c: {"s": (F.sum(c("s")), _same), "n": (F.sum(c("n")), _same)},
-        combine=lambda a, b: {"s": _plus(_ZERO_D)(a("s"), b("s")),
-                              "n": _plus(_ZERO_L)(a("n"), b("n"))},
+        combine=lambda a, b: {"s": _plus(0.0)(a("s"), b("s")),
+                              "n": _plus(0)(a("n"), b("n"))},
         finish=lambda c, k: F.when(c("n") > 0, c("s") / c("n"))),
     "min": SparkOperation(
         state=lambda v: {"m": v},
@@ -193,7 +192,7 @@ def _keeps(feature: AggregateFeature, numeric: Sequence[str]) -> Column:
     if spec.filter is not None:
         rule = spec.rule()
         keeps = F.col(LABEL) == 1 if rule is None else rule_column(
-            rule, rule.column not in (*numeric, "ts"))
+            rule, compares_text(rule.column, numeric))
     if spec.column is not None:
         keeps = keeps & F.col(spec.column).isNotNull()
     return keeps
@@ -317,7 +316,8 @@ def hll_estimate_column(registers: Column, powers: Column) -> Column:
     raw = F.lit(HLL_ALPHA * HLL_REGISTERS * HLL_REGISTERS) / harmonic
     linear = F.lit(HLL_REGISTERS) * F.log(F.lit(float(HLL_REGISTERS)) / empty.cast("double"))
     estimate = F.when((raw <= 2.5 * HLL_REGISTERS) & (empty > 0), linear).otherwise(raw)
-    return F.when(registers > 0, F.round(estimate).cast("long")).otherwise(F.lit(0).cast("long"))
+    # Half to even, as Python's round(): the engine's estimate to the unit.
+    return F.when(registers > 0, F.bround(estimate).cast("long")).otherwise(F.lit(0).cast("long"))
 
 
 def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],

@@ -343,12 +343,13 @@ def check_aggregations(config: EtlConfig) -> None:
     """The spec reads columns the events have; a ``last`` or ``last_k`` of a text column in
     the examples needs its ids (a categorify of it). Raises :class:`ConfigError` naming the
     key as featureline.yaml holds it (``aggregations[0].features[2].column``)."""
+    contract = config.event_contract()
     try:
-        check_groups(config.aggregations, config.event_contract())
+        check_groups(config.aggregations, contract)
     except ValueError as exc:
         key, _, message = str(exc).partition(": ")
         raise ConfigError(f"aggregations{key}", message) from None
-    numeric = set(config.event_contract().numeric) | {LABEL_COLUMN}
+    numeric = {*contract.numeric, LABEL_COLUMN}
     encoded = set(encoded_columns(config))
     for g, group in enumerate(config.aggregations):
         for f, feature in enumerate(group.features):

@@ -13,7 +13,6 @@ from pyspark.sql import functions as F
 from featureline.etl.config import EtlConfig, encoded_columns
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
-    LABEL,
     SPLIT,
     TRAIN,
     TS_MICROS,
@@ -37,8 +36,7 @@ class FeaturePipeline:
         roles = config.column_roles()
         self.ops = [op.build(roles) for op in config.features]
         if config.aggregations:
-            self.ops.append(Aggregations(config.aggregations,
-                                         [*config.event_contract().numeric, LABEL],
+            self.ops.append(Aggregations(config.aggregations, config.event_contract().numeric,
                                          encoded_columns(config)))
         self._overrides = {name: short for op in config.features
                            for name, short in op.short_names.items()}
