@@ -14,6 +14,13 @@ TEST_SPARK = SparkSettings(
         "spark.default.parallelism": "2",
         "spark.ui.enabled": "false",
         "spark.driver.memory": "2g",
+        # One session runs the whole suite on rows in the thousands: Spark would size its
+        # memory pages for the heap (32 MB at 2 GB and two cores), one per sort, aggregation
+        # and window buffer of every running task, and a job with many windows held more
+        # pages than the heap beside them could spare.
+        "spark.buffer.pageSize": "2m",
+        # Nor need the suite's hundreds of queries stay in the status store.
+        "spark.sql.ui.retainedExecutions": "20",
         "spark.sql.adaptive.enabled": "true",
     },
 )
