@@ -13,13 +13,16 @@ QUALIFY_LOG ?= data/qualify/events.jsonl
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
+# Material for MkDocs prints a banner about its successor on every build.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: help venv java test test-fast lint typecheck demo stop bench qualify gpu-check clean FORCE
+.PHONY: help venv java test test-fast docs lint typecheck demo stop bench qualify gpu-check clean FORCE
 
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
 	@echo "make test   run the test suite (creates .venv on first use)"
 	@echo "make test-fast  the suite without the slow end-to-end runs"
+	@echo "make docs   build the user guide into site/ (open site/index.html)"
 	@echo "make lint   ruff check"
 	@echo "make typecheck  mypy over the package"
 	@echo "make stop   stop what the demo left running (the API, the embedded Redis)"
@@ -50,9 +53,11 @@ java:
 	@scripts/check_java.sh
 
 # The tools the tests use are fetched while the linters run (nothing then waits on a
-# download); a tool that cannot be fetched is reported, and its tests skip or fail.
+# download), and Debian's chromium installed for the guide's browser test; a tool that
+# cannot be fetched is reported, and its tests skip or fail.
 test: venv java
-	@$(BIN)/featureline fetch > $(VENV)/fetch.log 2>&1 & fetching=$$!; \
+	@{ $(BIN)/featureline fetch & scripts/install_chromium.sh; wait; } > $(VENV)/fetch.log 2>&1 & \
+	fetching=$$!; \
 	$(BIN)/ruff check . && $(MAKE) --no-print-directory typecheck; linted=$$?; \
 	wait $$fetching; cat $(VENV)/fetch.log; exit $$linted
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
@@ -61,6 +66,11 @@ test: venv java
 # process of its own): for a quick check while developing; `make test` runs them all.
 test-fast: venv java
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The user guide into site/ (docs/ARCHITECTURE.md, "The user guide"); strict: a broken link
+# or a page left out of the navigation fails, as in `make test`.
+docs: venv
+	$(BIN)/mkdocs build --strict
 
 lint: venv
 	$(BIN)/ruff check .
@@ -89,6 +99,6 @@ gpu-check: venv java
 	$(BIN)/featureline etl gpu-check --input $(QUALIFY_LOG) --refit-vocabularies $(GPU_CHECK_ARGS)
 
 clean: stop
-	rm -rf $(VENV) data feature_store/data .pytest_cache spark-warehouse
+	rm -rf $(VENV) data feature_store/data .pytest_cache spark-warehouse site
 
 FORCE:

@@ -22,6 +22,8 @@ SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
 
 
 class AuthConfig(Settings):
+    """API keys: `Authorization: Bearer <key>` with the read, write or admin scope."""
+
     # Off only for local use: every request then has the admin scope.
     enabled: bool = True
     # Serve without authentication on an address other than loopback: refused unless set.
@@ -32,18 +34,23 @@ class AuthConfig(Settings):
 
 
 class LimitsConfig(Settings):
+    """Request sizes: beyond them a 413 names the field and the limit."""
+
     # Entity rows per /v1/features request; candidate items per /v1/ranking-inputs.
     max_entities: int = Field(default=1000, ge=1)
     # Keys per /v1/embeddings/lookup.
     max_keys: int = Field(default=100_000, ge=1)
     # Values per /v1/embeddings/lookup answer (keys × dim): bounds the response's size.
     max_response_values: int = Field(default=4_000_000, ge=1)
+    # Bytes of a request body.
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     # Events per /v1/push.
     max_events: int = Field(default=1000, ge=1)
 
 
 class RankingConfig(Settings):
+    """What /v1/ranking-inputs looks up in the parameter server."""
+
     # The HPS model whose tables hold the embeddings of the encoded ids.
     model: str = "ranker"
     # Encoded-id feature → table of that model, e.g. user_id_cat → user.
@@ -52,6 +59,8 @@ class RankingConfig(Settings):
 
 
 class FeatureCacheConfig(Settings):
+    """Each process's memory of the entities it read lately."""
+
     # Seconds an entity's online values are answered from this process's memory; a publish
     # empties the cache at once (the store's stamp is read with every request). 0: off.
     ttl_s: float = Field(default=5.0, ge=0)
@@ -73,7 +82,11 @@ class FeatureLoggingConfig(Settings):
 
 
 class ApiConfig(Settings):
+    """The ranking API: `featureline serve`."""
+
+    # The address to listen on; --host overrides it.
     host: str = "127.0.0.1"
+    # The port to listen on; --port overrides it.
     port: int = Field(default=8000, ge=1, le=65535)
     # The ETL output whose vocabularies encode raw ids (default: etl.output.path).
     data: str | None = None

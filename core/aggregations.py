@@ -306,6 +306,7 @@ def parse_window(text: str, hop: str | None = None) -> Window:
 class FeatureSpec(Settings):
     """One entry of a group's ``features``."""
 
+    # The operation: count, sum, mean, min, max, last, last_k, approx_distinct.
     op: OpName
     # The event column it reads (a raw column, or ``label``); count needs none.
     column: str | None = None
@@ -381,8 +382,11 @@ class FeatureSpec(Settings):
 class GroupSpec(Settings):
     """One entry of ``aggregations``: a feature view of one entity kind."""
 
+    # The group's name: its feature view, and the prefix of its features' names.
     name: str
+    # The raw columns whose values key it (user_id; [user_id, category]).
     keys: list[str] = Field(min_length=1)
+    # Its features.
     features: list[FeatureSpec] = Field(min_length=1)
 
     @field_validator("name")

@@ -48,20 +48,31 @@ SHORT_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,2}$")
 class RoleColumns(Settings):
     """The source's own column names for each role of the canonical raw-log schema."""
 
+    # The column holding the user's id.
     user_id: str = "user_id"
+    # The column holding the item's id.
     item_id: str = "item_id"
+    # The column holding the event's type (one of etl.validation.event_types).
     event_type: str = "event_type"
+    # The column holding the event's time: ISO-8601 text or epoch seconds / milliseconds.
     ts: str = "ts"
+    # The column holding an optional number (rating, price, dwell time); null: none.
     value: str | None = "value"
 
 
 class SourceConfig(Settings):
+    """The raw log: where it is, its format, and what its columns mean."""
+
+    # A path or a glob; --input overrides it.
     path: str = "data/raw/events.jsonl"
+    # The files' format; --format overrides it.
     format: InputFormat = "jsonl"
     columns: RoleColumns = RoleColumns()
     # Context columns; the defaults are those of `featureline datagen`.
     categorical: list[str] = Field(default_factory=lambda: ["category", "device"])
+    # Numeric context columns; --continuous overrides them.
     continuous: list[str] = Field(default_factory=lambda: ["price"])
+    # The field separator of CSV files.
     csv_delimiter: str = ","
 
     @model_validator(mode="after")
@@ -76,10 +87,15 @@ class SourceConfig(Settings):
 
 
 class ValidationConfig(Settings):
+    """What an event must be to be accepted; a row that fails is quarantined with a reason."""
+
+    # The accepted event types; any other is unknown_event_type.
     event_types: list[str] = Field(
         default_factory=lambda: ["view", "click", "add_to_cart", "purchase"], min_length=1
     )
+    # Events before this time are timestamp_out_of_window.
     ts_min: datetime = datetime(2000, 1, 1, tzinfo=timezone.utc)
+    # Events at or after this time are timestamp_out_of_window.
     ts_max: datetime = datetime(2100, 1, 1, tzinfo=timezone.utc)
     # How numeric timestamps are read; "auto" takes values above 1e11 as milliseconds.
     ts_unit: Literal["auto", "s", "ms"] = "auto"
@@ -109,8 +125,11 @@ class ValidationConfig(Settings):
 class LabelRule(Settings):
     """How the binary label is derived from an event: ``value >= 4`` or ``event_type in (...)``."""
 
+    # The event column the rule reads.
     column: str
+    # The comparison.
     op: Literal[">=", ">", "<=", "<", "==", "!=", "in"]
+    # What the column is compared with: a number, a text, or a list of them for "in".
     value: float | str | list[str | float]
 
     @classmethod
@@ -136,21 +155,32 @@ OP_NAMES = frozenset(get_args(op.model_fields["op"].annotation)[0] for op in OP_
 
 
 class SplitConfig(Settings):
+    """Which events are the validation split."""
+
     # Events of the last N calendar days (UTC) of the log form the validation split.
     valid_days: int = Field(default=1, ge=1)
 
 
 class EmbeddingPlanConfig(Settings):
+    """The embedding plan's widths: 1.6·n^0.56 for a vocabulary of n, clipped to these."""
+
+    # The widest embedding any categorical feature gets.
     max_width: int = Field(default=128, ge=4)
+    # The narrowest embedding any categorical feature gets.
     min_width: int = Field(default=4, ge=1)
 
 
 class EntitiesConfig(Settings):
+    """The entity snapshots Feast serves (entities/user, entities/item)."""
+
     # Rolling window of the "recent" entity aggregates, in days.
     recent_days: int = Field(default=7, ge=1)
 
 
 class OutputConfig(Settings):
+    """Where the job writes."""
+
+    # The output folder; --output overrides it.
     path: str = DEFAULT_OUTPUT
     # Parquet files per split of examples/; fixed so that two runs give the same files.
     examples_files: int = Field(default=4, ge=1)
@@ -183,20 +213,33 @@ class IncrementalConfig(Settings):
 
 
 class TFRecordConfig(Settings):
+    """The TFRecords written beside the examples: tfrecord/<split>/."""
+
+    # false: no TFRecords.
     enabled: bool = True
     # Rows per tf.train.Example; 1 writes plain per-example records.
     prebatch_size: int = Field(default=4096, ge=1)
+    # One feature per type (categorical ids, continuous values, lists, label) instead of one
+    # per column.
     group_types: bool = True
+    # 1-3 character feature names (the map is in metadata.json).
     short_names: bool = True
+    # The files' compression.
     compression: Literal["none", "gzip"] = "none"
 
 
 class SparkSettings(Settings):
+    """The Spark session the job runs in."""
+
+    # The properties file spark_conf/<profile>.conf; --profile overrides it.
     profile: Literal["cpu", "gpu", "k8s-cpu", "k8s-gpu"] = "cpu"
+    # Spark's master URL; null: the profile's (local[*] for cpu and gpu).
     master: str | None = None
+    # The application's name in Spark's UI and event logs.
     app_name: str = "featureline-etl"
     # Path (or Maven coordinates) of the RAPIDS Accelerator jar; RAPIDS_JAR overrides it.
     rapids_jar: str | None = None
+    # Spark properties set over the profile's.
     properties: dict[str, str] = Field(default_factory=dict)
 
 
@@ -216,10 +259,16 @@ def _default_features() -> list[Any]:
 
 
 class EtlConfig(Settings):
+    """The ETL job: `featureline etl run`."""
+
     source: SourceConfig = SourceConfig()
     validation: ValidationConfig = ValidationConfig()
+    # The binary label: a rule as text ("value >= 4", "event_type in (click, purchase)") or
+    # as column, op and value; --label overrides it.
     label: LabelRule = LabelRule(column="event_type", op="in", value=["click", "purchase"])
     split: SplitConfig = SplitConfig()
+    # The feature ops, run in this order (their keys below); @categorical and @continuous
+    # stand for the declared context columns.
     features: list[FeatureOpConfig] = Field(default_factory=_default_features)
     model_ready: ModelReadyConfig = ModelReadyConfig()
     embeddings: EmbeddingPlanConfig = EmbeddingPlanConfig()

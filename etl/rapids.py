@@ -5,7 +5,7 @@ published on Maven Central only. 26.08.1 supports Spark 4.1.1–4.1.3 with Scala
 (its release's support matrix); pyspark is pinned to 4.1.1 in pyproject.toml. The CUDA
 classifier picks the native build: ``cuda12`` (the default jar is the same build) for the
 CUDA 12 drivers of the gpu overlay's nodes. ``spark_conf/k8s-gpu.conf``,
-``docker/etl.Dockerfile``, the gpu overlay and the README name this jar;
+``docker/etl.Dockerfile``, the gpu overlay and docs/gpu.md name this jar;
 tests/test_gpu_plan.py checks that they agree with the pin below.
 
 ``featureline.tools.plugin_jar`` fetches the jar with Maven, for ``featureline etl gpu-check``.

@@ -17,7 +17,8 @@ class FeatureStoreConfig(Settings):
     repo: str = "feature_store/feast_repo"
     # How long an entity's latest snapshot stands in point-in-time joins.
     ttl: str = "30d"
-    # redis | redis_cluster; REDIS_URL names the server (a cluster: any one of its nodes).
+    # redis | redis_cluster | redis_sentinel; REDIS_URL names the server (a cluster: any
+    # one of its nodes; Sentinel: redis+sentinel://host:26379,…/<primary>/<db>).
     redis_type: Literal["redis", "redis_cluster", "redis_sentinel"] = "redis"
     # With REDIS_URL unset, a private redis-server keeps its data here.
     redis_dir: str = "data/redis"

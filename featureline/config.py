@@ -24,6 +24,8 @@ class FeaturelineConfig(Settings):
     """The whole ``featureline.yaml``: one section per stage, and the aggregation features
     that several stages compute (``aggregations``, copied into ``etl``)."""
 
+    # Aggregation features over time windows, defined once: groups of keys and features
+    # (docs/features.md).
     aggregations: list[GroupSpec] = Field(default_factory=list)
     etl: EtlConfig = Field(default_factory=EtlConfig)
     feature_store: FeatureStoreConfig = FeatureStoreConfig()

@@ -19,10 +19,15 @@ from featureline.hps.slots import OverflowPolicy
 
 
 class TableConfig(Settings):
+    """An embedding table of a model."""
+
+    # The table's name in lookups (/v1/embeddings/lookup's "table").
     name: str
+    # The vectors' width.
     dim: int = Field(ge=1)
     # A HugeCTR folder, a Parquet file or "keys.npy,vectors.npy"; None: already in L3.
     source: str | None = None
+    # The source's layout.
     format: Format = "hugectr"
     # Every element of the vector returned for a key no tier holds.
     default_value: float = 0.0
@@ -32,7 +37,11 @@ class TableConfig(Settings):
 
 
 class ModelConfig(Settings):
+    """A model: its embedding tables and cache policy."""
+
+    # The model's name in lookups (/v1/embeddings/lookup's "model").
     name: str
+    # Its embedding tables.
     tables: list[TableConfig] = Field(min_length=1)
     # Share of each table the L1 cache holds (HugeCTR's gpucacheper).
     cache_fraction: float = Field(default=0.5, gt=0, le=1)
@@ -49,18 +58,27 @@ def sources_written(tables: Iterable[TableConfig]) -> float | None:
 
 
 class VolatileDbConfig(Settings):
+    """The L2 tier, between the L1 cache and RocksDB."""
+
+    # hash_map: in the process's memory; redis / redis_cluster: shared by replicas.
     type: Literal["hash_map", "redis", "redis_cluster"] = "hash_map"
     # For type redis (redis_cluster: any one node); HPS_REDIS_URL overrides it. A cache, so its
     # own Redis (or database) whose memory policy may evict: never the online store's.
     url: str | None = None
+    # Keys per table the tier holds.
     capacity: int = Field(default=10_000_000, ge=1)
+    # Which keys go when a table is full.
     overflow_policy: OverflowPolicy = "evict_oldest"
     # Share of each table copied into L2 when it is loaded.
     initial_cache_rate: float = Field(default=0.0, ge=0, le=1)
 
 
 class PersistentDbConfig(Settings):
+    """The L3 tier: every row of every table."""
+
+    # The store.
     type: Literal["rocksdb"] = "rocksdb"
+    # Its folder; the workers of `featureline serve --workers N` add .worker-1, .worker-2, …
     path: str = "data/hps/rocksdb"
 
 
@@ -76,11 +94,15 @@ class UpdatesConfig(Settings):
 
 
 class HpsConfig(Settings):
+    """The parameter server: hps.yaml (settings at its top level or under hps:)."""
+
+    # The models served, each with its tables.
     models: list[ModelConfig] = Field(min_length=1)
     # None: no online updates.
     updates: UpdatesConfig | None = None
     volatile_db: VolatileDbConfig = VolatileDbConfig()
     persistent_db: PersistentDbConfig = PersistentDbConfig()
+    # Where the L1 cache lives: gpu (CuPy) when one is present with auto, else cpu.
     cache_device: Device = "auto"
 
 

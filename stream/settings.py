@@ -18,6 +18,7 @@ class StreamConfig(Settings):
     # redis_stream: a Redis URL (default: the online store's); kafka: bootstrap servers
     # (host:port,host:port), required.
     url: str | None = None
+    # The Kafka topic, or the Redis Stream's key.
     topic: str = "featureline.events"
     # The processors' consumer group: more processors in one group share the partitions.
     group: str = "featureline-stream"

@@ -595,7 +595,8 @@ def _wait_for(url: str, process: subprocess.Popen, timeout_s: float = 120) -> No
 
 
 def test_feast_ui_and_feast_serve_on_our_repository(tmp_path, handmade_output, redis_server):
-    """The README's one-liners: `feast ui` lists our feature views, `feast serve` answers
+    """The guide's one-liners (docs/feature-store.md): `feast ui` lists our feature views,
+    `feast serve` answers
     with the values `featureline publish` wrote."""
     import urllib.request
 

@@ -117,10 +117,10 @@ def test_every_file_that_names_the_plugin_follows_the_pin():
                 "spark.rapids.sql.expression.CollectList"):
         assert local_gpu[key] == k8s_gpu[key], key
     assert jar in (spark_conf_dir() / "gpu.conf").read_text()
-    readme = (REPO / "README.md").read_text()
-    assert jar in readme and rapids.MAVEN_PACKAGE in readme
+    guide = (REPO / "docs" / "gpu.md").read_text()
+    assert jar in guide and rapids.MAVEN_PACKAGE in guide
     # Every release named anywhere is the pinned one.
-    for path in [REPO / "README.md", REPO / "docs" / "ARCHITECTURE.md",
+    for path in [REPO / "README.md", *(REPO / "docs").glob("*.md"),
                  REPO / "pyproject.toml", *spark_conf_dir().glob("*.conf")]:
         named = set(re.findall(r"rapids-4-spark_2\.13[-:](\d+\.\d+\.\d+)", path.read_text()))
         assert named <= {rapids.RAPIDS_VERSION}, (path, named)
@@ -170,7 +170,7 @@ def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(small_log, t
     except PluginFetchError as error:
         pytest.skip(f"the plugin jar cannot be fetched here: {error}")
     # The aggregations' backfill too: every operation the plugin plans (last and last_k
-    # are not yet: README "Defining features").
+    # are not yet: docs/features.md).
     (tmp_path / "featureline.yaml").write_text(GPU_AGGREGATIONS)
     done = subprocess.run([str(BIN / "featureline"), "etl", "gpu-check", "--input",
                            str(small_log), "--refit-vocabularies", "--json", "--jar", str(jar)],

@@ -110,6 +110,7 @@ class OpSettings(Settings):
 
     # The op's name, ``Literal[<name>]`` in each op's model (the configuration's discriminator).
     op: str
+    # Output column → its 1-3 character TFRecord name, over the generated one.
     short_names: dict[str, str] = Field(default_factory=dict)
     # The kind of column the op reads.
     input_kind: ClassVar[Literal["categorical", "continuous"]] = "categorical"

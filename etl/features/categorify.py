@@ -31,7 +31,11 @@ from featureline.etl.features.base import (
 
 
 class CategorifySettings(OpSettings):
+    """Ids by descending training-split frequency (0 padding, 1 out of vocabulary):
+    <col>_cat."""
+
     op: Literal["categorify"]
+    # The columns to encode (raw columns, @categorical).
     columns: list[str] = Field(min_length=1)
     # Values seen fewer times than this in the training split map to the OOV id 1.
     freq_threshold: int = Field(default=1, ge=1)

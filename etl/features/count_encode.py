@@ -24,7 +24,10 @@ def encoded_name(column: str) -> str:
 
 
 class CountEncodeSettings(OpSettings):
+    """Each value's count in the training split (0 when unseen): <col>_count."""
+
     op: Literal["count_encode"]
+    # The columns to count.
     columns: list[str] = Field(min_length=1)
 
     def build(self, roles: ColumnRoles) -> CountEncode:

@@ -15,6 +15,9 @@ PERIODS = {"hour": (F.hour, 24), "dow": (F.weekday, 7)}
 
 
 class CyclicTimeSettings(OpSettings):
+    """Hour of day and day of week (UTC) as sine and cosine: hour_sin, hour_cos, dow_sin,
+    dow_cos."""
+
     op: Literal["cyclic_time"]
 
     def build(self, roles: ColumnRoles) -> CyclicTime:

@@ -23,8 +23,12 @@ def cross_name(columns: list[str]) -> str:
 
 
 class HashedCrossSettings(OpSettings):
+    """Crosses of categorical columns hashed into buckets: <a>_x_<b>."""
+
     op: Literal["hashed_cross"]
+    # Each cross's columns; a cross with fewer than two columns is skipped.
     crosses: list[list[str]] = Field(min_length=1)
+    # xxhash64 of the values modulo this (+2: ids 0 and 1 stay reserved).
     buckets: int = Field(default=100_000, ge=2)
 
     def inputs(self, roles: ColumnRoles) -> list[str]:

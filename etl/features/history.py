@@ -33,7 +33,10 @@ OFFSET_LOOKUPS_UP_TO_K = 16
 
 
 class HistorySettings(OpSettings):
+    """The user's last items strictly before the event, latest first: user_hist_items."""
+
     op: Literal["history"]
+    # How many items.
     k: int = Field(default=10, ge=1, le=1000)
     needs_encoded = ("item_id",)
 

@@ -63,7 +63,11 @@ def window_name(window: str) -> str:
 
 
 class LagFeaturesSettings(OpSettings):
+    """Per user and user-item, strictly before the event: recency, activity in windows,
+    the previous item and the user's label history."""
+
     op: Literal["lag_features"]
+    # The activity windows: user_events_<w>, ui_events_<w>.
     windows: list[str] = Field(default_factory=lambda: ["1h", "24h", "7d"], min_length=1)
     needs_encoded = ("item_id",)
 

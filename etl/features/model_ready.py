@@ -26,6 +26,8 @@ from featureline.etl.features.base import FeatureSpec, population_std
 
 
 class ModelReadyConfig(Settings):
+    """How derived continuous features go into the examples (log1p, standardised)."""
+
     # false: every derived feature keeps its raw value (missing values become 0).
     enabled: bool = True
     # Feature (output) name → transform, overriding the op's choice.

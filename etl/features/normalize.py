@@ -24,9 +24,14 @@ def encoded_name(column: str) -> str:
 
 
 class NormalizeSettings(OpSettings):
+    """Continuous columns filled, optionally log1p-ed, and standardised: <col>_norm."""
+
     op: Literal["normalize"]
+    # The columns to normalise (raw columns, @continuous).
     columns: list[str] = Field(min_length=1)
+    # What a missing value becomes, from the training split.
     fill: Literal["mean", "median", "zero"] = "mean"
+    # log1p before standardising (negative values are clipped to 0 first).
     log1p: bool = True
     input_kind = "continuous"
 

@@ -48,9 +48,14 @@ def _smoothed(total: Column, count: Column, prior: Column, smoothing: float) -> 
 
 
 class TargetEncodeSettings(OpSettings):
+    """The smoothed out-of-fold mean of the label per value: <col>_te."""
+
     op: Literal["target_encode"]
+    # The columns to encode.
     columns: list[str] = Field(min_length=1)
+    # Training rows are encoded from the other folds' labels (a row never sees its own).
     folds: int = Field(default=5, ge=2)
+    # Weight of the prior (the label's mean) in each value's mean, in rows.
     smoothing: float = Field(default=20.0, ge=0)
 
     def build(self, roles: ColumnRoles) -> TargetEncode:

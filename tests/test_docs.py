@@ -1,0 +1,198 @@
+"""The user guide: it builds strictly (a broken link fails), its generated references cover
+every key and endpoint, the README stays a front door, and two pages render in a real
+headless Chromium without console errors and without asking any outside host."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from featureline.docs import api_reference, configuration_reference, keys, site_markdown
+
+REPO = Path(__file__).resolve().parent.parent
+MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]  # not --quiet: it hides
+# the warnings that strict mode counts
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([*MKDOCS, "--config-file", str(config), "--site-dir", str(site)],
+                          capture_output=True, text=True, env=env, cwd=config.parent,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The guide as `make docs` builds it (strict)."""
+    site = tmp_path_factory.mktemp("site")
+    built = _build(REPO / "mkdocs.yml", site)
+    assert built.returncode == 0, built.stderr
+    return site
+
+
+def test_the_guide_builds_strictly_with_every_page(site):
+    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
+
+    def pages(entries: list[Any]) -> Iterator[str]:
+        for entry in entries:
+            for value in entry.values():
+                yield from pages(value) if isinstance(value, list) else [value]
+
+    listed = list(pages(nav))
+    for page in listed:
+        assert (site / page.replace(".md", ".html")).is_file(), page
+    # Every Markdown file of docs/ is in the navigation (strict fails on one left out too).
+    written = {str(path.relative_to(REPO / "docs")) for path in (REPO / "docs").rglob("*.md")}
+    assert written <= set(listed), written - set(listed)
+    home = (site / "index.html").read_text()
+    assert "Two commands" in home and 'href="etl.html"' in home  # the README, its links relinked
+    assert "The test suite" in (site / "benchmarks.html").read_text()
+
+
+def test_a_broken_link_fails_the_build(tmp_path):
+    shutil.copytree(REPO / "docs", tmp_path / "docs")
+    shutil.copy(REPO / "mkdocs.yml", tmp_path)
+    shutil.copytree(REPO / "scripts", tmp_path / "scripts")
+    for name in ("README.md", "benchmarks/README.md"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        shutil.copy(REPO / name, tmp_path / name)
+    page = tmp_path / "docs" / "notebooks.md"
+    page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
+    built = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0
+    assert "no-such-page.md" in built.stderr + built.stdout
+
+
+def _yaml_keys(value: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            path = f"{prefix}{key}"
+            yield path
+            if not path.endswith(("properties", "transforms", "tables")):  # maps of names
+                yield from _yaml_keys(inner, f"{path}.")
+    elif isinstance(value, list):
+        for item in value:
+            yield from _yaml_keys(item, prefix.removesuffix(".") + "[].")
+
+
+def test_every_key_of_featureline_yaml_is_in_the_configuration_reference():
+    reference = configuration_reference()
+    in_file = sorted(set(_yaml_keys(yaml.safe_load((REPO / "featureline.yaml").read_text()))))
+    assert "etl.features[].freq_threshold" in in_file and "api.auth.keys_file" in in_file
+    missing = [key for key in in_file if f"`{key}`" not in reference]
+    assert not missing, missing
+    # The commented aggregation example, and the parameter server's file, are there too.
+    for key in ("aggregations[].features[].windows", "hps.models[].tables[].dim",
+                "hps.volatile_db.type", "stream.read_batch"):
+        assert f"`{key}`" in reference, key
+
+
+def test_every_key_has_its_comment_and_default():
+    from featureline.config import FeaturelineConfig
+    from featureline.hps.config import HpsConfig
+
+    every = [*keys(FeaturelineConfig), *keys(HpsConfig, "hps.")]
+    assert len(every) > 100
+    uncommented = [key.path for key in every if not key.comment]
+    assert not uncommented, f"fields without a comment above them: {uncommented}"
+    by_path = {key.path: key for key in every}
+    assert by_path["etl.tfrecord.prebatch_size"].default == "4096"
+    assert by_path["feature_store.ttl"].default == '"30d"'
+    assert by_path["etl.source.format"].type == '"jsonl" or "csv" or "parquet"'
+    assert "Rows per tf.train.Example" in by_path["etl.tfrecord.prebatch_size"].comment
+
+
+def test_the_api_reference_covers_every_operation_and_schema():
+    from featureline.api.app import create_app
+
+    openapi = create_app().openapi()
+    reference = api_reference(openapi)
+    for path, operations in openapi["paths"].items():
+        for method in operations:
+            assert f"`{method.upper()} {path}`" in reference, (method, path)
+    for name in openapi["components"]["schemas"]:
+        assert f"### {name}" in reference, name
+    assert "| `entities` | map of string to array of string or integer | yes |" in reference
+
+
+def test_repository_links_become_site_links():
+    text = ("[ETL](docs/etl.md), [figures](benchmarks/README.md), "
+            "[yaml](featureline.yaml), [out](https://spark.apache.org), [here](#two-commands)")
+    assert site_markdown(text) == ("[ETL](etl.md), [figures](benchmarks.md), yaml, "
+                                   "[out](https://spark.apache.org), [here](#two-commands)")
+
+
+def test_the_readme_is_a_front_door():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    assert "make demo" in readme and "make test" in readme and "| benchmark |" in readme
+    for target in re.findall(r"\]\((docs/[^)#]+)", readme):
+        assert (REPO / target).is_file(), target
+
+
+@pytest.fixture
+def served(site) -> Iterator[str]:
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+# Chromium on a machine without a network: no background services to call home.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (make test installs Debian's as root; "
+                                             "else: sudo apt-get install -y chromium)")
+def test_two_pages_render_in_headless_chromium(served, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    problems: list[str] = []
+    outside: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page()
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.on("request", lambda request: None if request.url.startswith(served)
+                else outside.append(request.url))
+        for name, heading in (("index", "Featureline"), ("etl", "The ETL job")):
+            response = page.goto(f"{served}/{name}.html", wait_until="networkidle")
+            assert response is not None and response.status == 200
+            assert page.locator("article h1").first.inner_text().strip("¶ \n") == heading
+            shot = tmp_path / f"{name}.png"
+            page.screenshot(path=str(shot))
+            print(f"screenshot: {shot}")
+        # The search (Material's own script, served locally) answers from the built index.
+        page.locator("input.md-search__input").click()
+        page.keyboard.type("quarantine")
+        page.locator(".md-search-result__item").first.wait_for(timeout=10_000)
+        assert "quarantine" in page.locator(".md-search-result").inner_text().lower()
+        browser.close()
+    assert not problems, problems
+    assert not outside, outside
