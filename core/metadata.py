@@ -163,6 +163,16 @@ class DatasetStamp(Contract):
     extends: str | None = None
 
 
+class ChecksVerdict(Contract):
+    """The validation gate's verdict on the run (``core/drift.py``): passed, the reference
+    output checked against (None: none to check against), and each breach (check, column,
+    value, threshold)."""
+
+    passed: bool = True
+    reference: str | None = None
+    breaches: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class Metadata(Contract):
     """``metadata.json``: the one contract between the ETL and every later stage."""
 
@@ -188,6 +198,8 @@ class Metadata(Contract):
     dataset: DatasetStamp | None = None
     # How the raw events were validated and labelled (pushed events are read the same way).
     events: EventContract | None = None
+    # The validation gate's verdict on this run; None: written before the gate existed.
+    checks: ChecksVerdict | None = None
     # The output folder it was read from (not in the file): where its paths are relative to.
     folder: Path | None = Field(default=None, exclude=True)
 

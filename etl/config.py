@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from featureline.core.aggregations import LABEL as LABEL_COLUMN
 from featureline.core.aggregations import GroupSpec, check_groups
+from featureline.core.drift import ChecksConfig
 from featureline.core.errors import ConfigError
 from featureline.core.events import ROLES, EventContract, LabelSpec, parse_rule
 from featureline.core.metadata import DEFAULT_OUTPUT
@@ -284,6 +285,9 @@ class EtlConfig(Settings):
     # featureline.yaml's top-level ``aggregations:`` (the stream and the API read it too),
     # copied here by the launcher: the examples hold its values.
     aggregations: list[GroupSpec] = Field(default_factory=list)
+    # featureline.yaml's top-level ``checks:`` (publish reads it too), copied here by the
+    # launcher: the run profiles its newest day and checks it.
+    checks: ChecksConfig = ChecksConfig()
 
     @field_validator("label", mode="before")
     @classmethod
@@ -329,10 +333,11 @@ class EtlConfig(Settings):
         Where the output goes and how Spark runs (``output``, ``spark``) do not change values,
         so they are left out: the same input and features give the same hash anywhere. Where
         the vocabularies start from is recorded by their versions instead; whether the run
-        is full or incremental does not change the values either.
+        is full or incremental, and what the validation gate checks, do not change the values
+        either.
         """
         settings = self.model_dump(mode="json", exclude={"output", "spark", "vocabulary",
-                                                         "mode", "incremental"})
+                                                         "mode", "incremental", "checks"})
         if exclude_source_path:
             settings["source"].pop("path")
         canonical = json.dumps(settings, sort_keys=True)

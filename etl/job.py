@@ -19,6 +19,14 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core import __version__
+from featureline.core.drift import (
+    PROFILE_FILE,
+    REFERENCE_PROFILE_FILE,
+    Breach,
+    check,
+    read_profile,
+    verdict,
+)
 from featureline.core.errors import ConfigError
 from featureline.core.events import REASONS, LabelSpec
 from featureline.core.files import staged_directory
@@ -32,6 +40,7 @@ from featureline.core.metadata import (
 from featureline.etl import ingest, stages
 from featureline.etl.aggregations import rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
+from featureline.etl.data_profile import profile
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
@@ -46,6 +55,7 @@ from featureline.etl.features.base import (
     with_time_key,
 )
 from featureline.etl.features.categorify import Categorify
+from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.incremental import (
     EVENTS_DIR,
@@ -436,6 +446,54 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
     return entities
 
 
+@dataclass(frozen=True)
+class Checked:
+    """The validation gate's outcome for a run."""
+
+    breaches: list[Breach]
+    reference: str | None
+    enabled: bool
+
+    def summary(self) -> str:
+        if not self.enabled:
+            return "profile written; checks disabled"
+        if self.reference is None:
+            return "profile written; no reference to check against"
+        if not self.breaches:
+            return f"no breach against {self.reference}"
+        return f"{len(self.breaches)} breach(es) against {self.reference}"
+
+    def verdict(self) -> dict[str, Any]:
+        return verdict(self.breaches, self.reference)
+
+
+def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
+                       rows: dict[str, Any], config: EtlConfig, staging: Path,
+                       output: Path) -> Checked:
+    """The run's profile, written beside metadata.json, checked against the reference's
+    (``checks.reference``, else the output this run replaces), a copy of which is kept beside
+    it so that ``featureline validate`` and the report can check again later."""
+    this_run = rows.get("this_run", rows)
+    examples = read_as_written(spark, staging / "examples")
+    value = ["value"] if config.source.columns.value else []
+    run_profile = profile(
+        events, examples, raw_numeric=[*value, *config.source.continuous],
+        raw_categorical=categorical_columns(config),
+        feature_numeric=[s.name for s in specs
+                         if s.kind == "continuous" and s.name not in SAME_ALL_DAY],
+        feature_categorical=[s.name for s in specs if s.kind == "categorical"],
+        rows=this_run)
+    write_json(run_profile, staging / PROFILE_FILE)
+    reference_folder = local_path(config.checks.reference) if config.checks.reference \
+        else output
+    reference = read_profile(reference_folder)
+    if reference is not None:
+        write_json(reference, staging / REFERENCE_PROFILE_FILE)
+    breaches = check(run_profile, reference, config.checks) if config.checks.enabled else []
+    return Checked(breaches, str(reference_folder) if reference is not None else None,
+                   config.checks.enabled)
+
+
 def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:
     stats: dict[str, Any] = {}
     for op in pipeline.ops:
@@ -505,6 +563,11 @@ def run(config: EtlConfig, spark: SparkSession,
                 stage.summary = ", ".join(entities)
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
+            checked = None
+            with timer(stages.PROFILE) as stage:
+                checked = _profile_and_check(spark, events, specs, rows, config, staging,
+                                             output)
+                stage.summary = checked.summary()
             with timer(stages.STATE) as stage:
                 if state is None:
                     state_rows = write_state_events(state_rows, staging)
@@ -513,6 +576,7 @@ def run(config: EtlConfig, spark: SparkSession,
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
             metadata.update(_versions(config, pipeline, previous))
+            metadata["checks"] = checked.verdict()
             Metadata.parse(metadata)  # the contract holds before anything is published
             write_json(metadata, staging / METADATA_FILE)
     finally:

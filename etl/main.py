@@ -10,15 +10,18 @@ from __future__ import annotations
 import click
 
 from featureline.cli import run_command
-from featureline.etl_runs import run_job, summary
+from featureline.etl_runs import exit_if_refused, run_job, summary
 from featureline.options import job_options
 
 
 @click.command()
 @job_options
 def submit(**options: str | None) -> None:
-    """Run the ETL job inside spark-submit."""
-    click.echo(summary(run_job(**options, submitted=True)))  # type: ignore[arg-type]
+    """Run the ETL job inside spark-submit; exit 1 when its newest day fails the validation
+    gate."""
+    metadata = run_job(**options, submitted=True)  # type: ignore[arg-type]
+    click.echo(summary(metadata))
+    exit_if_refused(metadata)
 
 
 if __name__ == "__main__":

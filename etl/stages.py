@@ -13,8 +13,9 @@ INPUT_FORMATS: tuple[str, ...] = get_args(InputFormat)
 
 # The job's stages, in the order it runs them (etl/job.py).
 JOB_STAGES = ("ingest", "split", "features", "write_examples", "write_tfrecord", "entities",
-              "artifacts", "state")
-INGEST, SPLIT, FEATURES, WRITE_EXAMPLES, WRITE_TFRECORD, ENTITIES, ARTIFACTS, STATE = JOB_STAGES
+              "artifacts", "profile", "state")
+(INGEST, SPLIT, FEATURES, WRITE_EXAMPLES, WRITE_TFRECORD, ENTITIES, ARTIFACTS, PROFILE,
+ STATE) = JOB_STAGES
 # The local property naming the stage each Spark job runs for (in the event log).
 STAGE_PROPERTY = "featureline.stage"
 # The driver-side logger StageTimer names each stage to as it starts ("" as it ends).

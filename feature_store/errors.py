@@ -64,3 +64,17 @@ class EntityRowsError(FeatureStoreError):
     def __init__(self, path: str, message: str) -> None:
         self.path = path
         super().__init__(f"{path}: {message}")
+
+
+class DriftRefusedError(FeatureStoreError):
+    """The output failed the validation gate: publishing it would put a bad day online."""
+
+    exit_code = 2
+    hint = ("look at the breaches (featureline validate OUTPUT); publish anyway with "
+            "--accept-drift \"<why>\", which is recorded in the output")
+
+    def __init__(self, output: str, breaches: list[str]) -> None:
+        self.output = output
+        self.breaches = breaches
+        super().__init__(f"{output} failed the validation gate ({len(breaches)} breach(es): "
+                         f"{'; '.join(breaches)}); publish refuses it")

@@ -20,17 +20,21 @@ layout is written in place, as Feast's own materialization does.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from featureline.core.drift import Breach
+from featureline.core.metadata import Metadata
 from featureline.core.redis import redact
-from featureline.feature_store.errors import online_store_errors
+from featureline.feature_store.errors import DriftRefusedError, online_store_errors
 from featureline.feature_store.online_store import open_online_store
 from featureline.feature_store.publication import Publication
 from featureline.feature_store.repo import FeatureRepo
@@ -103,16 +107,40 @@ class _Progress:
             self.next = time.monotonic() + PROGRESS_EVERY_S
 
 
+ACCEPTED_DRIFT_FILE = "accepted_drift.jsonl"
+
+
+def _gate(output: Path, metadata: Metadata, accept_drift: str | None,
+          progress: Callable[[str], None]) -> None:
+    """Refuse an output whose validation verdict failed, unless told why (docs/validation.md)."""
+    verdict = metadata.checks
+    if verdict is None or verdict.passed:
+        return
+    breaches = [str(Breach(**breach)) for breach in verdict.breaches]
+    if not accept_drift:
+        raise DriftRefusedError(str(output), breaches)
+    record = {"accepted_at": datetime.now(timezone.utc).isoformat(), "reason": accept_drift,
+              "dataset_version": metadata.dataset_version, "breaches": verdict.breaches}
+    with (output / ACCEPTED_DRIFT_FILE).open("a") as log:
+        log.write(json.dumps(record) + "\n")
+    progress(f"publishing despite {len(breaches)} breach(es) of the validation gate: "
+             f"{accept_drift!r} (recorded in {output / ACCEPTED_DRIFT_FILE})")
+
+
 def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = None,
-            progress: Callable[[str], None] = print, spark: Any = None) -> PublishSummary:
+            progress: Callable[[str], None] = print, spark: Any = None,
+            accept_drift: str | None = None) -> PublishSummary:
     """Apply the definitions, then write every feature view's latest snapshots up to ``end``
     (now) into the online store: the whole dataset when the store holds another one (or
     ``full``), else what is new since the view's last publish. With a SparkSession, Spark
-    tasks write the views, each its partitions' entities."""
+    tasks write the views, each its partitions' entities. An output that failed the
+    validation gate is refused before anything is written, unless ``accept_drift`` says why
+    (recorded in the output's ``accepted_drift.jsonl``)."""
     started = time.perf_counter()
     end = _as_utc(end or datetime.now(timezone.utc))
     store = repo.store
     metadata = repo.definitions.metadata
+    _gate(repo.definitions.output, metadata, accept_drift, progress)
     version = metadata.dataset_version
     online_store = open_online_store(repo.settings.redis_type, repo.redis_url)
     views = [view.name for view in repo.definitions.views.values()]

@@ -23,7 +23,7 @@ from featureline.core.errors import ConfigError, FeaturelineError
 from featureline.core.metadata import present
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.etl.stages import INPUT_FORMATS
-from featureline.etl_runs import progress, run_job, summary
+from featureline.etl_runs import exit_if_refused, progress, run_job, summary
 from featureline.options import config_option, data_option, job_options
 from featureline.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
@@ -71,9 +71,11 @@ def etl() -> None:
 @etl.command("run")
 @job_options
 def etl_run(**options: str | None) -> None:
-    """Run the ETL job (Spark local[*] by default)."""
+    """Run the ETL job (Spark local[*] by default); exit 1 when the run's newest day fails
+    the validation gate (its output is written, and publish refuses it)."""
     metadata = run_job(**options, submitted=False)  # type: ignore[arg-type]
     click.echo(summary(metadata))
+    exit_if_refused(metadata)
 
 
 @etl.command("qualify")
@@ -207,6 +209,47 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
 
 @main.command()
 @config_option
+@click.argument("output", type=click.Path(file_okay=False))
+@click.option("--reference", type=click.Path(file_okay=False),
+              help="The output to check against (default: the reference the run was checked "
+                   "against, kept in OUTPUT)")
+@click.option("--json", "as_json", is_flag=True, help="Print the breaches as JSON")
+def validate(path: str | None, output: str, reference: str | None, as_json: bool) -> None:
+    """Check an ETL output's profile against a reference's; exit 1 on any breach."""
+    from featureline.core.drift import (
+        PROFILE_FILE,
+        REFERENCE_PROFILE_FILE,
+        check,
+        read_profile,
+    )
+
+    config = _config(path).checks
+    profile = read_profile(output)
+    if profile is None:
+        raise ConfigError("OUTPUT", f"{Path(output) / PROFILE_FILE}: no profile (not an ETL "
+                                    "output, or one written before the validation gate)")
+    if reference is not None:
+        against = read_profile(reference)
+        if against is None:
+            raise ConfigError("--reference", f"{Path(reference) / PROFILE_FILE}: no profile")
+    else:
+        against = read_profile(output, REFERENCE_PROFILE_FILE)
+    breaches = check(profile, against, config)
+    if as_json:
+        click.echo(json.dumps({"passed": not breaches, "day": profile["day"],
+                               "breaches": [b.to_json() for b in breaches]}, indent=2))
+    else:
+        source = reference or (f"the reference kept in {output}" if against else None)
+        click.echo(f"{output}: day {profile['day']}, {profile['day_events']:,} events; "
+                   + (f"checked against {source}" if source else
+                      "no reference (declared ranges only)"))
+        click.echo("\n".join(f"  BREACH {b}" for b in breaches) or "  PASSED: no breach")
+    if breaches:
+        sys.exit(1)
+
+
+@main.command()
+@config_option
 @data_option
 @click.option("--full", is_flag=True, help="Materialize every snapshot again, not only new ones.")
 @click.option("--end", type=click.DateTime(),
@@ -218,8 +261,11 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
               help="Only if the online store lost its data (no publication stamp: its Redis "
                    "restarted empty): publish the served dataset (api.data, else the ETL "
                    "output) whole again; else change nothing")
+@click.option("--accept-drift", "accept_drift", metavar="REASON",
+              help="Publish an output that failed the validation gate, for this reason "
+                   "(recorded in the output's accepted_drift.jsonl)")
 def publish(path: str | None, data: str | None, full: bool, end: datetime | None,
-            with_spark: bool, repair: bool) -> None:
+            with_spark: bool, repair: bool, accept_drift: str | None) -> None:
     """Register the feature views with Feast and write them into Redis."""
     from featureline.feature_store.online_store import open_online_store
     from featureline.feature_store.publish import publish as run_publish
@@ -245,7 +291,8 @@ def publish(path: str | None, data: str | None, full: bool, end: datetime | None
 
         spark = build_session(_config(path).etl.spark)
     summary = run_publish(repo, full=full, progress=progress, spark=spark,
-                          end=end.replace(tzinfo=timezone.utc) if end else None)
+                          end=end.replace(tzinfo=timezone.utc) if end else None,
+                          accept_drift=accept_drift)
     click.echo(json.dumps({**summary.to_json(), **({"repaired": True} if repair else {})}))
 
 

@@ -14,10 +14,14 @@ from pydantic import Field, model_validator
 
 from featureline.api.settings import ApiConfig, ServingConfig
 from featureline.core.aggregations import GroupSpec
+from featureline.core.drift import ChecksConfig
 from featureline.core.settings import Settings, read_yaml, validate
 from featureline.etl.config import OP_NAMES, EtlConfig
 from featureline.feature_store.settings import FeatureStoreConfig
 from featureline.stream.settings import StreamConfig
+
+# Sections several stages read, written at the top of the file and copied into ``etl``.
+SHARED_SECTIONS = ("aggregations", "checks")
 
 
 class FeaturelineConfig(Settings):
@@ -27,6 +31,9 @@ class FeaturelineConfig(Settings):
     # Aggregation features over time windows, defined once: groups of keys and features
     # (docs/features.md).
     aggregations: list[GroupSpec] = Field(default_factory=list)
+    # The validation gate between the ETL and publish: thresholds of each check
+    # (docs/validation.md).
+    checks: ChecksConfig = ChecksConfig()
     etl: EtlConfig = Field(default_factory=EtlConfig)
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
     api: ApiConfig = ApiConfig()
@@ -34,15 +41,19 @@ class FeaturelineConfig(Settings):
 
     @model_validator(mode="before")
     @classmethod
-    def _aggregations_into_etl(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not data.get("aggregations"):
+    def _shared_sections_into_etl(cls, data: Any) -> Any:
+        """The sections other stages read too live at the top of the file; the ETL gets a
+        copy."""
+        if not isinstance(data, dict):
             return data
         etl = data.get("etl") or {}
         if not isinstance(etl, dict):
             return data
-        if "aggregations" in etl:
-            raise ValueError("etl.aggregations: write aggregations at the top level of the file")
-        return {**data, "etl": {**etl, "aggregations": data["aggregations"]}}
+        for key in SHARED_SECTIONS:  # a copy equal to the top level's is a dump read back
+            if etl.get(key) and etl[key] != data.get(key):
+                raise ValueError(f"etl.{key}: write {key} at the top level of the file")
+        shared = {key: data[key] for key in SHARED_SECTIONS if data.get(key)}
+        return {**data, "etl": {**etl, **shared}} if shared else data
 
     def serving(self) -> ServingConfig:
         """What the API serves with: its section, the feature store's, the event log's, the

@@ -5,10 +5,12 @@ that need no Spark, the session, the job; and the account of a finished run.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import click
 
+from featureline.core.drift import Breach
 from featureline.core.metadata import Metadata, present
 from featureline.serving import config_path
 
@@ -91,6 +93,23 @@ def summary(metadata: Metadata) -> str:
         section = metadata.tfrecord
         lines.append(f"tfrecord: {len(section.files)} files, prebatch "
                      f"{section.prebatch_size}, groups {', '.join(section.groups)}")
+    checks = metadata.checks
+    if checks is not None:
+        if checks.reference is None:
+            lines.append("checks: profile.json written; no reference to check against")
+        elif checks.passed:
+            lines.append(f"checks: PASSED against {checks.reference}")
+        else:
+            lines.append(f"checks: FAILED against {checks.reference} — publish refuses this "
+                         "output (featureline validate OUTPUT; --accept-drift REASON):")
+            lines += [f"  BREACH {Breach(**breach)}" for breach in checks.breaches]
     timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata.timings_s.items())
     lines.append(f"time: {timings}")
     return "\n".join(lines)
+
+
+def exit_if_refused(metadata: Metadata) -> None:
+    """Exit 1 when the run's newest day failed the validation gate: its output is written
+    (for `featureline validate` to show), and a daily chain stops before train and publish."""
+    if metadata.checks is not None and not metadata.checks.passed:
+        sys.exit(1)

@@ -236,7 +236,7 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
     rows = metadata["rows"]
     done = dict(line.split(" done in ", 1) for line in lines if " done in " in line)
     assert list(done) == ["ingest", "split", "features", "write_examples", "write_tfrecord",
-                          "entities", "artifacts", "state"]
+                          "entities", "artifacts", "profile", "state"]
     summary = {stage: text.partition("s: ")[2] for stage, text in done.items()}
     assert summary["ingest"] == (
         f"{rows['read']:,} rows read, {rows['accepted']:,} events accepted, "
@@ -253,6 +253,10 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
     assert summary["entities"] == ", ".join(metadata["entities"])
     assert summary["artifacts"] == ""  # none: its tables are listed in metadata.json
     assert summary["state"] == f"{rows['accepted']:,} events"
+    # The first run at its path has nothing to be checked against; its profile is written.
+    assert summary["profile"] == "profile written; no reference to check against"
+    assert metadata["checks"] == {"passed": True, "reference": None, "breaches": []}
+    assert (result.output / "profile.json").is_file()
 
 
 def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):

@@ -24,6 +24,11 @@ class CyclicTimeSettings(OpSettings):
         return CyclicTime()
 
 
+# Features every event of a UTC day shares: a day's profile of them says which day it is, not
+# how the data behaves (the validation gate leaves them out).
+SAME_ALL_DAY = ("dow_sin", "dow_cos")
+
+
 class CyclicTime(FeatureOp):
     name = "cyclic_time"
 
