@@ -50,7 +50,8 @@ class FeaturelineConfig(Settings):
         if not isinstance(etl, dict):
             return data
         for key in SHARED_SECTIONS:  # a copy equal to the top level's is a dump read back
-            if etl.get(key) and etl[key] != data.get(key):
+            differs = key in data and key in etl and etl[key] != data[key]
+            if differs or (etl.get(key) and key not in data):
                 raise ValueError(f"etl.{key}: write {key} at the top level of the file")
         shared = {key: data[key] for key in SHARED_SECTIONS if data.get(key)}
         return {**data, "etl": {**etl, **shared}} if shared else data
