@@ -10,10 +10,11 @@ column, grouped once), so the RAPIDS Accelerator plans it like the rest of the j
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, GroupedData, Row, Window
 from pyspark.sql import functions as F
 
 from featureline.core.drift import BINS_PER_DECADE, TOP_K
@@ -33,18 +34,19 @@ def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str
             feature_categorical: Sequence[str], rows: dict[str, Any]) -> dict[str, Any]:
     """The profile of the newest day of ``events`` (accepted, labelled) and ``examples``
     (their feature rows, with ``ts``); ``rows``: the run's row accounting."""
-    per_day = {str(row["day"]): int(row["count"]) for row in
-               events.groupBy(F.to_date("ts").alias("day")).count().collect()}
+    # The events' moments of every day in one aggregation: the days' counts come with them.
+    by_day = _aggregated(events.groupBy(F.to_date("ts").alias("day")), raw_numeric,
+                         raw_categorical, [F.avg(F.col(LABEL).cast("double")).alias("label")])
+    per_day = {str(row["day"]): int(row["rows"]) for row in by_day}
     newest = max(per_day)
+    [moments] = [row for row in by_day if str(row["day"]) == newest]
     day = F.to_date("ts") == F.lit(newest).cast("date")
-    raw, (label_rate,) = _moments(events.where(day), raw_numeric, raw_categorical, "raw",
-                                  [F.avg(F.col(LABEL).cast("double"))])
-    features, _ = _moments(examples.where(day), feature_numeric, feature_categorical,
-                           "feature")
-    columns = {**raw, **features}
-    parts = [(events.where(day), raw_numeric, raw_categorical),
-             (examples.where(day), feature_numeric, feature_categorical)]
-    _distributions(columns, parts)
+    [feature_moments] = _aggregated(examples.where(day), feature_numeric, feature_categorical)
+    columns = {**_entries(moments, raw_numeric, raw_categorical, "raw"),
+               **_entries(feature_moments, feature_numeric, feature_categorical, "feature")}
+    _distributions(columns, [(events.where(day), raw_numeric, raw_categorical),
+                             (examples.where(day), feature_numeric, feature_categorical)])
+    label_rate = moments["label"]
     return {"day": newest, "day_events": per_day[newest],
             "events_per_day": dict(sorted(per_day.items())),
             "label_rate": float(label_rate or 0.0),
@@ -52,15 +54,12 @@ def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str
             "columns": columns}
 
 
-def _moments(frame: DataFrame, numeric: Sequence[str], categorical: Sequence[str],
-             source: str, extra: Sequence[Column] = ()
-             ) -> tuple[dict[str, dict[str, Any]], list[Any]]:
-    """Each column's entry with its rows, missing share and (numbers) min / max / mean / std,
-    from one aggregation, which also gives the ``extra`` aggregates' values."""
-    columns = [*numeric, *categorical]
-    aggregates = [F.count(F.lit(1)).alias("rows"),
-                  *(column.alias(f"extra{i}") for i, column in enumerate(extra))]
-    for index, name in enumerate(columns):
+def _aggregated(frame: DataFrame | GroupedData, numeric: Sequence[str],
+                categorical: Sequence[str], extra: Sequence[Column] = ()) -> list[Row]:
+    """Rows, and per column its present values and (numbers) min / max / mean / std, with the
+    ``extra`` aggregates: one aggregation (per group of a grouped frame)."""
+    aggregates = [F.count(F.lit(1)).alias("rows"), *extra]
+    for index, name in enumerate([*numeric, *categorical]):
         value = F.col(name)
         aggregates.append(F.count(value).alias(f"n{index}"))
         if name in numeric:
@@ -68,10 +67,15 @@ def _moments(frame: DataFrame, numeric: Sequence[str], categorical: Sequence[str
                            F.max(value).cast("double").alias(f"max{index}"),
                            F.avg(value).alias(f"mean{index}"),
                            F.stddev_samp(value).alias(f"std{index}")]
-    moments = frame.agg(*aggregates).collect()[0]
+    return frame.agg(*aggregates).collect()
+
+
+def _entries(moments: Row, numeric: Sequence[str], categorical: Sequence[str],
+             source: str) -> dict[str, dict[str, Any]]:
+    """Each column's entry from its aggregates; the distributions are filled in later."""
     rows = int(moments["rows"])
-    profiles: dict[str, dict[str, Any]] = {}
-    for index, name in enumerate(columns):
+    entries: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate([*numeric, *categorical]):
         present = int(moments[f"n{index}"])
         entry: dict[str, Any] = {"source": source, "rows": rows,
                                  "missing": 1 - present / rows if rows else 0.0}
@@ -81,43 +85,43 @@ def _moments(frame: DataFrame, numeric: Sequence[str], categorical: Sequence[str
                             for key in ("min", "max", "mean", "std")})
         else:
             entry.update(kind="categorical", distinct=0, top=[])
-        profiles[name] = entry
-    return profiles, [moments[f"extra{i}"] for i in range(len(extra))]
+        entries[name] = entry
+    return entries
 
 
 def _distributions(profiles: dict[str, dict[str, Any]],
                    parts: Sequence[tuple[DataFrame, Sequence[str], Sequence[str]]]) -> None:
-    """Fill in the histograms of the numbers and the top values of the categories: each
-    from one union of every frame's columns, grouped once."""
-    numeric = [(frame, name) for frame, names, _ in parts for name in names]
-    categorical = [(frame, name) for frame, _, names in parts for name in names]
-    if numeric:
-        bins = _union(numeric, histogram_bin).groupBy(_NAME, _VALUE).count()
-        for row in bins.collect():
-            profiles[row[_NAME]]["histogram"][str(row[_VALUE])] = int(row["count"])
-        for _, name in numeric:
-            profiles[name]["histogram"] = dict(sorted(profiles[name]["histogram"].items(),
-                                                      key=lambda item: int(item[0])))
-    if categorical:
-        counts = _union(categorical, lambda c: c.cast("string")).groupBy(_NAME, _VALUE).count()
-        ranked = counts.select(
-            "*", F.row_number().over(Window.partitionBy(_NAME).orderBy(
-                F.desc("count"), _VALUE)).alias("rank"),
-            F.count(F.lit(1)).over(Window.partitionBy(_NAME)).alias("distinct"))
-        for row in ranked.where(F.col("rank") <= TOP_K).orderBy(_NAME, "rank").collect():
-            profiles[row[_NAME]]["distinct"] = int(row["distinct"])
-            profiles[row[_NAME]]["top"].append([row[_VALUE], int(row["count"])])
-
-
-def _union(columns: Sequence[tuple[DataFrame, str]], value: Any) -> DataFrame:
-    """(column name, value(column)) rows of every present value of each (frame, column)."""
-    parts = [frame.where(F.col(name).isNotNull())
-             .select(F.lit(name).alias(_NAME), value(F.col(name)).alias(_VALUE))
-             for frame, name in columns]
-    union = parts[0]
-    for part in parts[1:]:
-        union = union.unionByName(part)
-    return union
+    """Fill in the histograms of the numbers (every bin) and the most frequent values of the
+    categories, with their distinct counts: every frame's columns as (column, value) rows (a
+    number as its bin), one scan of each frame, grouped and ranked once."""
+    frames = []
+    for frame, numeric, categorical in parts:
+        pairs = [F.struct(F.lit(name).alias(_NAME), histogram_bin(F.col(name)).cast("string")
+                          .alias(_VALUE), F.lit(True).alias("numeric")) for name in numeric]
+        pairs += [F.struct(F.lit(name).alias(_NAME), F.col(name).cast("string").alias(_VALUE),
+                           F.lit(False).alias("numeric")) for name in categorical]
+        if pairs:  # one scan of the frame: every column's value as a row of its own
+            frames.append(frame.select(F.explode(F.array(*pairs)).alias("pair"))
+                          .select("pair.*").where(F.col(_VALUE).isNotNull()))
+    if not frames:
+        return
+    union = functools.reduce(DataFrame.unionByName, frames)
+    within = Window.partitionBy(_NAME)
+    ranked = union.groupBy(_NAME, _VALUE, "numeric").count().select(
+        "*", F.row_number().over(within.orderBy(F.desc("count"), _VALUE)).alias("rank"),
+        F.count(F.lit(1)).over(within).alias("distinct"))
+    kept = ranked.where(F.col("numeric") | (F.col("rank") <= TOP_K))
+    for row in kept.orderBy(_NAME, "rank").collect():
+        entry = profiles[row[_NAME]]
+        if row["numeric"]:
+            entry["histogram"][row[_VALUE]] = int(row["count"])
+        else:
+            entry["distinct"] = int(row["distinct"])
+            entry["top"].append([row[_VALUE], int(row["count"])])
+    for entry in profiles.values():
+        if entry["kind"] == "numeric":
+            entry["histogram"] = dict(sorted(entry["histogram"].items(),
+                                             key=lambda item: int(item[0])))
 
 
 def _number(value: Any) -> float | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ RAW_CATEGORICAL = ["user_id", "item_id", "event_type", "category", "device"]
 
 
 @pytest.fixture(scope="module")
-def month(spark, tmp_path_factory) -> dict[str, Any]:
+def month(spark, tmp_path_factory) -> Iterator[dict[str, Any]]:
     """One run over 30 days of generated events (1,200 a day on average, 1 % bad rows), and
     its events and examples."""
     root = tmp_path_factory.mktemp("gate")
@@ -44,14 +44,18 @@ def month(spark, tmp_path_factory) -> dict[str, Any]:
     result = job.run(make_config(root, log), spark, progress=lambda _: None)
     output = Path(result.output)
     features = result.metadata["features"]
-    return {
+    # In memory: each test profiles them again, day by day.
+    events = spark.read.parquet(str(output / "state" / "events")).cache()
+    examples = read_as_written(spark, output / "examples").cache()
+    yield {
         "root": root, "log": log, "output": output, "metadata": result.metadata,
-        "events": spark.read.parquet(str(output / "state" / "events")),
-        "examples": read_as_written(spark, output / "examples"),
+        "events": events, "examples": examples,
         "numeric": [f["name"] for f in features
                     if f["kind"] == "continuous" and f["name"] not in SAME_ALL_DAY],
         "categorical": [f["name"] for f in features if f["kind"] == "categorical"],
     }
+    events.unpersist()
+    examples.unpersist()
 
 
 def _day_profile(month: dict[str, Any], day: str,
