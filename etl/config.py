@@ -285,8 +285,8 @@ class EtlConfig(Settings):
     # featureline.yaml's top-level ``aggregations:`` (the stream and the API read it too),
     # copied here by the launcher: the examples hold its values.
     aggregations: list[GroupSpec] = Field(default_factory=list)
-    # featureline.yaml's top-level ``checks:`` (publish reads it too), copied here by the
-    # launcher: the run profiles its newest day and checks it.
+    # featureline.yaml's top-level ``checks:`` (featureline validate reads it too), copied
+    # here by the launcher: the run profiles its newest day and checks it.
     checks: ChecksConfig = ChecksConfig()
 
     @field_validator("label", mode="before")

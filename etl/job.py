@@ -563,7 +563,6 @@ def run(config: EtlConfig, spark: SparkSession,
                 stage.summary = ", ".join(entities)
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
-            checked = None
             with timer(stages.PROFILE) as stage:
                 checked = _profile_and_check(spark, events, specs, rows, config, staging,
                                              output)

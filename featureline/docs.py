@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
-from pydantic_core import PydanticUndefined
 
 # A field of a settings model: four spaces in, a name, an annotation.
 _FIELD = re.compile(r"^    ([a-z_][a-z0-9_]*)\s*:")
@@ -97,8 +96,6 @@ def _default_text(field: Any) -> str:
     if isinstance(value, list) and value and isinstance(value[0], BaseModel):
         names = (str(getattr(item, "op", type(item).__name__)) for item in value)
         return "[" + ", ".join(names) + "]"
-    if value is PydanticUndefined:
-        return ""
     return json.dumps(value if not hasattr(value, "isoformat") else value.isoformat())
 
 
