@@ -112,8 +112,8 @@ class FeatureLogCollector(Collector):
 
 
 class ReportCollector(Collector):
-    """The latest ``featureline consistency`` report's metrics, read at scrape time from the
-    file the job wrote (none until it ran)."""
+    """A job's metrics in Prometheus' text format (``featureline consistency``'s report, the
+    ETL's checks), read at scrape time from the file the job wrote (none until it ran)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path

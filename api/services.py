@@ -20,6 +20,7 @@ from featureline.api.metrics import Metrics
 from featureline.api.settings import Scope, ServingConfig, api_keys
 from featureline.api.versions import check, embedding_versions
 from featureline.api.vocabulary import Vocabularies
+from featureline.core.drift import METRICS_FILE as CHECKS_METRICS
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
@@ -149,6 +150,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
                         output=Path(output), contract=contract,
                         event_log=open_event_log(config.stream, reader.url))
     metrics.watch_store(reader.ping, lambda: check(services))
+    # The newest ETL run's validation gate (written whether or not it was published).
+    metrics.watch_report(Path(output) / CHECKS_METRICS)
     if config.api.feature_logging.path:
         services.feature_log = FeatureLogger(
             config.api.feature_logging, feature_types(repo.definitions.views),

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.aggregations import GroupSpec
 from featureline.etl import job
@@ -120,6 +120,54 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
     means = {side: sum(runs) / len(runs) for side, runs in times.items()}
     return {"events": events, "spec": spec.name, "groups": len(groups), "values": values,
             "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
+
+
+def _skip_profile(spark: SparkSession, events: DataFrame, specs: Any, rows: Any,
+                  config: EtlConfig, staging: Path, output: Path) -> job.Checked:
+    """The profile stage left out: what the job costs without the validation gate."""
+    return job.Checked([], None, enabled=False)
+
+
+def measure_checks(spark: SparkSession, events: int, workdir: Path,
+                   order: tuple[str, ...] = ABBA, warm_up: bool = True) -> dict[str, Any]:
+    """The job's time without (A) and with (B) its profile stage on one log, in ``order``,
+    after a run that only warms the JVM up (``warm_up``; its time is left out)."""
+    raw = workdir / f"events-{events}.jsonl"
+    write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+              days=28, seed=1, bad_fraction=0.001)
+    config = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    stage: list[float] = []
+    profiled = job._profile_and_check
+    for index, side in enumerate(("with", *order) if warm_up else order):
+        shutil.rmtree(workdir / "out", ignore_errors=True)
+        job._profile_and_check = profiled if side == "with" else _skip_profile  # type: ignore[assignment]
+        try:
+            start = time.perf_counter()
+            result = job.run(config, spark, progress=lambda _: None)
+            times[side].append(round(time.perf_counter() - start, 2))
+        finally:
+            job._profile_and_check = profiled  # type: ignore[assignment]
+        if warm_up and index == 0:
+            times[side].pop()
+            continue
+        if side == "with":
+            stage.append(result.metadata["timings_s"]["profile"])
+    means = {side: sum(runs) / len(runs) for side, runs in times.items()}
+    return {"events": events, "job_s": times, "profile_stage_s": stage,
+            "with_vs_without": round(means["with"] / means["without"], 3),
+            "stage_vs_without": round(sum(stage) / len(stage) / means["without"], 3)}
+
+
+def run_checks(sizes: list[int], spark: SparkSession | None = None,
+               order: tuple[str, ...] = ABBA, warm_up: bool = True) -> dict[str, Any]:
+    spark = spark or build_session(BENCH_SPARK)
+    with tempfile.TemporaryDirectory(prefix="bench-etl-checks-") as tmp:
+        runs = [measure_checks(spark, events, Path(tmp), order, warm_up) for events in sizes]
+    return {"benchmark": "etl_checks",
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "spark_master": spark.sparkContext.master, "spark": spark.version},
+            "runs": runs}
 
 
 def run_aggregations(sizes: list[int], spec: Path, spark: SparkSession | None = None,
@@ -289,8 +337,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--aggregations", nargs="?", const=str(AGGREGATIONS), default=None,
                         metavar="SPEC", help="the job without and with an aggregations spec "
                                              "(default benchmarks/aggregations.yaml)")
+    parser.add_argument("--checks", action="store_true",
+                        help="the job without and with its profile stage (the validation "
+                             "gate), interleaved: without, with, with, without")
     args = parser.parse_args(argv)
     sizes = [20_000, 40_000] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    if args.checks:
+        print(json.dumps(run_checks(sizes), indent=2))
+        return
     if args.aggregations:
         print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))
         return

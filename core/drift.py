@@ -24,6 +24,11 @@ compare distributions, not rows: a day whose rows are each valid can still be a 
 - ``quarantine_rate``: the run's share of quarantined rows, against a multiple of the
   reference's (with a floor, so a clean reference does not make one bad row a breach);
 - ``range``: declared bounds a column's values must stay within.
+
+The distribution checks (``js``, ``linf``, ``unseen``) compare a column only where both days
+have ``min_values`` values: a few hundred ratings from a handful of sessions (a MovieLens
+day) differ from the day before by chance as much as a real fault does. The ids of users
+and items (the profile marks them ``key``) are never a closed domain.
 """
 
 from __future__ import annotations
@@ -35,11 +40,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import Field
 
 from featureline.core.settings import Settings
 
 PROFILE_FILE = "profile.json"
+# The checks' metrics in Prometheus' text format, beside it (every API process exports them).
+METRICS_FILE = "checks.prom"
+# The report a person reads, beside it: breaches first, then every column against the
+# reference's.
+REPORT_FILE = "report.html"
+# Every check, in the order the report and the metrics list them.
+CHECKS = ("schema", "volume", "missing", "js", "linf", "unseen", "label_rate",
+          "quarantine_rate", "range")
 # The reference's profile at the time of the run, kept beside the run's own.
 REFERENCE_PROFILE_FILE = "profile.reference.json"
 # Histogram bins per decade of |x| (bin = sign(x) · floor(log10(1 + |x|) · BINS_PER_DECADE)):
@@ -71,21 +85,26 @@ class ChecksConfig(Settings):
     # A pinned baseline output whose profile.json is the reference; null: the output the run
     # replaces (the served one).
     reference: str | None = None
+    # Each threshold below may be null: that check is not made.
     # Largest change of the day's events, 1 - smaller / larger (0.5: half or twice as many).
-    volume_change: float = Field(default=0.5, gt=0, lt=1)
+    volume_change: float | None = Field(default=0.5, gt=0, lt=1)
     # Largest absolute change of a column's missing share.
-    missing_change: float = Field(default=0.1, gt=0, le=1)
+    missing_change: float | None = Field(default=0.1, gt=0, le=1)
     # Largest L-infinity distance of a categorical column's value shares.
-    linf: float = Field(default=0.3, gt=0, le=1)
+    linf: float | None = Field(default=0.3, gt=0, le=1)
     # Largest share of a categorical column's values that its reference never had (checked
-    # where the reference lists every value).
-    unseen_share: float = Field(default=0.05, gt=0, le=1)
+    # where the reference lists every value, and never on the ids of users and items).
+    unseen_share: float | None = Field(default=0.05, gt=0, le=1)
     # Largest Jensen-Shannon divergence (base 2) of a numeric column's histogram.
-    js: float = Field(default=0.3, gt=0, le=1)
+    js: float | None = Field(default=0.3, gt=0, le=1)
+    # The distribution checks (js, linf, unseen) compare a column only where both days have
+    # this many values: two small samples of one distribution differ by chance.
+    min_values: int = Field(default=500, ge=0)
     # Largest relative change of the label rate.
-    label_rate_change: float = Field(default=0.5, gt=0)
-    # The quarantined share may grow to this multiple of the reference's ...
-    quarantine_rate_factor: float = Field(default=3.0, gt=1)
+    label_rate_change: float | None = Field(default=0.5, gt=0)
+    # The quarantined share may grow to this multiple of the reference's (null: not
+    # checked) ...
+    quarantine_rate_factor: float | None = Field(default=3.0, gt=1)
     # ... or to this share, whichever is larger.
     quarantine_rate_floor: float = Field(default=0.02, ge=0, le=1)
     # Column → bounds its values must stay within, e.g. {price: {min: 0, max: 10000}}.
@@ -131,7 +150,7 @@ def linf_distance(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     """The largest change of one value's share between two categorical columns' profiles
     (their top values, the rest as one share)."""
     def shares(column: dict[str, Any]) -> dict[str, float]:
-        rows = column["rows"] - column["missing"] * column["rows"]
+        rows = present_values(column)
         if rows <= 0:
             return {}
         top = {str(value): count / rows for value, count in column["top"]}
@@ -151,11 +170,10 @@ def unseen_share(ours: dict[str, Any], theirs: dict[str, Any]) -> float | None:
     ``CLOSED_DOMAIN_ROWS`` times on average (event types, devices, categories — not the ids of
     users and items, new ones of which arrive every day)."""
     distinct = theirs.get("distinct", 0)
-    present = theirs["rows"] * (1 - theirs["missing"])
-    if distinct > len(theirs["top"]) or present < CLOSED_DOMAIN_ROWS * distinct:
+    if distinct > len(theirs["top"]) or present_values(theirs) < CLOSED_DOMAIN_ROWS * distinct:
         return None
     known = {str(value) for value, _ in theirs["top"]}
-    present = ours["rows"] * (1 - ours["missing"])
+    present = present_values(ours)
     if present <= 0:
         return 0.0
     listed = sum(count for _, count in ours["top"])
@@ -180,65 +198,124 @@ def _quarantine_rate(profile: dict[str, Any]) -> float:
     return sum(rows["quarantined"].values()) / rows["read"] if rows["read"] else 0.0
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """One check of one column ("" for the whole day): the value found, the threshold, and
+    whether it crossed it."""
+
+    check: str
+    column: str
+    value: float | str
+    threshold: float | str
+    breached: bool
+
+    def breach(self) -> Breach:
+        return Breach(self.check, self.column, self.value, self.threshold)
+
+
 def check(profile: dict[str, Any], reference: dict[str, Any] | None,
           config: ChecksConfig) -> list[Breach]:
     """The breaches of ``profile`` against ``reference`` (declared ranges only without one)."""
-    breaches = [*_ranges(profile, config)]
+    return [m.breach() for m in measure(profile, reference, config) if m.breached]
+
+
+def measure(profile: dict[str, Any], reference: dict[str, Any] | None,
+            config: ChecksConfig) -> list[Measurement]:
+    """Every check of ``profile`` against ``reference``, breached or not (declared ranges only
+    without one): what the report and the metrics show."""
+    found = [*_ranges(profile, config)]
     if reference is None:
-        return breaches
+        return found
+
+    def add(name: str, column: str, value: float, threshold: float | None) -> None:
+        if threshold is not None:
+            found.append(Measurement(name, column, value, threshold, value > threshold))
+
     ours, theirs = profile["columns"], reference["columns"]
     for name in sorted(set(theirs) - set(ours)):
-        breaches.append(Breach("schema", name, "missing", "present"))
+        found.append(Measurement("schema", name, "missing", "present", True))
     for name in sorted(set(ours) - set(theirs)):
-        breaches.append(Breach("schema", name, "added", "absent"))
-    volume = _volume_change(profile["day_events"], reference["day_events"])
-    if volume > config.volume_change:
-        breaches.append(Breach("volume", "", volume, config.volume_change))
+        found.append(Measurement("schema", name, "added", "absent", True))
+    add("volume", "", _volume_change(profile["day_events"], reference["day_events"]),
+        config.volume_change)
     for name in sorted(set(ours) & set(theirs)):
         a, b = ours[name], theirs[name]
         if a["kind"] != b["kind"]:
-            breaches.append(Breach("schema", name, a["kind"], b["kind"]))
+            found.append(Measurement("schema", name, a["kind"], b["kind"], True))
             continue
-        missing = abs(a["missing"] - b["missing"])
-        if missing > config.missing_change:
-            breaches.append(Breach("missing", name, missing, config.missing_change))
+        add("missing", name, abs(a["missing"] - b["missing"]), config.missing_change)
+        if min(present_values(a), present_values(b)) < config.min_values:
+            continue
         if a["kind"] == "numeric":
-            divergence = js_divergence(a["histogram"], b["histogram"])
-            if divergence > config.js:
-                breaches.append(Breach("js", name, divergence, config.js))
+            add("js", name, js_divergence(a["histogram"], b["histogram"]), config.js)
         else:
-            distance = linf_distance(a, b)
-            if distance > config.linf:
-                breaches.append(Breach("linf", name, distance, config.linf))
-            unseen = unseen_share(a, b)
-            if unseen is not None and unseen > config.unseen_share:
-                breaches.append(Breach("unseen", name, unseen, config.unseen_share))
-    label = _relative(profile["label_rate"], reference["label_rate"])
-    if label > config.label_rate_change:
-        breaches.append(Breach("label_rate", "label", label, config.label_rate_change))
-    allowed = max(_quarantine_rate(reference) * config.quarantine_rate_factor,
-                  config.quarantine_rate_floor)
-    quarantined = _quarantine_rate(profile)
-    if quarantined > allowed:
-        breaches.append(Breach("quarantine_rate", "", quarantined, round(allowed, 6)))
-    return breaches
+            add("linf", name, linf_distance(a, b), config.linf)
+            unseen = None if a.get("key") else unseen_share(a, b)
+            if unseen is not None:
+                add("unseen", name, unseen, config.unseen_share)
+    add("label_rate", "label", _relative(profile["label_rate"], reference["label_rate"]),
+        config.label_rate_change)
+    if config.quarantine_rate_factor is not None:
+        allowed = max(_quarantine_rate(reference) * config.quarantine_rate_factor,
+                      config.quarantine_rate_floor)
+        add("quarantine_rate", "", _quarantine_rate(profile), round(allowed, 6))
+    return found
 
 
-def _ranges(profile: dict[str, Any], config: ChecksConfig) -> Iterable[Breach]:
+def present_values(column: dict[str, Any]) -> float:
+    """A column's present values on its day."""
+    return column["rows"] * (1 - column["missing"])
+
+
+def _ranges(profile: dict[str, Any], config: ChecksConfig) -> Iterable[Measurement]:
     for name, bound in sorted(config.ranges.items()):
         column = profile["columns"].get(name)
         if column is None or column["kind"] != "numeric" or column.get("min") is None:
             continue
-        if bound.min is not None and column["min"] < bound.min:
-            yield Breach("range", name, float(column["min"]), f">= {bound.min:g}")
-        if bound.max is not None and column["max"] > bound.max:
-            yield Breach("range", name, float(column["max"]), f"<= {bound.max:g}")
+        if bound.min is not None:
+            yield Measurement("range", name, float(column["min"]), f">= {bound.min:g}",
+                              column["min"] < bound.min)
+        if bound.max is not None:
+            yield Measurement("range", name, float(column["max"]), f"<= {bound.max:g}",
+                              column["max"] > bound.max)
 
 
 def verdict(breaches: list[Breach], reference: str | None) -> dict[str, Any]:
     """What ``metadata.json`` records of a run's checks."""
     return {"passed": not breaches, "reference": reference,
             "breaches": [b.to_json() for b in breaches]}
+
+
+def prometheus(measurements: list[Measurement], profile: dict[str, Any], *, compared: bool,
+               run_at: float) -> str:
+    """The checks of a run in Prometheus' text format (node_exporter's textfile collector,
+    or the API's /metrics, which exports the served output's file)."""
+    registry = CollectorRegistry()
+    labels = ["check", "column"]
+    value = Gauge("featureline_check_value", "What a check of the newest day found (0 to 1; "
+                  "label_rate is a relative change)", labels, registry=registry)
+    threshold = Gauge("featureline_check_threshold", "The threshold the value is checked "
+                      "against (featureline.yaml, checks:)", labels, registry=registry)
+    breached = Gauge("featureline_check_breached", "1 when the check failed, else 0", labels,
+                     registry=registry)
+    per_check = Gauge("featureline_check_breaches", "Breaches of the newest day, per check",
+                      ["check"], registry=registry)
+    for m in measurements:
+        if isinstance(m.value, float) and isinstance(m.threshold, float):
+            value.labels(m.check, m.column).set(m.value)
+            threshold.labels(m.check, m.column).set(m.threshold)
+        breached.labels(m.check, m.column).set(int(m.breached))
+    for name in CHECKS:
+        per_check.labels(name).set(sum(m.breached and m.check == name for m in measurements))
+    Gauge("featureline_checks_passed", "1 when the newest day passed every check, else 0",
+          registry=registry).set(int(not any(m.breached for m in measurements)))
+    Gauge("featureline_checks_compared", "1 when the day was compared with a reference, 0 "
+          "when only declared ranges were checked", registry=registry).set(int(compared))
+    Gauge("featureline_checks_day_events", "Events of the checked day",
+          registry=registry).set(profile["day_events"])
+    Gauge("featureline_checks_run_timestamp_seconds", "When the checks ran (Unix time)",
+          registry=registry).set(run_at)
+    return generate_latest(registry).decode()
 
 
 def read_profile(folder: str | Path, name: str = PROFILE_FILE) -> dict[str, Any] | None:

@@ -11,14 +11,18 @@ column, grouped once), so the RAPIDS Accelerator plans it like the rest of the j
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, GroupedData, Row, Window
 from pyspark.sql import functions as F
 
 from featureline.core.drift import BINS_PER_DECADE, TOP_K
+from featureline.core.metadata import encoded_name
+from featureline.etl.config import EtlConfig, categorical_columns
+from featureline.etl.entities import ENTITIES
 from featureline.etl.features.base import LABEL
+from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 
 _NAME, _VALUE = "column", "value"
 
@@ -29,11 +33,33 @@ def histogram_bin(value: Column) -> Column:
     return (F.signum(value) * F.floor(F.log10(F.abs(value) + 1) * BINS_PER_DECADE)).cast("long")
 
 
+def profile_columns(config: EtlConfig, features: Sequence[Mapping[str, Any]]
+                    ) -> dict[str, list[str]]:
+    """Which columns a run profiles, and how (``profile``'s keyword arguments): the raw
+    log's, and the features of ``features`` (metadata.json's entries) but the day-of-week
+    ones (one value all day); the ids of users and items, and the features that encode them,
+    as keys."""
+    value = ["value"] if config.source.columns.value else []
+    ids = set(ENTITIES.values())
+    encoded = {encoded_name(key) for key in ids}
+    return {
+        "raw_numeric": [*value, *config.source.continuous],
+        "raw_categorical": categorical_columns(config),
+        "feature_numeric": [f["name"] for f in features
+                            if f["kind"] == "continuous" and f["name"] not in SAME_ALL_DAY],
+        "feature_categorical": [f["name"] for f in features if f["kind"] == "categorical"],
+        "keys": sorted(ids | {f["name"] for f in features
+                              if f["name"] in encoded or f.get("shares") in encoded}),
+    }
+
+
 def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str],
             raw_categorical: Sequence[str], feature_numeric: Sequence[str],
-            feature_categorical: Sequence[str], rows: dict[str, Any]) -> dict[str, Any]:
+            feature_categorical: Sequence[str], rows: dict[str, Any],
+            keys: Sequence[str] = ()) -> dict[str, Any]:
     """The profile of the newest day of ``events`` (accepted, labelled) and ``examples``
-    (their feature rows, with ``ts``); ``rows``: the run's row accounting."""
+    (their feature rows, with ``ts``); ``rows``: the run's row accounting; ``keys``: the
+    columns that hold the ids of users and items (marked ``key``)."""
     # The events' moments of every day in one aggregation: the days' counts come with them.
     by_day = _aggregated(events.groupBy(F.to_date("ts").alias("day")), raw_numeric,
                          raw_categorical, [F.avg(F.col(LABEL).cast("double")).alias("label")])
@@ -44,6 +70,8 @@ def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str
     [feature_moments] = _aggregated(examples.where(day), feature_numeric, feature_categorical)
     columns = {**_entries(moments, raw_numeric, raw_categorical, "raw"),
                **_entries(feature_moments, feature_numeric, feature_categorical, "feature")}
+    for name in set(keys) & set(columns):
+        columns[name]["key"] = True
     _distributions(columns, [(events.where(day), raw_numeric, raw_categorical),
                              (examples.where(day), feature_numeric, feature_categorical)])
     label_rate = moments["label"]
@@ -111,7 +139,8 @@ def _distributions(profiles: dict[str, dict[str, Any]],
         "*", F.row_number().over(within.orderBy(F.desc("count"), _VALUE)).alias("rank"),
         F.count(F.lit(1)).over(within).alias("distinct"))
     kept = ranked.where(F.col("numeric") | (F.col("rank") <= TOP_K))
-    for row in kept.orderBy(_NAME, "rank").collect():
+    # Ordered here, not by Spark: an orderBy is a sampling job and a shuffle more.
+    for row in sorted(kept.collect(), key=lambda row: (row[_NAME], row["rank"])):
         entry = profiles[row[_NAME]]
         if row["numeric"]:
             entry["histogram"][row[_VALUE]] = int(row["count"])

@@ -20,13 +20,17 @@ from pyspark.sql import functions as F
 
 from featureline.core import __version__
 from featureline.core.drift import (
+    METRICS_FILE,
     PROFILE_FILE,
     REFERENCE_PROFILE_FILE,
-    Breach,
-    check,
+    REPORT_FILE,
+    Measurement,
+    measure,
+    prometheus,
     read_profile,
     verdict,
 )
+from featureline.core.drift_report import render
 from featureline.core.errors import ConfigError
 from featureline.core.events import REASONS, LabelSpec
 from featureline.core.files import staged_directory
@@ -40,7 +44,7 @@ from featureline.core.metadata import (
 from featureline.etl import ingest, stages
 from featureline.etl.aggregations import rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
-from featureline.etl.data_profile import profile
+from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
@@ -55,7 +59,6 @@ from featureline.etl.features.base import (
     with_time_key,
 )
 from featureline.etl.features.categorify import Categorify
-from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.incremental import (
     EVENTS_DIR,
@@ -450,9 +453,13 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
 class Checked:
     """The validation gate's outcome for a run."""
 
-    breaches: list[Breach]
+    measurements: list[Measurement]
     reference: str | None
     enabled: bool
+
+    @property
+    def breaches(self) -> list[Measurement]:
+        return [m for m in self.measurements if m.breached]
 
     def summary(self) -> str:
         if not self.enabled:
@@ -464,7 +471,7 @@ class Checked:
         return f"{len(self.breaches)} breach(es) against {self.reference}"
 
     def verdict(self) -> dict[str, Any]:
-        return verdict(self.breaches, self.reference)
+        return verdict([m.breach() for m in self.breaches], self.reference)
 
 
 def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
@@ -472,26 +479,30 @@ def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[Featu
                        output: Path) -> Checked:
     """The run's profile, written beside metadata.json, checked against the reference's
     (``checks.reference``, else the output this run replaces), a copy of which is kept beside
-    it so that ``featureline validate`` and the report can check again later."""
+    it so that ``featureline validate`` can check again later; the report and the checks'
+    metrics beside them."""
     this_run = rows.get("this_run", rows)
-    examples = read_as_written(spark, staging / "examples")
-    value = ["value"] if config.source.columns.value else []
-    run_profile = profile(
-        events, examples, raw_numeric=[*value, *config.source.continuous],
-        raw_categorical=categorical_columns(config),
-        feature_numeric=[s.name for s in specs
-                         if s.kind == "continuous" and s.name not in SAME_ALL_DAY],
-        feature_categorical=[s.name for s in specs if s.kind == "categorical"],
-        rows=this_run)
+    # The newest day lies in the validation split (the last valid_days days, at least one):
+    # only that partition of the examples is read.
+    examples = read_as_written(spark, staging / "examples").where(F.col(SPLIT) == VALID)
+    run_profile = profile(events, examples, rows=this_run,
+                          **profile_columns(config, [s.to_json() for s in specs]))
     write_json(run_profile, staging / PROFILE_FILE)
     reference_folder = local_path(config.checks.reference) if config.checks.reference \
         else output
     reference = read_profile(reference_folder)
     if reference is not None:
         write_json(reference, staging / REFERENCE_PROFILE_FILE)
-    breaches = check(run_profile, reference, config.checks) if config.checks.enabled else []
-    return Checked(breaches, str(reference_folder) if reference is not None else None,
-                   config.checks.enabled)
+    measurements = measure(run_profile, reference, config.checks) \
+        if config.checks.enabled else []
+    name = str(reference_folder) if reference is not None else None
+    (staging / REPORT_FILE).write_text(render(
+        run_profile, reference, measurements, config.checks, output=str(output),
+        reference_name=name))
+    (staging / METRICS_FILE).write_text(prometheus(
+        measurements, run_profile, compared=reference is not None and config.checks.enabled,
+        run_at=time.time()))
+    return Checked(measurements, name, config.checks.enabled)
 
 
 def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:

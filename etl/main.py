@@ -19,9 +19,9 @@ from featureline.options import job_options
 def submit(**options: str | None) -> None:
     """Run the ETL job inside spark-submit; exit 1 when its newest day fails the validation
     gate."""
-    metadata = run_job(**options, submitted=True)  # type: ignore[arg-type]
-    click.echo(summary(metadata))
-    exit_if_refused(metadata)
+    run = run_job(**options, submitted=True)  # type: ignore[arg-type]
+    click.echo(summary(run))
+    exit_if_refused(run)
 
 
 if __name__ == "__main__":

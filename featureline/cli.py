@@ -73,9 +73,9 @@ def etl() -> None:
 def etl_run(**options: str | None) -> None:
     """Run the ETL job (Spark local[*] by default); exit 1 when the run's newest day fails
     the validation gate (its output is written, and publish refuses it)."""
-    metadata = run_job(**options, submitted=False)  # type: ignore[arg-type]
-    click.echo(summary(metadata))
-    exit_if_refused(metadata)
+    run = run_job(**options, submitted=False)  # type: ignore[arg-type]
+    click.echo(summary(run))
+    exit_if_refused(run)
 
 
 @etl.command("qualify")
@@ -112,6 +112,33 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
     click.echo(json.dumps(report, indent=2) if as_json else render(report))
 
 
+@etl.command("checks-history")
+@config_option
+@data_option
+@click.option("--days", type=click.IntRange(1), default=30, show_default=True,
+              help="The output's last days to check, each against the day before")
+@click.option("--json", "as_json", is_flag=True, help="Print the days as JSON")
+def etl_checks_history(path: str | None, data: str | None, days: int, as_json: bool) -> None:
+    """Replay the validation gate over an output's last days: what the thresholds (checks:
+    in featureline.yaml) would have said of each day against the day before it."""
+    from featureline.etl.checks_history import replay
+    from featureline.etl.session import build_session, spark_properties
+
+    config = _config(path).etl
+    spark_properties(config.spark)
+    checked = replay(build_session(config.spark), data or config.output.path, config,
+                     config.checks, days)
+    if as_json:
+        click.echo(json.dumps([day.to_json() for day in checked], indent=2))
+        return
+    for day in checked:
+        click.echo(f"{day.day}  {day.events:>9,} events  "
+                   + ("PASSED" if not day.breaches else f"{len(day.breaches)} breach(es)"))
+        click.echo("".join(f"    BREACH {b}\n" for b in day.breaches), nl=False)
+    refused = sum(bool(day.breaches) for day in checked)
+    click.echo(f"{refused} of {len(checked)} days would have been refused")
+
+
 @etl.command("gpu-check")
 @job_options
 @click.option("--jar", type=click.Path(exists=True, dir_okay=False),
@@ -139,7 +166,7 @@ def etl_gpu_check(jar: str | None, plan_log: str | None, as_json: bool,
         log = Path(plan_log) if plan_log else Path(work) / "plan.log"
         options["output"] = options.get("output") or str(Path(work) / "output")
         metadata = run_job(**{**options, "profile": "gpu"},  # type: ignore[arg-type]
-                           properties=gpu_plan.explain_properties(log, Path(work)))
+                           properties=gpu_plan.explain_properties(log, Path(work))).metadata
         report = gpu_plan.report(log, present(metadata.source, metadata, "source").format)
     click.echo(json.dumps(report, indent=2) if as_json else gpu_plan.render(report))
     if report["off_gpu"]:
@@ -175,8 +202,8 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))
     progress(f"[2/{steps}] etl: local Spark job")
-    metadata = run_job(input_path=str(raw), input_format="jsonl", output=str(output))
-    click.echo(summary(metadata))
+    run = run_job(input_path=str(raw), input_format="jsonl", output=str(output))
+    click.echo(summary(run))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")
     from featureline.demo import publish_demo, serve_demo, train_tables
@@ -214,14 +241,25 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
               help="The output to check against (default: the reference the run was checked "
                    "against, kept in OUTPUT)")
 @click.option("--json", "as_json", is_flag=True, help="Print the breaches as JSON")
-def validate(path: str | None, output: str, reference: str | None, as_json: bool) -> None:
+@click.option("--report", type=click.Path(dir_okay=False),
+              help="Also write the HTML report of this check here")
+@click.option("--metrics-file", type=click.Path(dir_okay=False),
+              help="Also write the checks' metrics in Prometheus' text format here")
+def validate(path: str | None, output: str, reference: str | None, as_json: bool,
+             report: str | None, metrics_file: str | None) -> None:
     """Check an ETL output's profile against a reference's; exit 1 on any breach."""
+    import time
+
     from featureline.core.drift import (
         PROFILE_FILE,
         REFERENCE_PROFILE_FILE,
-        check,
+        REPORT_FILE,
+        measure,
+        prometheus,
         read_profile,
     )
+    from featureline.core.drift_report import render
+    from featureline.core.files import write_whole
 
     config = _config(path).checks
     profile = read_profile(output)
@@ -234,16 +272,26 @@ def validate(path: str | None, output: str, reference: str | None, as_json: bool
             raise ConfigError("--reference", f"{Path(reference) / PROFILE_FILE}: no profile")
     else:
         against = read_profile(output, REFERENCE_PROFILE_FILE)
-    breaches = check(profile, against, config)
+    measurements = measure(profile, against, config)
+    breaches = [m.breach() for m in measurements if m.breached]
+    source = reference or (f"the reference kept in {output}" if against else None)
+    if report:
+        page = render(profile, against, measurements, config, output=output,
+                      reference_name=source)
+        write_whole(Path(report), lambda file: file.write_text(page))
+    if metrics_file:
+        text = prometheus(measurements, profile, compared=against is not None,
+                          run_at=time.time())
+        write_whole(Path(metrics_file), lambda file: file.write_text(text))
     if as_json:
         click.echo(json.dumps({"passed": not breaches, "day": profile["day"],
                                "breaches": [b.to_json() for b in breaches]}, indent=2))
     else:
-        source = reference or (f"the reference kept in {output}" if against else None)
         click.echo(f"{output}: day {profile['day']}, {profile['day_events']:,} events; "
                    + (f"checked against {source}" if source else
                       "no reference (declared ranges only)"))
         click.echo("\n".join(f"  BREACH {b}" for b in breaches) or "  PASSED: no breach")
+        click.echo(f"  report: {Path(report or Path(output) / REPORT_FILE).resolve()}")
     if breaches:
         sys.exit(1)
 

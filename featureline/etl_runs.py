@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import click
 
-from featureline.core.drift import Breach
+from featureline.core.drift import REPORT_FILE, Breach
 from featureline.core.metadata import Metadata, present
 from featureline.serving import config_path
 
@@ -26,14 +28,23 @@ def _split_list(value: str | None) -> list[str] | None:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+@dataclass(frozen=True)
+class FinishedRun:
+    """A finished ETL run: where its output is, and its metadata."""
+
+    output: Path
+    metadata: Metadata
+
+
 def run_job(path: str | None = None, input_path: str | None = None,
             input_format: str | None = None, output: str | None = None,
             profile: str | None = None, label: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
             vocabulary_from: str | None = None, refit_vocabularies: bool = False,
             valid_days: int | None = None, incremental: bool = False, *,
-            submitted: bool = False, properties: dict[str, str] | None = None) -> Metadata:
-    """Load the configuration, apply the flags, start Spark and run the job; its metadata.
+            submitted: bool = False, properties: dict[str, str] | None = None) -> FinishedRun:
+    """Load the configuration, apply the flags, start Spark and run the job; its output and
+    metadata.
 
     ``submitted``: running under spark-submit, which has applied the properties file.
     """
@@ -62,11 +73,13 @@ def run_job(path: str | None = None, input_path: str | None = None,
 
     spark = build_session(config.spark, from_profile=not submitted)
     result = job.run(config, spark, progress=progress)
-    return Metadata.parse(result.metadata, str(result.output))
+    return FinishedRun(Path(result.output),
+                       Metadata.parse(result.metadata, str(result.output)))
 
 
-def summary(metadata: Metadata) -> str:
+def summary(run: FinishedRun) -> str:
     """A human-readable account of a finished run."""
+    metadata = run.metadata
     rows = present(metadata.rows, metadata, "rows")
     quarantined = {k: v for k, v in rows.quarantined.items() if v}
     lines = [
@@ -103,13 +116,15 @@ def summary(metadata: Metadata) -> str:
             lines.append(f"checks: FAILED against {checks.reference} — publish refuses this "
                          "output (featureline validate OUTPUT; --accept-drift REASON):")
             lines += [f"  BREACH {Breach(**breach)}" for breach in checks.breaches]
+        lines.append(f"  report: {(run.output / REPORT_FILE).resolve()}")
     timings = ", ".join(f"{k} {v:.1f}s" for k, v in metadata.timings_s.items())
     lines.append(f"time: {timings}")
     return "\n".join(lines)
 
 
-def exit_if_refused(metadata: Metadata) -> None:
+def exit_if_refused(run: FinishedRun) -> None:
     """Exit 1 when the run's newest day failed the validation gate: its output is written
     (for `featureline validate` to show), and a daily chain stops before train and publish."""
-    if metadata.checks is not None and not metadata.checks.passed:
+    checks = run.metadata.checks
+    if checks is not None and not checks.passed:
         sys.exit(1)

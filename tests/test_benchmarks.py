@@ -47,6 +47,17 @@ def test_bench_etl_aggregations_smoke(spark):
     assert entry["with_vs_without"] > 0
 
 
+@pytest.mark.slow
+def test_bench_etl_checks_smoke(spark):
+    report = _load("bench_etl").run_checks([3000], spark, ("without", "with"), warm_up=False)
+    json.dumps(report)
+    (entry,) = report["runs"]
+    assert [len(entry["job_s"][side]) for side in ("without", "with")] == [1, 1]
+    # The stage is timed where it ran.
+    assert len(entry["profile_stage_s"]) == 1 and entry["profile_stage_s"][0] > 0
+    assert entry["with_vs_without"] > 0
+
+
 def test_bench_tfrecord_smoke():
     pytest.importorskip("tensorflow")
     report = _load("bench_tfrecord").run(rows=3000, tf_rows=300, passes=2, min_rows=6000)
@@ -283,13 +294,20 @@ def test_bench_consistency_smoke():
     assert run["consistency_s"] > 0 and run["training_set_s"] > 0
 
 
+@pytest.fixture(scope="module")
+def movielens(tmp_path_factory) -> tuple[dict, Path]:
+    """bench_model's run on MovieLens 100K (its ETL output kept), and that output."""
+    work = tmp_path_factory.mktemp("movielens")
+    return _load("bench_model").run(1, 2, work), work / "output"
+
+
 @pytest.mark.slow
-def test_the_model_beats_popularity_and_ties_gbdt_on_real_data(tmp_path):
+def test_the_model_beats_popularity_and_ties_gbdt_on_real_data(movielens):
     """MovieLens 100K fetched from PyPI (the RecBole wheel) into the cache, through the ETL
     with the temporal split; one epoch (the best one on this log with the defaults): the
     model's validation AUC beats popularity's by more than 0.005 and is within 0.005 of
     gradient-boosted trees on the same rows, its log-loss below both."""
-    report = _load("bench_model").run(1, 2, tmp_path)
+    report, _ = movielens
     json.dumps(report)
     assert report["data"]["rows"] == 100_000
     assert report["validation_rows"] == 16_787  # the ratings of the last 30 days
@@ -300,3 +318,20 @@ def test_the_model_beats_popularity_and_ties_gbdt_on_real_data(tmp_path):
     assert model["auc"] > popularity["auc"] + 0.005
     assert model["auc"] >= trees["auc"] - 0.005
     assert model["log_loss"] < min(popularity["log_loss"], trees["log_loss"])
+
+
+@pytest.mark.slow
+def test_movielens_day_over_day_breaches_only_its_volume(movielens, spark):
+    """The gate replayed over MovieLens's last 14 days with the default thresholds: its days
+    are sessions of a few raters (36 to 2,217 ratings a day), so only the volume check
+    fires (with it off, ``volume_change: null``, every day passes)."""
+    from featureline.config import parse_config
+    from featureline.core.drift import ChecksConfig
+    from featureline.etl.checks_history import replay
+
+    report, output = movielens
+    config = parse_config(_load("bench_model").etl_config(Path(report["data"]["log"]),
+                                                          output)).etl
+    days = replay(spark, output, config, ChecksConfig(), 14)
+    assert [d.day for d in days][-1] == "1998-04-22" and len(days) == 14
+    assert {b.check for d in days for b in d.breaches} == {"volume"}

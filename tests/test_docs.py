@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from featureline.docs import api_reference, configuration_reference, keys, site_markdown
+from tests.browser import headless_page, needs_chromium
 
 REPO = Path(__file__).resolve().parent.parent
 MKDOCS = [sys.executable, "-m", "mkdocs", "build", "--strict"]  # not --quiet: it hides
 # the warnings that strict mode counts
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -161,26 +161,10 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-# Chromium on a machine without a network: no background services to call home.
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-
-
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium (make test installs Debian's as root; "
-                                             "else: sudo apt-get install -y chromium)")
+@needs_chromium
 def test_two_pages_render_in_headless_chromium(served, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    problems: list[str] = []
-    outside: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page()
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda error: problems.append(str(error)))
-        page.on("request", lambda request: None if request.url.startswith(served)
-                else outside.append(request.url))
+    with headless_page(served) as visit:
+        page = visit.page
         for name, heading in (("index", "Featureline"), ("etl", "The ETL job")):
             response = page.goto(f"{served}/{name}.html", wait_until="networkidle")
             assert response is not None and response.status == 200
@@ -193,6 +177,5 @@ def test_two_pages_render_in_headless_chromium(served, tmp_path):
         page.keyboard.type("quarantine")
         page.locator(".md-search-result__item").first.wait_for(timeout=10_000)
         assert "quarantine" in page.locator(".md-search-result").inner_text().lower()
-        browser.close()
-    assert not problems, problems
-    assert not outside, outside
+    assert not visit.problems, visit.problems
+    assert not visit.outside, visit.outside

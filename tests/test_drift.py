@@ -7,15 +7,25 @@ import copy
 import math
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from featureline.config import parse_config
-from featureline.core.drift import ChecksConfig, check, js_divergence, linf_distance
+from featureline.core.drift import (
+    ChecksConfig,
+    check,
+    js_divergence,
+    linf_distance,
+    measure,
+    prometheus,
+)
+from featureline.core.drift_report import render
 from featureline.core.errors import ConfigError
 
 
 def _profile() -> dict:
     return {
         "day": "2026-01-10", "day_events": 1000, "label_rate": 0.2,
+        "events_per_day": {"2026-01-09": 980, "2026-01-10": 1000},
         "rows": {"read": 1010, "quarantined": {"bad_timestamp": 10}},
         "columns": {
             "price": {"kind": "numeric", "source": "raw", "rows": 1000, "missing": 0.0,
@@ -104,3 +114,82 @@ def test_bad_thresholds_name_their_key():
     with pytest.raises(ConfigError) as error:
         parse_config({"etl": {"checks": {"js": 0.1}}})
     assert error.value.key == "etl.checks"
+
+
+def test_every_check_is_measured_breached_or_not():
+    day = _profile()
+    day["day_events"] = 600
+    measured = {(m.check, m.column): m for m in measure(day, _profile(), ChecksConfig())}
+    assert set(measured) == {("volume", ""), ("missing", "price"), ("js", "price"),
+                             ("missing", "category"), ("linf", "category"),
+                             ("unseen", "category"), ("label_rate", "label"),
+                             ("quarantine_rate", "")}
+    assert measured[("volume", "")].value == pytest.approx(0.4)
+    assert not any(m.breached for m in measured.values())
+    assert measured[("quarantine_rate", "")].threshold == pytest.approx(10 / 1010 * 3, abs=1e-6)
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_the_metrics_hold_each_check_and_the_verdict():
+    day = _profile()
+    day["day_events"] = 100
+    samples = _samples(prometheus(measure(day, _profile(), ChecksConfig()), day,
+                                  compared=True, run_at=1_700_000_000.0))
+    volume = (("check", "volume"), ("column", ""))
+    assert samples[("featureline_check_value", volume)] == pytest.approx(0.9)
+    assert samples[("featureline_check_threshold", volume)] == 0.5
+    assert samples[("featureline_check_breached", volume)] == 1
+    assert samples[("featureline_check_breached", (("check", "js"), ("column", "price")))] == 0
+    assert samples[("featureline_check_breaches", (("check", "volume"),))] == 1
+    assert samples[("featureline_check_breaches", (("check", "schema"),))] == 0
+    assert samples[("featureline_checks_passed", ())] == 0
+    assert samples[("featureline_checks_day_events", ())] == 100
+    assert samples[("featureline_checks_run_timestamp_seconds", ())] == 1_700_000_000
+
+
+def test_the_report_puts_breached_columns_first_and_escapes_values():
+    day = _profile()
+    day["columns"]["category"]["top"] = [["<b>c0</b>", 200], ["c1", 700], ["c2", 100]]
+    measured = measure(day, _profile(), ChecksConfig())
+    page = render(day, _profile(), measured, ChecksConfig(), output="out", reference_name="ref")
+    assert page.index('id="column-category"') < page.index('id="column-price"')
+    assert 'href="#column-category"' in page and "<b>c0</b>" not in page
+    assert "&lt;b&gt;c0&lt;/b&gt;" in page
+    assert "http://" not in page and "https://" not in page  # nothing fetched
+    clean = render(_profile(), _profile(), measure(_profile(), _profile(), ChecksConfig()),
+                   ChecksConfig(), output="out", reference_name="ref")
+    assert 'id="verdict">PASSED' in clean and 'id="breaches"' not in clean
+
+
+def test_small_days_are_not_compared_by_distribution():
+    day = _profile()
+    day["columns"]["price"].update(histogram={"25": 30, "30": 40, "35": 30}, rows=100)
+    reference = _profile()
+    reference["day_events"] = day["day_events"] = 100
+    reference["columns"]["price"]["rows"] = 100
+    # 100 values a side: under min_values (500), prices are not compared ...
+    assert ("js", "price") not in {(m.check, m.column) for m in
+                                   measure(day, reference, ChecksConfig())}
+    # ... unless the threshold allows it.
+    [breach] = check(day, reference, ChecksConfig(min_values=100))
+    assert (breach.check, breach.column) == ("js", "price")
+
+
+def test_ids_are_never_a_closed_domain():
+    day, reference = _profile(), _profile()
+    for profile in (day, reference):
+        profile["columns"]["category"]["key"] = True
+    day["columns"]["category"]["top"] = [["c0", 540], ["c1", 300], ["c2", 100], ["c9", 60]]
+    assert check(day, reference, ChecksConfig()) == []
+
+
+def test_a_null_threshold_turns_its_check_off():
+    day = _profile()
+    day["day_events"] = 100
+    assert check(day, _profile(), ChecksConfig(volume_change=None)) == []
+    config = parse_config({"checks": {"volume_change": None, "label_rate_change": None}})
+    assert config.checks.volume_change is None and config.checks.js == 0.3

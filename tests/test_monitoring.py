@@ -51,7 +51,8 @@ def test_the_dashboard_queries_only_metrics_the_api_exports(demo_run):
                    "featureline_hps_keys_share", "featureline_online_store_available",
                    "featureline_dataset_info", "featureline_hps_update_lag_seconds",
                    "featureline_feature_freshness_seconds_bucket",
-                   "featureline_consistency_mismatch_ratio"):
+                   "featureline_consistency_mismatch_ratio", "featureline_check_breaches",
+                   "featureline_checks_run_timestamp_seconds"):
         assert wanted in queried
 
 
@@ -70,7 +71,8 @@ def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
     assert {"FeaturelineHigh5xxRate", "FeaturelineRedisUnavailable",
             "FeaturelineL1HitRateCollapse", "FeaturelineVersionSkew",
             "FeaturelineUpdateConsumerLag", "FeaturelineStaleFreshFeatures",
-            "FeaturelineServingSkew", "FeaturelineOnlineStoreEmpty"} <= alerts
+            "FeaturelineServingSkew", "FeaturelineOnlineStoreEmpty", "FeaturelineBadDay",
+            "FeaturelineChecksStale"} <= alerts
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
     tests = yaml.safe_load((REPO / "tests" / "monitoring" / "alerts_test.yaml").read_text())

@@ -13,17 +13,21 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.drift import ChecksConfig, check
+from featureline.core.drift import METRICS_FILE, REPORT_FILE, ChecksConfig, check
 from featureline.etl import job
-from featureline.etl.data_profile import profile
+from featureline.etl.checks_history import profile_until
+from featureline.etl.data_profile import profile_columns
 from featureline.etl.datagen import write_log
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 from featureline.etl.outputs import read_as_written
+from tests.browser import CHROMIUM, headless_page
 from tests.feast_data import copy_project, fresh_db
 from tests.job_config import make_config
 
@@ -41,18 +45,16 @@ def month(spark, tmp_path_factory) -> Iterator[dict[str, Any]]:
     root = tmp_path_factory.mktemp("gate")
     log = root / "events.jsonl"
     write_log(log, events=36_000, users=900, items=360, days=DAYS, seed=5, bad_fraction=0.01)
-    result = job.run(make_config(root, log), spark, progress=lambda _: None)
+    config = make_config(root, log)
+    result = job.run(config, spark, progress=lambda _: None)
     output = Path(result.output)
-    features = result.metadata["features"]
     # In memory: each test profiles them again, day by day.
     events = spark.read.parquet(str(output / "state" / "events")).cache()
     examples = read_as_written(spark, output / "examples").cache()
     yield {
-        "root": root, "log": log, "output": output, "metadata": result.metadata,
-        "events": events, "examples": examples,
-        "numeric": [f["name"] for f in features
-                    if f["kind"] == "continuous" and f["name"] not in SAME_ALL_DAY],
-        "categorical": [f["name"] for f in features if f["kind"] == "categorical"],
+        "root": root, "log": log, "config": config, "output": output,
+        "metadata": result.metadata, "events": events, "examples": examples,
+        "columns": profile_columns(config, result.metadata["features"]),
     }
     events.unpersist()
     examples.unpersist()
@@ -63,8 +65,7 @@ def _day_profile(month: dict[str, Any], day: str,
                  rows: dict[str, Any] | None = None) -> dict[str, Any]:
     """The profile a run ending on ``day`` writes, with ``fault`` applied to that day's
     events (and their examples, where it drops rows)."""
-    until = F.to_date("ts") <= F.lit(day).cast("date")
-    events, examples = month["events"].where(until), month["examples"].where(until)
+    events, examples = month["events"], month["examples"]
     if fault is not None:
         on_day = F.to_date("ts") == F.lit(day).cast("date")
         changed = fault(events.where(on_day))
@@ -72,9 +73,8 @@ def _day_profile(month: dict[str, Any], day: str,
         examples = examples.join(changed.select("user_id", "item_id", "ts").distinct(),
                                  ["user_id", "item_id", "ts"], "left_semi") \
             .unionByName(examples.where(~on_day))
-    return profile(events, examples, raw_numeric=RAW_NUMERIC, raw_categorical=RAW_CATEGORICAL,
-                   feature_numeric=month["numeric"], feature_categorical=month["categorical"],
-                   rows=rows or month["metadata"]["rows"])
+    return profile_until(events, examples, day, month["columns"],
+                         rows or month["metadata"]["rows"])
 
 
 def _days(month: dict[str, Any]) -> list[str]:
@@ -82,19 +82,29 @@ def _days(month: dict[str, Any]) -> list[str]:
                   month["events"].select(F.to_date("ts")).distinct().collect())
 
 
-def test_ten_clean_consecutive_days_raise_no_breach(month):
-    days = _days(month)[-11:]
-    profiles = [_day_profile(month, day) for day in days]
-    found = {day: [str(b) for b in check(ours, reference, ChecksConfig())]
-             for day, ours, reference in zip(days[1:], profiles[1:], profiles[:-1],
-                                             strict=True)}
-    assert all(not breaches for breaches in found.values()), found
+def test_ten_clean_consecutive_days_raise_no_breach(month, spark, tmp_path):
+    """`featureline etl checks-history` replays the gate over the output's last ten days."""
+    from featureline.cli import main
+
+    settings = month["config"].model_dump(mode="json", exclude={"checks", "aggregations"})
+    config = tmp_path / "featureline.yaml"
+    config.write_text(yaml.safe_dump({"etl": settings}))
+    replayed = CliRunner().invoke(main, ["etl", "checks-history", "--config", str(config),
+                                         "--days", "10", "--json"])
+    assert replayed.exit_code == 0, replayed.output
+    days = json.loads(replayed.output)
+    assert [d["day"] for d in days] == _days(month)[-10:]
+    assert all(not d["breaches"] for d in days), days
+    assert sum(d["events"] for d in days) == month["events"].where(
+        F.to_date("ts") >= F.lit(days[0]["day"]).cast("date")).count()
     # The profile holds what the checks read, for the newest day only.
-    newest = profiles[-1]
-    assert newest["day"] == days[-1] and newest["day_events"] == \
-        month["events"].where(F.to_date("ts") == F.lit(days[-1]).cast("date")).count()
+    newest = _day_profile(month, days[-1]["day"])
+    assert newest["day"] == days[-1]["day"] and newest["day_events"] == days[-1]["events"]
     assert set(newest["columns"]) >= {*RAW_NUMERIC, *RAW_CATEGORICAL, "user_id_cat"}
     assert not set(SAME_ALL_DAY) & set(newest["columns"])
+    assert {name for name, c in newest["columns"].items() if c.get("key")} >= {
+        "user_id", "item_id", "user_id_cat", "item_id_cat"}
+    assert not newest["columns"]["category"].get("key")
     price = newest["columns"]["price"]
     assert sum(price["histogram"].values()) == round(newest["day_events"]
                                                      * (1 - price["missing"]))
@@ -152,6 +162,51 @@ def _event(line: str) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def _the_metrics_name_the_breach(samples: dict[tuple[str, tuple[tuple[str, str], ...]],
+                                               float]) -> None:
+    price = (("check", "js"), ("column", "price"))
+    assert samples[("featureline_check_breached", price)] == 1
+    assert samples[("featureline_check_value", price)] > \
+        samples[("featureline_check_threshold", price)] == ChecksConfig().js
+    assert samples[("featureline_check_breaches", (("check", "js"),))] >= 1
+    assert samples[("featureline_check_breaches", (("check", "volume"),))] == 0
+    assert samples[("featureline_check_breached", (("check", "volume"), ("column", "")))] == 0
+    assert samples[("featureline_checks_passed", ())] == 0
+    assert samples[("featureline_checks_compared", ())] == 1
+
+
+def _the_report_shows_the_breach(report: Path, tmp_path: Path) -> None:
+    """The page opens in headless Chromium without an error or a request anywhere else; the
+    breaches' table names prices, and their column comes first, drawn beside the
+    reference's histogram."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium (make test installs Debian's as root)")
+    with headless_page("file://") as visit:
+        page = visit.page
+        page.goto(report.as_uri(), wait_until="load")
+        assert page.locator("#verdict").inner_text() == "FAILED"
+        rows = page.locator("#breaches + table tr.breached")
+        assert ("js", "price") in {tuple(rows.nth(i).locator("td").all_inner_texts()[:2])
+                                   for i in range(rows.count())}
+        first = page.locator("section.card").first
+        assert first.get_attribute("id") == "column-price"
+        assert "breached" in (first.get_attribute("class") or "")
+        # Both sides drawn: the reference's bars and this run's, prices ×100 two decades up.
+        assert first.locator("rect.theirs").count() > 0
+        assert first.locator("rect.ours").count() > 0
+        page.locator("a[href='#column-price']").first.click()
+        shot = tmp_path / "report.png"
+        page.screenshot(path=str(shot), full_page=False)
+        print(f"screenshot: {shot}")
+    assert not visit.problems, visit.problems
+    assert not visit.outside, visit.outside
+
+
 def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_server,
                                          tmp_path):
     """The shared small log again, its last day's prices in cents: the run's verdict fails
@@ -184,6 +239,14 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
     validated = CliRunner().invoke(main, ["validate", str(output)])
     assert validated.exit_code == 1, validated.output
     assert "BREACH js price" in validated.output
+    assert f"report: {output / REPORT_FILE}" in validated.output
+    _the_metrics_name_the_breach(_samples((output / METRICS_FILE).read_text()))
+    _the_report_shows_the_breach(output / REPORT_FILE, tmp_path)
+    again, metrics = tmp_path / "again.html", tmp_path / "again.prom"
+    CliRunner().invoke(main, ["validate", str(output), "--report", str(again),
+                              "--metrics-file", str(metrics)])
+    assert "price" in again.read_text()
+    _the_metrics_name_the_breach(_samples(metrics.read_text()))
     passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(output)])
     assert passed.exit_code == 0 and "PASSED" in passed.output, passed.output
 

@@ -1,0 +1,66 @@
+"""The validation gate replayed over an output's history (``featureline etl checks-history``;
+docs/ARCHITECTURE.md, "The validation gate"): each of its last days profiled as a run ending
+on that day profiles its newest day, and checked against the day before — what the
+thresholds would have said of a user's own data, day by day, before they trust them.
+
+The run's row accounting stands for every day (the quarantine's reasons are not kept per
+day), so the quarantine check compares equal rates here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from featureline.core.drift import Breach, ChecksConfig, check
+from featureline.core.metadata import present, read_metadata
+from featureline.etl.config import EtlConfig
+from featureline.etl.data_profile import profile, profile_columns
+from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
+from featureline.etl.outputs import read_as_written
+
+
+@dataclass(frozen=True)
+class CheckedDay:
+    """One day of the history, checked against the day before it."""
+
+    day: str
+    events: int
+    breaches: list[Breach]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"day": self.day, "events": self.events,
+                "breaches": [b.to_json() for b in self.breaches]}
+
+
+def profile_until(events: DataFrame, examples: DataFrame, day: str,
+                  columns: dict[str, list[str]], rows: dict[str, Any]) -> dict[str, Any]:
+    """The profile a run whose newest events are of ``day`` writes (``columns``:
+    ``profile_columns``)."""
+    until = F.to_date("ts") <= F.lit(day).cast("date")
+    return profile(events.where(until), examples.where(until), rows=rows, **columns)
+
+
+def replay(spark: SparkSession, output: str | Path, config: EtlConfig,
+           checks: ChecksConfig, days: int) -> list[CheckedDay]:
+    """The last ``days`` days of ``output``, each checked against the one before."""
+    metadata = read_metadata(output)
+    rows = present(metadata.rows, metadata, "rows").model_dump()
+    events = spark.read.parquet(str(Path(output) / STATE_DIR / EVENTS_DIR)).cache()
+    examples = read_as_written(spark, Path(output) / "examples").cache()
+    try:
+        columns = profile_columns(config, [f.model_dump() for f in metadata.features])
+        every = sorted(str(row[0]) for row in
+                       events.select(F.to_date("ts")).distinct().collect())
+        chosen: Sequence[str] = every[-(days + 1):]
+        profiles = [profile_until(events, examples, day, columns, rows) for day in chosen]
+    finally:
+        events.unpersist()
+        examples.unpersist()
+    return [CheckedDay(ours["day"], ours["day_events"], check(ours, reference, checks))
+            for ours, reference in zip(profiles[1:], profiles[:-1], strict=True)]
