@@ -43,6 +43,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import Field
 
+from featureline.core.metadata import METADATA_FILE, read_metadata
 from featureline.core.settings import Settings
 
 PROFILE_FILE = "profile.json"
@@ -56,9 +57,14 @@ CHECKS = ("schema", "volume", "missing", "js", "linf", "unseen", "label_rate",
           "quarantine_rate", "range")
 # The reference's profile at the time of the run, kept beside the run's own.
 REFERENCE_PROFILE_FILE = "profile.reference.json"
+# Why an output whose day failed was published all the same (featureline publish
+# --accept-drift): one JSON line per publish.
+ACCEPTED_DRIFT_FILE = "accepted_drift.jsonl"
 # Histogram bins per decade of |x| (bin = sign(x) · floor(log10(1 + |x|) · BINS_PER_DECADE)):
 # one rule for every profile, so any two compare bin for bin.
 BINS_PER_DECADE = 10
+# The quantiles a profile lists per numeric column, read off its histogram.
+QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.99)
 # Most frequent values kept per categorical column; the rest are one "other" share. A column
 # with no more values than this has them all listed: a closed domain, checked for new values.
 TOP_K = 100
@@ -83,7 +89,8 @@ class ChecksConfig(Settings):
     # false: profiles are written, nothing is checked.
     enabled: bool = True
     # A pinned baseline output whose profile.json is the reference; null: the output the run
-    # replaces (the served one).
+    # replaces (or, where that output's own day failed and was not published with
+    # --accept-drift, the reference it was checked against: a bad day sent again fails again).
     reference: str | None = None
     # Each threshold below may be null: that check is not made.
     # Largest change of the day's events, 1 - smaller / larger (0.5: half or twice as many).
@@ -128,6 +135,39 @@ class Breach:
         value = f"{self.value:.4g}" if isinstance(self.value, float) else self.value
         where = f" {self.column}" if self.column else ""
         return f"{self.check}{where}: {value} (threshold {self.threshold})"
+
+
+def bin_edges(index: int) -> tuple[float, float]:
+    """The values a histogram bin holds, from its lower to its upper edge (bin 0 holds
+    both sides of 0 up to a tenth of a decade)."""
+    near, far = (10 ** (abs(index) / BINS_PER_DECADE) - 1,
+                 10 ** ((abs(index) + 1) / BINS_PER_DECADE) - 1)
+    if index > 0:
+        return near, far
+    return (-far, -near) if index < 0 else (-far, far)
+
+
+def quantiles(column: dict[str, Any]) -> dict[str, float | None]:
+    """A numeric column's ``QUANTILES`` from its histogram (as Prometheus reads a
+    histogram's): linear within the bin that holds each, within the column's min and max —
+    as precise as a bin, a tenth of a decade."""
+    counts = sorted((int(index), count) for index, count in column["histogram"].items())
+    total = sum(count for _, count in counts)
+    found: dict[str, float | None] = {}
+    for q in QUANTILES:
+        name = f"p{round(q * 100)}"
+        if not total or column.get("min") is None:
+            found[name] = None
+            continue
+        target, seen = q * total, 0
+        for index, count in counts:
+            if seen + count >= target:
+                low, high = bin_edges(index)
+                value = low + (target - seen) / count * (high - low)
+                found[name] = min(max(value, column["min"]), column["max"])
+                break
+            seen += count
+    return found
 
 
 def js_divergence(ours: dict[str, int], theirs: dict[str, int]) -> float:
@@ -316,6 +356,33 @@ def prometheus(measurements: list[Measurement], profile: dict[str, Any], *, comp
     Gauge("featureline_checks_run_timestamp_seconds", "When the checks ran (Unix time)",
           registry=registry).set(run_at)
     return generate_latest(registry).decode()
+
+
+def replaced_reference(folder: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The reference of a run that replaces the output ``folder``, and its name: the output's
+    own profile when its day passed, or was published all the same (``--accept-drift``);
+    when its day failed and was not accepted, the profile *it* was checked against — the
+    last day that passed — so that a bad day sent again is refused again, not compared with
+    itself. (None, None) without a profile."""
+    own = read_profile(folder)
+    if own is None or not (Path(folder) / METADATA_FILE).is_file():
+        return own, (str(folder) if own is not None else None)
+    metadata = read_metadata(folder)
+    checks = metadata.checks
+    if checks is None or checks.passed or _accepted(folder, metadata.dataset_version):
+        return own, str(folder)
+    kept = read_profile(folder, REFERENCE_PROFILE_FILE)
+    if kept is None:
+        return None, None
+    return kept, f"{folder}'s reference (day {kept['day']}: {folder}'s own day failed)"
+
+
+def _accepted(folder: str | Path, version: str) -> bool:
+    """Whether the output of dataset ``version`` was published with ``--accept-drift``."""
+    accepted = Path(folder) / ACCEPTED_DRIFT_FILE
+    return accepted.is_file() and any(
+        json.loads(line).get("dataset_version") == version
+        for line in accepted.read_text().splitlines() if line.strip())
 
 
 def read_profile(folder: str | Path, name: str = PROFILE_FILE) -> dict[str, Any] | None:

@@ -16,10 +16,10 @@ from typing import Any
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from featureline.core.drift import (
-    BINS_PER_DECADE,
     OTHER,
     ChecksConfig,
     Measurement,
+    bin_edges,
     present_values,
 )
 
@@ -66,8 +66,7 @@ class ColumnView:
 
 def _bin_label(index: int) -> str:
     """A histogram bin's lower edge (bins are tenths of a decade of |x|; see core/drift.py)."""
-    edge = 10 ** (abs(index) / BINS_PER_DECADE) - 1
-    return f"{'-' if index < 0 else ''}{edge:.3g}"
+    return f"{bin_edges(index)[0]:.3g}"
 
 
 def _shares(counts: dict[str, int]) -> dict[str, float]:
@@ -102,9 +101,15 @@ def _value_bars(ours: dict[str, Any], theirs: dict[str, Any] | None) -> list[Bar
 
 
 def _stats(ours: dict[str, Any], theirs: dict[str, Any] | None) -> list[tuple[str, Any, Any]]:
-    keys = ("min", "max", "mean", "std") if ours["kind"] == "numeric" else ("distinct",)
     rows = [("missing", ours["missing"], theirs["missing"] if theirs else None)]
-    return rows + [(key, ours.get(key), theirs.get(key) if theirs else None) for key in keys]
+    if ours["kind"] != "numeric":
+        return [*rows, ("distinct", ours.get("distinct"),
+                        theirs.get("distinct") if theirs else None)]
+    rows += [(key, ours.get(key), theirs.get(key) if theirs else None)
+             for key in ("min", "max", "mean", "std")]
+    # Profiles written before quantiles have none.
+    mine, other = ours.get("quantiles", {}), (theirs or {}).get("quantiles", {})
+    return rows + [(name, value, other.get(name)) for name, value in mine.items()]
 
 
 def _columns(profile: dict[str, Any], reference: dict[str, Any] | None,

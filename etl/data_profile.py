@@ -1,8 +1,8 @@
 """The profile of a run, for the validation gate (``core/drift.py``; docs/ARCHITECTURE.md,
 "The validation gate"): the newest UTC day of the output's events, per raw column and per
-feature — rows, missing share, and a histogram with min / max / mean / std (numbers) or the
-most frequent values and the count of distinct ones (text and ids) — with the events per
-day, the day's label rate and the run's quarantine reasons.
+feature — rows, missing share, and a histogram with min / max / mean / std and quantiles
+read off it (numbers) or the most frequent values and the count of distinct ones (text and
+ids) — with the events per day, the day's label rate and the run's quarantine reasons.
 
 Plain Spark SQL over the cached events and the examples just written (a union per kind of
 column, grouped once), so the RAPIDS Accelerator plans it like the rest of the job.
@@ -17,7 +17,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, GroupedData, Row, Window
 from pyspark.sql import functions as F
 
-from featureline.core.drift import BINS_PER_DECADE, TOP_K
+from featureline.core.drift import BINS_PER_DECADE, TOP_K, quantiles
 from featureline.core.metadata import encoded_name
 from featureline.etl.config import EtlConfig, categorical_columns
 from featureline.etl.entities import ENTITIES
@@ -151,6 +151,7 @@ def _distributions(profiles: dict[str, dict[str, Any]],
         if entry["kind"] == "numeric":
             entry["histogram"] = dict(sorted(entry["histogram"].items(),
                                              key=lambda item: int(item[0])))
+            entry["quantiles"] = quantiles(entry)
 
 
 def _number(value: Any) -> float | None:

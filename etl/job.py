@@ -28,6 +28,7 @@ from featureline.core.drift import (
     measure,
     prometheus,
     read_profile,
+    replaced_reference,
     verdict,
 )
 from featureline.core.drift_report import render
@@ -488,14 +489,16 @@ def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[Featu
     run_profile = profile(events, examples, rows=this_run,
                           **profile_columns(config, [s.to_json() for s in specs]))
     write_json(run_profile, staging / PROFILE_FILE)
-    reference_folder = local_path(config.checks.reference) if config.checks.reference \
-        else output
-    reference = read_profile(reference_folder)
+    if config.checks.reference:
+        pinned = local_path(config.checks.reference)
+        reference = read_profile(pinned)
+        name = str(pinned) if reference is not None else None
+    else:
+        reference, name = replaced_reference(output)
     if reference is not None:
         write_json(reference, staging / REFERENCE_PROFILE_FILE)
     measurements = measure(run_profile, reference, config.checks) \
         if config.checks.enabled else []
-    name = str(reference_folder) if reference is not None else None
     (staging / REPORT_FILE).write_text(render(
         run_profile, reference, measurements, config.checks, output=str(output),
         reference_name=name))

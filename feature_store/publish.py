@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from featureline.core.drift import Breach
+from featureline.core.drift import ACCEPTED_DRIFT_FILE, Breach
 from featureline.core.metadata import Metadata
 from featureline.core.redis import redact
 from featureline.feature_store.errors import DriftRefusedError, online_store_errors
@@ -105,9 +105,6 @@ class _Progress:
         if time.monotonic() >= self.next and written < self.total:
             self.progress(f"{self.view}: {written:,} / {self.total:,} keys written")
             self.next = time.monotonic() + PROGRESS_EVERY_S
-
-
-ACCEPTED_DRIFT_FILE = "accepted_drift.jsonl"
 
 
 def _gate(output: Path, metadata: Metadata, accept_drift: str | None,

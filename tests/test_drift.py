@@ -12,11 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from featureline.config import parse_config
 from featureline.core.drift import (
     ChecksConfig,
+    bin_edges,
     check,
     js_divergence,
     linf_distance,
     measure,
     prometheus,
+    quantiles,
 )
 from featureline.core.drift_report import render
 from featureline.core.errors import ConfigError
@@ -193,3 +195,20 @@ def test_a_null_threshold_turns_its_check_off():
     assert check(day, _profile(), ChecksConfig(volume_change=None)) == []
     config = parse_config({"checks": {"volume_change": None, "label_rate_change": None}})
     assert config.checks.volume_change is None and config.checks.js == 0.3
+
+
+def test_quantiles_are_read_off_the_histogram():
+    # 100 values: 50 in bin 10 ([9, 11.6)), 50 in bin 20 ([99, 125)), min 9.5, max 120.
+    column = {"histogram": {"20": 50, "10": 50}, "min": 9.5, "max": 120.0}
+    found = quantiles(column)
+    assert list(found) == ["p1", "p25", "p50", "p75", "p99"]
+    low, high = bin_edges(10)
+    assert (low, high) == pytest.approx((10 ** 1 - 1, 10 ** 1.1 - 1))
+    assert found["p1"] == pytest.approx(9.5)  # clamped to the minimum
+    assert found["p25"] == pytest.approx(low + 0.5 * (high - low))
+    assert found["p50"] == pytest.approx(high)
+    assert bin_edges(20)[0] <= found["p75"] <= bin_edges(20)[1]
+    assert found["p99"] == pytest.approx(120.0)  # clamped to the maximum
+    assert bin_edges(-3) == pytest.approx((-(10 ** 0.4 - 1), -(10 ** 0.3 - 1)))
+    assert bin_edges(0)[0] < 0 < bin_edges(0)[1]
+    assert quantiles({"histogram": {}, "min": None, "max": None})["p50"] is None

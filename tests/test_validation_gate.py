@@ -210,11 +210,13 @@ def _the_report_shows_the_breach(report: Path, tmp_path: Path) -> None:
 def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_server,
                                          tmp_path):
     """The shared small log again, its last day's prices in cents: the run's verdict fails
-    against the output it replaces, validate exits 1, publish writes nothing to Redis, and
-    --accept-drift publishes it and records why."""
+    against the output it replaces, validate exits 1; sent again, the day fails again
+    (against the last day that passed); publish writes nothing to Redis, and --accept-drift
+    publishes it and records why, after which the day is the reference."""
     from featureline.cli import main
+    from featureline.core.drift import ACCEPTED_DRIFT_FILE
     from featureline.feature_store.errors import DriftRefusedError
-    from featureline.feature_store.publish import ACCEPTED_DRIFT_FILE, publish
+    from featureline.feature_store.publish import publish
     from featureline.feature_store.repo import open_repo
 
     output = tmp_path / "out"
@@ -250,6 +252,12 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
     passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(output)])
     assert passed.exit_code == 0 and "PASSED" in passed.output, passed.output
 
+    # The same bad day sent again: checked against the last day that passed, not itself.
+    metadata = job.run(config, spark, progress=lambda _: None).metadata
+    verdict = metadata["checks"]
+    assert not verdict["passed"] and "own day failed" in verdict["reference"], verdict
+    assert ("js", "price") in {(b["check"], b["column"]) for b in verdict["breaches"]}
+
     project = copy_project(tmp_path)
     url = fresh_db(redis_server, 1)  # a database no other test uses
     with pytest.raises(DriftRefusedError, match="js price"):
@@ -262,3 +270,6 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
                 (output / ACCEPTED_DRIFT_FILE).read_text().splitlines()]
     assert record["reason"] == "prices are in cents since today"
     assert record["dataset_version"] == metadata["dataset"]["version"]
+    # Accepted: the next run is checked against the accepted day.
+    after = job.run(config, spark, progress=lambda _: None).metadata["checks"]
+    assert after["passed"] and after["reference"] == str(output), after
