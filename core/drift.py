@@ -190,11 +190,9 @@ def linf_distance(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     """The largest change of one value's share between two categorical columns' profiles
     (their top values, the rest as one share)."""
     def shares(column: dict[str, Any]) -> dict[str, float]:
-        rows = present_values(column)
-        if rows <= 0:
-            return {}
-        top = {str(value): count / rows for value, count in column["top"]}
-        top[OTHER] = max(0.0, 1.0 - sum(top.values()))
+        top = value_shares(column)
+        if top:
+            top[OTHER] = max(0.0, 1.0 - sum(top.values()))
         return top
 
     a, b = shares(ours), shares(theirs)
@@ -202,6 +200,13 @@ def linf_distance(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
     # bound of the change: its share there is at most that side's smallest top share).
     return max((abs(a.get(value, 0.0) - b.get(value, 0.0))
                 for value in (set(a) | set(b)) - {OTHER}), default=0.0)
+
+
+def value_shares(column: dict[str, Any]) -> dict[str, float]:
+    """A categorical column's top values, each as its share of the present values."""
+    present = present_values(column)
+    return {str(value): count / present for value, count in column["top"]} \
+        if present > 0 else {}
 
 
 def unseen_share(ours: dict[str, Any], theirs: dict[str, Any]) -> float | None:
@@ -233,7 +238,8 @@ def _volume_change(events: int, reference: int) -> float:
     return 1 - min(events, reference) / larger if larger else 0.0
 
 
-def _quarantine_rate(profile: dict[str, Any]) -> float:
+def quarantine_rate(profile: dict[str, Any]) -> float:
+    """The share of the run's rows read that were quarantined."""
     rows = profile["rows"]
     return sum(rows["quarantined"].values()) / rows["read"] if rows["read"] else 0.0
 
@@ -296,9 +302,9 @@ def measure(profile: dict[str, Any], reference: dict[str, Any] | None,
     add("label_rate", "label", _relative(profile["label_rate"], reference["label_rate"]),
         config.label_rate_change)
     if config.quarantine_rate_factor is not None:
-        allowed = max(_quarantine_rate(reference) * config.quarantine_rate_factor,
+        allowed = max(quarantine_rate(reference) * config.quarantine_rate_factor,
                       config.quarantine_rate_floor)
-        add("quarantine_rate", "", _quarantine_rate(profile), round(allowed, 6))
+        add("quarantine_rate", "", quarantine_rate(profile), round(allowed, 6))
     return found
 
 

@@ -20,7 +20,8 @@ from featureline.core.drift import (
     ChecksConfig,
     Measurement,
     bin_edges,
-    present_values,
+    quarantine_rate,
+    value_shares,
 )
 
 # Values drawn per categorical column: the largest shares of either side.
@@ -83,13 +84,8 @@ def _histogram_bars(ours: dict[str, Any], theirs: dict[str, Any] | None) -> list
 
 
 def _value_bars(ours: dict[str, Any], theirs: dict[str, Any] | None) -> list[Bar]:
-    def shares(column: dict[str, Any]) -> dict[str, float]:
-        present = present_values(column)
-        return {str(value): count / present for value, count in column["top"]} \
-            if present > 0 else {}
-
-    a = shares(ours)
-    b = shares(theirs) if theirs else {}
+    a = value_shares(ours)
+    b = value_shares(theirs) if theirs else {}
     shown = sorted(set(a) | set(b), key=lambda v: -max(a.get(v, 0.0), b.get(v, 0.0)))
     bars = [Bar(value, a.get(value, 0.0), b.get(value, 0.0) if theirs else None)
             for value in shown[:SHOWN_VALUES]]
@@ -133,12 +129,6 @@ def _columns(profile: dict[str, Any], reference: dict[str, Any] | None,
     return sorted(views, key=lambda v: (not v.breached, v.source != "raw", v.name))
 
 
-def _quarantine(profile: dict[str, Any]) -> tuple[float, dict[str, int]]:
-    rows = profile["rows"]
-    reasons = rows["quarantined"]
-    return (sum(reasons.values()) / rows["read"] if rows["read"] else 0.0), reasons
-
-
 def render(profile: dict[str, Any], reference: dict[str, Any] | None,
            measurements: list[Measurement], config: ChecksConfig, *, output: str,
            reference_name: str | None) -> str:
@@ -148,16 +138,16 @@ def render(profile: dict[str, Any], reference: dict[str, Any] | None,
                               trim_blocks=True, lstrip_blocks=True)
     breaches = [m for m in measurements if m.breached]
     days = list(profile["events_per_day"].items())[-SHOWN_DAYS:]
-    quarantined, reasons = _quarantine(profile)
     day = {
         "events": (profile["day_events"], reference["day_events"] if reference else None),
         "label_rate": (profile["label_rate"], reference["label_rate"] if reference else None),
-        "quarantined": (quarantined, _quarantine(reference)[0] if reference else None),
+        "quarantined": (quarantine_rate(profile),
+                        quarantine_rate(reference) if reference else None),
     }
     return environment.get_template("report.html.j2").render(
         output=output, profile=profile, reference_name=reference_name,
         compared=reference is not None, enabled=config.enabled, breaches=breaches,
-        meanings=MEANINGS, day=day, reasons=reasons,
+        meanings=MEANINGS, day=day, reasons=profile["rows"]["quarantined"],
         days=days, most_per_day=max((count for _, count in days), default=1),
         day_checks=[m for m in measurements if m.column in ("", "label")],
         columns=_columns(profile, reference, measurements))

@@ -7,7 +7,6 @@ import copy
 import math
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from featureline.config import parse_config
 from featureline.core.drift import (
@@ -22,6 +21,7 @@ from featureline.core.drift import (
 )
 from featureline.core.drift_report import render
 from featureline.core.errors import ConfigError
+from tests.metric_samples import samples
 
 
 def _profile() -> dict:
@@ -131,26 +131,21 @@ def test_every_check_is_measured_breached_or_not():
     assert measured[("quarantine_rate", "")].threshold == pytest.approx(10 / 1010 * 3, abs=1e-6)
 
 
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
 def test_the_metrics_hold_each_check_and_the_verdict():
     day = _profile()
     day["day_events"] = 100
-    samples = _samples(prometheus(measure(day, _profile(), ChecksConfig()), day,
+    found = samples(prometheus(measure(day, _profile(), ChecksConfig()), day,
                                   compared=True, run_at=1_700_000_000.0))
     volume = (("check", "volume"), ("column", ""))
-    assert samples[("featureline_check_value", volume)] == pytest.approx(0.9)
-    assert samples[("featureline_check_threshold", volume)] == 0.5
-    assert samples[("featureline_check_breached", volume)] == 1
-    assert samples[("featureline_check_breached", (("check", "js"), ("column", "price")))] == 0
-    assert samples[("featureline_check_breaches", (("check", "volume"),))] == 1
-    assert samples[("featureline_check_breaches", (("check", "schema"),))] == 0
-    assert samples[("featureline_checks_passed", ())] == 0
-    assert samples[("featureline_checks_day_events", ())] == 100
-    assert samples[("featureline_checks_run_timestamp_seconds", ())] == 1_700_000_000
+    assert found[("featureline_check_value", volume)] == pytest.approx(0.9)
+    assert found[("featureline_check_threshold", volume)] == 0.5
+    assert found[("featureline_check_breached", volume)] == 1
+    assert found[("featureline_check_breached", (("check", "js"), ("column", "price")))] == 0
+    assert found[("featureline_check_breaches", (("check", "volume"),))] == 1
+    assert found[("featureline_check_breaches", (("check", "schema"),))] == 0
+    assert found[("featureline_checks_passed", ())] == 0
+    assert found[("featureline_checks_day_events", ())] == 100
+    assert found[("featureline_checks_run_timestamp_seconds", ())] == 1_700_000_000
 
 
 def test_the_report_puts_breached_columns_first_and_escapes_values():

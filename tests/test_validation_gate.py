@@ -15,7 +15,6 @@ import pytest
 import redis
 import yaml
 from click.testing import CliRunner
-from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -30,6 +29,7 @@ from featureline.etl.outputs import read_as_written
 from tests.browser import CHROMIUM, headless_page
 from tests.feast_data import copy_project, fresh_db
 from tests.job_config import make_config
+from tests.metric_samples import Samples, samples
 
 pytestmark = pytest.mark.slow
 
@@ -162,22 +162,16 @@ def _event(line: str) -> dict[str, Any] | None:
     return event if isinstance(event, dict) else None
 
 
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
-
-
-def _the_metrics_name_the_breach(samples: dict[tuple[str, tuple[tuple[str, str], ...]],
-                                               float]) -> None:
+def _the_metrics_name_the_breach(found: Samples) -> None:
     price = (("check", "js"), ("column", "price"))
-    assert samples[("featureline_check_breached", price)] == 1
-    assert samples[("featureline_check_value", price)] > \
-        samples[("featureline_check_threshold", price)] == ChecksConfig().js
-    assert samples[("featureline_check_breaches", (("check", "js"),))] >= 1
-    assert samples[("featureline_check_breaches", (("check", "volume"),))] == 0
-    assert samples[("featureline_check_breached", (("check", "volume"), ("column", "")))] == 0
-    assert samples[("featureline_checks_passed", ())] == 0
-    assert samples[("featureline_checks_compared", ())] == 1
+    assert found[("featureline_check_breached", price)] == 1
+    assert found[("featureline_check_value", price)] > \
+        found[("featureline_check_threshold", price)] == ChecksConfig().js
+    assert found[("featureline_check_breaches", (("check", "js"),))] >= 1
+    assert found[("featureline_check_breaches", (("check", "volume"),))] == 0
+    assert found[("featureline_check_breached", (("check", "volume"), ("column", "")))] == 0
+    assert found[("featureline_checks_passed", ())] == 0
+    assert found[("featureline_checks_compared", ())] == 1
 
 
 def _the_report_shows_the_breach(report: Path, tmp_path: Path) -> None:
@@ -242,13 +236,13 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
     assert validated.exit_code == 1, validated.output
     assert "BREACH js price" in validated.output
     assert f"report: {output / REPORT_FILE}" in validated.output
-    _the_metrics_name_the_breach(_samples((output / METRICS_FILE).read_text()))
+    _the_metrics_name_the_breach(samples((output / METRICS_FILE).read_text()))
     _the_report_shows_the_breach(output / REPORT_FILE, tmp_path)
     again, metrics = tmp_path / "again.html", tmp_path / "again.prom"
     CliRunner().invoke(main, ["validate", str(output), "--report", str(again),
                               "--metrics-file", str(metrics)])
     assert "price" in again.read_text()
-    _the_metrics_name_the_breach(_samples(metrics.read_text()))
+    _the_metrics_name_the_breach(samples(metrics.read_text()))
     passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(output)])
     assert passed.exit_code == 0 and "PASSED" in passed.output, passed.output
 
