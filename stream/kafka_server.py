@@ -42,6 +42,17 @@ def server_properties(folder: Path, port: int, controller_port: int) -> str:
     ]) + "\n"
 
 
+def cluster_id(raw: bytes | None = None) -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding — redrawn when it
+    would start with ``-`` (one in 64 draws), which Kafka's command line reads as an option
+    (Kafka's own ``Uuid.randomUuid`` redraws for the same reason)."""
+    while True:
+        text = base64.urlsafe_b64encode(raw or uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+        raw = None
+
+
 class EmbeddedKafka:
     """``with EmbeddedKafka(folder, classpath) as broker: broker.bootstrap`` — formatted and
     started on free loopback ports, stopped (and its data kept in ``folder``) on exit."""
@@ -67,7 +78,7 @@ class EmbeddedKafka:
         self.folder.mkdir(parents=True, exist_ok=True)
         config = self.folder / "server.properties"
         config.write_text(server_properties(self.folder, self.port, self.controller_port))
-        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        cluster = cluster_id()
         formatted = subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(config),
                        "--ignore-formatted"), capture_output=True, text=True, check=False)

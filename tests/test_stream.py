@@ -412,3 +412,12 @@ def test_consistency_compares_streamed_rows_with_the_archive(tmp_path, redis_ser
     assert [t["entity"] for t in lost["user_positives"].top] == ["fresh-user"]
     assert [t["entity"] for t in lost["item_events"].top] == ["i1"]
     assert lost["item_events"].mismatch == 1
+
+
+def test_a_kafka_cluster_id_never_starts_with_a_dash():
+    from featureline.stream.kafka_server import cluster_id
+
+    # 0xF8 encodes as '-' first: Kafka's command line would read it as an option ("-t -…").
+    assert not cluster_id(bytes([0xF8]) + bytes(15)).startswith("-")
+    assert cluster_id(bytes(16)) == "AAAAAAAAAAAAAAAAAAAAAA"
+    assert len({cluster_id() for _ in range(64)}) == 64
