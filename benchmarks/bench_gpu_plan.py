@@ -29,36 +29,57 @@ from featureline.tools import plugin_jar
 FEATURELINE = str(Path(sys.executable).parent / "featureline")
 
 
-def _timed(command: list[str], cwd: Path) -> float:
+def _timed(command: list[str], cwd: Path) -> tuple[float, subprocess.CompletedProcess[str]]:
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=cwd)
-    seconds = time.perf_counter() - start
+    return time.perf_counter() - start, done
+
+
+def _run_ok(command: list[str], cwd: Path) -> float:
+    seconds, done = _timed(command, cwd)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:3])} failed: {done.stderr[-2000:]}")
     return seconds
 
 
-def run(events: int, pairs: int) -> dict[str, Any]:
+def run(events: int, pairs: int, log: Path | None = None,
+        config: str | None = None) -> dict[str, Any]:
+    """``log``: the events to run on (else ``events`` generated ones); ``config``: the text of
+    a ``featureline.yaml`` both commands read (an aggregations spec, say). ``check_report``
+    is the last check's own JSON report and ``check_exit`` its exit status (1 when any
+    operator is off the GPU) — what the gpu-check test reads, without a run of its own."""
     jar = plugin_jar()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-plan-") as work:
         folder = Path(work)
-        raw = folder / "events.jsonl"
-        write_log(raw, events=events, users=max(100, events // 40),
-                  items=max(50, events // 100), days=14, seed=3, bad_fraction=0.01)
+        raw = log or folder / "events.jsonl"
+        if log is None:
+            write_log(raw, events=events, users=max(100, events // 40),
+                      items=max(50, events // 100), days=14, seed=3, bad_fraction=0.01)
+        if config is not None:
+            (folder / "featureline.yaml").write_text(config)
         common = ["--input", str(raw), "--refit-vocabularies"]
         cpu = [FEATURELINE, "etl", "run", "--profile", "cpu",
                "--output", str(folder / "cpu"), *common]
-        check = [FEATURELINE, "etl", "gpu-check", "--jar", str(jar),
+        check = [FEATURELINE, "etl", "gpu-check", "--jar", str(jar), "--json",
                  "--output", str(folder / "check"), *common]
-        runs = [(_timed(cpu, folder), _timed(check, folder)) for _ in range(pairs)]
+        runs = []
+        for _ in range(pairs):
+            baseline = _run_ok(cpu, folder)
+            seconds, checked = _timed(check, folder)
+            if not checked.stdout:  # it failed before planning: no report
+                raise RuntimeError(f"etl gpu-check failed: {checked.stderr[-2000:]}")
+            runs.append((baseline, seconds))
     ratios = [c / b for b, c in runs]
     return {
         "benchmark": "gpu_plan", "machine": platform.machine(), "python": platform.python_version(),
-        "plugin": RAPIDS_VERSION, "events": events, "pairs": pairs,
+        "plugin": RAPIDS_VERSION, "events": events if log is None else None, "pairs": pairs,
         "etl_run_cpu_s": [round(b, 1) for b, _ in runs],
         "gpu_check_s": [round(c, 1) for _, c in runs],
         "extra_s_median": round(statistics.median(c - b for b, c in runs), 1),
         "ratio_vs_etl_run_median": round(statistics.median(ratios), 3),
+        "check_exit": checked.returncode,
+        "check_report": json.loads(checked.stdout),
+        "check_stderr_tail": checked.stderr[-3000:] if checked.returncode else "",
     }
 
 
@@ -67,7 +88,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--pairs", type=int, default=3)
     args = parser.parse_args()
-    print(json.dumps(run(args.events, args.pairs), indent=2))
+    report = run(args.events, args.pairs)
+    del report["check_report"]  # the plan's every stage: `featureline etl gpu-check --json`
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

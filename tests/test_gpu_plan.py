@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +21,6 @@ from featureline.etl.session import read_properties, spark_conf_dir
 from featureline.etl.stages import JOB_STAGES
 
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
 
 # As the plugin logs it (26.08.1, explain-only), shortened; our stage markers between plans.
 PLAN_LOG = """\
@@ -161,24 +158,28 @@ aggregations:
 """
 
 
-@pytest.mark.slow
-def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(small_log, tmp_path):
+@pytest.fixture(scope="module")
+def gpu_plan_bench(small_log):
+    """benchmarks/bench_gpu_plan.py once, on the small log with every planned operation of
+    the aggregations' backfill (last and last_k are not yet: docs/features.md): its timings
+    for the benchmark's smoke test, its check's own report for the plan test — one plugin
+    run serves both (it is the suite's costliest JVM)."""
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: Spark and the plugin are Java programs")
     try:
-        jar = tools.plugin_jar()
+        tools.plugin_jar()
     except PluginFetchError as error:
         pytest.skip(f"the plugin jar cannot be fetched here: {error}")
-    # The aggregations' backfill too: every operation the plugin plans (last and last_k
-    # are not yet: docs/features.md).
-    (tmp_path / "featureline.yaml").write_text(GPU_AGGREGATIONS)
-    done = subprocess.run([str(BIN / "featureline"), "etl", "gpu-check", "--input",
-                           str(small_log), "--refit-vocabularies", "--json", "--jar", str(jar)],
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
-    assert done.stdout, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    from tests.test_benchmarks import _load
+
+    return _load("bench_gpu_plan").run(0, pairs=1, log=small_log, config=GPU_AGGREGATIONS)
+
+
+@pytest.mark.slow
+def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(gpu_plan_bench):
+    report = gpu_plan_bench["check_report"]
     assert report["off_gpu"] == [], json.dumps(report["off_gpu"], indent=1)[:3000]
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert gpu_plan_bench["check_exit"] == 0, gpu_plan_bench["check_stderr_tail"]
     planned = {name for name, stage in report["stages"].items() if stage["plans"]}
     assert planned == set(JOB_STAGES) - {"write_tfrecord"}
     for name in planned:
@@ -186,3 +187,11 @@ def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(small_log, t
         assert stage["operators"] == stage["on_gpu"] > 0, (name, stage)
         assert stage["off_gpu"] == stage["expressions_off_gpu"] == 0, (name, stage)
     assert report["stages"]["write_tfrecord"]["plans"] == 0
+
+
+@pytest.mark.slow
+def test_bench_gpu_plan_smoke(gpu_plan_bench):
+    (cpu,), (check,) = gpu_plan_bench["etl_run_cpu_s"], gpu_plan_bench["gpu_check_s"]
+    assert cpu > 0 and check > 0
+    assert gpu_plan_bench["ratio_vs_etl_run_median"] == pytest.approx(check / cpu, rel=0.05)
+    json.dumps(gpu_plan_bench)
