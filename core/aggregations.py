@@ -81,6 +81,11 @@ class Operation(ABC):
     def finish(self, partial: Partial) -> Any:
         """The feature value."""
 
+    @abstractmethod
+    def from_fields(self, fields: Mapping[str, Any]) -> Partial:
+        """The partial from the named fields a table of tiles holds (the batch's columns:
+        ``etl.aggregations.output_tiles``); a missing or null field is no events."""
+
 
 class Count(Operation):
     name = "count"
@@ -98,6 +103,9 @@ class Count(Operation):
     def finish(self, partial: int) -> int:
         return partial
 
+    def from_fields(self, fields: Mapping[str, Any]) -> int:
+        return int(fields.get("n") or 0)
+
 
 class Sum(Operation):
     name = "sum"
@@ -113,6 +121,9 @@ class Sum(Operation):
 
     def finish(self, partial: float) -> float:
         return partial
+
+    def from_fields(self, fields: Mapping[str, Any]) -> float:
+        return float(fields.get("s") or 0.0)
 
 
 class Mean(Operation):
@@ -131,6 +142,9 @@ class Mean(Operation):
 
     def finish(self, partial: list[float]) -> float | None:
         return partial[0] / partial[1] if partial[1] else None
+
+    def from_fields(self, fields: Mapping[str, Any]) -> list[float]:
+        return [float(fields.get("s") or 0.0), int(fields.get("n") or 0)]
 
 
 class _Extreme(Operation):
@@ -151,6 +165,9 @@ class _Extreme(Operation):
 
     def finish(self, partial: Any) -> Any:
         return partial
+
+    def from_fields(self, fields: Mapping[str, Any]) -> Any:
+        return fields.get("m")
 
 
 class Min(_Extreme):
@@ -182,6 +199,10 @@ class Last(Operation):
     def finish(self, partial: list[Any] | None) -> Any:
         return None if partial is None else partial[1]
 
+    def from_fields(self, fields: Mapping[str, Any]) -> list[Any] | None:
+        pair = fields.get("p")
+        return None if pair is None else [pair["ts"], pair["v"]]
+
 
 class LastK(Operation):
     """Partial: the latest ``k`` [ts, value] pairs, newest first (equal times: the greater
@@ -200,6 +221,9 @@ class LastK(Operation):
 
     def finish(self, partial: list[list[Any]]) -> list[Any]:
         return [value for _, value in partial]
+
+    def from_fields(self, fields: Mapping[str, Any]) -> list[list[Any]]:
+        return self.merge([], [[pair["ts"], pair["v"]] for pair in fields.get("p") or []])
 
 
 class ApproxDistinct(Operation):
@@ -231,6 +255,10 @@ class ApproxDistinct(Operation):
 
     def finish(self, partial: dict[int, int]) -> int:
         return hll_estimate(partial)
+
+    def from_fields(self, fields: Mapping[str, Any]) -> dict[int, int]:
+        return dict(zip(fields.get("registers") or [], fields.get("ranks") or [],
+                        strict=True))
 
 
 def hll_register(text: str) -> tuple[int, int]:

@@ -27,6 +27,8 @@ FIRST_ID = 2
 EVENT_TIMESTAMP = "event_timestamp"
 # artifacts/categorify/<column>/: Parquet (value, id, count), one row per known value.
 VOCABULARY_DIR = "artifacts/categorify"
+# tiles/<group>/<feature>/: Parquet, the aggregations' tiles as of the last event.
+TILES_DIR = "tiles"
 
 
 def encoded_name(column: str) -> str:
@@ -173,6 +175,15 @@ class ChecksVerdict(Contract):
     breaches: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class TilesInfo(Contract):
+    """The aggregations' tiles as of the output's last event (``etl.aggregations.
+    output_tiles``): ``cut_us``, after every event; per output (``<group>:<feature>``) the
+    table of its keys' tiles, relative to the output folder."""
+
+    cut_us: int
+    tables: dict[str, str] = Field(default_factory=dict)
+
+
 class Metadata(Contract):
     """``metadata.json``: the one contract between the ETL and every later stage."""
 
@@ -200,6 +211,8 @@ class Metadata(Contract):
     events: EventContract | None = None
     # The validation gate's verdict on this run; None: written before the gate existed.
     checks: ChecksVerdict | None = None
+    # The aggregations' tiles, where the spec has groups.
+    tiles: TilesInfo | None = None
     # The output folder it was read from (not in the file): where its paths are relative to.
     folder: Path | None = Field(default=None, exclude=True)
 

@@ -365,3 +365,45 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     # Anchors of keys with no kept event at all read 0.
     return anchors.join(values, on=[*keys, TS_MICROS], how="left").fillna(
         0, subset=[feature.column_name])
+
+
+# --- tiles: the online executors' starting point ---------------------------------------------
+
+# A tile's start (µs): its hop's start; 0 for the lifetime's one tile.
+TILE = "tile"
+
+
+def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
+                 cut: int) -> list[tuple[AggregateFeature, DataFrame]]:
+    """Per output of ``group``, its tiles as of ``cut`` (µs, after every event): a row per key
+    and hop — the group's keys, ``tile`` and the operation's partial columns (the names
+    ``core.aggregations`` reads with ``Operation.from_fields``) — for the hops a window can
+    still cover at or after ``cut`` (from ``window.start(cut)``); the lifetime's one tile
+    (start 0) per key. Merged at a request time ``t ≥ cut`` they give the value at ``t``
+    (``core.aggregations.value_from_tiles``): what the online store starts from."""
+    keys = list(group.keys)
+    tiles = []
+    for feature in group.outputs():
+        kept = events.where(_keeps(feature, numeric))
+        window = feature.window
+        start = window.start(cut)
+        if start is not None and window.hop is not None:
+            kept = kept.where(F.col(TS_MICROS) >= start).withColumn(
+                TILE, _hop_of(window.hop * MICROS))
+        else:
+            kept = kept.withColumn(TILE, F.lit(0).cast("long"))
+        value = _read(feature, {})
+        if feature.spec.op == "approx_distinct":
+            register, rank = hll_columns(value.cast("string"))
+            by_register = kept.groupBy(*keys, TILE, register.alias(_REGISTER)).agg(
+                F.max(rank).alias(_RANK))
+            frame = by_register.groupBy(*keys, TILE).agg(
+                F.collect_list(_REGISTER).alias("registers"),
+                F.collect_list(_RANK).alias("ranks"))
+        else:
+            operation = OPERATIONS[feature.spec.op]
+            state = kept.select(*keys, TILE, TS_MICROS, *(
+                column.alias(name) for name, column in operation.state(value).items()))
+            frame = state.groupBy(*keys, TILE).agg(*_merged(operation, F.col))
+        tiles.append((feature, frame))
+    return tiles

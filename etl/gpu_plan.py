@@ -64,8 +64,10 @@ _OFF = re.compile(r"^(?:(?P<node>.*?) )?(?:cannot run on GPU|will run on GPU via
 # A node the plugin drops from its plan ("#… could run on GPU but is going to be removed
 # because replacing sortMergeJoin with shuffleHashJoin": its GPU join needs no sort) runs
 # nowhere: it counts as planned on the GPU.
+# "will run on GPU. The data type of following expressions will be converted in GPU
+# runtime: …" (collect_list's buffer, say) is on the GPU too.
 _ON = re.compile(r"^(?:(?P<node>.*?) )?(?:will|could) run on GPU"
-                 r"(?: but is going to be removed because .*)?$")
+                 r"(?: but is going to be removed because .*|\. .*)?$")
 _OPERATOR_KINDS = {"Exec", "Output", ""}
 _EXPRESSION_IDS = re.compile(r"#\d+L?\b")
 # How a node the plugin names shows up in our code, where its name alone is not a call,

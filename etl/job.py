@@ -39,11 +39,12 @@ from featureline.core.metadata import (
     EVENT_TIMESTAMP,
     FORMAT_VERSION,
     METADATA_FILE,
+    TILES_DIR,
     VOCABULARY_DIR,
     Metadata,
 )
 from featureline.etl import ingest, stages
-from featureline.etl.aggregations import rule_column
+from featureline.etl.aggregations import output_tiles, rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
@@ -433,6 +434,24 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
             "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}
 
 
+def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path) -> dict[str, Any] | None:
+    """The aggregations' tiles as of the last event (``tiles/<group>/<feature>``), where the
+    online store's values start (docs/ARCHITECTURE.md, "Features as definitions")."""
+    if not config.aggregations:
+        return None
+    events = with_time_key(events)
+    latest = events.agg(F.max(TS_MICROS)).first()
+    cut = (latest[0] if latest and latest[0] is not None else 0) + 1
+    tables = {}
+    numeric = config.event_contract().numeric
+    for group in config.aggregations:
+        for feature, frame in output_tiles(events, group, numeric, cut):
+            relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
+            write_parquet(frame, staging / relative)
+            tables[feature.qualified] = relative
+    return {"cut_us": cut, "tables": tables}
+
+
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
                     path: Path) -> dict[str, Any]:
     categorify = pipeline.op(Categorify)
@@ -574,7 +593,9 @@ def run(config: EtlConfig, spark: SparkSession,
                                      f"{len(tfrecord['files'])} files")
             with timer(stages.ENTITIES) as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
-                stage.summary = ", ".join(entities)
+                tiles = _write_tiles(events, config, staging)
+                stage.summary = ", ".join(entities) + (
+                    f"; tiles of {len(tiles['tables'])} aggregations" if tiles else "")
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             with timer(stages.PROFILE) as stage:
@@ -589,6 +610,9 @@ def run(config: EtlConfig, spark: SparkSession,
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
             metadata.update(_versions(config, pipeline, previous))
+            if tiles:
+                metadata["tiles"] = tiles
+                metadata["outputs"][TILES_DIR] = TILES_DIR
             metadata["checks"] = checked.verdict()
             Metadata.parse(metadata)  # the contract holds before anything is published
             write_json(metadata, staging / METADATA_FILE)

@@ -78,3 +78,10 @@ class DriftRefusedError(FeatureStoreError):
         self.breaches = breaches
         super().__init__(f"{output} failed the validation gate ({len(breaches)} breach(es): "
                          f"{'; '.join(breaches)}); publish refuses it")
+
+
+class TilesError(FeatureStoreError):
+    """An output's aggregation tiles do not fit the spec they are read with."""
+
+    exit_code = 2
+    hint = "run `featureline etl run` with the aggregations spec the tiles are read with"

@@ -122,3 +122,47 @@ def test_approx_distinct_registers_and_estimate_equal_the_engines(spark):
     engine = operation.finish(fold(operation, ((ORIGIN, v) for v in values)))
     assert row["g__item_id_approx_distinct"] == engine
     assert abs(engine - 10_000) / 10_000 <= 0.02
+
+
+def test_tiles_at_the_cut_give_the_definition_at_any_later_time(spark):
+    """The batch's tiles as of its last event (what the online store starts from), merged at
+    request times from the cut to weeks after it: the reference's values, an idle key's
+    decay included; a key without events reads each operation's value of no events."""
+    from featureline.etl.aggregations import output_tiles
+    from featureline.feature_store.tiles import OutputTiles, key_tiles
+
+    log = _log(2, events=300)
+    cut = max(e[TS_MICROS] for e in log) + 1
+    events = spark.createDataFrame(log, EVENT_SCHEMA)
+    served = OutputTiles(cut)
+    for feature, frame in output_tiles(events, SPEC, NUMERIC, cut):
+        served.features[feature.qualified] = feature
+        served.by_output[feature.qualified] = key_tiles(
+            feature, [row.asDict() for row in frame.collect()])
+    assert set(served.features) == {f.qualified for f in OUTPUTS}
+    # The horizon: no tile older than a window can reach at the cut.
+    count_1h = served.by_output["user_activity:count_1h"]
+    assert min(t for tiles in count_1h.values() for t in tiles) >= cut - 3900 * MICROS
+    rng = random.Random(2)
+    hour = 3600 * MICROS
+    later = [0, 1, 299 * MICROS, hour - 1, hour, hour + 300 * MICROS, 86_400 * MICROS,
+             3 * 86_400 * MICROS, 8 * 86_400 * MICROS, 40 * 86_400 * MICROS]
+    later += [rng.randrange(10 * 86_400 * MICROS) for _ in range(6)]
+    by_user: dict[str, list[dict]] = {}
+    for event in log:
+        by_user.setdefault(event["user_id"], []).append(_as_reference(event))
+    differ = []
+    for user in ("u1", "u2", "u3", "u4"):
+        for offset in later:
+            values = served.values_at("user_activity", [user], cut + offset)
+            for feature in OUTPUTS:
+                expected = reference(feature, by_user.get(user, []), cut + offset)
+                if not _same(feature, values[feature.output], expected):
+                    differ.append((feature.output, user, offset, values[feature.output],
+                                   expected))
+    assert differ == [], differ[:10]
+    # Decayed: an hour and a hop after the last event, the 1h count of every user reads 0.
+    decayed = served.values_at("user_activity", ["u1"], cut + hour + 300 * MICROS)
+    assert decayed["count_1h"] == 0 and decayed["positives_all"] > 0
+    with pytest.raises(ValueError, match="before the tiles' cut"):
+        served.values_at("user_activity", ["u1"], cut - 1)

@@ -31,6 +31,8 @@ PLAN_LOG = """\
   ^Expression <JsonToStructs> from_json(StructField(user_id,StringType,true)) will run on \
 GPU via CPU bridge because JsonToStructs does not support Corrupt Record
   *Exec <FileSourceScanExec> will run on GPU
+*Exec <ObjectHashAggregateExec> will run on GPU. The data type of following expressions will \
+be converted in GPU runtime: buf: Converted BinaryType to ArrayType(IntegerType,false)
 
 @@featureline featureline.stage features
 {plan}
@@ -58,7 +60,7 @@ def test_the_plan_log_is_read_per_stage_with_every_node_off_the_gpu(tmp_path):
     log.write_text(PLAN_LOG)
     report = gpu_plan.report(log, "jsonl")
     assert report["stages"] == {
-        "ingest": {"plans": 1, "operators": 2, "on_gpu": 2, "off_gpu": 0,
+        "ingest": {"plans": 1, "operators": 3, "on_gpu": 3, "off_gpu": 0,
                    "expressions_off_gpu": 1},
         "features": {"plans": 2, "operators": 4, "on_gpu": 2, "off_gpu": 2,
                      "expressions_off_gpu": 2},
@@ -66,7 +68,8 @@ def test_the_plan_log_is_read_per_stage_with_every_node_off_the_gpu(tmp_path):
     }
     off = [(e["stage"], e["kind"], e["name"], e["count"], e["reason"])
            for e in report["off_gpu"]]
-    # The CPU bridge runs the expression on the CPU: it counts as off the GPU. Expression
+    # The CPU bridge runs the expression on the CPU: it counts as off the GPU; a note after
+    # "will run on GPU." (a buffer's type converted on the GPU) does not. Expression
     # ids are left out, so one node planned twice is one entry seen twice.
     assert off == [
         ("ingest", "Expression", "JsonToStructs", 1, "JsonToStructs does not support Corrupt "

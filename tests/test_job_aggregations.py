@@ -142,3 +142,40 @@ def test_metadata_and_tfrecords_describe_every_aggregation(aggregated):
     assert sorted(train["user_category__count_1d"].tolist()) == pytest.approx(sorted(
         r["user_category__count_1d"] for r in examples), rel=1e-6)
     assert len(set(train["user_category__count_1d"].tolist())) > 3
+
+
+def test_the_outputs_tiles_serve_the_definition_after_the_last_event(aggregated):
+    """The job writes each output's tiles as of its last event (tiles/<group>/<feature>,
+    described in metadata.json); read back, they give the reference's value at the cut and
+    later, for every key of both groups, and an idle key's windows decay."""
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.tiles import read_tiles
+
+    result, config = aggregated
+    metadata = read_metadata(result.output)
+    served = read_tiles(metadata, config.aggregations)
+    events = [{**row, "ts": _micros(row["ts"])} for row in _table(result.output, "state/events")]
+    assert metadata.tiles.cut_us == max(e["ts"] for e in events) + 1
+    assert set(metadata.tiles.tables) == {f.qualified for g in config.aggregations
+                                          for f in g.outputs()}
+    assert metadata.outputs["tiles"] == "tiles"
+    hour = 3600 * MICROS
+    differ = []
+    for group in config.aggregations:
+        by_key: dict[tuple, list[dict]] = {}
+        for event in events:
+            by_key.setdefault(tuple(event[k] for k in group.keys), []).append(event)
+        by_key = {k: v for k, v in by_key.items() if None not in k}
+        for key, own in sorted(by_key.items()):
+            for offset in (0, hour, 2 * hour + 1, 86_400 * MICROS, 9 * 86_400 * MICROS):
+                t = metadata.tiles.cut_us + offset
+                values = served.values_at(group.name, key, t)
+                for feature in group.outputs():
+                    expected = reference(feature, own, t)
+                    if not _same(values[feature.output], expected):
+                        differ.append((feature.qualified, key, offset, values[feature.output],
+                                       expected))
+    assert differ == [], differ[:5]
+    decayed = served.values_at("user_activity", [events[-1]["user_id"]],
+                               metadata.tiles.cut_us + hour + 300 * MICROS)
+    assert decayed["count_1h"] == 0 and decayed["count_1d"] > 0
