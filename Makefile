@@ -9,6 +9,10 @@ STAMP := $(VENV)/.installed
 DEMO_DIR ?= data/demo
 DEMO_EVENTS ?= 200000
 QUALIFY_LOG ?= data/qualify/events.jsonl
+# `make test` runs the suite in this many processes (pytest-xdist), each test module whole in
+# one of them (its fixtures built once); the suite is CPU-bound, one process left a core idle
+# a third of the time. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
@@ -60,12 +64,12 @@ test: venv java
 	fetching=$$!; \
 	$(BIN)/ruff check . && $(MAKE) --no-print-directory typecheck; linted=$$?; \
 	wait $$fetching; cat $(VENV)/fetch.log; exit $$linted
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The suite without the end-to-end runs marked slow (each a Spark job or a benchmark in a
 # process of its own): for a quick check while developing; `make test` runs them all.
 test-fast: venv java
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
 # The user guide into site/ (docs/ARCHITECTURE.md, "The user guide"); strict: a broken link
 # or a page left out of the navigation fails, as in `make test`.
