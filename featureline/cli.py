@@ -236,6 +236,52 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
 
 @main.command()
 @config_option
+@data_option
+@click.argument("group")
+@click.argument("key", nargs=-1, required=True)
+@click.option("--at", help="The time, ISO 8601 (UTC without an offset); default: now. Not "
+                           "before the output's last event")
+@click.option("--json", "as_json", is_flag=True, help="Print the values as JSON")
+def aggregations(path: str | None, data: str | None, group: str, key: tuple[str, ...],
+                 at: str | None, as_json: bool) -> None:
+    """A key's aggregation values at a time (GROUP, then a value per key column), merged
+    from an ETL output's tiles: the rule of time's values after the output's last event."""
+    from featureline.core.aggregations import MICROS
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.tiles import read_tiles
+
+    config = _config(path)
+    spec = next((g for g in config.aggregations if g.name == group), None)
+    if spec is None:
+        raise ConfigError("GROUP", f"{group!r} is not a group of the aggregations spec "
+                                   f"(it has {[g.name for g in config.aggregations]})")
+    if len(key) != len(spec.keys):
+        raise ConfigError("KEY", f"{group} is keyed by {spec.keys}: give {len(spec.keys)} "
+                                 f"value(s), got {len(key)}")
+    try:
+        moment = datetime.fromisoformat(at) if at else datetime.now(timezone.utc)
+    except ValueError:
+        raise ConfigError("--at", f"{at!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    t = round(moment.timestamp() * MICROS)
+    tiles = read_tiles(read_metadata(data or config.etl.output.path), [spec])
+    if t < tiles.cut_us:
+        cut = datetime.fromtimestamp(tiles.cut_us / MICROS, timezone.utc)
+        raise ConfigError("--at", f"{moment.isoformat()} is before the output's last event "
+                                  f"({cut.isoformat()}): the tiles hold every event up to it")
+    values = tiles.values_at(group, key, t)
+    if as_json:
+        click.echo(json.dumps({"group": group, "key": list(key), "at": moment.isoformat(),
+                               "values": values}, indent=2))
+        return
+    click.echo(f"{group} {list(key)} at {moment.isoformat()}")
+    for name, value in values.items():
+        click.echo(f"  {group}:{name}  {value}")
+
+
+@main.command()
+@config_option
 @click.argument("output", type=click.Path(file_okay=False))
 @click.option("--reference", type=click.Path(file_okay=False),
               help="The output to check against (default: the reference the run was checked "

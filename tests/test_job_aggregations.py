@@ -4,6 +4,7 @@ values equal to the brute-force reference at its own time."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from datetime import timezone
@@ -179,3 +180,43 @@ def test_the_outputs_tiles_serve_the_definition_after_the_last_event(aggregated)
     decayed = served.values_at("user_activity", [events[-1]["user_id"]],
                                metadata.tiles.cut_us + hour + 300 * MICROS)
     assert decayed["count_1h"] == 0 and decayed["count_1d"] > 0
+
+
+def test_the_aggregations_command_prints_a_keys_values_at_a_time(aggregated, tmp_path):
+    """`featureline aggregations GROUP KEY… --at T` prints what the tiles give at T; a time
+    before the last event, an unknown group or a wrong number of key values is an error
+    naming what to fix."""
+    from datetime import datetime
+
+    from click.testing import CliRunner
+
+    from featureline.cli import main
+    from featureline.core.errors import ConfigError
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.tiles import read_tiles
+
+    result, config = aggregated
+    path = tmp_path / "featureline.yaml"
+    path.write_text(SPEC + f"etl:\n  output:\n    path: {result.output}\n")
+    served = read_tiles(read_metadata(result.output), config.aggregations)
+    later = served.cut_us + 3 * 3600 * MICROS
+    at = datetime.fromtimestamp(later / MICROS, timezone.utc).isoformat()
+    user = _table(result.output, "state/events")[-1]["user_id"]
+
+    def run(*args):
+        return CliRunner().invoke(main, ["aggregations", "--config", str(path), *args])
+
+    done = run("user_activity", user, "--at", at, "--json")
+    assert done.exit_code == 0, done.output
+    printed = json.loads(done.output)
+    assert printed["values"] == served.values_at("user_activity", [user], later)
+    assert printed["values"]["count_1h"] == 0 and printed["values"]["count_1d"] > 0
+    text = run("user_category", user, "c0", "--at", at).output
+    expected = served.values_at("user_category", [user, "c0"], later)["count_1d"]
+    assert f"user_category:count_1d  {expected}\n" in text
+    before = datetime.fromtimestamp(served.cut_us / MICROS - 60, timezone.utc).isoformat()
+    for args, field in [(("user_activity", user, "--at", before), "--at"),
+                        (("nobody", user), "GROUP"), (("user_category", user), "KEY")]:
+        failed = run(*args)  # the console script prints it as one line, exit code 2
+        assert isinstance(failed.exception, ConfigError), (args, failed.output)
+        assert failed.exception.key == field and failed.exception.exit_code == 2
