@@ -239,14 +239,15 @@ def _repo(path: str | None, data: str | None) -> FeatureRepo:
 @data_option
 @click.argument("group")
 @click.argument("key", nargs=-1, required=True)
-@click.option("--at", help="The time, ISO 8601 (UTC without an offset); default: now. Not "
-                           "before the output's last event")
+@click.option("--at", help="The time, ISO 8601 (UTC without an offset) or epoch seconds; "
+                           "default: now. Not before the output's last event")
 @click.option("--json", "as_json", is_flag=True, help="Print the values as JSON")
 def aggregations(path: str | None, data: str | None, group: str, key: tuple[str, ...],
                  at: str | None, as_json: bool) -> None:
     """A key's aggregation values at a time (GROUP, then a value per key column), merged
     from an ETL output's tiles: the rule of time's values after the output's last event."""
     from featureline.core.aggregations import MICROS
+    from featureline.core.events import parse_timestamp
     from featureline.core.metadata import read_metadata
     from featureline.feature_store.tiles import read_tiles
 
@@ -258,12 +259,10 @@ def aggregations(path: str | None, data: str | None, group: str, key: tuple[str,
     if len(key) != len(spec.keys):
         raise ConfigError("KEY", f"{group} is keyed by {spec.keys}: give {len(spec.keys)} "
                                  f"value(s), got {len(key)}")
-    try:
-        moment = datetime.fromisoformat(at) if at else datetime.now(timezone.utc)
-    except ValueError:
-        raise ConfigError("--at", f"{at!r} is not an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+    # Read as the ETL reads an event's ts: ISO 8601 (UTC without an offset) or epoch.
+    moment = parse_timestamp(at, "auto") if at else datetime.now(timezone.utc)
+    if moment is None:
+        raise ConfigError("--at", f"{at!r} is not an ISO 8601 time or epoch seconds")
     t = round(moment.timestamp() * MICROS)
     tiles = read_tiles(read_metadata(data or config.etl.output.path), [spec])
     if t < tiles.cut_us:
