@@ -421,6 +421,10 @@ def test_readers_never_see_two_datasets_in_one_answer(tmp_path, handmade_output,
     assert not errors, errors
     assert [answer for answer in seen if answer.startswith("mixed")] == []
     assert {"A", "B"} <= set(seen) and len(seen) > 100
+    # A read after the last publish serves its generation (the thread may have stopped
+    # before reading it), wholly A's.
+    values = reader.read(references, rows).values
+    assert (*values["user_events"], *values["item_events"]) == (7, 2, 5, 9)
     assert reader.generation == 9
     # Only the served generation is left, and Feast's SDK reads the last dataset (A's).
     client = redis.Redis.from_url(online_url)
