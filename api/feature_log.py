@@ -218,10 +218,10 @@ class FeatureLogger:
                     return [*column, *nothing]
                 return [None, *column]
 
-            values = {name: spread(result.values[name], self.view_of[name])
-                      for name in result.names}
-            status = {name: spread(result.status[name], self.view_of[name])
-                      for name in result.names}
+            # The views' features (the aggregations are not logged yet).
+            logged = [name for name in result.names if name in self.view_of]
+            values = {name: spread(result.values[name], self.view_of[name]) for name in logged}
+            status = {name: spread(result.status[name], self.view_of[name]) for name in logged}
             stamps = {view: spread(column, view) for view, column in result.timestamps.items()}
         else:
             keys, result, rows = request[3:]

@@ -20,6 +20,7 @@ from featureline.api.metrics import Metrics
 from featureline.api.settings import Scope, ServingConfig, api_keys
 from featureline.api.versions import check, embedding_versions
 from featureline.api.vocabulary import Vocabularies
+from featureline.core.aggregations import GroupSpec
 from featureline.core.drift import METRICS_FILE as CHECKS_METRICS
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
@@ -80,6 +81,8 @@ class Services:
     def raw_entities(self, entities: Mapping[str, Sequence[Any]]) -> dict[str, list[Any]]:
         """Join key → ids, decoding encoded ids (``user_id_cat``) with the vocabularies."""
         join_keys = {layout.join_key: layout.value_type for layout in self.reader.views.values()}
+        for group in self.reader.groups.values():  # raw event columns: text
+            join_keys.update(dict.fromkeys(group.keys, ValueType.STRING))
         raw: dict[str, list[Any]] = {}
         for key, ids in entities.items():
             column = self.vocabularies.column_of(key)
@@ -111,7 +114,9 @@ class Services:
         dataset = _dataset(self.output) if self.output is not None else None
         rows = server.reload(model)
         if dataset is not None:
-            self.vocabularies, self.lineages, self.dataset_version, self.contract = dataset
+            (self.vocabularies, self.lineages, self.dataset_version, self.contract,
+             groups) = dataset
+            self.reader.set_groups(groups)
         return rows
 
     def close(self) -> None:
@@ -136,7 +141,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     repo = open_repo(config.feature_store, output, url=redis_url)
     caching = config.api.feature_cache
     cache = ValueCache(caching.ttl_s, caching.max_entities) if caching.ttl_s > 0 else None
-    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache)
+    vocabularies, lineages, version, contract, groups = _dataset(output)
+    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache, groups)
     hps = ParameterServer.from_config(config.api.hps) if config.api.hps else None
     metrics = Metrics()
     if hps is not None:
@@ -145,7 +151,6 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if config.api.auth.enabled and not keys:
         logger.warning("API authentication is on but no key is configured (api.auth.keys_file, "
                        "FEATURELINE_API_KEYS): every request will be answered 401")
-    vocabularies, lineages, version, contract = _dataset(output)
     services = Services(config, reader, vocabularies, hps, metrics, keys, version, lineages,
                         output=Path(output), contract=contract,
                         event_log=open_event_log(config.stream, reader.url))
@@ -173,14 +178,14 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     return services
 
 
-def _dataset(output: str | Path
-             ) -> tuple[Vocabularies, dict[str, list[str]], str, EventContract | None]:
-    """An ETL output's vocabularies, each one's lineage, its dataset version and the contract
-    of its raw events."""
+def _dataset(output: str | Path) -> tuple[Vocabularies, dict[str, list[str]], str,
+                                         EventContract | None, list[GroupSpec]]:
+    """An ETL output's vocabularies, each one's lineage, its dataset version, the contract
+    of its raw events and the aggregation groups of its tiles."""
     metadata = read_metadata(output)
     lineages = {column: list(entry.lineage) for column, entry in metadata.vocabularies.items()}
     return (Vocabularies.from_output(output), lineages, metadata.dataset_version,
-            metadata.events)
+            metadata.events, metadata.tiles.groups if metadata.tiles else [])
 
 
 async def get_services(request: Request) -> Services:

@@ -86,6 +86,14 @@ class Operation(ABC):
         """The partial from the named fields a table of tiles holds (the batch's columns:
         ``etl.aggregations.output_tiles``); a missing or null field is no events."""
 
+    def to_json(self, partial: Partial) -> Any:
+        """The partial as JSON holds it (the online store's tiles)."""
+        return partial
+
+    def from_json(self, stored: Any) -> Partial:
+        """The partial :meth:`to_json` stored."""
+        return stored
+
 
 class Count(Operation):
     name = "count"
@@ -259,6 +267,13 @@ class ApproxDistinct(Operation):
     def from_fields(self, fields: Mapping[str, Any]) -> dict[int, int]:
         return dict(zip(fields.get("registers") or [], fields.get("ranks") or [],
                         strict=True))
+
+    def to_json(self, partial: dict[int, int]) -> list[list[int]]:
+        """[register, rank] pairs: JSON's object keys are text."""
+        return sorted([register, rank] for register, rank in partial.items())
+
+    def from_json(self, stored: list[list[int]]) -> dict[int, int]:
+        return {register: rank for register, rank in stored}
 
 
 def hll_register(text: str) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from featureline.core.aggregations import GroupSpec
 from featureline.core.errors import MetadataFormatError, MetadataNotFoundError
 from featureline.core.events import EventContract
 
@@ -182,6 +183,9 @@ class TilesInfo(Contract):
 
     cut_us: int
     tables: dict[str, str] = Field(default_factory=dict)
+    # The spec the tiles were computed with (the top-level ``aggregations:`` of the run):
+    # what publish writes and the API serves.
+    groups: list[GroupSpec] = Field(default_factory=list)
 
 
 class Metadata(Contract):

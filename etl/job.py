@@ -449,7 +449,8 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path) -> dict[st
             relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
             write_parquet(frame, staging / relative)
             tables[feature.qualified] = relative
-    return {"cut_us": cut, "tables": tables}
+    return {"cut_us": cut, "tables": tables,
+            "groups": [group.model_dump(mode="json") for group in config.aggregations]}
 
 
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,

@@ -11,6 +11,10 @@ one — so an answer never mixes two datasets (docs/ARCHITECTURE.md, "Atomic pub
 The keys are Feast's (``_redis_key``), the values those Feast's SDK returns (tested). On
 top, each value gets a status: present, not found, or outside the view's ttl.
 
+Aggregations (``<group>:<feature>``) are read the same way: a key's tiles, one string of
+the served generation, fetched in the same MGET and merged at the request time
+(``feature_store/tiles.py``; docs/ARCHITECTURE.md, "Features as definitions").
+
 With a :class:`ValueCache`, entities read recently are answered from memory for at most its
 ``ttl_s`` seconds, and never across a publish: every read fetches the publication stamp in the
 same round trip, and a new stamp empties the cache (docs/ARCHITECTURE.md, "Version stamps").
@@ -36,6 +40,7 @@ from feast.protos.feast.types.Value_pb2 import Value
 from feast.type_map import feast_value_type_to_python_type, python_values_to_proto_values
 from feast.value_type import ValueType
 
+from featureline.core.aggregations import AggregateFeature, GroupSpec, value_from_tiles
 from featureline.core.errors import ConfigError, NotFoundError, UnprocessableError
 from featureline.feature_store.errors import (
     FeatureStoreError,
@@ -45,6 +50,7 @@ from featureline.feature_store.errors import (
 )
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
+from featureline.feature_store.tiles import decode_key_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import entity_keys, vector_prefix
 
 # Reads in a row that may find a new generation served (each a publish that replaced the
@@ -151,10 +157,29 @@ def check_supported(store: FeatureStore) -> None:
                               "implement this Feast setting; switch it off")
 
 
+@dataclass(frozen=True)
+class GroupLayout:
+    """An aggregation group the store holds tiles of: its keys and outputs by name."""
+
+    name: str
+    keys: tuple[str, ...]
+    features: dict[str, AggregateFeature]
+
+    @classmethod
+    def of(cls, group: GroupSpec) -> GroupLayout:
+        return cls(group.name, tuple(group.keys),
+                   {feature.output: feature for feature in group.outputs()})
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1_000
+
+
 class OnlineReader:
     def __init__(self, store: OnlineStore, project: str, key_version: int,
                  views: dict[str, ViewLayout], services: dict[str, list[str]], url: str,
-                 cache: ValueCache | None = None) -> None:
+                 cache: ValueCache | None = None, groups: Sequence[GroupSpec] = (),
+                 clock: Callable[[], int] = _now_us) -> None:
         self.store = store
         self.cache = cache
         self.project = project
@@ -164,10 +189,18 @@ class OnlineReader:
         self.url = url
         self._keys: dict[tuple[str, Any], bytes] = {}
         self.generation = 0  # of the entity vectors last read; 0: none yet
+        self.groups: dict[str, GroupLayout] = {}
+        self.set_groups(groups)
+        # The request time of aggregation values (µs since the epoch).
+        self.clock = clock
+
+    def set_groups(self, groups: Sequence[GroupSpec]) -> None:
+        """The aggregation groups served: the spec of the published output's tiles."""
+        self.groups = {group.name: GroupLayout.of(group) for group in groups}
 
     @classmethod
-    def from_store(cls, store: FeatureStore, url: str,
-                   cache: ValueCache | None = None) -> OnlineReader:
+    def from_store(cls, store: FeatureStore, url: str, cache: ValueCache | None = None,
+                   groups: Sequence[GroupSpec] = ()) -> OnlineReader:
         """The layout of what is registered in ``store``, read through a client of ``url``."""
         check_supported(store)
         views = {}
@@ -184,11 +217,13 @@ class OnlineReader:
                     for service in store.list_feature_services()}
         kind = getattr(store.config.online_store, "redis_type", "redis")
         return cls(open_online_store(getattr(kind, "value", kind), url), store.project,
-                   store.config.entity_key_serialization_version, views, services, url, cache)
+                   store.config.entity_key_serialization_version, views, services, url, cache,
+                   groups)
 
     def references(self, service: str | None = None,
                    features: Sequence[str] | None = None) -> list[tuple[str, str]]:
-        """``(view, feature)`` pairs of a service or of ``view:feature`` references."""
+        """``(view, feature)`` pairs of a service or of ``view:feature`` references; an
+        aggregation is ``(group, feature)``, referenced as ``group:feature``."""
         if service is not None:
             if service not in self.services:
                 raise UnknownFeatureServiceError(service, sorted(self.services))
@@ -196,11 +231,22 @@ class OnlineReader:
         pairs = []
         for reference in features or []:
             view, _, name = reference.partition(":")
+            group = self.groups.get(view)
+            if group is not None and name in group.features:
+                pairs.append((view, name))
+                continue
             if view not in self.views or name not in self.views[view].features:
                 known = [f"{v}:{f}" for v, layout in self.views.items() for f in layout.features]
+                known += [f"{g}:{f}" for g, layout in self.groups.items()
+                          for f in layout.features]
                 raise UnknownFeatureError(reference, known)
             pairs.append((view, name))
         return pairs
+
+    def group_references(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        """Every aggregation of the groups keyed by exactly ``keys``."""
+        return [(group.name, name) for group in self.groups.values()
+                if group.keys == tuple(keys) for name in group.features]
 
     def _redis_keys(self, layout: ViewLayout, values: list[Any]) -> list[bytes]:
         """The Redis key of each entity id, equal to Feast's (tested). String and int64 ids
@@ -231,13 +277,16 @@ class OnlineReader:
              entities: Mapping[str, Sequence[Any]]) -> OnlineFeatures:
         """Values of ``references`` for each row of ``entities`` (join key → ids, by row)."""
         wanted: dict[str, list[str]] = {}
+        aggregations: dict[str, list[str]] = {}
         for view, name in references:
-            wanted.setdefault(view, []).append(name)
+            (aggregations if view in self.groups else wanted).setdefault(view, []).append(name)
         cache = self.cache
         stamp, entries = cache.state if cache is not None else (None, {})
         clock = time.monotonic()
         plan = []  # (layout, ids read from the store, entries found in the cache, ids by row)
-        rows: list[tuple[str, bytes]] = []  # (view, Feast's key) of each entity read
+        # Per value read: (is it a group's tiles, the view or group, Feast's key or the
+        # group's key).
+        rows: list[tuple[bool, str, bytes]] = []
         for view in wanted:
             layout = self.views[view]
             if layout.join_key not in entities:
@@ -250,8 +299,19 @@ class OnlineReader:
                     found[value] = entry
                 else:
                     fetched.append(value)
-            rows.extend((view, key) for key in self._redis_keys(layout, fetched))
+            rows.extend((False, view, key) for key in self._redis_keys(layout, fetched))
             plan.append((layout, fetched, found, ids))
+        vectors = len(rows)
+        group_plan = []  # (group, each row's key, the distinct keys read)
+        for name in aggregations:
+            group = self.groups[name]
+            for key in group.keys:
+                if key not in entities:
+                    raise MissingEntityError(key, name)
+            by_row = list(zip(*(map(str, entities[key]) for key in group.keys), strict=True))
+            distinct = list(dict.fromkeys(by_row))
+            rows.extend((True, name, tile_key(key)) for key in distinct)
+            group_plan.append((group, by_row, distinct))
         current, answers = self._vectors(rows)
         if cache is not None:
             if current != stamp:  # a publish since these entries were read: none of them
@@ -287,16 +347,43 @@ class OnlineReader:
                 result.names.append(name)
                 result.values[name] = column
                 result.status[name] = state
+        self._aggregate(result, group_plan, aggregations, answers[vectors:])
         return result
 
-    def _vectors(self, rows: list[tuple[str, bytes]]) -> tuple[tuple[bytes, bytes],
-                                                                 list[bytes | None]]:
-        """The publication stamp, and the vector of each ``(view, Feast key)`` in the
-        generation it serves: read in the generation last seen, again in the new one when
-        the stamp (read after the values) names another."""
+    def _aggregate(self, result: OnlineFeatures,
+                   plan: list[tuple[GroupLayout, list[tuple[str, ...]], list[tuple[str, ...]]]],
+                   wanted: dict[str, list[str]], answers: list[bytes | None]) -> None:
+        """Each wanted aggregation's value per row at the request time, merged from its key's
+        tiles, as ``<group>:<feature>``; a key without tiles reads the value of no events,
+        ``not_found``."""
+        t = self.clock()
+        start = 0
+        for group, by_row, distinct in plan:
+            stored = answers[start:start + len(distinct)]
+            start += len(distinct)
+            tiles = {key: None if blob is None else decode_key_tiles(group.features, blob)
+                     for key, blob in zip(distinct, stored, strict=True)}
+            for name in wanted[group.name]:
+                feature = group.features[name]
+                operation = feature.operation()
+                values = {}
+                for key, held in tiles.items():
+                    mine = None if held is None else held.get(name)
+                    values[key] = (value_from_tiles(operation, feature.window, mine or {}, t),
+                                   Status.NOT_FOUND if mine is None else Status.PRESENT)
+                result.names.append(feature.qualified)
+                result.values[feature.qualified] = [values[key][0] for key in by_row]
+                result.status[feature.qualified] = [values[key][1] for key in by_row]
+
+    def _vectors(self, rows: list[tuple[bool, str, bytes]]
+                 ) -> tuple[tuple[bytes, bytes], list[bytes | None]]:
+        """The publication stamp, and the vector of each ``(False, view, Feast key)`` (the
+        tiles of each ``(True, group, key)``) in the generation it serves: read in the
+        generation last seen, again in the new one when the stamp (read after the values)
+        names another."""
         for _ in range(GENERATION_SWITCHES):
             generation = self.generation
-            keys = ([vector_prefix(self.project, generation, view) + key for view, key in rows]
+            keys = ([self._prefix(generation, tiles, name) + key for tiles, name, key in rows]
                     if generation else [])
             (published_at, served), vectors = self.store.read_vectors(keys, self.project)
             # Without a stamp the store lost its data (or never had it): every entity would
@@ -309,6 +396,12 @@ class OnlineReader:
         raise OnlineStoreUnavailableError(
             self.url, f"{GENERATION_SWITCHES} publishes replaced the dataset during as many "
             "reads in a row")
+
+    def _prefix(self, generation: int, tiles: bool, name: str) -> bytes:
+        """Where a view's vectors, or a group's tiles, of ``generation`` are."""
+        if tiles:
+            return tiles_prefix(self.project, generation, name)
+        return vector_prefix(self.project, generation, name)
 
     @staticmethod
     def _decode(layout: ViewLayout, vector: bytes | None

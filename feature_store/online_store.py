@@ -64,6 +64,14 @@ class OnlineStore(Protocol):
         """Those of ``keys`` that hold values of any of ``views``."""
         ...
 
+    def keys_under(self, prefix: bytes) -> set[bytes]:
+        """Every key that starts with ``prefix`` (the aggregations' tiles of a project)."""
+        ...
+
+    def write_values(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """Set each of ``keys`` to its string of ``values``, pipelined."""
+        ...
+
     def delete(self, keys: Sequence[bytes]) -> None:
         ...
 

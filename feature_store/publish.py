@@ -14,7 +14,9 @@ Each entity is also written as one vector per view, the form our reader reads. A
 writes its vectors as the next generation, beside the served one; stamping the store with the
 new generation switches every reader at once, then the old generation is deleted — so no
 answer of the API mixes two datasets (docs/ARCHITECTURE.md, "Atomic publication"). Feast's
-layout is written in place, as Feast's own materialization does.
+layout is written in place, as Feast's own materialization does. The output's aggregation
+tiles go with the vectors: each key's tiles, written into the new generation
+(``feature_store/tiles.py``).
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from featureline.core.drift import ACCEPTED_DRIFT_FILE, Breach
 from featureline.core.metadata import Metadata
 from featureline.core.redis import redact
 from featureline.feature_store.errors import DriftRefusedError, online_store_errors
-from featureline.feature_store.online_store import open_online_store
+from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
 from featureline.feature_store.repo import FeatureRepo
+from featureline.feature_store.tiles import read_tiles, stored_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import VECTOR_PREFIX, Layout, latest_snapshots
 
 # Seconds between progress lines while a view is written.
@@ -64,6 +67,7 @@ class PublishSummary:
     keys_removed: int = 0  # entities the new dataset no longer has
     generation: int = 0  # of the entity vectors served afterwards
     vectors_removed: int = 0  # those of the generation replaced
+    tile_keys: int = 0  # keys of the aggregations written with their tiles (replace)
     seconds: float = 0.0
 
     @property
@@ -75,6 +79,7 @@ class PublishSummary:
                 "mode": self.mode, "replaced": self.replaced, "keys_written": self.keys,
                 "keys_changed": self.keys_changed, "keys_removed": self.keys_removed,
                 "generation": self.generation, "vectors_removed": self.vectors_removed,
+                "tile_keys": self.tile_keys,
                 "seconds": round(self.seconds, 3),
                 "views": [{"name": v.name, "start": v.start.isoformat(),
                            "end": v.end.isoformat(), "keys": v.keys,
@@ -124,6 +129,26 @@ def _gate(output: Path, metadata: Metadata, accept_drift: str | None,
              f"{accept_drift!r} (recorded in {output / ACCEPTED_DRIFT_FILE})")
 
 
+def _write_tiles(online_store: OnlineStore, metadata: Metadata, project: str,
+                 generation: int, progress: Callable[[str], None]) -> int:
+    """The output's aggregation tiles, written into ``generation``: how many keys."""
+    info = metadata.tiles
+    if info is None or not info.groups:
+        return 0
+    tiles = read_tiles(metadata, info.groups)
+    written = 0
+    for group in info.groups:
+        prefix = tiles_prefix(project, generation, group.name)
+        keys, values = [], []
+        for key, stored in stored_tiles(tiles, group):
+            keys.append(prefix + tile_key(key))
+            values.append(stored)
+        online_store.write_values(keys, values)
+        written += len(keys)
+        progress(f"published the tiles of {group.name}: {len(keys):,} keys")
+    return written
+
+
 def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = None,
             progress: Callable[[str], None] = print, spark: Any = None,
             accept_drift: str | None = None) -> PublishSummary:
@@ -159,13 +184,15 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                  f"{store.project!r}")
         before: set[bytes] = set()
         old_vectors: list[bytes] = []
+        old_tiles: list[bytes] = []
         if replace:
             before = online_store.project_keys(store.project)
-            # Those of the served generation, and any a killed replace left: dropped after the
-            # switch (a stream processor's write into the old generation after this scan, at
-            # the next replace).
+            # The vectors and tiles of the served generation, and any a killed replace left:
+            # dropped after the switch (a stream processor's write into the old generation
+            # after this scan, at the next replace).
             old_vectors = [key for key in before if key.startswith(VECTOR_PREFIX.encode())]
             before.difference_update(old_vectors)
+            old_tiles = sorted(online_store.keys_under(tiles_prefix(store.project)))
             replaced = online.dataset_version if online else "a store without a publication stamp"
             progress(f"dataset {version} replaces {replaced}: {len(before):,} keys there now")
         written: set[bytes] = set()
@@ -204,6 +231,8 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
                      f"{start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} in {done.seconds:.1f}s")
             summary.views.append(done)
         if replace:
+            summary.tile_keys = _write_tiles(online_store, metadata, store.project, generation,
+                                             progress)
             stale = online_store.holding(sorted(before - written), views)
             online_store.delete(stale)
             summary.keys_removed = len(stale)
@@ -213,7 +242,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
             metadata, str(repo.definitions.output), datetime.now(timezone.utc).isoformat(),
             generation))
         if replace:
-            online_store.delete(old_vectors)
+            online_store.delete(old_vectors + old_tiles)
             summary.vectors_removed = len(old_vectors)
     summary.seconds = time.perf_counter() - started
     progress(f"online store holds dataset {version}: {summary.keys:,} keys written, "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -163,6 +164,20 @@ class RedisOnlineStore:
                 held += [key for key, found in zip(batch, pipe.execute(), strict=True)
                          if any(value is not None for value in found)]
         return held
+
+    def keys_under(self, prefix: bytes) -> set[bytes]:
+        # SCAN's pattern: the prefix's glob characters escaped.
+        pattern = re.sub(rb"([*?\[\]\\])", rb"\\\1", prefix) + b"*"
+        with online_store_errors(self.url):
+            return set(self.client.scan_iter(match=pattern, count=BATCH))
+
+    def write_values(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        with online_store_errors(self.url):
+            for low in range(0, len(keys), BATCH):
+                pipe = self.client.pipeline(transaction=False)
+                self._set(pipe, list(keys[low:low + BATCH]), list(values[low:low + BATCH]),
+                          None)
+                pipe.execute()
 
     def publication(self, project: str) -> Publication | None:
         with online_store_errors(self.url):

@@ -2,6 +2,12 @@
 ``etl.aggregations.output_tiles``), read as the engine's partials, and a key's values at a
 request time merged from them (docs/ARCHITECTURE.md, "Features as definitions").
 
+In the online store, a key's tiles of every output of its group are one value,
+``featureline:tiles:<project>:<generation>:<group>:<the key's values as a JSON list>``,
+holding ``{output: [[tile start, partial], …]}`` (:func:`encode_key_tiles`): a read of a
+group is one GET per key, in the round trip of the entity vectors, and belongs to the
+generation that the publication stamp serves, as they do.
+
 The tiles hold every event up to the output's cut (``metadata.json``'s ``tiles.cut_us``); at
 any time ``t`` at or after it, :func:`values_at` is the value the rule of time defines —
 including an idle key's decay (its ``1h`` count reads 0 an hour and a hop after its last
@@ -10,11 +16,12 @@ event), which a snapshot stamped at the key's last active day cannot show.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow.parquet as pq
 
 from featureline.core.aggregations import AggregateFeature, GroupSpec, Partial, value_from_tiles
@@ -77,3 +84,58 @@ def key_tiles(feature: AggregateFeature, rows: Sequence[Mapping[str, Any]]
         key = tuple(row[k] for k in feature.keys)
         by_key.setdefault(key, {})[row["tile"]] = operation.from_fields(row)
     return by_key
+
+
+# Tiles in the online store: ``<prefix><project>:<generation>:<group>:<key as JSON>``.
+TILES_PREFIX = "featureline:tiles:"
+
+
+def tiles_prefix(project: str, generation: int | None = None, group: str | None = None
+                 ) -> bytes:
+    """The start of the tile keys of a project (of one generation, of one group)."""
+    head = f"{TILES_PREFIX}{project}:"
+    if generation is not None:
+        head += f"{generation}:"
+        if group is not None:
+            head += f"{group}:"
+    return head.encode()
+
+
+def tile_key(values: Sequence[Any]) -> bytes:
+    """The part of a tile key after its group's prefix: the key's values as a JSON list."""
+    return orjson.dumps(list(values))
+
+
+def encode_key_tiles(features: Mapping[str, AggregateFeature],
+                     by_output: Mapping[str, KeyTiles]) -> bytes:
+    """One key's tiles of its group's outputs (``features`` by output name), as stored."""
+    return orjson.dumps({
+        output: [[start, features[output].operation().to_json(partial)]
+                 for start, partial in sorted(tiles.items())]
+        for output, tiles in by_output.items()})
+
+
+def decode_key_tiles(features: Mapping[str, AggregateFeature], stored: bytes
+                     ) -> dict[str, KeyTiles]:
+    """What :func:`encode_key_tiles` stored, for the outputs of ``features`` it holds."""
+    decoded = {}
+    for output, tiles in orjson.loads(stored).items():
+        feature = features.get(output)
+        if feature is not None:
+            operation = feature.operation()
+            decoded[output] = {start: operation.from_json(partial) for start, partial in tiles}
+    return decoded
+
+
+def stored_tiles(tiles: OutputTiles, group: GroupSpec
+                 ) -> Iterator[tuple[tuple[str, ...], bytes]]:
+    """Each key of ``group`` with tiles, and its value in the online store: every output of
+    the group (a reader tells an output the tiles were written without by its absence)."""
+    features = {feature.output: feature for feature in group.outputs()}
+    by_key: dict[tuple[str, ...], dict[str, KeyTiles]] = {}
+    for feature in features.values():
+        for key, key_tiles_ in tiles.by_output[feature.qualified].items():
+            by_key.setdefault(key, {})[feature.output] = key_tiles_
+    for key, by_output in by_key.items():  # every output, those without tiles left empty
+        yield key, encode_key_tiles(features, {output: by_output.get(output, {})
+                                               for output in features})

@@ -220,3 +220,78 @@ def test_the_aggregations_command_prints_a_keys_values_at_a_time(aggregated, tmp
         failed = run(*args)  # the console script prints it as one line, exit code 2
         assert isinstance(failed.exception, ConfigError), (args, failed.output)
         assert failed.exception.key == field and failed.exception.exit_code == 2
+
+
+def test_the_api_serves_the_published_tiles_at_the_request_time(aggregated, tmp_path,
+                                                               redis_server):
+    """Published, the tiles are one value per key in the served generation; the API merges
+    them at the request time into every aggregation of /v1/features (a [user_id, category]
+    group included) and of the user's section of /v1/ranking-inputs — equal to the brute-force
+    reference at the cut and later, an idle user's 1h count decayed to 0 — and a replace
+    leaves only the new generation's tiles."""
+    import redis
+    from fastapi.testclient import TestClient
+
+    from featureline.api.app import create_app
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.repo import open_repo
+    from featureline.feature_store.tiles import TILES_PREFIX
+    from tests.feast_data import copy_project, fresh_db
+
+    result, config = aggregated
+    project = copy_project(tmp_path, ttl="3650d", api={"auth": {"enabled": False}})
+    url = fresh_db(redis_server, 12)
+    repo = open_repo(project.feature_store, result.output, url=url)
+    summary = publish(repo, progress=lambda _: None)
+    events = [{**row, "ts": _micros(row["ts"])} for row in _table(result.output, "state/events")]
+    keys = {group.name: sorted({tuple(e[k] for k in group.keys) for e in events
+                                if None not in (e[k] for k in group.keys)})
+            for group in config.aggregations}
+    assert summary.tile_keys == sum(map(len, keys.values()))
+    client = redis.Redis.from_url(url)
+    stored = set(client.scan_iter(match=f"{TILES_PREFIX}*"))
+    assert len(stored) == summary.tile_keys
+    assert all(key.split(b":")[3] == str(summary.generation).encode() for key in stored)
+    cut = read_metadata(result.output).tiles.cut_us
+    hour = 3600 * MICROS
+    app = create_app(project.serving(), output=result.output, redis_url=url)
+    with TestClient(app) as api:
+        reader = app.state.services.reader
+        differ = []
+        for group in config.aggregations:
+            outputs = group.outputs()
+            rows = [*keys[group.name], ("nobody",) * len(group.keys)]
+            entities = {k: [row[i] for row in rows] for i, k in enumerate(group.keys)}
+            for offset in (0, hour, 2 * hour + 1, 9 * 86_400 * MICROS):
+                reader.clock = lambda offset=offset: cut + offset
+                answer = api.post("/v1/features", json={
+                    "features": [f.qualified for f in outputs], "entities": entities}).json()
+                assert answer["names"] == [f.qualified for f in outputs]
+                for feature in outputs:
+                    for row, key in enumerate(rows):
+                        own = [e for e in events if tuple(e[k] for k in group.keys) == key]
+                        expected = reference(feature, own, cut + offset)
+                        got = answer["values"][feature.qualified][row]
+                        status = answer["status"][feature.qualified][row]
+                        if not _same(got, expected) or status != (
+                                "present" if own else "not_found"):
+                            differ.append((feature.qualified, key, offset, got, expected,
+                                           status))
+        assert differ == [], differ[:5]
+        user = events[-1]["user_id"]
+        reader.clock = lambda: cut + hour + 300 * MICROS
+        ranking = api.post("/v1/ranking-inputs", json={
+            "user_id": user, "item_ids": [events[-1]["item_id"]]}).json()
+        values = ranking["user"]["values"]
+        assert values["user_activity:count_1h"] == [0]
+        assert values["user_activity:count_1d"][0] > 0
+        assert "user_category:count_1d" not in values  # not keyed by the user alone
+        assert not any(name.startswith("user_activity:") for name in ranking["items"]["values"])
+        missing = api.post("/v1/features", json={"features": ["user_category:count_1d"],
+                                                 "entities": {"user_id": [user]}})
+        assert missing.status_code == 422 and "category" in missing.json()["message"]
+    again = publish(repo, full=True, progress=lambda _: None)
+    assert again.tile_keys == summary.tile_keys
+    assert {key.split(b":")[3] for key in client.scan_iter(match=f"{TILES_PREFIX}*")} == {
+        str(again.generation).encode()}

@@ -31,17 +31,22 @@ def _section(result: OnlineFeatures, names: list[str], ids: list, encoded: list[
 @router.post("/ranking-inputs", response_model=RankingInputsResponse, responses=ERRORS)
 def ranking_inputs(body: RankingInputsRequest,
                    services: Services = Depends(get_services)) -> FastJSONResponse:
-    """The user's and each candidate's features (the ``ranking`` service), their ids encoded
-    with the ETL's vocabularies, and those ids' embeddings from the parameter server."""
+    """The user's and each candidate's features (the ``ranking`` service, and the
+    aggregations of the groups keyed by ``user_id`` or by ``item_id`` at the request time),
+    their ids encoded with the ETL's vocabularies, and those ids' embeddings from the
+    parameter server."""
     settings = services.config.api
     services.check_limit("item_ids", len(body.item_ids), settings.limits.max_entities)
     user, items = str(body.user_id), [str(i) for i in body.item_ids]
     reader = services.reader
     references = reader.references(SERVICE)
-    result = reader.read(references, {"user_id": [user], "item_id": items})
+    groups = {key: reader.group_references([key]) for key in ("user_id", "item_id")}
+    result = reader.read([*references, *groups["user_id"], *groups["item_id"]],
+                         {"user_id": [user], "item_id": items})
     encoded = {"user_id": services.vocabularies.encode("user_id", [user]),
                "item_id": services.vocabularies.encode("item_id", items)}
     names = {key: [name for view, name in references if reader.views[view].join_key == key]
+             + [f"{group}:{name}" for group, name in groups[key]]
              for key in encoded}
     if services.feature_log is not None:
         services.feature_log.log_ranking(user, items, result)
