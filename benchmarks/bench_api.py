@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -497,6 +498,141 @@ def run(entities: int, seconds: float = 5.0, rates: list[float] | None = None,
     return report
 
 
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its living descendants, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    tree, total = {pid}, 0
+    for _ in range(8):  # descendants, a generation per pass
+        tree |= {p for p, (parent, _) in stats.items() if parent in tree}
+    for member in tree:
+        total += stats.get(member, (0, 0))[1]
+    return total / ticks
+
+
+def _redis_cpu_s(client: Any) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
+                      events: int = 400_000, days: int = 30, rate: float = 500,
+                      seconds: float = 5.0, rounds: int = 2) -> dict[str, Any]:
+    """``/v1/features`` for 1 user and 1 item: the entity views' features alone (A) against
+    the same plus every aggregation of ``benchmarks/aggregations.yaml`` (B: 15 values over 5
+    windows, merged from tiles at the request time), steps of A and B interleaved (A B B A
+    per round) at ``rate`` on one server (its feature cache on, as deployed). Per step p50,
+    p99, and the CPU per request of the API process and of Redis, the fair comparison on a
+    machine whose speed moves from day to day. Without ``output``, a log of ``events`` over
+    ``days`` ending now is generated and run through the ETL with the spec (the tiles' windows
+    then hold events at the request time)."""
+    import pyarrow.parquet as pq
+    import redis as redis_py
+
+    from featureline.core.metadata import read_metadata
+    from featureline.etl.datagen import write_log
+
+    rng = np.random.default_rng(1)
+    report: dict[str, Any] = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "rate": rate, "seconds_per_step": seconds, "rounds": rounds}
+    spec = yaml.safe_load((Path(__file__).parent / "aggregations.yaml").read_text())
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
+        root = Path(tmp)
+        if output is None:
+            log = root / "events.jsonl"
+            start = datetime.now(timezone.utc) - timedelta(days=days)
+            write_log(log, events=events, users=users, items=max(100, users // 4), days=days,
+                      start=start.replace(minute=0, second=0, microsecond=0))
+            etl_config = root / "etl.yaml"
+            etl_config.write_text(yaml.safe_dump({**spec, "etl": {
+                "source": {"path": str(log)}, "output": {"path": str(root / "output")}}}))
+            started = time.perf_counter()
+            subprocess.run([str(BIN / "featureline"), "etl", "run", "--config",
+                            str(etl_config)], check=True, stdout=subprocess.DEVNULL)
+            report["etl_s"] = round(time.perf_counter() - started, 1)
+            output = root / "output"
+        metadata = read_metadata(output)
+        assert metadata.tiles is not None and metadata.tiles.groups, "an output with tiles"
+        repo_dir = root / "feature_store"
+        repo_dir.mkdir()
+        (repo_dir / "feature_store.yaml").write_text((REPO / "feature_store.yaml").read_text())
+        settings = {"feature_store": {"repo": str(repo_dir), "ttl": "3650d"},
+                    "api": {"data": str(output), "auth": {"enabled": False}}}
+        repo = open_repo(parse_config(settings).feature_store, output, url=redis.url)
+        published = publish(repo, progress=lambda _: None)
+        report["tile_keys"] = published.tile_keys
+        service = repo.store.get_feature_service("ranking")
+        views = [f"{p.name}:{f.name}" for p in service.feature_view_projections
+                 for f in p.features]
+        groups = {g.name: g for g in metadata.tiles.groups}
+        # The groups a request of a user and an item can key.
+        aggregations = [f.qualified for g in groups.values()
+                        if set(g.keys) <= {"user_id", "item_id"} for f in g.outputs()]
+        ids = {entity: pq.read_table(Path(output) / table.path, columns=[table.join_key])
+               [table.join_key].unique().to_pylist()
+               for entity, table in metadata.entities.items()}
+        count = max(1, int(rate * seconds))
+        port = free_port()
+        config_file = root / "featureline.yaml"
+        config_file.write_text(yaml.safe_dump({**settings, "api": {**settings["api"],
+                                                                    "port": port}}))
+        process = subprocess.Popen(
+            [str(BIN / "featureline"), "serve", "--config", str(config_file)],
+            env={**os.environ, "REDIS_URL": redis.url}, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        client = redis_py.Redis.from_url(redis.url)
+        steps: dict[str, list[dict[str, Any]]] = {"views": [], "views + aggregations": []}
+        try:
+            _wait_ready(f"{base}/readyz", process)
+
+            def bodies(features: list[str]) -> list[dict[str, Any]]:
+                return [{"features": features, "entities": {
+                    "user_id": [str(rng.choice(ids["user"]))],
+                    "item_id": [str(rng.choice(ids["item"]))]}} for _ in range(count)]
+
+            answer = httpx.post(f"{base}/v1/features", json=bodies(views + aggregations)[0],
+                                timeout=30).json()
+            report["aggregation_values_per_request"] = sum(
+                name in aggregations for name in answer["names"])
+            for _ in range(rounds):
+                for name in ("views", "views + aggregations", "views + aggregations",
+                             "views"):
+                    features = views if name == "views" else views + aggregations
+                    api_cpu, redis_cpu = _tree_cpu_s(process.pid), _redis_cpu_s(client)
+                    step = measure(f"{base}/v1/features", bodies(features), [rate], seconds,
+                                   f"{base}/healthz")["steps"][0]
+                    step["api_cpu_ms_per_request"] = round(
+                        (_tree_cpu_s(process.pid) - api_cpu) * 1000 / count, 3)
+                    step["redis_cpu_ms_per_request"] = round(
+                        (_redis_cpu_s(client) - redis_cpu) * 1000 / count, 3)
+                    steps[name].append(step)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    report["values"] = {"views": len(views), "aggregations": len(aggregations)}
+    report["steps"] = steps
+    summary = {}
+    for name, measured in steps.items():
+        summary[name] = {key: round(float(np.median([s[key] for s in measured])), 3)
+                         for key in ("p50_ms", "p99_ms", "api_cpu_ms_per_request",
+                                     "redis_cpu_ms_per_request")}
+        summary[name]["errors"] = sum(s["errors"] for s in measured)
+    a, b = summary["views"], summary["views + aggregations"]
+    summary["aggregations_vs_views"] = {
+        key: round(b[key] / a[key], 2) if a[key] else None
+        for key in ("p99_ms", "api_cpu_ms_per_request", "redis_cpu_ms_per_request")}
+    report["summary"] = summary
+    return report
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entities", type=int, default=100_000)
@@ -507,8 +643,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--logging-rounds", type=int, default=3)
     parser.add_argument("--no-logging", action="store_true",
                         help="leave out the feature logging's cost")
+    parser.add_argument("--aggregations", action="store_true",
+                        help="only /v1/features with and without the aggregations of "
+                             "benchmarks/aggregations.yaml (an ETL run of its own first)")
+    parser.add_argument("--users", type=int, default=20_000, help="with --aggregations")
+    parser.add_argument("--events", type=int, default=400_000, help="with --aggregations")
+    parser.add_argument("--rate", type=float, default=500, help="with --aggregations")
+    parser.add_argument("--rounds", type=int, default=2, help="with --aggregations")
     args = parser.parse_args(argv)
-    if args.smoke:
+    if args.aggregations:
+        report = aggregations_cost(users=args.users, events=args.events, rate=args.rate,
+                                   seconds=args.seconds, rounds=args.rounds)
+    elif args.smoke:
         report = run(200, seconds=0.5, rates=[10, 20], logging_rounds=1)
     else:
         report = run(args.entities, seconds=args.seconds, logging_only=args.logging_only,

@@ -209,6 +209,11 @@ def parse_timestamp(text: str, unit: str) -> datetime | None:
     return parsed.astimezone(timezone.utc)
 
 
+def micros_of(moment: datetime) -> int:
+    """An aware time in whole microseconds since the epoch (exact: no float)."""
+    return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+
+
 def parse_number(text: str) -> float | None:
     """A number's text as Spark's string → double cast reads it; None when it cannot."""
     text = text.strip()

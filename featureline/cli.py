@@ -247,7 +247,7 @@ def aggregations(path: str | None, data: str | None, group: str, key: tuple[str,
     """A key's aggregation values at a time (GROUP, then a value per key column), merged
     from an ETL output's tiles: the rule of time's values after the output's last event."""
     from featureline.core.aggregations import MICROS
-    from featureline.core.events import parse_timestamp
+    from featureline.core.events import micros_of, parse_timestamp
     from featureline.core.metadata import read_metadata
     from featureline.feature_store.tiles import read_tiles
 
@@ -263,7 +263,7 @@ def aggregations(path: str | None, data: str | None, group: str, key: tuple[str,
     moment = parse_timestamp(at, "auto") if at else datetime.now(timezone.utc)
     if moment is None:
         raise ConfigError("--at", f"{at!r} is not an ISO 8601 time or epoch seconds")
-    t = round(moment.timestamp() * MICROS)
+    t = micros_of(moment)
     tiles = read_tiles(read_metadata(data or config.etl.output.path), [spec])
     if t < tiles.cut_us:
         cut = datetime.fromtimestamp(tiles.cut_us / MICROS, timezone.utc)

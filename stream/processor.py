@@ -21,6 +21,9 @@ committed to the log, so a processor killed at any point re-reads the event and 
 nothing twice. Where two processors of a group write one item at once, each re-reads the
 entity's version after writing and writes again when it moved.
 
+Where the output has an aggregations spec, each accepted event is also added to its keys'
+tiles in the online store, once (``stream/tiles.py``), before the commit.
+
 Accepted events are also archived in the raw log's schema (JSONL, one file per processor
 and hour of arrival under ``stream.archive``, published when the hour is over) for the next
 batch run. A publication with a new cut
@@ -49,8 +52,21 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from featureline.core import redis
-from featureline.core.events import EventContract, event_digest, labeler
-from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, Metadata, encoded_name, present
+from featureline.core.events import (
+    EventContract,
+    event_digest,
+    labeler,
+    micros_of,
+    parse_timestamp,
+)
+from featureline.core.metadata import (
+    EVENT_TIMESTAMP,
+    OOV_ID,
+    Metadata,
+    encoded_name,
+    present,
+    read_metadata,
+)
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.repo import open_repo
 from featureline.feature_store.settings import FeatureStoreConfig
@@ -58,6 +74,7 @@ from featureline.feature_store.writer import Layout
 from featureline.stream.log import Delivered, EventLog, open_event_log, written_topic
 from featureline.stream.metrics import StreamMetrics
 from featureline.stream.settings import StreamConfig
+from featureline.stream.tiles import StreamTiles
 
 logger = logging.getLogger("featureline.stream")
 
@@ -254,6 +271,7 @@ class StreamProcessor:
         self.base = BatchBase(None, {})
         self.processed = 0
         self.metrics = metrics or StreamMetrics()
+        self.tiles = StreamTiles(self.client, project, contract)
         self._stop = threading.Event()
 
     def _key(self, entity: str, value: Any, part: str) -> str:
@@ -282,6 +300,10 @@ class StreamProcessor:
         self.base = BatchBase.load(self.metadata, end, self.contract.recent_days)
         self.stamp = stamp
         self.generation = publication.generation if publication else None
+        # The aggregations' spec and cut of the output, read again as its tables are.
+        tiles = read_metadata(self.metadata.folder or ".").tiles
+        if tiles is not None:
+            self.tiles.serve(tiles.groups, self.generation, tiles.cut_us)
         # The cut the streamed days are kept against: the first processor to see a new one
         # drops the days before it.
         previous = self.client.getset(f"featureline:stream:{self.project}:cut",
@@ -326,14 +348,20 @@ class StreamProcessor:
         keys: list[str] = []
         args: list[Any] = []
         users, items = [], []
+        aggregated = []  # (digest, ts µs, label, event) for the aggregations' tiles
         for line in lines:
             event = orjson.loads(line)
             user, item = event["user_id"], event["item_id"]
             day = self._day(event["ts"])
+            digest, label = event_digest(line), self.label(event)
             keys += (self._seen_key(user, day), f"{prefixes[0]}{user}", f"{prefixes[1]}{item}")
-            args += (event_digest(line), day, self.label(event))
+            args += (digest, day, label)
             users.append(user)
             items.append(item)
+            if self.tiles.groups:
+                moment = parse_timestamp(event["ts"], "auto")
+                if moment is not None:
+                    aggregated.append((digest, micros_of(moment), label, event))
         touched = {"user": list(dict.fromkeys(users)), "item": list(dict.fromkeys(items))}
         pipe = self.client.pipeline(transaction=False)
         for low in range(0, 3 * len(lines), 3 * SCRIPT_EVENTS):
@@ -345,6 +373,7 @@ class StreamProcessor:
         for (entity, values), stored in zip(touched.items(), replies, strict=True):
             self._write(entity, {value: _pairs(reply)
                                  for value, reply in zip(values, stored, strict=True)})
+        self.tiles.add(aggregated)
         servable = time.time()
         self.metrics.observe([servable - record.accepted_at for record in delivered],
                              len(lines))

@@ -29,9 +29,10 @@ PUBLIC = {
     "api": {"feature_store.settings", "feature_store.online", "feature_store.online_store",
             "feature_store.repo", "feature_store.errors", "feature_store.feature_log", "hps",
             "hps.errors", "hps.updates", "stream.settings", "stream.log", "stream.push"},
-    # The stream processor writes through the online store's protocol, in Feast's layout.
+    # The stream processor writes through the online store's protocol, in Feast's layout,
+    # and the aggregations' tiles in theirs.
     "stream": {"feature_store.online_store", "feature_store.repo", "feature_store.settings",
-               "feature_store.writer", "feature_store.redis_server"},
+               "feature_store.writer", "feature_store.redis_server", "feature_store.tiles"},
     # The trainer reads the TFRecords with the ETL's reader and writes HugeCTR tables and
     # the parameter server's configuration for them.
     "trainer": {"etl.tfrecord.reader", "hps.formats", "hps.config"},

@@ -295,3 +295,115 @@ def test_the_api_serves_the_published_tiles_at_the_request_time(aggregated, tmp_
     assert again.tile_keys == summary.tile_keys
     assert {key.split(b":")[3] for key in client.scan_iter(match=f"{TILES_PREFIX}*")} == {
         str(again.generation).encode()}
+
+
+def test_bench_api_aggregations_smoke(aggregated):
+    """bench_api --aggregations on the job's output (no ETL run of its own): both request
+    kinds answered without an error, the user group's 10 values in each aggregation answer,
+    each step's CPU per request read for the API process and Redis."""
+    from tests.test_benchmarks import _load
+
+    result, _ = aggregated
+    report = _load("bench_api").aggregations_cost(result.output, rate=20, seconds=0.5,
+                                                  rounds=1)
+    json.dumps(report)
+    assert report["aggregation_values_per_request"] == 10
+    assert report["tile_keys"] > 20  # the users, and the (user, category) pairs
+    for name, steps in report["steps"].items():
+        assert len(steps) == 2, name
+        for step in steps:
+            assert step["errors"] == 0 and step["p99_ms"] >= step["p50_ms"] > 0
+            assert step["api_cpu_ms_per_request"] > 0 and step["redis_cpu_ms_per_request"] > 0
+    assert set(report["summary"]["aggregations_vs_views"]) == {
+        "p99_ms", "api_cpu_ms_per_request", "redis_cpu_ms_per_request"}
+
+
+def test_pushed_events_reach_the_served_aggregations_once(aggregated, tmp_path, redis_server):
+    """Events pushed through /v1/push and applied by the stream processor are in the API's
+    aggregations at the request time — equal to the reference over the batch's events and
+    the pushed ones (an exact duplicate once, an event before the cut left to the batch, a
+    new user and a new (user, category) pair included); a batch delivered again changes
+    nothing; after a replace the processor moves the streamed events to the new generation."""
+    from datetime import datetime, timedelta
+
+    from fastapi.testclient import TestClient
+
+    from featureline.api.app import create_app
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.repo import open_repo
+    from featureline.stream.processor import open_processor
+    from tests.feast_data import copy_project, fresh_db
+
+    result, config = aggregated
+    output = result.output
+    project = copy_project(tmp_path, ttl="3650d", stream={"archive": str(tmp_path / "archive")},
+                           api={"auth": {"enabled": False}, "data": str(output),
+                                "feature_cache": {"ttl_s": 0}})
+    url = fresh_db(redis_server, 13)
+    repo = open_repo(project.feature_store, output, url=url)
+    publish(repo, progress=lambda _: None)
+    processor = open_processor(project.stream, project.feature_store, output, url=url,
+                               consumer="aggregations")
+    cut = read_metadata(output).tiles.cut_us
+    events = [{**row, "ts": _micros(row["ts"])} for row in _table(output, "state/events")]
+    user = events[-1]["user_id"]
+    at = datetime.fromtimestamp(cut / MICROS, timezone.utc)
+
+    def event(user_id, item, kind, moment, category, price):
+        return {"user_id": user_id, "item_id": item, "event_type": kind,
+                "ts": moment.isoformat(), "value": 2.0, "category": category,
+                "device": "mobile", "price": price}
+
+    pushed = [event(user, "i1", "purchase", at + timedelta(minutes=10), "c1", 5.0),
+              event(user, "i2", "view", at + timedelta(minutes=20), "c-new", 7.0),
+              event("new-user", "i3", "click", at + timedelta(minutes=30), "c1", 3.0)]
+    late = event(user, "i4", "view", at - timedelta(days=2), "c1", 1.0)  # before the cut
+    hour = 3600 * MICROS
+    app = create_app(project.serving(), output=output, redis_url=url)
+    with TestClient(app) as api:
+        answer = api.post("/v1/push", json={"events": [*pushed, pushed[0], late]})
+        assert answer.json() == {"accepted": 5, "rejected": []}
+        processor.refresh_base()
+        delivered = processor.log.read(processor.consumer, 100, 0.5)
+        assert processor.process(delivered) == 5
+        reader = app.state.services.reader
+        streamed = [{**e, "ts": _micros(datetime.fromisoformat(e["ts"]))} for e in pushed]
+
+        def check() -> None:
+            differ = []
+            every = events + streamed
+            for group in config.aggregations:
+                outputs = group.outputs()
+                rows = [(user,), ("new-user",)] if group.keys == ["user_id"] else [
+                    (user, "c1"), (user, "c-new"), ("new-user", "c1")]
+                entities = {k: [row[i] for row in rows] for i, k in enumerate(group.keys)}
+                for offset in (hour, 2 * hour, 3 * 86_400 * MICROS):
+                    reader.clock = lambda offset=offset: cut + offset
+                    values = api.post("/v1/features", json={
+                        "features": [f.qualified for f in outputs],
+                        "entities": entities}).json()["values"]
+                    for feature in outputs:
+                        for row, key in enumerate(rows):
+                            own = [e for e in every if tuple(e[k] for k in group.keys) == key]
+                            expected = reference(feature, own, cut + offset)
+                            got = values[feature.qualified][row]
+                            if not _same(got, expected):
+                                differ.append((feature.qualified, key, offset, got, expected))
+            assert differ == [], differ[:5]
+
+        check()
+        reader.clock = lambda: cut + hour
+        counted = api.post("/v1/features", json={"features": ["user_activity:count_1d"],
+                                                 "entities": {"user_id": [user]}}).json()
+        assert processor.process(delivered) == 5  # delivered again: added once
+        check()
+        reader.clock = lambda: cut + hour
+        assert api.post("/v1/features", json={"features": ["user_activity:count_1d"],
+                                              "entities": {"user_id": [user]}}).json(
+                                                  ) == counted
+        replaced = publish(repo, full=True, progress=lambda _: None)
+        assert processor.refresh_base()  # the new generation: streamed keys moved to it
+        assert reader.generation != replaced.generation
+        check()
+        assert reader.generation == replaced.generation
