@@ -326,6 +326,13 @@ class Window:
         hop = self.hop * MICROS
         return (t - self.seconds * MICROS) // hop * hop
 
+    def expires(self, ts: int) -> int | None:
+        """The first time (µs) at which an event at ``ts`` no longer counts (a hop after the
+        window's length past its tile's start); None: it always counts."""
+        if self.seconds is None or self.hop is None:
+            return None
+        return tile_start(ts, self.hop) + (self.hop + self.seconds) * MICROS
+
     def covers(self, ts: int, t: int) -> bool:
         """Whether an event at ``ts`` counts in the value at ``t`` (both µs)."""
         start = self.start(t)

@@ -202,7 +202,11 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))
     progress(f"[2/{steps}] etl: local Spark job")
-    run = run_job(input_path=str(raw), input_format="jsonl", output=str(output))
+    from featureline.demo import demo_aggregations
+
+    # featureline.yaml's aggregations, or the demo's own.
+    run = run_job(input_path=str(raw), input_format="jsonl", output=str(output),
+                  aggregations=config.aggregations or demo_aggregations())
     click.echo(summary(run))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")

@@ -25,6 +25,8 @@ import pyarrow.parquet as pq
 import yaml
 
 from featureline.config import FeaturelineConfig
+from featureline.core.aggregations import AggregateFeature, GroupSpec
+from featureline.core.events import micros_of
 from featureline.core.metadata import encoded_name, present, read_metadata
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.etl.features.base import LABEL, SPLIT
@@ -33,6 +35,20 @@ from featureline.trainer.export import write_tables
 
 EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
 START_TIMEOUT_S = 90.0
+# The demo's aggregations where featureline.yaml defines none (docs/features.md): a user's
+# events over three windows, their purchases and the sum of their values over the week.
+DEMO_AGGREGATIONS = """
+- name: user_activity
+  keys: [user_id]
+  features:
+    - {op: count, windows: [1h, 1d, 7d]}
+    - {op: count, name: purchases, filter: "event_type in (purchase)", windows: [7d]}
+    - {op: sum, column: value, windows: [7d]}
+"""
+
+
+def demo_aggregations() -> list[GroupSpec]:
+    return [GroupSpec.model_validate(group) for group in yaml.safe_load(DEMO_AGGREGATIONS)]
 
 
 def sample_ids(output: Path, count: int = 3) -> dict[str, list[str]]:
@@ -253,7 +269,8 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     base = f"http://{settings['api']['host']}:{port}"
     ids = sample_ids(output)
     run_calls(base, ids["user"][0], ids["item"], echo)
-    push_events(base, ids["user"][0], ids["item"][0], echo)
+    tiles = read_metadata(output).tiles
+    push_events(base, ids["user"][0], ids["item"][0], tiles.groups if tiles else [], echo)
     report_consistency(config, output, log, archive, echo)
     return base
 
@@ -305,10 +322,22 @@ def _user_features(base: str, user: str, item: str) -> dict[str, Any]:
     return {name: values[0] for name, values in json.loads(text)["values"].items()}
 
 
-def push_events(base: str, user: str, item: str, echo: Callable[[str], None]) -> None:
+def _aggregations(base: str, user: str, features: list[AggregateFeature]) -> dict[str, Any]:
+    body = {"features": [f.qualified for f in features], "entities": {"user_id": [user]}}
+    status, text = _call(base, "POST", "/v1/features", body)
+    if status != 200:
+        raise RuntimeError(f"POST /v1/features answered {status}: {text[:500]}")
+    return {name: values[0] for name, values in json.loads(text)["values"].items()}
+
+
+def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
+                echo: Callable[[str], None]) -> None:
     """Push three events of ``user`` now and show its features change once the stream
-    processor has written them."""
+    processor has written them: the entity features, and the aggregations of the groups
+    keyed by the user, with when the pushed events leave each window."""
     before = _user_features(base, user, item)
+    aggregated = [f for group in groups if group.keys == ["user_id"] for f in group.outputs()]
+    before_aggregations = _aggregations(base, user, aggregated) if aggregated else {}
     now = datetime.now(timezone.utc)
     body = {"events": [{"user_id": user, "item_id": item, "event_type": kind,
                         "ts": (now + timedelta(seconds=i)).isoformat(), "value": 1.0}
@@ -326,9 +355,38 @@ def push_events(base: str, user: str, item: str, echo: Callable[[str], None]) ->
         if after["user_events"] == before["user_events"] + 3:
             changes = ", ".join(f"{name} {before[name]} → {after[name]}" for name in names)
             echo(f"fresh features of {user} after {time.monotonic() - started:.2f}s: {changes}")
-            return
+            break
         time.sleep(0.1)
-    raise RuntimeError(f"pushed events were not served within {FRESH_TIMEOUT_S:.0f}s")
+    else:
+        raise RuntimeError(f"pushed events were not served within {FRESH_TIMEOUT_S:.0f}s")
+    if aggregated:
+        last = micros_of(now + timedelta(seconds=2))  # the last pushed event's time
+        _show_aggregations(base, user, aggregated, before_aggregations, last, started, echo)
+
+
+def _show_aggregations(base: str, user: str, features: list[AggregateFeature],
+                       before: dict[str, Any], pushed_us: int, started: float,
+                       echo: Callable[[str], None]) -> None:
+    """The user's aggregations once the pushed events are in them, each with when they
+    leave its window (the value at the request time: docs/features.md)."""
+    counted = next((f.qualified for f in features
+                    if f.spec.op == "count" and f.spec.filter is None), None)
+    while time.monotonic() - started < FRESH_TIMEOUT_S:
+        after = _aggregations(base, user, features)
+        if counted is None or after[counted] == before[counted] + 3:
+            break
+        time.sleep(0.1)
+    else:
+        raise RuntimeError(f"pushed events were not aggregated within {FRESH_TIMEOUT_S:.0f}s")
+    echo(f"curl -s -X POST {base}/v1/features -H 'Content-Type: application/json' -d "
+         f"'{json.dumps({'features': list(after), 'entities': {'user_id': [user]}})}'")
+    echo(f"aggregations of {user} at the request time, before → after the push:")
+    for feature in features:
+        name = feature.qualified
+        expires = feature.window.expires(pushed_us)
+        until = ("" if expires is None else " (the pushed events count until "
+                 f"{datetime.fromtimestamp(expires / 1e6, timezone.utc):%Y-%m-%d %H:%M} UTC)")
+        echo(f"  {name} {before[name]} → {after[name]}{until}")
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from featureline.core.aggregations import GroupSpec
 from featureline.core.drift import REPORT_FILE, Breach
 from featureline.core.metadata import Metadata, present
 from featureline.serving import config_path
@@ -42,14 +43,16 @@ def run_job(path: str | None = None, input_path: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
             vocabulary_from: str | None = None, refit_vocabularies: bool = False,
             valid_days: int | None = None, incremental: bool = False, *,
-            submitted: bool = False, properties: dict[str, str] | None = None) -> FinishedRun:
+            submitted: bool = False, properties: dict[str, str] | None = None,
+            aggregations: list[GroupSpec] | None = None) -> FinishedRun:
     """Load the configuration, apply the flags, start Spark and run the job; its output and
     metadata.
 
-    ``submitted``: running under spark-submit, which has applied the properties file.
+    ``submitted``: running under spark-submit, which has applied the properties file;
+    ``aggregations``: a spec in place of the configuration's.
     """
     from featureline.config import load_config
-    from featureline.etl.config import with_overrides
+    from featureline.etl.config import check_aggregations, with_overrides
     from featureline.etl.incremental import dated
 
     config = with_overrides(
@@ -59,6 +62,9 @@ def run_job(path: str | None = None, input_path: str | None = None,
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
         refit_vocabularies=refit_vocabularies, valid_days=valid_days,
         incremental=incremental)
+    if aggregations is not None:
+        config = config.model_copy(update={"aggregations": aggregations})
+        check_aggregations(config)
     if properties:
         settings = config.spark.model_copy(
             update={"properties": {**config.spark.properties, **properties}})

@@ -125,6 +125,25 @@ def test_an_idle_key_decays():
     assert value_from_tiles(operation, feature.window, by_tile, last + 3600 * MICROS) == 1
 
 
+@given(st.integers(0, 40 * 86_400 * MICROS))
+def test_an_event_counts_until_its_window_expires(offset):
+    """``Window.expires(ts)``: the first time an event at ts is out of the window — the
+    reference's own rule decides, one µs before and at it."""
+    ts = ORIGIN + offset
+    for feature in OUTPUTS:
+        window = feature.window
+        ends = window.expires(ts)
+        event = [{"ts": ts, "user_id": "u", "item_id": "i", "value": 1.0}]
+        count = next(f for f in OUTPUTS if f.output == "count_1h").spec
+        probe = type(feature)(feature.group, feature.keys, "probe", count, window)
+        if ends is None:
+            assert reference(probe, event, ts + 400 * 86_400 * MICROS) == 1
+            continue
+        assert ends > ts
+        assert reference(probe, event, ends - 1) == 1
+        assert reference(probe, event, ends) == 0
+
+
 def test_approx_distinct_within_two_percent_at_ten_thousand_and_order_free():
     feature = next(f for f in OUTPUTS if f.output == "item_id_approx_distinct")
     operation = feature.operation()

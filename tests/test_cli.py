@@ -153,6 +153,21 @@ def test_demo_command_runs_end_to_end(demo_run):
     (fresh,) = [line for line in result.output.splitlines() if line.startswith("fresh features")]
     before, after = (int(n) for n in fresh.split("user_events ")[1].split(",")[0].split(" → "))
     assert after == before + 3
+    # The demo's aggregations (defined by the demo: featureline.yaml has none) follow the
+    # push at the request time, each saying when the pushed events leave its window.
+    lines = result.output.splitlines()
+    shown = lines[lines.index(next(line for line in lines if line.startswith(
+        "aggregations of"))) + 1:]
+    values = {line.split()[0]: line.split()[1:4] for line in shown[:5]}
+    assert list(values) == [f"user_activity:{name}" for name in (
+        "count_1h", "count_1d", "count_7d", "purchases_7d", "value_sum_7d")]
+    # Three events pushed (values 1.0), one a purchase.
+    for name, added in [("count_1h", 3), ("count_1d", 3), ("count_7d", 3),
+                        ("purchases_7d", 1), ("value_sum_7d", 3)]:
+        old, arrow, new = values[f"user_activity:{name}"]
+        assert (arrow, float(new)) == ("→", float(old) + added), name
+    assert all("(the pushed events count until " in line for line in shown[:5])
+    assert metadata["tiles"]["groups"][0]["name"] == "user_activity"
     assert "authentication OFF" in result.output
 
 
