@@ -520,6 +520,30 @@ def _redis_cpu_s(client: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def _tiles_memory(url: str, groups: list[Any], sample: int = 2000) -> dict[str, Any]:
+    """Redis's own account of the tiles (``MEMORY USAGE``, a key's value and its overhead)
+    per key and per aggregation, each group over a sample of its keys."""
+    import redis as redis_py
+
+    from featureline.feature_store.tiles import TILES_PREFIX
+
+    client = redis_py.Redis.from_url(url)
+    memory = {}
+    for group in groups:
+        keys = []
+        for key in client.scan_iter(match=f"{TILES_PREFIX}*:{group.name}:*", count=1000):
+            keys.append(key)
+            if len(keys) >= sample:
+                break
+        used = [client.memory_usage(key, samples=0) or 0 for key in keys]
+        per_key = float(np.mean(used)) if used else 0.0
+        memory[group.name] = {"keys_sampled": len(keys), "bytes_per_key": round(per_key),
+                              "bytes_per_key_p99": round(float(np.percentile(used, 99)))
+                              if used else 0,
+                              "bytes_per_aggregation": round(per_key / len(group.outputs()))}
+    return memory
+
+
 def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                       events: int = 400_000, days: int = 30, rate: float = 500,
                       seconds: float = 5.0, rounds: int = 2) -> dict[str, Any]:
@@ -568,6 +592,7 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         repo = open_repo(parse_config(settings).feature_store, output, url=redis.url)
         published = publish(repo, progress=lambda _: None)
         report["tile_keys"] = published.tile_keys
+        report["tiles_memory"] = _tiles_memory(redis.url, metadata.tiles.groups)
         service = repo.store.get_feature_service("ranking")
         views = [f"{p.name}:{f.name}" for p in service.feature_view_projections
                  for f in p.features]

@@ -309,6 +309,9 @@ def test_bench_api_aggregations_smoke(aggregated):
     json.dumps(report)
     assert report["aggregation_values_per_request"] == 10
     assert report["tile_keys"] > 20  # the users, and the (user, category) pairs
+    memory = report["tiles_memory"]["user_activity"]
+    assert memory["keys_sampled"] == 20 and memory["bytes_per_key"] > 100
+    assert memory["bytes_per_aggregation"] == round(memory["bytes_per_key"] / 10)
     for name, steps in report["steps"].items():
         assert len(steps) == 2, name
         for step in steps:
