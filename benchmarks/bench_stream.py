@@ -37,6 +37,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import redis
 import yaml
 
@@ -44,21 +46,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_api import _Connections, _wait_ready
 from bench_feast import SNAPSHOT, _project, write_output
 
+from featureline.core.aggregations import GroupSpec
+from featureline.core.events import micros_of
 from featureline.etl.config import EtlConfig
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import EmbeddedRedis, free_port
 from featureline.feature_store.repo import open_repo
 
 BIN = Path(sys.executable).parent
+AGGREGATIONS = Path(__file__).resolve().parent / "aggregations.yaml"
 POLL_S = 0.01
 CATCH_UP_S = 5.0
 
 
-def _output(root: Path, entities: int) -> Path:
-    """bench_feast's entity tables, with the ETL's default event contract recorded."""
+def _output(root: Path, entities: int, aggregations: bool = False) -> Path:
+    """bench_feast's entity tables, with the ETL's default event contract recorded; with
+    ``aggregations``, the spec of ``benchmarks/aggregations.yaml`` too, its tiles empty up to
+    the snapshot time (the stream's pushes fill them)."""
     output = write_output(root, entities)
     metadata = json.loads((output / "metadata.json").read_text())
     metadata["events"] = EtlConfig().event_contract().model_dump(mode="json")
+    if aggregations:
+        spec = yaml.safe_load(AGGREGATIONS.read_text())["aggregations"]
+        tables = {}
+        for group in map(GroupSpec.model_validate, spec):
+            for feature in group.outputs():
+                relative = f"tiles/{group.name}/{feature.output}"
+                (output / relative).mkdir(parents=True)
+                pq.write_table(pa.table({**{key: pa.array([], pa.string()) for key in group.keys},
+                                         "tile": pa.array([], pa.int64())}),
+                               output / relative / "part-00000.parquet")
+                tables[feature.qualified] = relative
+        metadata["tiles"] = {"cut_us": micros_of(SNAPSHOT), "tables": tables, "groups": spec}
     (output / "metadata.json").write_text(json.dumps(metadata))
     return output
 
@@ -85,10 +104,15 @@ def _histogram_quantile(text: str, name: str, q: float) -> float | None:
 class Stack:
     """Embedded Redis, the published output, ``featureline serve --stream`` (API + processor)."""
 
-    def __init__(self, root: Path, entities: int) -> None:
+    def __init__(self, root: Path, entities: int, aggregations: bool = False) -> None:
         self.root = root
         self.redis = EmbeddedRedis(root / "redis").start()
-        output = _output(root, entities)
+        output = _output(root, entities, aggregations)
+        # What the poller reads to see a pushed event served, and its name in the answer: the
+        # lifetime sum, whose value does not depend on the request time (the events are
+        # pushed at the entity tables' snapshot time, months ago).
+        self.served = (("user_activity:value_sum_all",) * 2 if aggregations
+                       else ("user_features:user_events", "user_events"))
         config = _project(root)
         publish(open_repo(config.feature_store, output, url=self.redis.url),
                 progress=lambda _: None)
@@ -142,11 +166,11 @@ async def _fixed_rate(stack: Stack, rate: float, seconds: float, batch: int,
             while not (done.is_set() and not pending):
                 users = list(pending)[:500]
                 if users:
+                    reference, name = stack.served
                     answer = await client.post("/v1/features", json={
-                        "features": ["user_features:user_events"],
-                        "entities": {"user_id": users}})
+                        "features": [reference], "entities": {"user_id": users}})
                     now = time.perf_counter()
-                    for user, count in zip(users, answer.json()["values"]["user_events"],
+                    for user, count in zip(users, answer.json()["values"][name],
                                            strict=True):
                         if count:
                             servable.append(now - pending.pop(user))
@@ -245,9 +269,9 @@ def raw_updates(url: str, events: int, batch: int = 1000) -> float:
 
 
 def run(entities: int = 10_000, rate: float = 2000, seconds: float = 20, batch: int = 50,
-        track: int = 20, burst: int = 20_000) -> dict[str, Any]:
+        track: int = 20, burst: int = 20_000, aggregations: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
-        stack = Stack(Path(folder), entities)
+        stack = Stack(Path(folder), entities, aggregations)
         try:
             fixed = asyncio.run(_fixed_rate(stack, rate, seconds, batch, track))
             raw_before = raw_updates(stack.redis.url, burst)
@@ -257,11 +281,34 @@ def run(entities: int = 10_000, rate: float = 2000, seconds: float = 20, batch: 
             stack.close()
     raw = (raw_before + raw_after) / 2
     return {"machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "entities": entities, "fixed_rate": fixed,
+            "entities": entities, "aggregations": aggregations, "fixed_rate": fixed,
             "throughput": {**drained, "raw_redis_updates_per_s": round(raw),
                            "raw_runs": [round(raw_before), round(raw_after)],
                            "stream_vs_raw": round(drained["end_to_end_events_per_s"] / raw,
                                                   3)}}
+
+
+def aggregations_cost(rounds: int = 1, **sizes: Any) -> dict[str, Any]:
+    """The same pushes into a store without and with the aggregations of
+    ``benchmarks/aggregations.yaml`` (14 values in a user and an item group, added to their
+    tiles by the processor), A B B A per round: push→servable (of the user's entity feature,
+    of its lifetime ``value_sum_all``) and the burst's events/s, each beside the same run's
+    raw Redis writes."""
+    runs: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
+    for _ in range(rounds):
+        for name in ("without", "with", "with", "without"):
+            runs[name].append(run(**sizes, aggregations=name == "with"))
+    summary = {}
+    for name, measured in runs.items():
+        summary[name] = {
+            "push_to_servable_p99_ms": [r["fixed_rate"]["push_to_servable_p99_ms"]
+                                        for r in measured],
+            "sustained": all(r["fixed_rate"]["sustained"] for r in measured),
+            "stream_vs_raw": [r["throughput"]["stream_vs_raw"] for r in measured],
+            "events_per_s": [r["throughput"]["end_to_end_events_per_s"] for r in measured]}
+    ratio = float(np.mean(summary["with"]["stream_vs_raw"]) /
+                  np.mean(summary["without"]["stream_vs_raw"]))
+    return {"runs": runs, "summary": summary, "throughput_with_vs_without": round(ratio, 3)}
 
 
 def main() -> None:
@@ -271,8 +318,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--burst", type=int, default=20_000)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
+    parser.add_argument("--aggregations", action="store_true",
+                        help="without and with benchmarks/aggregations.yaml, A B B A")
+    parser.add_argument("--rounds", type=int, default=1, help="with --aggregations")
     args = parser.parse_args()
-    if args.smoke:
+    if args.aggregations:
+        sizes = ({"entities": 200, "rate": 100, "seconds": 1, "batch": 10, "track": 5,
+                  "burst": 500} if args.smoke else
+                 {"entities": args.entities, "rate": args.rate, "seconds": args.seconds,
+                  "burst": args.burst})
+        report = aggregations_cost(args.rounds, **sizes)
+    elif args.smoke:
         report = run(entities=200, rate=100, seconds=1, batch=10, track=5, burst=500)
     else:
         report = run(args.entities, args.rate, args.seconds, burst=args.burst)

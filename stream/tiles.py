@@ -3,14 +3,16 @@ the served generation of the online store, once (docs/ARCHITECTURE.md, "Features
 definitions").
 
 Beside a key's tiles (``feature_store/tiles.py``) the processor keeps the key's *streamed
-events* — ``featureline:stream:<project>:agg:<group>:<key as JSON>``: the generation its
-tiles hold them in, and per event digest what the group reads of the event (its time in µs,
-its label, the columns) — every event at or after the published output's cut. A batch of
+events* — a hash, ``featureline:stream:<project>:agg:<group>:<key as JSON>``: the generation
+whose tiles hold them, and per event digest what the group reads of the event (its time in
+µs, its label, the columns) — every event at or after the published output's cut. A batch of
 events is applied in one optimistic transaction: WATCH both keys of every key touched, read
-them, add the events whose digest is new with the engine's ``add`` (``core/aggregations.py``),
-write both (MULTI/EXEC; a write by another processor in between starts it again). Tiles and
-digests move together, so an event delivered again — after a kill between the write and the
-log's commit, or pushed twice — adds nothing.
+in one round trip which of the batch's digests each key holds and its tiles, add the new
+events with the engine's ``add`` (``core/aggregations.py``), write the tiles and the new
+digests (MULTI/EXEC; a write by another processor in between starts it again) — the cost of
+a batch follows the batch, not the events streamed before it. Tiles and digests move
+together, so an event delivered again — after a kill between the write and the log's
+commit, or pushed twice — adds nothing.
 
 A publish serves a new generation whose tiles are the batch's, up to a new cut: at its next
 look at the publication the processor moves every streamed key to it — the events before
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import orjson
 import redis as redis_py
@@ -47,6 +49,48 @@ from featureline.feature_store.tiles import (
 
 # Keys per WATCH transaction.
 TRANSACTION_KEYS = 500
+# The field of a key's streamed events naming the generation whose tiles hold them.
+GENERATION = "generation"
+# Per key (KEYS: the streamed events' hashes, then the tiles; ARGV: the number of keys, then
+# per key its count of digests and the digests): its generation (empty: none), a flag per
+# digest (1: held), its tiles (empty: none).
+READ = """
+local n = tonumber(ARGV[1])
+local at, result = 2, {}
+for i = 1, n do
+  local count = tonumber(ARGV[at])
+  local fields = {'generation'}
+  for j = 1, count do fields[j + 1] = ARGV[at + j] end
+  at = at + count + 1
+  local found = redis.call('HMGET', KEYS[i], unpack(fields))
+  local flags = {}
+  for j = 2, #fields do flags[j - 1] = found[j] and 1 or 0 end
+  result[i] = {found[1] or '', flags, redis.call('GET', KEYS[n + i]) or ''}
+end
+return result
+"""
+# Per key (KEYS: its streamed events' hash, its tiles; ARGV: the generation, then per key its
+# tiles (empty: unchanged), the count of new events, their digest and event, the count of
+# stale digests, the stale digests): writes them.
+WRITE = """
+local at = 2
+for i = 1, #KEYS, 2 do
+  if ARGV[at] ~= '' then redis.call('SET', KEYS[i + 1], ARGV[at]) end
+  local fresh = tonumber(ARGV[at + 1])
+  local args = {'generation', ARGV[1]}
+  for j = 1, 2 * fresh do args[2 + j] = ARGV[at + 1 + j] end
+  redis.call('HSET', KEYS[i], unpack(args))
+  at = at + 2 + 2 * fresh
+  local stale = tonumber(ARGV[at])
+  if stale > 0 then
+    local fields = {}
+    for j = 1, stale do fields[j] = ARGV[at + j] end
+    redis.call('HDEL', KEYS[i], unpack(fields))
+  end
+  at = at + stale + 1
+end
+return #KEYS / 2
+"""
 
 
 @dataclass(frozen=True)
@@ -72,6 +116,8 @@ class StreamTiles:
         self.columns: dict[str, set[str]] = {}
         self.generation: int | None = None
         self.cut_us = 0
+        self.read = client.register_script(READ)
+        self.write = client.register_script(WRITE)
 
     def serve(self, groups: Sequence[GroupSpec], generation: int | None, cut_us: int) -> None:
         """The spec, generation and cut of the publication served now; every streamed key
@@ -85,7 +131,7 @@ class StreamTiles:
         for group in groups:
             prefix = self._streamed_prefix(group.name)
             keys = [tuple(orjson.loads(key[len(prefix):]))
-                    for key in self.client.scan_iter(match=prefix + b"*", count=1000)]
+                    for key in self.client.scan_iter(match=prefix + "*", count=1000)]
             for low in range(0, len(keys), TRANSACTION_KEYS):
                 self._apply(group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]})
 
@@ -118,67 +164,88 @@ class StreamTiles:
                 written += self._apply(name, dict(items[low:low + TRANSACTION_KEYS]))
         return written
 
-    def _streamed_prefix(self, group: str) -> bytes:
-        return f"featureline:stream:{self.project}:agg:{group}:".encode()
+    def _streamed_prefix(self, group: str) -> str:
+        return f"featureline:stream:{self.project}:agg:{group}:"
 
     def _apply(self, group: str, new: dict[tuple[str, ...], dict[str, Any]]) -> int:
         """One transaction over ``new``'s keys: their streamed events moved to the served
-        generation if they are of another, and the new events added."""
+        generation if they are of another, and the new events added; how many keys were
+        written."""
         keys = list(new)
-        streamed_keys = [self._streamed_prefix(group) + tile_key(key) for key in keys]
-        prefix = tiles_prefix(self.project, self.generation, group)
-        tile_keys = [prefix + tile_key(key) for key in keys]
+        streamed_keys = [self._streamed_prefix(group) + tile_key(key).decode() for key in keys]
+        prefix = tiles_prefix(self.project, self.generation, group).decode()
+        tile_keys = [prefix + tile_key(key).decode() for key in keys]
         features = {output: o.feature for output, o in self.outputs[group].items()}
-        with self.client.pipeline() as pipe:
+        asked: list[Any] = [len(keys)]
+        for events in new.values():
+            asked += [len(events), *events]
+        with self.client.pipeline() as watching:
             while True:
                 try:
-                    pipe.watch(*streamed_keys, *tile_keys)
-                    # Immediate while watching (redis-py types it as maybe awaitable).
-                    streamed = cast(list[bytes | None], pipe.mget(streamed_keys))
-                    tiles = cast(list[bytes | None], pipe.mget(tile_keys))
-                    writes: dict[bytes, bytes] = {}
+                    watching.watch(*streamed_keys, *tile_keys)
+                    # Read on another connection: the WATCH still fails the EXEC on any
+                    # write by another client after it.
+                    held = self.read(keys=[*streamed_keys, *tile_keys], args=asked)
+                    moved = [at for at, (generation, _, _) in enumerate(held)
+                             if generation != str(self.generation).encode()]
+                    reads = self.client.pipeline(transaction=False)
+                    for at in moved:
+                        reads.hgetall(streamed_keys[at])
+                    streamed = dict(zip(moved, reads.execute() if moved else [], strict=True))
+                    written: list[str] = []
+                    args: list[Any] = [self.generation]
                     for at, key in enumerate(keys):
-                        result = self._merged(group, features, streamed[at], tiles[at], new[key])
-                        if result is not None:
-                            writes[streamed_keys[at]], writes[tile_keys[at]] = result
-                    pipe.multi()
-                    if writes:
-                        pipe.mset(writes)
-                    pipe.execute()
-                    return len(writes) // 2
+                        fresh = {digest: event for (digest, event), found
+                                 in zip(new[key].items(), held[at][1], strict=True)
+                                 if not found}
+                        stale: list[str] = []
+                        adding = dict(fresh)
+                        if at in streamed:  # the served tiles hold none of them: all again
+                            for field, value in streamed[at].items():
+                                name = field.decode()
+                                if name == GENERATION or name in fresh:
+                                    continue
+                                event = orjson.loads(value)
+                                if event[0] >= self.cut_us:
+                                    adding[name] = event
+                                else:  # the batch of the new cut holds it
+                                    stale.append(name)
+                        elif not fresh:
+                            continue
+                        stored = held[at][2] or None
+                        written += [streamed_keys[at], tile_keys[at]]
+                        args += [self._tiles_with(group, features, stored, list(adding.values()))
+                                 if adding else b"", len(fresh)]
+                        for digest, event in fresh.items():
+                            args += [digest, orjson.dumps(event)]
+                        args += [len(stale), *stale]
+                    watching.multi()
+                    if written:
+                        self.write(keys=written, args=args, client=watching)
+                    watching.execute()
+                    return len(written) // 2
                 except redis_py.WatchError:
                     continue
 
-    def _merged(self, group: str, features: Mapping[str, AggregateFeature],
-                streamed: bytes | None, stored: bytes | None, new: Mapping[str, Any]
-                ) -> tuple[bytes, bytes] | None:
-        """A key's streamed events and tiles after adding ``new``; None: nothing to write."""
-        held = orjson.loads(streamed) if streamed else {"generation": None, "events": {}}
-        events: dict[str, Any] = held["events"]
-        moved = held["generation"] != self.generation
-        adding = {digest: event for digest, event in new.items() if digest not in events}
-        if moved:  # the new generation's tiles hold none of them: all again, from its cut
-            events = {d: e for d, e in events.items() if e[0] >= self.cut_us}
-            adding = {**events, **adding}
-        if not adding and not moved:
-            return None
+    def _tiles_with(self, group: str, features: Mapping[str, AggregateFeature],
+                    stored: bytes | None, events: list[Any]) -> bytes:
+        """A key's stored tiles with ``events`` added, as stored."""
         tiles = decode_key_tiles(features, stored) if stored else {}
-        by_output = {output: tiles.get(output, {}) for output in features}
-        latest = max(event[0] for event in adding.values()) if adding else None
-        for output, spec in self.outputs[group].items():
-            by_output[output] = self._add(spec, by_output[output], adding.values(), latest)
-        events.update(adding)
-        return (orjson.dumps({"generation": self.generation, "events": events}),
-                encode_key_tiles(features, by_output))
+        latest = max(event[0] for event in events)
+        readable = [(ts, {**columns, LABEL: label}) for ts, label, columns in events]
+        return encode_key_tiles(features, {
+            output: self._add(spec, tiles.get(output, {}), readable, latest)
+            for output, spec in self.outputs[group].items()})
 
     @staticmethod
-    def _add(output: _Output, tiles: KeyTiles, events: Any, latest: int | None) -> KeyTiles:
-        """``tiles`` with ``events`` added, less the tiles no window at ``latest`` covers."""
+    def _add(output: _Output, tiles: KeyTiles, events: list[tuple[int, dict[str, Any]]],
+             latest: int) -> KeyTiles:
+        """``tiles`` with ``events`` (µs, columns) added, less the tiles no window at
+        ``latest`` covers."""
         feature = output.feature
         operation, window = feature.operation(), feature.window
         tiles = dict(tiles)
-        for ts, label, columns in events:
-            event = {**columns, LABEL: label}
+        for ts, event in events:
             if not output.keeps(event):
                 continue
             value = event_value(feature.spec, event)
@@ -186,7 +253,7 @@ class StreamTiles:
                 continue
             start = 0 if window.hop is None else tile_start(ts, window.hop)
             tiles[start] = operation.add(tiles.get(start, operation.init()), ts, value)
-        oldest = window.start(latest) if latest is not None else None
+        oldest = window.start(latest)
         if oldest is not None:
             tiles = {start: partial for start, partial in tiles.items() if start >= oldest}
         return tiles

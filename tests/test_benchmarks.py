@@ -254,12 +254,16 @@ def test_bench_publish_smoke(spark):
         assert entry[path] > 0
 
 
-def test_bench_stream_smoke():
+@pytest.mark.parametrize("aggregations", [False, True])
+def test_bench_stream_smoke(aggregations):
     """API, processor and Redis on a tiny store: every tracked push served, the burst
-    drained, both rates measured."""
+    drained, both rates measured; with the aggregations' spec, each tracked push seen in the
+    user's lifetime value_sum_all, which only the stream's tiles can hold (the store's tiles
+    start empty)."""
     report = _load("bench_stream").run(entities=200, rate=100, seconds=1, batch=10, track=5,
-                                       burst=500)
+                                       burst=500, aggregations=aggregations)
     json.dumps(report)
+    assert report["aggregations"] is aggregations
     fixed, burst = report["fixed_rate"], report["throughput"]
     assert fixed["push_errors"] == 0 and fixed["not_servable_in_time"] == 0
     assert fixed["tracked"] == 20 and fixed["processed"] == 100
