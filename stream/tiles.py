@@ -24,7 +24,7 @@ the next batch run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,7 +98,7 @@ class _Output:
     """One output of a group, ready for the stream: its feature and which events count."""
 
     feature: AggregateFeature
-    filter: Any  # event → bool, or None for every event
+    filter: Callable[[Mapping[str, Any]], bool] | None  # None: every event counts
 
     def keeps(self, event: Mapping[str, Any]) -> bool:
         return self.filter is None or self.filter(event)
@@ -128,6 +128,8 @@ class StreamTiles:
         self.columns = {group.name: {c for f in group.features for c in f.columns()} - {LABEL}
                         for group in groups}
         self.generation, self.cut_us = generation, cut_us
+        if not generation:  # nothing served: nothing to write into
+            return
         for group in groups:
             prefix = self._streamed_prefix(group.name)
             keys = [tuple(orjson.loads(key[len(prefix):]))
@@ -135,7 +137,7 @@ class StreamTiles:
             for low in range(0, len(keys), TRANSACTION_KEYS):
                 self._apply(group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]})
 
-    def _filter(self, feature: AggregateFeature) -> Any:
+    def _filter(self, feature: AggregateFeature) -> Callable[[Mapping[str, Any]], bool] | None:
         if feature.spec.filter is None:
             return None
         rule = feature.spec.rule()
