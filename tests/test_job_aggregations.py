@@ -316,7 +316,9 @@ def test_bench_api_aggregations_smoke(aggregated):
         assert len(steps) == 2, name
         for step in steps:
             assert step["errors"] == 0 and step["p99_ms"] >= step["p50_ms"] > 0
-            assert step["api_cpu_ms_per_request"] > 0 and step["redis_cpu_ms_per_request"] > 0
+            assert step["api_cpu_ms_per_request"] >= 0 and step["redis_cpu_ms_per_request"] > 0
+        # /proc counts in 10 ms ticks: a 10-request step may read 0, two of them not both.
+        assert sum(step["api_cpu_ms_per_request"] for step in steps) > 0
     assert set(report["summary"]["aggregations_vs_views"]) == {
         "p99_ms", "api_cpu_ms_per_request", "redis_cpu_ms_per_request"}
 
