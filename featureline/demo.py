@@ -314,20 +314,21 @@ def report_consistency(config: FeaturelineConfig, output: Path, log: Path, archi
 FRESH_TIMEOUT_S = 30.0
 
 
-def _user_features(base: str, user: str, item: str) -> dict[str, Any]:
-    status, text = _call(base, "POST", "/v1/features", {
-        "service": "ranking", "entities": {"user_id": [user], "item_id": [item]}})
-    if status != 200:
-        raise RuntimeError(f"POST /v1/features answered {status}: {text[:500]}")
-    return {name: values[0] for name, values in json.loads(text)["values"].items()}
-
-
-def _aggregations(base: str, user: str, features: list[AggregateFeature]) -> dict[str, Any]:
-    body = {"features": [f.qualified for f in features], "entities": {"user_id": [user]}}
+def _first_row(base: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``POST /v1/features`` with ``body``: each feature's value of the first row."""
     status, text = _call(base, "POST", "/v1/features", body)
     if status != 200:
         raise RuntimeError(f"POST /v1/features answered {status}: {text[:500]}")
     return {name: values[0] for name, values in json.loads(text)["values"].items()}
+
+
+def _user_features(base: str, user: str, item: str) -> dict[str, Any]:
+    return _first_row(base, {"service": "ranking",
+                             "entities": {"user_id": [user], "item_id": [item]}})
+
+
+def _aggregations_body(user: str, features: list[AggregateFeature]) -> dict[str, Any]:
+    return {"features": [f.qualified for f in features], "entities": {"user_id": [user]}}
 
 
 def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
@@ -337,7 +338,8 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
     keyed by the user, with when the pushed events leave each window."""
     before = _user_features(base, user, item)
     aggregated = [f for group in groups if group.keys == ["user_id"] for f in group.outputs()]
-    before_aggregations = _aggregations(base, user, aggregated) if aggregated else {}
+    before_aggregations = (_first_row(base, _aggregations_body(user, aggregated))
+                           if aggregated else {})
     now = datetime.now(timezone.utc)
     body = {"events": [{"user_id": user, "item_id": item, "event_type": kind,
                         "ts": (now + timedelta(seconds=i)).isoformat(), "value": 1.0}
@@ -372,14 +374,14 @@ def _show_aggregations(base: str, user: str, features: list[AggregateFeature],
     counted = next((f.qualified for f in features
                     if f.spec.op == "count" and f.spec.filter is None), None)
     while time.monotonic() - started < FRESH_TIMEOUT_S:
-        after = _aggregations(base, user, features)
+        after = _first_row(base, _aggregations_body(user, features))
         if counted is None or after[counted] == before[counted] + 3:
             break
         time.sleep(0.1)
     else:
         raise RuntimeError(f"pushed events were not aggregated within {FRESH_TIMEOUT_S:.0f}s")
     echo(f"curl -s -X POST {base}/v1/features -H 'Content-Type: application/json' -d "
-         f"'{json.dumps({'features': list(after), 'entities': {'user_id': [user]}})}'")
+         f"'{json.dumps(_aggregations_body(user, features))}'")
     echo(f"aggregations of {user} at the request time, before → after the push:")
     for feature in features:
         name = feature.qualified
