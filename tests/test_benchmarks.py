@@ -199,9 +199,11 @@ def test_bench_feast_smoke():
 def test_chaos_smoke(job_output):
     """Every fault of benchmarks/chaos.py, small: no other 5xx, no wrong answer, every 503
     with Retry-After, every fault recovered from (a Sentinel failover too), the ETL output
-    whole after a kill (the output it replaces is a copy of the suite's shared one)."""
+    whole after a kill (the output it replaces is a copy of the suite's shared one; the kill
+    runs beside the serving faults)."""
     report = _load("chaos").run(entities=2000, rate=30, hold_s=1.5, settle_s=1.0,
-                                etl_events=2000, previous_output=job_output.output)
+                                etl_events=2000, previous_output=job_output.output,
+                                etl_beside=True)
     json.dumps(report)
     requests = report["serving"]["requests"]
     assert requests["sent"] > 100 and requests["correct"] > 0
