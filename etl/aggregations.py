@@ -37,6 +37,7 @@ from featureline.core.aggregations import (
     GroupSpec,
 )
 from featureline.core.events import LabelSpec, compares_text, label_text
+from featureline.core.metadata import EVENT_TIMESTAMP
 from featureline.etl.features.base import TS_MICROS
 
 # Row kinds in the union the frames run over.
@@ -50,6 +51,9 @@ _HOP = "_agg_hop"
 _AT = "_agg_at"
 _REGISTER = "_agg_register"
 _RANK = "_agg_rank"
+# last_k: an event's latest pairs up to itself, and its place in (ts, value) order.
+_PAIRS = "_agg_pairs"
+_SEQ = "_agg_seq"
 
 # The operations that keep values in (ts, value) order: what they read may carry more.
 ORDERED = ("last", "last_k")
@@ -173,14 +177,16 @@ def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
     events' plan is read once per hop, not once per output."""
     keys = list(group.keys)
     outputs = group.outputs()
-    distinct = [f for f in outputs if f.spec.op == "approx_distinct"]
-    framed = [f for f in outputs if f.spec.op != "approx_distinct"]
+    own_plan = {"approx_distinct": _distinct_at, "last_k": _last_k_at}
+    framed = [f for f in outputs if f.spec.op not in own_plan]
     at = _framed_values(events, anchors, keys, framed, numeric, values or {}) if framed \
         else anchors
-    for feature in distinct:
-        at = at.join(_distinct_at(events.where(_keeps(feature, numeric)), anchors, keys,
-                                  feature, _read(feature, values or {})),
-                     on=[*keys, TS_MICROS], how="left")
+    for feature in outputs:
+        if feature.spec.op in own_plan:
+            values_at = own_plan[feature.spec.op](
+                events.where(_keeps(feature, numeric)), anchors, keys, feature,
+                _read(feature, values or {}))
+            at = at.join(values_at, on=[*keys, TS_MICROS], how="left")
     return at
 
 
@@ -367,6 +373,38 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         0, subset=[feature.column_name])
 
 
+def _last_k_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
+                feature: AggregateFeature, value: Column) -> DataFrame:
+    """last_k in memory bounded by ``k``, not by the frame: each event carries its ``k``
+    latest pairs up to itself (a frame of ``k`` rows in (ts, value) order), an anchor takes
+    those of the latest event before it (the last non-null over its key's rows so far), and
+    a window keeps the ones from its start. The ``k`` latest of ``[start, t)`` are those of
+    the ``k`` latest before ``t`` at or after ``start``: any later event is in the window too."""
+    k = feature.spec.k or 1
+    ordered = Window.partitionBy(*keys).orderBy(_PAIRS)  # (ts, value)
+    rows = kept.select(*keys, TS_MICROS, _pair(value).alias(_PAIRS)).select(
+        *keys, TS_MICROS, F.col(TS_MICROS).alias(_AT), F.lit(_EVENT).alias(_KIND),
+        F.collect_list(_PAIRS).over(ordered.rowsBetween(-(k - 1), 0)).alias(_PAIRS),
+        F.row_number().over(ordered).alias(_SEQ))
+    union = rows.unionByName(anchors.select(
+        *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND)),
+        allowMissingColumns=True)
+    # Events at an anchor's _AT are before it; among them, the last in (ts, value) order.
+    so_far = Window.partitionBy(*keys).orderBy(_AT, _KIND, _SEQ).rowsBetween(
+        Window.unboundedPreceding, 0)
+    latest = F.last(_PAIRS, ignorenulls=True).over(so_far)
+    window = feature.window
+    if window.seconds is not None and window.hop is not None:
+        # core.aggregations.Window.start: t − window, down to a multiple of the hop.
+        back = F.col(TS_MICROS) - window.seconds * MICROS
+        start = back - F.pmod(back, F.lit(window.hop * MICROS))
+        latest = F.filter(latest, lambda pair: pair["ts"] >= start)
+    newest_first = F.sort_array(F.coalesce(latest, F.array()), asc=False)
+    return union.select(*keys, TS_MICROS, _KIND, F.transform(
+        newest_first, lambda pair: pair["v"]).alias(feature.column_name)).where(
+        F.col(_KIND) == _ANCHOR).drop(_KIND)
+
+
 # --- tiles: the online executors' starting point ---------------------------------------------
 
 # A tile's start (µs): its hop's start; 0 for the lifetime's one tile.
@@ -405,5 +443,43 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
             state = kept.select(*keys, TILE, TS_MICROS, *(
                 column.alias(name) for name, column in operation.state(value).items()))
             frame = state.groupBy(*keys, TILE).agg(*_merged(operation, F.col))
+            if feature.spec.op == "last_k":  # the tile keeps its k latest, as the engine's
+                frame = frame.withColumn("p", _latest_k(F.col("p"), feature.spec.k))
         tiles.append((feature, frame))
     return tiles
+
+
+# --- daily snapshots: what Feast's offline store reads --------------------------------------
+
+DAY = 86_400 * MICROS
+
+
+def snapshot_anchors(events: DataFrame, group: GroupSpec) -> DataFrame:
+    """The group's keys and the day starts (``TS_MICROS``) its values are snapshotted at,
+    as the entity tables are: the day after each day a key had events, then each following
+    day while an event of it can still leave a window (the longest window and its hop),
+    up to the day after the log's last event."""
+    keys = list(group.keys)
+    spans = [f.window.seconds + f.window.hop for f in group.outputs()
+             if f.window.seconds is not None and f.window.hop is not None]
+    decay_days = -(-max(spans, default=0) * MICROS // DAY)
+    active = events.select(*keys, (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1)
+                           .alias("_agg_after")).distinct()
+    last = events.agg(F.max(TS_MICROS)).first()
+    end = (last[0] // DAY + 1) if last and last[0] is not None else 0
+    days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days,
+                                                  F.lit(end).cast("long")))
+    return active.select(*keys, F.explode(days).alias("_agg_day")).distinct().select(
+        *keys, (F.col("_agg_day") * DAY).alias(TS_MICROS))
+
+
+def group_snapshots(events: DataFrame, group: GroupSpec, numeric: Sequence[str]
+                    ) -> DataFrame:
+    """The group's outputs at its snapshot days (:func:`snapshot_anchors`) as Feast reads
+    them: the keys, ``event_timestamp`` (the day's start: the values of the events before
+    it) and each output by its name in the group, raw values as the API serves them."""
+    anchors = snapshot_anchors(events, group)
+    values = group_values(events, anchors, group, numeric)
+    return values.select(
+        *group.keys, F.timestamp_micros(TS_MICROS).alias(EVENT_TIMESTAMP),
+        *(F.col(f.column_name).alias(f.output) for f in group.outputs()))
