@@ -30,6 +30,8 @@ EVENT_TIMESTAMP = "event_timestamp"
 VOCABULARY_DIR = "artifacts/categorify"
 # tiles/<group>/<feature>/: Parquet, the aggregations' tiles as of the last event.
 TILES_DIR = "tiles"
+# aggregations/<group>/: Parquet, the groups' daily snapshots (Feast's offline store).
+AGGREGATIONS_DIR = "aggregations"
 
 
 def encoded_name(column: str) -> str:
@@ -131,6 +133,16 @@ class EntityTable(Contract):
     features: list[EntityColumn]
 
 
+class AggregationTable(Contract):
+    """A group's daily snapshots for Feast (``aggregations/<group>``): its keys (raw values
+    of the events' columns) and each output, by its name in the group."""
+
+    path: str
+    keys: list[EntityColumn]
+    timestamp_field: str = EVENT_TIMESTAMP
+    features: list[EntityColumn]
+
+
 class TfrecordGroup(Contract):
     dtype: str
     columns: list[str]
@@ -205,6 +217,8 @@ class Metadata(Contract):
     features: list[FeatureInfo] = Field(default_factory=list)
     embedding_plan: EmbeddingPlan | None = None
     entities: dict[str, EntityTable] = Field(default_factory=dict)
+    # Per group of the aggregations' spec, its daily snapshots.
+    aggregations: dict[str, AggregationTable] = Field(default_factory=dict)
     outputs: dict[str, str] = Field(default_factory=dict)
     artifacts: dict[str, Any] = Field(default_factory=dict)
     timings_s: dict[str, float] = Field(default_factory=dict)

@@ -36,6 +36,7 @@ from featureline.core.errors import ConfigError
 from featureline.core.events import REASONS, LabelSpec
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
+    AGGREGATIONS_DIR,
     EVENT_TIMESTAMP,
     FORMAT_VERSION,
     METADATA_FILE,
@@ -44,7 +45,7 @@ from featureline.core.metadata import (
     Metadata,
 )
 from featureline.etl import ingest, stages
-from featureline.etl.aggregations import output_tiles, rule_column
+from featureline.etl.aggregations import group_snapshots, output_tiles, rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
@@ -453,6 +454,24 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path) -> dict[st
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
 
 
+def _write_group_snapshots(events: DataFrame, config: EtlConfig, staging: Path
+                           ) -> dict[str, Any]:
+    """Each group's daily snapshots (``aggregations/<group>``): what Feast's offline store
+    joins (docs/ARCHITECTURE.md, "Features as definitions")."""
+    events = with_time_key(events)
+    numeric = config.event_contract().numeric
+    tables = {}
+    for group in config.aggregations:
+        frame = group_snapshots(events, group, numeric)
+        relative = f"{AGGREGATIONS_DIR}/{group.name}"
+        write_parquet(frame.orderBy(EVENT_TIMESTAMP, *group.keys), staging / relative,
+                      files=None)
+        tables[group.name] = {"path": relative, "keys": _schema(frame, list(group.keys)),
+                              "timestamp_field": EVENT_TIMESTAMP,
+                              "features": _schema(frame, [f.output for f in group.outputs()])}
+    return tables
+
+
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
                     path: Path) -> dict[str, Any]:
     categorify = pipeline.op(Categorify)
@@ -595,7 +614,8 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.ENTITIES) as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
                 tiles = _write_tiles(events, config, staging)
-                stage.summary = ", ".join(entities) + (
+                snapshots = _write_group_snapshots(events, config, staging)
+                stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} aggregations" if tiles else "")
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
@@ -614,6 +634,9 @@ def run(config: EtlConfig, spark: SparkSession,
             if tiles:
                 metadata["tiles"] = tiles
                 metadata["outputs"][TILES_DIR] = TILES_DIR
+            if snapshots:
+                metadata["aggregations"] = snapshots
+                metadata["outputs"][AGGREGATIONS_DIR] = AGGREGATIONS_DIR
             metadata["checks"] = checked.verdict()
             Metadata.parse(metadata)  # the contract holds before anything is published
             write_json(metadata, staging / METADATA_FILE)

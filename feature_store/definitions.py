@@ -3,14 +3,21 @@ tables' names, types and paths: nothing here repeats a column list.
 
 - entities ``user`` and ``item``, keyed by the raw id as it appears in the logs;
 - one source and one feature view per entity over ``entities/<entity>/`` (daily snapshots);
+- one source and one offline feature view per group of the aggregations' spec over
+  ``aggregations/<group>/`` (daily snapshots, named as the group, so ``<group>:<feature>``
+  is the same reference in Feast and in the API), its entities those of its keys (a key
+  other than ``user_id`` and ``item_id`` is an entity of its own, named as the column).
+  Online, the API serves them at the request time from the tiles (docs/ARCHITECTURE.md,
+  "Features as definitions"), not from Feast's online store;
 - feature services ``ranking`` (what a ranking request reads online) and ``training`` (what a
-  training set joins); both hold every feature of both views, so a model is trained on exactly
-  what ranking serves, and either can grow without changing the other.
+  training set joins); both hold every feature of both entity views, so a model is trained
+  on exactly what ranking serves, and either can grow without changing the other;
+  ``training`` also holds the groups keyed by ``user_id`` or ``item_id`` alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +25,7 @@ from typing import Any
 from feast import Entity, FeatureService, FeatureView, Field, FileSource, ValueType
 from feast.data_format import ParquetFormat
 from feast.data_source import DataSource
-from feast.types import Bool, Float32, Float64, Int32, Int64, String, UnixTimestamp
+from feast.types import Array, Bool, Float32, Float64, Int32, Int64, String, UnixTimestamp
 
 from featureline.core.metadata import Metadata, read_metadata
 from featureline.core.settings import duration_seconds
@@ -26,9 +33,13 @@ from featureline.feature_store.errors import FeatureStoreError
 from featureline.feature_store.settings import FeatureStoreConfig
 
 SERVICES = ("ranking", "training")
+# The services that join the groups' views too (those keyed by an entity of the views).
+WITH_GROUPS = ("training",)
 # Spark SQL type names, as metadata.json records them, to Feast's types.
 FEAST_TYPES = {"bigint": Int64, "int": Int32, "double": Float64, "float": Float32,
-               "string": String, "boolean": Bool, "timestamp": UnixTimestamp}
+               "string": String, "boolean": Bool, "timestamp": UnixTimestamp,
+               "array<string>": Array(String), "array<bigint>": Array(Int64),
+               "array<double>": Array(Float64)}
 KEY_TYPES = {"string": ValueType.STRING, "bigint": ValueType.INT64, "int": ValueType.INT32}
 
 
@@ -46,14 +57,21 @@ class Definitions:
     sources: dict[str, DataSource]
     views: dict[str, FeatureView]
     services: dict[str, FeatureService]
+    # Per group of the aggregations' spec, its offline view.
+    group_views: dict[str, FeatureView] = field(default_factory=dict)
 
     def objects(self) -> list[Any]:
         return [*self.entities.values(), *self.sources.values(), *self.views.values(),
-                *self.services.values()]
+                *self.group_views.values(), *self.services.values()]
+
+    def join_keys(self, view: str) -> list[str]:
+        """The columns an entity row needs for the view named ``view``."""
+        by_name = {v.name: v for v in (*self.views.values(), *self.group_views.values())}
+        return [self.entities[entity].join_key for entity in by_name[view].entities]
 
     def named(self) -> dict[str, Any]:
         """Module-level names for the Feast repository file, which Feast scans with dir()."""
-        groups = (self.entities, self.sources, self.views, self.services)
+        groups = (self.entities, self.sources, self.views, self.group_views, self.services)
         return {f"{type(obj).__name__.lower()}_{name}": obj
                 for group in groups for name, obj in group.items()}
 
@@ -61,12 +79,12 @@ class Definitions:
         return self.output / self.metadata.entities[entity].path
 
 
-def _feast_type(entity: str, column: str, dtype: str) -> Any:
+def _feast_type(where: str, column: str, dtype: str) -> Any:
     try:
         return FEAST_TYPES[dtype]
     except KeyError:
         raise FeatureStoreError(
-            f"metadata.json: entities.{entity}: column {column!r} has type {dtype!r}, "
+            f"metadata.json: {where}: column {column!r} has type {dtype!r}, "
             f"which has no Feast type (known: {', '.join(FEAST_TYPES)})") from None
 
 
@@ -102,10 +120,57 @@ def build(output: str | Path, settings: FeatureStoreConfig) -> Definitions:
         views[entity] = FeatureView(
             name=view_name(entity), entities=[entities[entity]], ttl=ttl, online=True,
             source=sources[entity],
-            schema=[Field(name=f.name, dtype=_feast_type(entity, f.name, f.dtype))
+            schema=[Field(name=f.name, dtype=_feast_type(f"entities.{entity}", f.name, f.dtype))
                     for f in table.features],
             description=f"daily {entity} snapshots; a value at t uses only events before t",
             tags={"config_hash": metadata.config_hash})
-    services = {name: FeatureService(name=name, features=list(views.values()))
-                for name in SERVICES}
-    return Definitions(output, metadata, entities, sources, views, services)
+    groups = _group_views(metadata, output, settings, ttl, entities, sources, views)
+    keyed_by_entity = [view for view in groups.values() if len(view.entities) == 1
+                       and view.entities[0] in ENTITY_KEYS]
+    services = {name: FeatureService(name=name, features=[
+        *views.values(), *(keyed_by_entity if name in WITH_GROUPS else [])])
+        for name in SERVICES}
+    return Definitions(output, metadata, entities, sources, views, services, groups)
+
+
+# The entities of the entity tables, by the raw column keying them.
+ENTITY_KEYS = ("user", "item")
+
+
+def _group_views(metadata: Metadata, output: Path, settings: FeatureStoreConfig,
+                 ttl: timedelta, entities: dict[str, Entity], sources: dict[str, DataSource],
+                 views: dict[str, FeatureView]) -> dict[str, FeatureView]:
+    """One offline view per group; its key columns' entities added to ``entities`` (an
+    entity table's where one keys by the same column)."""
+    by_key = {entity.join_key: name for name, entity in entities.items()}
+    groups: dict[str, FeatureView] = {}
+    for group, table in metadata.aggregations.items():
+        taken = {view.name for view in views.values()}
+        if group in taken:
+            raise FeatureStoreError(f"metadata.json: aggregations.{group}: a group's view has "
+                                    f"its name, and an entity view is called {group} too; "
+                                    "rename the group")
+        keyed_by = []
+        for key in table.keys:
+            name = by_key.get(key.name, key.name)
+            if name not in entities:
+                if key.dtype not in KEY_TYPES:
+                    raise FeatureStoreError(
+                        f"metadata.json: aggregations.{group}: key {key.name!r} has type "
+                        f"{key.dtype!r} (known: {', '.join(KEY_TYPES)})")
+                entities[name] = Entity(name=name, join_keys=[key.name],
+                                        value_type=KEY_TYPES[key.dtype],
+                                        description=f"a {key.name} value, as in the logs")
+                by_key[key.name] = name
+            keyed_by.append(entities[name])
+        sources[f"group_{group}"] = _source(f"{group}_snapshots", output / table.path,
+                                            table.timestamp_field, settings.offline_store)
+        groups[group] = FeatureView(
+            name=group, entities=keyed_by, ttl=ttl, online=False,
+            source=sources[f"group_{group}"],
+            schema=[Field(name=f.name, dtype=_feast_type(f"aggregations.{group}", f.name,
+                                                         f.dtype)) for f in table.features],
+            description=f"daily snapshots of the aggregations of {group}; a value at t "
+                        "uses only events before t (online: the API, at the request time)",
+            tags={"config_hash": metadata.config_hash})
+    return groups

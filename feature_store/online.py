@@ -205,6 +205,8 @@ class OnlineReader:
         check_supported(store)
         views = {}
         for view in store.list_feature_views():
+            if not view.online:  # a group's snapshots: served from its tiles
+                continue
             (entity,) = view.entity_columns
             views[view.name] = ViewLayout(
                 name=view.name, join_key=entity.name, value_type=entity.dtype.to_value_type(),

@@ -68,9 +68,8 @@ def _entity_rows(repo: FeatureRepo, service: FeatureService, path: Path) -> pd.D
     if not path.exists():
         raise EntityRowsError(str(path), "no such file or folder")
     rows = pq.read_table(path).to_pandas()
-    views = {p.name for p in service.feature_view_projections}
-    keys = [view.entities[0] for view in repo.definitions.views.values() if view.name in views]
-    join_keys = [repo.definitions.entities[name].join_key for name in keys]
+    join_keys = list(dict.fromkeys(key for p in service.feature_view_projections
+                                   for key in repo.definitions.join_keys(p.name)))
     missing = [c for c in (*join_keys, EVENT_TIMESTAMP) if c not in rows.columns]
     if missing:
         raise EntityRowsError(str(path), f"missing column(s) {', '.join(missing)} "
