@@ -82,6 +82,11 @@ class Activity:
             self.answered.set()
 
 
+def _request_time(result: OnlineFeatures) -> int:
+    """The row's request time (µs): the one its aggregations were merged at, or now."""
+    return result.at_us if result.at_us is not None else int(time.time() * 1_000_000)
+
+
 def sampled(key: Any, sample: float) -> bool:
     """Whether ``key``'s requests are logged at ``sample``: the same answer in every process."""
     if sample >= 1.0:
@@ -96,13 +101,16 @@ class FeatureLogger:
     def __init__(self, config: FeatureLoggingConfig,
                  features: Mapping[str, tuple[str, pa.DataType]], view_keys: Mapping[str, str],
                  versions: Callable[[], tuple[str, str]],
-                 activity: Activity | None = None) -> None:
+                 activity: Activity | None = None,
+                 aggregations: tuple[Mapping[str, tuple[str, pa.DataType]],
+                                     Mapping[str, str]] = ({}, {})) -> None:
         assert config.path is not None
         self.config = config
         self.folder = Path(config.path)
-        self.schema = log_schema(features)
-        self.view_of = {name: view for name, (view, _) in features.items()}
-        self.view_keys = dict(view_keys)  # view → its join key
+        grouped, group_keys = aggregations  # feature_store.feature_log.logged_aggregations
+        self.schema = log_schema(features, grouped)
+        self.view_of = {name: view for name, (view, _) in {**features, **grouped}.items()}
+        self.view_keys = {**view_keys, **group_keys}  # view or group → its join key
         self.versions = versions  # () → (dataset version, embedding versions as JSON)
         self.activity = activity or Activity()
         # Appended by request threads without waking the background thread (a deque's
@@ -131,13 +139,14 @@ class FeatureLogger:
             rows = [row for row, key in enumerate(sampling) if sampled(key, self.config.sample)]
             if not rows:
                 return
-        self._put(("features", service, time.time(), keys, result, rows))
+        self._put(("features", service, _request_time(result), keys, result, rows))
 
     def log_ranking(self, user: Any, items: Sequence[Any], result: OnlineFeatures) -> None:
         """A ranking request (``result`` read for one user and the candidates): the user's
         row and one row per candidate."""
         if sampled(user, self.config.sample):
-            self._put(("ranking-inputs", "ranking", time.time(), user, items, result))
+            self._put(("ranking-inputs", "ranking", _request_time(result), user, items,
+                       result))
 
     def _put(self, request: tuple[Any, ...]) -> None:
         if len(self.queue) >= self.config.queue_requests:
@@ -218,7 +227,7 @@ class FeatureLogger:
                     return [*column, *nothing]
                 return [None, *column]
 
-            # The views' features (the aggregations are not logged yet).
+            # The views' features and the aggregations keyed by the user or the item.
             logged = [name for name in result.names if name in self.view_of]
             values = {name: spread(result.values[name], self.view_of[name]) for name in logged}
             status = {name: spread(result.status[name], self.view_of[name]) for name in logged}
@@ -233,7 +242,7 @@ class FeatureLogger:
             n = len(next(iter(keys.values())))
         self._number += 1
         constants = {"request_id": f"{self.worker}-{self._number}",
-                     "request_time": int(at * 1_000_000), "endpoint": endpoint,
+                     "request_time": at, "endpoint": endpoint,
                      "service": service, "dataset_version": versions[0],
                      "embedding_versions": versions[1]}
         missing = [None] * n

@@ -25,7 +25,11 @@ from featureline.core.drift import METRICS_FILE as CHECKS_METRICS
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
-from featureline.feature_store.feature_log import REPORT_METRICS, feature_types
+from featureline.feature_store.feature_log import (
+    REPORT_METRICS,
+    feature_types,
+    logged_aggregations,
+)
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
@@ -162,7 +166,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
             config.api.feature_logging, feature_types(repo.definitions.views),
             {name: layout.join_key for name, layout in reader.views.items()},
             lambda: (services.dataset_version, json.dumps(embedding_versions(services))),
-            services.activity)
+            services.activity, logged_aggregations(repo.definitions.group_views,
+                                                   repo.definitions.join_keys))
         metrics.watch_feature_log(services.feature_log)
         metrics.watch_report(Path(config.api.feature_logging.path) / REPORT_METRICS)
     if cache is not None:

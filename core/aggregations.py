@@ -26,13 +26,13 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from featureline.core.events import EventContract, LabelSpec, parse_rule
+from featureline.core.events import EventContract, LabelSpec, matcher, parse_rule
 from featureline.core.settings import Settings, duration_seconds
 
 ALL = "all"
@@ -522,6 +522,29 @@ def event_value(feature: FeatureSpec, event: Mapping[str, Any]) -> Any:
     """What the feature reads of an event: its column's value (None: skipped); ``True`` for
     a count without a column."""
     return True if feature.column is None else event.get(feature.column)
+
+
+def event_filter(feature: FeatureSpec, contract: EventContract
+                 ) -> Callable[[Mapping[str, Any]], bool] | None:
+    """Whether an event (its columns and ``label``) counts for ``feature``: its filter, as
+    the backfill's ``rule_column`` reads it; None: every event counts."""
+    if feature.filter is None:
+        return None
+    rule = feature.rule()
+    if rule is None:  # "label"
+        return lambda event: bool(event.get(LABEL))
+    return matcher(rule, contract)
+
+
+def value_at(feature: AggregateFeature, events: Iterable[tuple[int, Mapping[str, Any]]],
+             t: int, keeps: Callable[[Mapping[str, Any]], bool] | None = None) -> Any:
+    """The rule of time's value at ``t`` (µs) over one key's events (ts µs, columns), read
+    event by event — the definition itself, which ``featureline consistency`` compares the
+    served values with; ``keeps``: :func:`event_filter`'s."""
+    operation = feature.operation()
+    return operation.finish(fold(operation, (
+        (ts, event_value(feature.spec, event)) for ts, event in events
+        if feature.window.covers(ts, t) and (keeps is None or keeps(event)))))
 
 
 def fold(operation: Operation, events: Iterable[tuple[int, Any]]) -> Partial:

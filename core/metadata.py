@@ -30,6 +30,10 @@ EVENT_TIMESTAMP = "event_timestamp"
 VOCABULARY_DIR = "artifacts/categorify"
 # tiles/<group>/<feature>/: Parquet, the aggregations' tiles as of the last event.
 TILES_DIR = "tiles"
+# state/events/: Parquet, the accepted events (a folder per UTC day), which an incremental
+# run reads and ``featureline consistency`` recomputes the aggregations from.
+STATE_DIR = "state"
+EVENTS_DIR = "events"
 # aggregations/<group>/: Parquet, the groups' daily snapshots (Feast's offline store).
 AGGREGATIONS_DIR = "aggregations"
 

@@ -30,7 +30,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from featureline.core.metadata import METADATA_FILE
+from featureline.core.metadata import EVENTS_DIR, METADATA_FILE, STATE_DIR
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.features.base import (
@@ -42,9 +42,7 @@ from featureline.etl.features.base import (
 )
 from featureline.etl.outputs import read_as_written, write_json, write_parquet
 
-STATE_DIR = "state"
 STATE_FILE = "state.json"
-EVENTS_DIR = "events"
 # What an incremental run writes while its features stage runs (gone before the output is).
 WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.

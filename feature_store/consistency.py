@@ -35,10 +35,14 @@ from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
-from featureline.core.metadata import read_metadata
+from featureline.core.aggregations import LABEL, GroupSpec, event_filter, value_at
+from featureline.core.metadata import EVENTS_DIR, STATE_DIR, Metadata, read_metadata
 from featureline.feature_store.definitions import build
 from featureline.feature_store.feature_log import (
+    KEYS,
     STATUS_SUFFIX,
     TIMESTAMP_SUFFIX,
     FeatureLogError,
@@ -52,8 +56,35 @@ RELATIVE_TOLERANCE = 1e-9
 METRIC_PREFIX = "featureline_consistency"
 
 
+class PushedEvent(Protocol):
+    """An archived event as the aggregations read it (stream/expected.py's ``Pushed``)."""
+
+    @property
+    def ts(self) -> int:  # µs
+        ...
+
+    @property
+    def label(self) -> int:
+        ...
+
+    @property
+    def event(self) -> dict[str, Any]:
+        ...
+
+    @property
+    def started(self) -> float | None:  # when its batch started being applied (epoch s)
+        ...
+
+    @property
+    def finished(self) -> float | None:  # and finished
+        ...
+
+
 class StreamExpectation(Protocol):
     """What the stream processor should have served (stream/expected.py)."""
+
+    def pushed_events(self) -> Sequence[PushedEvent]:
+        """Every archived event once."""
 
     def keys(self, entity: str) -> set[str]:
         """The entity's ids (as logged) that streamed events touched."""
@@ -197,10 +228,101 @@ def check_consistency(log: str | Path, output: str | Path, settings: FeatureStor
         for name in names:
             numeric = types[name] in ("INT32", "INT64", "FLOAT", "DOUBLE")
             reports.append(_feature(connection, entity, name, numeric, top))
+    reports += _aggregations(connection, metadata, columns, expected, top)
     if not reports:
         raise FeatureLogError(str(log), "its rows hold none of the output's features")
     return ConsistencyReport(str(log), str(output), metadata.dataset_version, rows, reports,
                              max_mismatch)
+
+
+def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
+                  columns: set[str], expected: StreamExpectation | None, top: int
+                  ) -> list[FeatureConsistency]:
+    """The logged aggregations (``<group>:<feature>``, of the groups keyed by ``user_id`` or
+    ``item_id`` alone) against the rule of time at each row's request time, read event by
+    event from the output's accepted events and, given the archive, the pushed events from
+    the output's cut that the processor had applied by then (a row is unsettled while one of
+    its key's was being applied). A key without events has a value (0, or none for a mean):
+    it is compared as any other. Rows before the cut were served from an earlier output and
+    are left out."""
+    info = metadata.tiles
+    if info is None or metadata.events is None:
+        return []
+    reports = []
+    for group in info.groups:
+        key = group.keys[0]
+        outputs = [f for f in group.outputs() if f.qualified in columns
+                   and f"{f.qualified}{STATUS_SUFFIX}" in columns]
+        if len(group.keys) != 1 or key not in KEYS or key not in columns or not outputs:
+            continue
+        asked = " OR ".join(f"{quoted(f.qualified + STATUS_SUFFIX)} IS NOT NULL"
+                            for f in outputs)
+        logged = connection.execute(
+            f"SELECT {key} AS __key, row_number() OVER () AS __row, "
+            "epoch_us(request_time) AS __time, "
+            + ", ".join(f"{quoted(f.qualified)} AS {quoted('served:' + f.qualified)}, "
+                        f"{quoted(f.qualified + STATUS_SUFFIX)} AS "
+                        f"{quoted('status:' + f.qualified)}" for f in outputs)
+            + f" FROM log WHERE {key} IS NOT NULL AND ({asked}) AND epoch_us(request_time) >= "
+            f"{info.cut_us}").fetch_arrow_table()
+        wanted = set(logged["__key"].to_pylist())
+        batch = _accepted_events(metadata, group, wanted)
+        pushed: dict[str, list[PushedEvent]] = {}
+        for event in expected.pushed_events() if expected is not None else ():
+            value = event.event.get(key)
+            if event.ts >= info.cut_us and value is not None and str(value) in wanted:
+                pushed.setdefault(str(value), []).append(event)
+        keeps = {f.qualified: event_filter(f.spec, metadata.events) for f in outputs}
+        offline: dict[str, list[Any]] = {f.qualified: [] for f in outputs}
+        settled, streamed = [], []
+        for own_key, t in zip(logged["__key"].to_pylist(), logged["__time"].to_pylist(),
+                              strict=True):
+            moment = t / 1_000_000
+            events = list(batch.get(own_key, ()))
+            unsettled = False
+            for event in pushed.get(own_key, ()):
+                if (event.started is None or event.finished is None
+                        or event.started <= moment < event.finished):
+                    unsettled = True
+                elif event.finished <= moment:
+                    events.append((event.ts, {**event.event, LABEL: event.label}))
+            streamed.append(own_key in pushed)
+            settled.append(not unsettled)
+            for feature in outputs:
+                offline[feature.qualified].append(
+                    None if unsettled else value_at(feature, events, t, keeps[feature.qualified]))
+        table = logged.append_column("__settled", pa.array(settled)).append_column(
+            "__streamed", pa.array(streamed)).append_column(
+            "__offline", pa.array(settled))
+        for feature in outputs:
+            served = logged.schema.field(f"served:{feature.qualified}").type
+            table = table.append_column(f"offline:{feature.qualified}",
+                                        pa.array(offline[feature.qualified], served))
+        connection.register("__aggregations", table)
+        connection.execute("CREATE OR REPLACE TEMP TABLE joined AS SELECT * FROM __aggregations")
+        connection.unregister("__aggregations")
+        for feature in outputs:
+            served = logged.schema.field(f"served:{feature.qualified}").type
+            numeric = pa.types.is_integer(served) or pa.types.is_floating(served)
+            reports.append(_feature(connection, group.name, feature.qualified, numeric, top,
+                                    defined=True))
+    return reports
+
+
+def _accepted_events(metadata: Metadata, group: GroupSpec, keys: set[str]
+                     ) -> dict[str, list[tuple[int, dict[str, Any]]]]:
+    """The output's accepted events of ``keys`` (the group's one key column, as text), as
+    (ts µs, the columns the group reads and ``label``)."""
+    key = group.keys[0]
+    read = sorted({key, "ts", LABEL, *(c for f in group.features for c in f.columns())})
+    folder = Path(metadata.folder or ".") / STATE_DIR / EVENTS_DIR
+    table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(
+        columns=read, filter=pc.field(key).cast(pa.string()).isin(sorted(keys)))
+    times = table["ts"].cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
+    by_key: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for ts, row in zip(times, table.to_pylist(), strict=True):
+        by_key.setdefault(str(row[key]), []).append((ts, row))
+    return by_key
 
 
 def _settle(connection: duckdb.DuckDBPyConnection, entity: str, names: list[str],
@@ -234,13 +356,21 @@ def _settle(connection: duckdb.DuckDBPyConnection, entity: str, names: list[str]
 
 
 def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, numeric: bool,
-             top: int) -> FeatureConsistency:
+             top: int, defined: bool = False) -> FeatureConsistency:
+    """``defined``: every key has a value (an aggregation: a key without events reads the
+    value of none, served ``not_found``), so a row is compared whatever its status, a
+    missing value equal to a missing one."""
     served, status, offline = (quoted(f"{part}:{name}") for part in ("served", "status",
                                                                       "offline"))
     present = f"{status} = 'present'"
     expected = f"(__offline AND {offline} IS NOT NULL)"
     differs = (f"abs({served} - {offline}) > {RELATIVE_TOLERANCE} * greatest(1, abs({offline}))"
                if numeric else f"{served} IS DISTINCT FROM {offline}")
+    if defined:
+        present, expected = f"{status} IS NOT NULL", "__offline"
+        if numeric:
+            differs = (f"({served} IS NULL) <> ({offline} IS NULL) OR coalesce({differs}, "
+                       "FALSE)")
     kind = (f"CASE WHEN {status} IS NULL THEN NULL WHEN __streamed AND NOT __settled "
             "THEN 'unsettled' "
             f"WHEN {present} AND {expected} THEN (CASE WHEN {differs} THEN 'mismatch' "

@@ -7,13 +7,15 @@ One Parquet row per entity row served. Columns: ``request_id``, ``request_time``
 vocabulary version), the join keys (text; null where the row has none), per feature view
 ``<view>__timestamp`` (the served row's event timestamp: the batch snapshot's, or the stream
 processor's), and per feature of the repository its value and ``<feature>__status``
-(present / not_found / outside_ttl; null where the row did not ask for it). Files are
+(present / not_found / outside_ttl; null where the row did not ask for it) — the
+aggregations of the groups keyed by ``user_id`` or ``item_id`` alone too, as
+``<group>:<feature>`` (no timestamp: each is its value at the request time). Files are
 published whole under ``date=YYYY-MM-DD/`` folders; hidden names are files being written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,25 @@ def feature_types(views: Mapping[str, Any]) -> dict[str, tuple[str, pa.DataType]
             for view in views.values() for field in view.features}
 
 
-def log_schema(features: Mapping[str, tuple[str, pa.DataType]]) -> pa.Schema:
-    """The log's columns for the repository's features (name → its view and Arrow type)."""
+def logged_aggregations(group_views: Mapping[str, Any], join_keys: Callable[[str], list[str]]
+                        ) -> tuple[dict[str, tuple[str, pa.DataType]], dict[str, str]]:
+    """The aggregations the log holds — those of the groups keyed by one of ``KEYS`` alone —
+    as ``<group>:<feature>`` → its group and Arrow type; and each such group's key."""
+    features, keys = {}, {}
+    for group, view in group_views.items():
+        (key, *more) = join_keys(group)
+        if more or key not in KEYS:
+            continue
+        keys[group] = key
+        features.update({f"{group}:{field.name}": (group, feast_value_type_to_pa(
+            field.dtype.to_value_type())) for field in view.features})
+    return features, keys
+
+
+def log_schema(features: Mapping[str, tuple[str, pa.DataType]],
+               aggregations: Mapping[str, tuple[str, pa.DataType]] | None = None) -> pa.Schema:
+    """The log's columns for the repository's features (name → its view and Arrow type) and
+    ``aggregations`` (the same of :func:`logged_aggregations`, without a timestamp)."""
     fields = [pa.field("request_id", pa.string()),
               pa.field("request_time", pa.timestamp("us", tz="UTC")),
               pa.field("endpoint", pa.string()), pa.field("service", pa.string()),
@@ -52,7 +71,7 @@ def log_schema(features: Mapping[str, tuple[str, pa.DataType]]) -> pa.Schema:
               *(pa.field(key, pa.string()) for key in KEYS)]
     for view in dict.fromkeys(view for view, _ in features.values()):
         fields.append(pa.field(f"{view}{TIMESTAMP_SUFFIX}", pa.timestamp("s", tz="UTC")))
-    for name, (_, dtype) in features.items():
+    for name, (_, dtype) in {**features, **(aggregations or {})}.items():
         fields += [pa.field(name, dtype), pa.field(f"{name}{STATUS_SUFFIX}", pa.string())]
     return pa.schema(fields)
 

@@ -139,6 +139,8 @@ class OnlineFeatures:
     values: dict[str, list[Any]]
     status: dict[str, list[Status]]
     timestamps: dict[str, list[int | None]] = field(default_factory=dict)
+    # The request time (µs) the aggregations were merged at; None: none asked for.
+    at_us: int | None = None
 
 
 # Feast settings that change where or how values are stored, which this reader does not
@@ -359,6 +361,8 @@ class OnlineReader:
         tiles, as ``<group>:<feature>``; a key without tiles reads the value of no events,
         ``not_found``."""
         t = self.clock()
+        if wanted:
+            result.at_us = t
         start = 0
         for group, by_row, distinct in plan:
             stored = answers[start:start + len(distinct)]

@@ -19,13 +19,13 @@ import bisect
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from featureline.core.events import event_digest, labeler
+from featureline.core.events import event_digest, labeler, micros_of, parse_timestamp
 from featureline.core.metadata import encoded_name, present, read_metadata
 from featureline.stream.processor import (
     ENTITIES,
@@ -41,6 +41,17 @@ from featureline.stream.processor import (
 Applied = tuple[int, int, float | None, float | None]
 
 
+class Pushed(NamedTuple):
+    """An archived event as the aggregations read it: its time (µs), label and columns,
+    and when its batch started and finished being applied (None: not recorded)."""
+
+    ts: int
+    label: int
+    event: dict[str, Any]
+    started: float | None
+    finished: float | None
+
+
 class ArchivedStream:
     """The events a stream archive holds, per entity, with their batches' times."""
 
@@ -50,6 +61,8 @@ class ArchivedStream:
         self.recent_days = contract.recent_days
         label = labeler(contract)
         self.events: dict[str, dict[str, list[Applied]]] = {e: {} for e in ENTITIES}
+        # Every archived event once, for the aggregations (``pushed``).
+        self.pushed: list[Pushed] = []
         seen: set[bytes] = set()
         folder = Path(archive)
         files = sorted(folder.glob("events-*.jsonl")) + sorted(folder.glob(".events-*.jsonl"))
@@ -62,6 +75,10 @@ class ArchivedStream:
                     continue
                 seen.add(digest)
                 event = orjson.loads(line)
+                moment = parse_timestamp(event["ts"], "auto")  # as the processor reads it
+                if moment is not None:
+                    self.pushed.append(Pushed(micros_of(moment), int(label(event)), event,
+                                              started, finished))
                 day = day_of(datetime.fromisoformat(event["ts"]).astimezone(timezone.utc))
                 for entity, key in ENTITIES.items():
                     self.events[entity].setdefault(str(event[key]), []).append(
@@ -87,6 +104,10 @@ class ArchivedStream:
     def keys(self, entity: str) -> set[str]:
         """The entity's ids (as text) the archived events touched."""
         return set(self.events[entity])
+
+    def pushed_events(self) -> list[Pushed]:
+        """Every archived event once (exact duplicates dropped), in the archive's order."""
+        return self.pushed
 
     def expected(self, entity: str, keys: Sequence[str], times: Sequence[datetime]
                  ) -> list[dict[str, Any] | None]:

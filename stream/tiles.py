@@ -35,10 +35,11 @@ from featureline.core.aggregations import (
     LABEL,
     AggregateFeature,
     GroupSpec,
+    event_filter,
     event_value,
     tile_start,
 )
-from featureline.core.events import EventContract, matcher
+from featureline.core.events import EventContract
 from featureline.feature_store.tiles import (
     KeyTiles,
     decode_key_tiles,
@@ -123,8 +124,8 @@ class StreamTiles:
         """The spec, generation and cut of the publication served now; every streamed key
         of another generation is moved to this one."""
         self.groups = {group.name: group for group in groups}
-        self.outputs = {group.name: {f.output: _Output(f, self._filter(f)) for f in
-                                     group.outputs()} for group in groups}
+        self.outputs = {group.name: {f.output: _Output(f, event_filter(f.spec, self.contract))
+                                     for f in group.outputs()} for group in groups}
         self.columns = {group.name: {c for f in group.features for c in f.columns()} - {LABEL}
                         for group in groups}
         self.generation, self.cut_us = generation, cut_us
@@ -137,13 +138,6 @@ class StreamTiles:
             for low in range(0, len(keys), TRANSACTION_KEYS):
                 self._apply(group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]})
 
-    def _filter(self, feature: AggregateFeature) -> Callable[[Mapping[str, Any]], bool] | None:
-        if feature.spec.filter is None:
-            return None
-        rule = feature.spec.rule()
-        if rule is None:  # "label"
-            return lambda event: bool(event.get(LABEL))
-        return matcher(rule, self.contract)
 
     def add(self, events: Sequence[tuple[bytes, int, int, Mapping[str, Any]]]) -> int:
         """Add ``(digest, ts µs, label, event)`` to their keys' tiles, each event once; how

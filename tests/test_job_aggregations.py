@@ -486,3 +486,72 @@ def test_pushed_events_reach_the_served_aggregations_once(aggregated, tmp_path, 
         assert reader.generation != replaced.generation
         check()
         assert reader.generation == replaced.generation
+
+
+def test_consistency_checks_the_served_aggregations_against_the_definition(
+        aggregated, tmp_path, redis_server):
+    """The API logs the aggregations of the user group (/v1/features and ranking inputs,
+    each at its request time); `featureline consistency` recomputes each row's values from
+    the output's events and the stream's archive — the pushed events applied before the row
+    only — and finds every one equal (rows read before and after the push, keys that had no
+    events); without the archive the rows after the push differ."""
+    import time
+    from datetime import datetime, timedelta
+
+    from fastapi.testclient import TestClient
+
+    from featureline.api.app import create_app
+    from featureline.feature_store.consistency import check_consistency
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.repo import open_repo
+    from featureline.stream.expected import ArchivedStream
+    from featureline.stream.processor import open_processor
+    from tests.feast_data import copy_project, fresh_db
+
+    result, config = aggregated
+    output, log, archive = result.output, tmp_path / "log", tmp_path / "archive"
+    project = copy_project(tmp_path, ttl="3650d", stream={"archive": str(archive)},
+                           api={"auth": {"enabled": False}, "data": str(output),
+                                "feature_cache": {"ttl_s": 0},
+                                "feature_logging": {"path": str(log), "roll_s": 0.2}})
+    url = fresh_db(redis_server, 12)
+    publish(open_repo(project.feature_store, output, url=url), progress=lambda _: None)
+    processor = open_processor(project.stream, project.feature_store, output, url=url,
+                               consumer="consistency")
+    events = _table(output, "state/events")
+    users = sorted({e["user_id"] for e in events})[:3]
+    now = datetime.now(timezone.utc)
+    pushed = [{"user_id": user, "item_id": f"i{n}", "event_type": "purchase",
+               "ts": (now - timedelta(minutes=5 + n)).isoformat(), "value": 1.5 + n,
+               "category": "c1", "device": "mobile", "price": 4.0}
+              for n, user in enumerate([*users[:2], "new-user"])]
+    features = [f.qualified for f in config.aggregations[0].outputs()]
+    asked = {"features": features, "entities": {"user_id": [*users, "new-user", "nobody"]}}
+    app = create_app(project.serving(), output=output, redis_url=url)
+    with TestClient(app) as api:
+        before = api.post("/v1/features", json=asked).json()
+        assert api.post("/v1/push", json={"events": pushed}).json()["accepted"] == 3
+        processor.refresh_base()
+        assert processor.process(processor.log.read(processor.consumer, 100, 0.5)) == 3
+        time.sleep(0.01)  # the requests after the batch was applied
+        after = api.post("/v1/features", json=asked).json()
+        ranking = api.post("/v1/ranking-inputs", json={"user_id": users[0],
+                                                        "item_ids": ["i1"]})
+        assert ranking.status_code == 200
+    assert after["values"]["user_activity:count_1h"][:3] == [1, 1, 0]
+    assert before["values"]["user_activity:count_1h"][:3] == [0, 0, 0]
+    report = check_consistency(log, output, project.feature_store,
+                               expected=ArchivedStream(archive, output))
+    checked = {f.feature: f for f in report.features if f.feature in features}
+    assert set(checked) == set(features)
+    for name, feature in checked.items():
+        # Both requests of 5 users, and the ranking request's user row.
+        assert feature.compared == 11 and feature.unsettled == 0, feature
+        assert feature.mismatch == feature.missing == feature.extra == 0, feature
+        # Every row of a key the stream touched: 3 before the push, 3 after, the ranking one.
+        assert feature.streamed == 7, feature
+    unarchived = {f.feature: f for f in check_consistency(
+        log, output, project.feature_store).features}
+    # Without the archive, the 4 rows served after the push differ from the batch alone.
+    assert unarchived["user_activity:count_1h"].mismatch == 4
+    assert unarchived["user_activity:value_sum_all"].mismatch == 4
