@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from featureline.core.aggregations import (
     HLL_ALPHA,
@@ -54,6 +55,9 @@ _RANK = "_agg_rank"
 # last_k: an event's latest pairs up to itself, and its place in (ts, value) order.
 _PAIRS = "_agg_pairs"
 _SEQ = "_agg_seq"
+# last_k reads its k latest pairs with one lag each up to this k (the RAPIDS Accelerator
+# runs lags; a collect_list over a frame only when told to), a frame's list beyond it.
+LAGGED_UP_TO_K = 32
 
 # The operations that keep values in (ts, value) order: what they read may carry more.
 ORDERED = ("last", "last_k")
@@ -120,7 +124,10 @@ OPERATIONS: dict[str, SparkOperation] = {
         finish=lambda c, k: c("m")),
     "last": SparkOperation(
         state=lambda v: {"p": _pair(v)},
-        merge=lambda c: {"p": (F.max(c("p")), _same)},
+        # The greatest pair of a group (never empty): the RAPIDS Accelerator runs no maximum
+        # of a struct, but sorts a list of them.
+        merge=lambda c: {"p": (F.collect_list(c("p")),
+                               lambda pairs: F.sort_array(pairs, asc=False)[0])},
         combine=lambda a, b: {"p": F.greatest(a("p"), b("p"))},
         finish=lambda c, k: c("p")["v"]),
     "last_k": SparkOperation(
@@ -177,7 +184,7 @@ def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
     events' plan is read once per hop, not once per output."""
     keys = list(group.keys)
     outputs = group.outputs()
-    own_plan = {"approx_distinct": _distinct_at, "last_k": _last_k_at}
+    own_plan = {"approx_distinct": _distinct_at, "last": _latest_at, "last_k": _latest_at}
     framed = [f for f in outputs if f.spec.op not in own_plan]
     at = _framed_values(events, anchors, keys, framed, numeric, values or {}) if framed \
         else anchors
@@ -373,19 +380,38 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         0, subset=[feature.column_name])
 
 
-def _last_k_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
-                feature: AggregateFeature, value: Column) -> DataFrame:
-    """last_k in memory bounded by ``k``, not by the frame: each event carries its ``k``
-    latest pairs up to itself (a frame of ``k`` rows in (ts, value) order), an anchor takes
-    those of the latest event before it (the last non-null over its key's rows so far), and
-    a window keeps the ones from its start. The ``k`` latest of ``[start, t)`` are those of
-    the ``k`` latest before ``t`` at or after ``start``: any later event is in the window too."""
+def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
+               feature: AggregateFeature, value: Column) -> DataFrame:
+    """last and last_k, in memory bounded by ``k`` (1 for last), not by the frame: each
+    event carries its key's ``k`` latest (ts, value) pairs up to itself (a frame of ``k``
+    rows in (ts, value) order; last: the event's own pair), an anchor takes those of the
+    latest event before it (the last non-null over its key's rows so far), and a window
+    keeps the ones from its start. The ``k`` latest of ``[start, t)`` are those of the ``k``
+    latest before ``t`` at or after ``start``: any later event is in the window too."""
     k = feature.spec.k or 1
-    ordered = Window.partitionBy(*keys).orderBy(_PAIRS)  # (ts, value)
-    rows = kept.select(*keys, TS_MICROS, _pair(value).alias(_PAIRS)).select(
+    many = feature.spec.op == "last_k"
+    paired = kept.select(*keys, TS_MICROS, _pair(value).alias(_PAIRS))
+    # (ts, value) order, by plain columns (the RAPIDS Accelerator orders no window by a
+    # struct): a value read as a struct (the raw value and its id) by its fields.
+    pair_type = paired.schema[_PAIRS].dataType
+    assert isinstance(pair_type, StructType)
+    read = pair_type["v"].dataType
+    fields = ([F.col(f"{_PAIRS}.v.{name}") for name in read.fieldNames()]
+              if isinstance(read, StructType) else [F.col(f"{_PAIRS}.v")])
+    ordered = Window.partitionBy(*keys).orderBy(TS_MICROS, *fields)
+    if many and k <= LAGGED_UP_TO_K:
+        # Newest first: the event's pair, then the k − 1 before it (one lag each; none
+        # before the key's first event).
+        pairs = F.filter(F.array(F.col(_PAIRS), *(F.lag(_PAIRS, offset).over(ordered)
+                                                   for offset in range(1, k))),
+                         lambda pair: pair.isNotNull())
+    elif many:
+        pairs = F.reverse(F.collect_list(_PAIRS).over(ordered.rowsBetween(-(k - 1), 0)))
+    else:
+        pairs = F.col(_PAIRS)
+    rows = paired.select(
         *keys, TS_MICROS, F.col(TS_MICROS).alias(_AT), F.lit(_EVENT).alias(_KIND),
-        F.collect_list(_PAIRS).over(ordered.rowsBetween(-(k - 1), 0)).alias(_PAIRS),
-        F.row_number().over(ordered).alias(_SEQ))
+        pairs.alias(_PAIRS), F.row_number().over(ordered).alias(_SEQ))
     union = rows.unionByName(anchors.select(
         *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND)),
         allowMissingColumns=True)
@@ -394,14 +420,19 @@ def _last_k_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         Window.unboundedPreceding, 0)
     latest = F.last(_PAIRS, ignorenulls=True).over(so_far)
     window = feature.window
+    start = None
     if window.seconds is not None and window.hop is not None:
         # core.aggregations.Window.start: t − window, down to a multiple of the hop.
         back = F.col(TS_MICROS) - window.seconds * MICROS
         start = back - F.pmod(back, F.lit(window.hop * MICROS))
-        latest = F.filter(latest, lambda pair: pair["ts"] >= start)
-    newest_first = F.sort_array(F.coalesce(latest, F.array()), asc=False)
-    return union.select(*keys, TS_MICROS, _KIND, F.transform(
-        newest_first, lambda pair: pair["v"]).alias(feature.column_name)).where(
+    if many:
+        if start is not None:
+            latest = F.filter(latest, lambda pair: pair["ts"] >= start)
+        newest_first = F.coalesce(latest, F.array())
+        values = F.transform(newest_first, lambda pair: pair["v"])
+    else:
+        values = latest["v"] if start is None else F.when(latest["ts"] >= start, latest["v"])
+    return union.select(*keys, TS_MICROS, _KIND, values.alias(feature.column_name)).where(
         F.col(_KIND) == _ANCHOR).drop(_KIND)
 
 

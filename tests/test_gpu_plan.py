@@ -153,6 +153,9 @@ aggregations:
       - {op: min, column: price, windows: [1d]}
       - {op: max, column: value, windows: [10m], hop: 1m}
       - {op: approx_distinct, column: category, windows: [7d]}
+      - {op: last, column: category, windows: [1d]}
+      - {op: last_k, column: item_id, k: 3}
+      - {op: last_k, column: item_id, k: 2, windows: [1d]}
   - name: item_category
     keys: [item_id, category]
     features:
@@ -163,8 +166,8 @@ aggregations:
 
 @pytest.fixture(scope="module")
 def gpu_plan_bench(small_log):
-    """benchmarks/bench_gpu_plan.py once, on the small log with every planned operation of
-    the aggregations' backfill (last and last_k are not yet: docs/features.md): its timings
+    """benchmarks/bench_gpu_plan.py once, on the small log with every operation of the
+    aggregations' backfill (last_k over the lifetime and over a window): its timings
     for the benchmark's smoke test, its check's own report for the plan test — one plugin
     run serves both (it is the suite's costliest JVM)."""
     if shutil.which("java") is None:

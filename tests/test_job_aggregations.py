@@ -544,7 +544,7 @@ def test_consistency_checks_the_served_aggregations_against_the_definition(
                                expected=ArchivedStream(archive, output))
     checked = {f.feature: f for f in report.features if f.feature in features}
     assert set(checked) == set(features)
-    for name, feature in checked.items():
+    for feature in checked.values():
         # Both requests of 5 users, and the ranking request's user row.
         assert feature.compared == 11 and feature.unsettled == 0, feature
         assert feature.mismatch == feature.missing == feature.extra == 0, feature
