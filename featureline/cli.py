@@ -190,8 +190,11 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     from featureline.etl.datagen import write_log
 
     started = time.perf_counter()
-    from featureline.demo import demo_repo
+    from featureline.demo import demo_repo, stop_server
 
+    # A previous demo's API and stream processor stop first: the processor would write the
+    # events it streamed over this run's publication.
+    stop_server(Path(out) / "api.pid")
     config = demo_repo(load_config(config_path(path)), Path(out), click.echo)
     raw = Path(out) / "raw" / "events.jsonl"
     output = Path(out) / "output"

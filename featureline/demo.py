@@ -44,6 +44,7 @@ DEMO_AGGREGATIONS = """
     - {op: count, windows: [1h, 1d, 7d]}
     - {op: count, name: purchases, filter: "event_type in (purchase)", windows: [7d]}
     - {op: sum, column: value, windows: [7d]}
+    - {op: last_k, column: item_id, k: 5}
 """
 
 
@@ -341,8 +342,9 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
     before_aggregations = (_first_row(base, _aggregations_body(user, aggregated))
                            if aggregated else {})
     now = datetime.now(timezone.utc)
+    # Events of the last seconds: a log holds what happened before it is sent.
     body = {"events": [{"user_id": user, "item_id": item, "event_type": kind,
-                        "ts": (now + timedelta(seconds=i)).isoformat(), "value": 1.0}
+                        "ts": (now - timedelta(seconds=2 - i)).isoformat(), "value": 1.0}
                        for i, kind in enumerate(("view", "click", "purchase"))]}
     started = time.monotonic()
     status, text = _call(base, "POST", "/v1/push", body)
@@ -362,7 +364,7 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
     else:
         raise RuntimeError(f"pushed events were not served within {FRESH_TIMEOUT_S:.0f}s")
     if aggregated:
-        last = micros_of(now + timedelta(seconds=2))  # the last pushed event's time
+        last = micros_of(now)  # the last pushed event's time
         _show_aggregations(base, user, aggregated, before_aggregations, last, started, echo)
 
 
@@ -388,7 +390,12 @@ def _show_aggregations(base: str, user: str, features: list[AggregateFeature],
         expires = feature.window.expires(pushed_us)
         until = ("" if expires is None else " (the pushed events count until "
                  f"{datetime.fromtimestamp(expires / 1e6, timezone.utc):%Y-%m-%d %H:%M} UTC)")
-        echo(f"  {name} {before[name]} → {after[name]}{until}")
+        echo(f"  {name} {_shown(before[name])} → {_shown(after[name])}{until}")
+
+
+def _shown(value: Any) -> Any:
+    """A value as the demo prints it: a list (last_k's items) as compact JSON."""
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list) else value
 
 
 def _port_free(host: str, port: int) -> bool:

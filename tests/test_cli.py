@@ -167,6 +167,11 @@ def test_demo_command_runs_end_to_end(demo_run):
         old, arrow, new = values[f"user_activity:{name}"]
         assert (arrow, float(new)) == ("→", float(old) + added), name
     assert all("(the pushed events count until " in line for line in shown[:5])
+    # The 5 latest items: the pushed item three times, then the 2 latest before the push.
+    name, old, arrow, new = shown[5].split()
+    old, new = json.loads(old), json.loads(new)
+    assert (name, arrow, len(old), len(new)) == ("user_activity:item_id_last_k", "→", 5, 5)
+    assert new[:3] == [new[0]] * 3 and new[3:] == old[:2]
     assert metadata["tiles"]["groups"][0]["name"] == "user_activity"
     assert "authentication OFF" in result.output
 
