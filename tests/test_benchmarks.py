@@ -274,6 +274,20 @@ def test_bench_stream_smoke(aggregations):
     assert burst["stream_vs_raw"] > 0
 
 
+def test_bench_tiles_memory_smoke():
+    """bench_tiles_memory at 20,000 keys (2,000 folded): Redis grew by more than the values
+    it holds, every key there, the per-aggregation figure the per-key one over 9."""
+    report = _load("bench_tiles_memory").run(keys=20_000, small=10_000, distinct=2_000)
+    json.dumps(report)
+    full = report["full"]
+    assert full["keys"] == 20_000 and full["distinct_values"] == 2_000
+    assert full["used_memory_per_key"] > full["value_bytes_per_key"] > 100
+    assert full["memory_usage_per_key"] > full["value_bytes_per_key"]
+    assert full["used_memory_per_aggregation"] == round(
+        full["used_memory_bytes"] / 20_000 / report["aggregations"])
+    assert report["small"]["keys"] == 10_000 and report["small"]["used_memory_per_key"] > 0
+
+
 def test_bench_consistency_smoke():
     """A feature log of the snapshots' own values: no mismatch, every row compared, and the
     training-set query over the same rows timed beside it."""
