@@ -52,7 +52,7 @@ _HOP = "_agg_hop"
 _AT = "_agg_at"
 _REGISTER = "_agg_register"
 _RANK = "_agg_rank"
-# last_k: an event's latest pairs up to itself, and its place in (ts, value) order.
+# last and last_k: an event's latest pairs up to itself, its place in (ts, value) order.
 _PAIRS = "_agg_pairs"
 _SEQ = "_agg_seq"
 # last_k reads its k latest pairs with one lag each up to this k (the RAPIDS Accelerator
@@ -383,11 +383,12 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
 def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
                feature: AggregateFeature, value: Column) -> DataFrame:
     """last and last_k, in memory bounded by ``k`` (1 for last), not by the frame: each
-    event carries its key's ``k`` latest (ts, value) pairs up to itself (a frame of ``k``
-    rows in (ts, value) order; last: the event's own pair), an anchor takes those of the
-    latest event before it (the last non-null over its key's rows so far), and a window
-    keeps the ones from its start. The ``k`` latest of ``[start, t)`` are those of the ``k``
-    latest before ``t`` at or after ``start``: any later event is in the window too."""
+    event carries its key's ``k`` latest (ts, value) pairs up to itself, newest first (its
+    own pair and a lag per earlier one in (ts, value) order; last: its own pair), an anchor
+    takes those of the latest event before it (the last non-null over its key's rows so
+    far), and a window keeps the ones from its start. The ``k`` latest of ``[start, t)``
+    are those of the ``k`` latest before ``t`` at or after ``start``: any later event is in
+    the window too."""
     k = feature.spec.k or 1
     many = feature.spec.op == "last_k"
     paired = kept.select(*keys, TS_MICROS, _pair(value).alias(_PAIRS))
