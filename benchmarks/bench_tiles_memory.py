@@ -32,7 +32,13 @@ import numpy as np
 import yaml
 
 from featureline.config import parse_config
-from featureline.core.aggregations import MICROS, GroupSpec, event_filter, tiles
+from featureline.core.aggregations import (
+    MICROS,
+    GroupSpec,
+    event_filter,
+    event_value,
+    tiles,
+)
 from featureline.core.events import labeler, micros_of, parse_timestamp
 from featureline.etl.datagen import generate_events
 from featureline.feature_store.redis_server import EmbeddedRedis
@@ -55,8 +61,8 @@ def _key_tiles(group: GroupSpec, keeps: dict[str, Any], events: list[tuple[int, 
     features = {f.output: f for f in group.outputs()}
     by_output = {}
     for output, feature in features.items():
-        kept = [(ts, True if feature.spec.column is None else event.get(feature.spec.column))
-                for ts, event in events if keeps[output] is None or keeps[output](event)]
+        kept = [(ts, event_value(feature.spec, event)) for ts, event in events
+                if keeps[output] is None or keeps[output](event)]
         held = tiles(feature.operation(), feature.window, kept)
         start = feature.window.start(cut)
         by_output[output] = {tile: partial for tile, partial in held.items()

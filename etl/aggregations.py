@@ -486,31 +486,30 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
 DAY = 86_400 * MICROS
 
 
-def snapshot_anchors(events: DataFrame, group: GroupSpec) -> DataFrame:
+def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame:
     """The group's keys and the day starts (``TS_MICROS``) its values are snapshotted at,
     as the entity tables are: the day after each day a key had events, then each following
     day while an event of it can still leave a window (the longest window and its hop),
-    up to the day after the log's last event."""
+    up to the day after the log's last event (``cut``: µs, just after it)."""
     keys = list(group.keys)
     spans = [f.window.seconds + f.window.hop for f in group.outputs()
              if f.window.seconds is not None and f.window.hop is not None]
     decay_days = -(-max(spans, default=0) * MICROS // DAY)
     active = events.select(*keys, (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1)
                            .alias("_agg_after")).distinct()
-    last = events.agg(F.max(TS_MICROS)).first()
-    end = (last[0] // DAY + 1) if last and last[0] is not None else 0
+    end = (cut - 1) // DAY + 1
     days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days,
                                                   F.lit(end).cast("long")))
     return active.select(*keys, F.explode(days).alias("_agg_day")).distinct().select(
         *keys, (F.col("_agg_day") * DAY).alias(TS_MICROS))
 
 
-def group_snapshots(events: DataFrame, group: GroupSpec, numeric: Sequence[str]
+def group_snapshots(events: DataFrame, group: GroupSpec, numeric: Sequence[str], cut: int
                     ) -> DataFrame:
     """The group's outputs at its snapshot days (:func:`snapshot_anchors`) as Feast reads
     them: the keys, ``event_timestamp`` (the day's start: the values of the events before
     it) and each output by its name in the group, raw values as the API serves them."""
-    anchors = snapshot_anchors(events, group)
+    anchors = snapshot_anchors(events, group, cut)
     values = group_values(events, anchors, group, numeric)
     return values.select(
         *group.keys, F.timestamp_micros(TS_MICROS).alias(EVENT_TIMESTAMP),

@@ -454,15 +454,16 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path) -> dict[st
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
 
 
-def _write_group_snapshots(events: DataFrame, config: EtlConfig, staging: Path
+def _write_group_snapshots(events: DataFrame, config: EtlConfig, staging: Path, cut: int
                            ) -> dict[str, Any]:
-    """Each group's daily snapshots (``aggregations/<group>``): what Feast's offline store
-    joins (docs/ARCHITECTURE.md, "Features as definitions")."""
+    """Each group's daily snapshots (``aggregations/<group>``) up to the day after the last
+    event (``cut``, the tiles' one): what Feast's offline store joins (docs/ARCHITECTURE.md,
+    "Features as definitions")."""
     events = with_time_key(events)
     numeric = config.event_contract().numeric
     tables = {}
     for group in config.aggregations:
-        frame = group_snapshots(events, group, numeric)
+        frame = group_snapshots(events, group, numeric, cut)
         relative = f"{AGGREGATIONS_DIR}/{group.name}"
         write_parquet(frame.orderBy(EVENT_TIMESTAMP, *group.keys), staging / relative,
                       files=None)
@@ -614,7 +615,8 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.ENTITIES) as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
                 tiles = _write_tiles(events, config, staging)
-                snapshots = _write_group_snapshots(events, config, staging)
+                snapshots = (_write_group_snapshots(events, config, staging, tiles["cut_us"])
+                             if tiles else {})
                 stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} aggregations" if tiles else "")
             with timer(stages.ARTIFACTS):

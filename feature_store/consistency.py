@@ -299,18 +299,17 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         table = logged.append_column("__settled", pa.array(settled)).append_column(
             "__streamed", pa.array(streamed)).append_column(
             "__offline", pa.array(settled))
+        served = {f.qualified: logged.schema.field(f"served:{f.qualified}").type
+                  for f in outputs}
         for feature in outputs:
-            served = logged.schema.field(f"served:{feature.qualified}").type
-            table = table.append_column(f"offline:{feature.qualified}",
-                                        pa.array(offline[feature.qualified], served))
+            table = table.append_column(f"offline:{feature.qualified}", pa.array(
+                offline[feature.qualified], served[feature.qualified]))
         connection.register("__aggregations", table)
         connection.execute("CREATE OR REPLACE TEMP TABLE joined AS SELECT * FROM __aggregations")
         connection.unregister("__aggregations")
-        for feature in outputs:
-            served = logged.schema.field(f"served:{feature.qualified}").type
-            numeric = pa.types.is_integer(served) or pa.types.is_floating(served)
-            reports.append(_feature(connection, group.name, feature.qualified, numeric, top,
-                                    defined=True))
+        for name, kind in served.items():
+            numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
+            reports.append(_feature(connection, group.name, name, numeric, top, defined=True))
     return reports
 
 

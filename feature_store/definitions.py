@@ -126,15 +126,11 @@ def build(output: str | Path, settings: FeatureStoreConfig) -> Definitions:
             tags={"config_hash": metadata.config_hash})
     groups = _group_views(metadata, output, settings, ttl, entities, sources, views)
     keyed_by_entity = [view for view in groups.values() if len(view.entities) == 1
-                       and view.entities[0] in ENTITY_KEYS]
+                       and view.entities[0] in metadata.entities]
     services = {name: FeatureService(name=name, features=[
         *views.values(), *(keyed_by_entity if name in WITH_GROUPS else [])])
         for name in SERVICES}
     return Definitions(output, metadata, entities, sources, views, services, groups)
-
-
-# The entities of the entity tables, by the raw column keying them.
-ENTITY_KEYS = ("user", "item")
 
 
 def _group_views(metadata: Metadata, output: Path, settings: FeatureStoreConfig,
@@ -144,8 +140,8 @@ def _group_views(metadata: Metadata, output: Path, settings: FeatureStoreConfig,
     entity table's where one keys by the same column)."""
     by_key = {entity.join_key: name for name, entity in entities.items()}
     groups: dict[str, FeatureView] = {}
+    taken = {view.name for view in views.values()}
     for group, table in metadata.aggregations.items():
-        taken = {view.name for view in views.values()}
         if group in taken:
             raise FeatureStoreError(f"metadata.json: aggregations.{group}: a group's view has "
                                     f"its name, and an entity view is called {group} too; "

@@ -138,7 +138,6 @@ class StreamTiles:
             for low in range(0, len(keys), TRANSACTION_KEYS):
                 self._apply(group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]})
 
-
     def add(self, events: Sequence[tuple[bytes, int, int, Mapping[str, Any]]]) -> int:
         """Add ``(digest, ts µs, label, event)`` to their keys' tiles, each event once; how
         many (group, key) pairs were written."""
