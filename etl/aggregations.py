@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, DataType, StructType
 
 from featureline.core.aggregations import (
     HLL_ALPHA,
@@ -504,13 +504,22 @@ def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame
         *keys, (F.col("_agg_day") * DAY).alias(TS_MICROS))
 
 
-def group_snapshots(events: DataFrame, group: GroupSpec, numeric: Sequence[str], cut: int
-                    ) -> DataFrame:
-    """The group's outputs at its snapshot days (:func:`snapshot_anchors`) as Feast reads
-    them: the keys, ``event_timestamp`` (the day's start: the values of the events before
-    it) and each output by its name in the group, raw values as the API serves them."""
-    anchors = snapshot_anchors(events, group, cut)
-    values = group_values(events, anchors, group, numeric)
-    return values.select(
+def group_snapshots(values: DataFrame, snapshots: DataFrame, group: GroupSpec) -> DataFrame:
+    """The group's outputs at its snapshot days as Feast reads them, from ``values``
+    (:func:`group_values`' rows at anchors that hold the ``snapshots`` ones,
+    :func:`snapshot_anchors`): the keys, ``event_timestamp`` (the day's start: the values of
+    the events before it) and each output by its name in the group, raw values as the API
+    serves them (a value read as its raw value and its id, the raw one)."""
+    keys = [*group.keys, TS_MICROS]
+    at = values.join(snapshots.select(*keys), on=keys, how="left_semi")
+    return at.select(
         *group.keys, F.timestamp_micros(TS_MICROS).alias(EVENT_TIMESTAMP),
-        *(F.col(f.column_name).alias(f.output) for f in group.outputs()))
+        *(_raw(F.col(f.column_name), at.schema[f.column_name].dataType).alias(f.output)
+          for f in group.outputs()))
+
+
+def _raw(value: Column, read: DataType) -> Column:
+    """A value as the API serves it: of a (raw, id) pair, the raw value; of a list, each."""
+    if isinstance(read, ArrayType) and isinstance(read.elementType, StructType):
+        return F.transform(value, lambda pair: pair["raw"])
+    return value["raw"] if isinstance(read, StructType) else value

@@ -45,12 +45,13 @@ from featureline.core.metadata import (
     Metadata,
 )
 from featureline.etl import ingest, stages
-from featureline.etl.aggregations import group_snapshots, output_tiles, rule_column
+from featureline.etl.aggregations import output_tiles, rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import ENTITIES, entity_snapshots
 from featureline.etl.errors import NoInputError
+from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
     LABEL,
     MICROS,
@@ -435,14 +436,12 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
             "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}
 
 
-def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path) -> dict[str, Any] | None:
-    """The aggregations' tiles as of the last event (``tiles/<group>/<feature>``), where the
-    online store's values start (docs/ARCHITECTURE.md, "Features as definitions")."""
-    if not config.aggregations:
-        return None
+def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int
+                 ) -> dict[str, Any]:
+    """The aggregations' tiles as of ``cut`` (µs, after the last event) under
+    ``tiles/<group>/<feature>``, where the online store's values start (docs/ARCHITECTURE.md,
+    "Features as definitions")."""
     events = with_time_key(events)
-    latest = events.agg(F.max(TS_MICROS)).first()
-    cut = (latest[0] if latest and latest[0] is not None else 0) + 1
     tables = {}
     numeric = config.event_contract().numeric
     for group in config.aggregations:
@@ -454,16 +453,13 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path) -> dict[st
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
 
 
-def _write_group_snapshots(events: DataFrame, config: EtlConfig, staging: Path, cut: int
-                           ) -> dict[str, Any]:
+def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[str, Any]:
     """Each group's daily snapshots (``aggregations/<group>``) up to the day after the last
-    event (``cut``, the tiles' one): what Feast's offline store joins (docs/ARCHITECTURE.md,
-    "Features as definitions")."""
-    events = with_time_key(events)
-    numeric = config.event_contract().numeric
+    event, computed by the examples' backfill: what Feast's offline store joins
+    (docs/ARCHITECTURE.md, "Features as definitions")."""
     tables = {}
-    for group in config.aggregations:
-        frame = group_snapshots(events, group, numeric, cut)
+    for group in aggregations.groups:
+        frame = aggregations.snapshots(group)
         relative = f"{AGGREGATIONS_DIR}/{group.name}"
         write_parquet(frame.orderBy(EVENT_TIMESTAMP, *group.keys), staging / relative,
                       files=None)
@@ -614,9 +610,11 @@ def run(config: EtlConfig, spark: SparkSession,
                                      f"{len(tfrecord['files'])} files")
             with timer(stages.ENTITIES) as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
-                tiles = _write_tiles(events, config, staging)
-                snapshots = (_write_group_snapshots(events, config, staging, tiles["cut_us"])
-                             if tiles else {})
+                aggregations = pipeline.op(Aggregations)
+                tiles, snapshots = None, {}
+                if isinstance(aggregations, Aggregations):
+                    tiles = _write_tiles(events, config, staging, aggregations.cut)
+                    snapshots = _write_group_snapshots(aggregations, staging)
                 stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} aggregations" if tiles else "")
             with timer(stages.ARTIFACTS):

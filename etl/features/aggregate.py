@@ -6,7 +6,9 @@ Not an entry of ``etl.features``: the pipeline adds it after the configured ops 
 top-level spec has groups, so it reads the ids categorify assigned. Numbers are continuous
 features (counts and distinct counts with a log1p transform; a mean, minimum, maximum or last
 number can be missing); ``last`` of a text column is that column's id, ``last_k`` its ids,
-newest first and padded, sharing the column's embedding table.
+newest first and padded, sharing the column's embedding table. The same backfill computes
+each group's values at its daily snapshots' times (``etl.aggregations.snapshot_anchors``),
+which the job writes for Feast: one pass of the frames serves both.
 """
 
 from __future__ import annotations
@@ -20,7 +22,12 @@ from pyspark.sql import functions as F
 from featureline.core.aggregations import AggregateFeature, GroupSpec
 from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
-from featureline.etl.aggregations import ORDERED, group_values
+from featureline.etl.aggregations import (
+    ORDERED,
+    group_snapshots,
+    group_values,
+    snapshot_anchors,
+)
 from featureline.etl.features.base import (
     LABEL,
     TS_MICROS,
@@ -49,6 +56,10 @@ class Aggregations(FeatureOp):
         self.numeric = list(numeric)
         self.encoded = list(encoded)
         self.outputs = [feature for group in self.groups for feature in group.outputs()]
+        # What the last transform computed: the events' cut (µs, after the latest), per
+        # group its values at every anchor and its snapshot days.
+        self.cut = 0
+        self.values: dict[str, tuple[DataFrame, DataFrame]] = {}
 
     def _as_ids(self, feature: AggregateFeature) -> bool:
         return feature.spec.op in ORDERED and feature.spec.column in self.encoded
@@ -64,11 +75,21 @@ class Aggregations(FeatureOp):
                     for column in feature.columns())}
         # Cached: each hop's tiles, the frames and the anchors read these rows.
         narrow = self.keep(events.select(*sorted(needed & set(events.columns))))
+        latest = narrow.agg(F.max(TS_MICROS)).first()
+        self.cut = (latest[0] if latest and latest[0] is not None else 0) + 1
         for group in self.groups:
-            anchors = narrow.select(*group.keys, TS_MICROS).distinct()
-            at = group_values(narrow, anchors, group, self.numeric, reads)
-            events = events.join(self._cut(at), on=[*group.keys, TS_MICROS], how="left")
+            days = snapshot_anchors(narrow, group, self.cut)
+            anchors = narrow.select(*group.keys, TS_MICROS).unionByName(days).distinct()
+            at = self._cut(group_values(narrow, anchors, group, self.numeric, reads))
+            self.values[group.name] = (at, days)
+            events = events.join(at, on=[*group.keys, TS_MICROS], how="left")
         return events.withColumns({f.column_name: self._column(f) for f in self.outputs})
+
+    def snapshots(self, group: GroupSpec) -> DataFrame:
+        """The group's daily snapshots as of the last transform's events, for Feast
+        (``etl.aggregations.group_snapshots``)."""
+        values, days = self.values[group.name]
+        return group_snapshots(values, days, group)
 
     def _cut(self, values: DataFrame) -> DataFrame:
         """A group's values, computed once: every later action of the job (the model-ready
