@@ -38,9 +38,9 @@ import pyarrow.parquet as pq
 from featureline.api.settings import FeatureLoggingConfig
 from featureline.core.files import partial_path
 from featureline.feature_store.feature_log import (
-    KEYS,
     STATUS_SUFFIX,
     TIMESTAMP_SUFFIX,
+    key_columns,
     log_schema,
 )
 from featureline.feature_store.online import OnlineFeatures
@@ -103,14 +103,17 @@ class FeatureLogger:
                  versions: Callable[[], tuple[str, str]],
                  activity: Activity | None = None,
                  aggregations: tuple[Mapping[str, tuple[str, pa.DataType]],
-                                     Mapping[str, str]] = ({}, {})) -> None:
+                                     Mapping[str, Sequence[str]]] = ({}, {})) -> None:
         assert config.path is not None
         self.config = config
         self.folder = Path(config.path)
         grouped, group_keys = aggregations  # feature_store.feature_log.logged_aggregations
-        self.schema = log_schema(features, grouped)
+        self.schema = log_schema(features, grouped, group_keys)
+        self.keys = set(key_columns(group_keys))
         self.view_of = {name: view for name, (view, _) in {**features, **grouped}.items()}
-        self.view_keys = {**view_keys, **group_keys}  # view or group → its join key
+        # A view or group keyed by one column → that join key (a ranking request's rows).
+        self.view_keys = {**view_keys, **{group: columns[0] for group, columns
+                                          in group_keys.items() if len(columns) == 1}}
         self.versions = versions  # () → (dataset version, embedding versions as JSON)
         self.activity = activity or Activity()
         # Appended by request threads without waking the background thread (a deque's
@@ -228,7 +231,7 @@ class FeatureLogger:
                 return [None, *column]
 
             # The views' features and the aggregations keyed by the user or the item.
-            logged = [name for name in result.names if name in self.view_of]
+            logged = [name for name in result.names if self.view_of.get(name) in self.view_keys]
             values = {name: spread(result.values[name], self.view_of[name]) for name in logged}
             status = {name: spread(result.status[name], self.view_of[name]) for name in logged}
             stamps = {view: spread(column, view) for view, column in result.timestamps.items()}
@@ -249,7 +252,7 @@ class FeatureLogger:
         for name, column in columns.items():
             if name in constants:
                 column += [constants[name]] * n
-            elif name in KEYS:
+            elif name in self.keys:
                 column += keys.get(name, missing)
             elif name.endswith(TIMESTAMP_SUFFIX):
                 column += stamps.get(name[:-len(TIMESTAMP_SUFFIX)], missing)
@@ -264,7 +267,7 @@ class FeatureLogger:
             values = columns[field.name]
             if pa.types.is_timestamp(field.type):  # Unix seconds, or µs (request_time)
                 array = pa.array(values, pa.int64()).cast(field.type)
-            elif field.name in KEYS:  # ids of any type, as text
+            elif field.name in self.keys:  # ids of any type, as text
                 array = pa.array(values).cast(pa.string())
             else:  # a status is a str (Status is a str enum)
                 array = pa.array(values, field.type)

@@ -21,8 +21,8 @@ feature, over the rows that asked for it:
   rows not compared (no archive given, or it cannot settle them);
 - ``top``: the entities with the most differing rows.
 
-The aggregations the log holds (``<group>:<feature>``, groups keyed by ``user_id`` or
-``item_id`` alone) are compared with their definition at each row's request time, recomputed
+The aggregations the log holds (``<group>:<feature>``, of every group: a row's key is its
+columns' values) are compared with their definition at each row's request time, recomputed
 event by event from the output's accepted events and the archive's pushed events applied by
 then (:func:`_aggregations`).
 
@@ -47,7 +47,6 @@ from featureline.core.aggregations import LABEL, GroupSpec, event_filter, value_
 from featureline.core.metadata import EVENTS_DIR, STATE_DIR, Metadata, read_metadata
 from featureline.feature_store.definitions import build
 from featureline.feature_store.feature_log import (
-    KEYS,
     STATUS_SUFFIX,
     TIMESTAMP_SUFFIX,
     FeatureLogError,
@@ -56,6 +55,7 @@ from featureline.feature_store.feature_log import (
     quoted,
 )
 from featureline.feature_store.settings import FeatureStoreConfig
+from featureline.feature_store.tiles import tile_key
 
 RELATIVE_TOLERANCE = 1e-9
 METRIC_PREFIX = "featureline_consistency"
@@ -243,8 +243,8 @@ def check_consistency(log: str | Path, output: str | Path, settings: FeatureStor
 def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
                   columns: set[str], expected: StreamExpectation | None, top: int
                   ) -> list[FeatureConsistency]:
-    """The logged aggregations (``<group>:<feature>``, of the groups keyed by ``user_id`` or
-    ``item_id`` alone) against the rule of time at each row's request time, read event by
+    """The logged aggregations (``<group>:<feature>``; a row's key: its group's key columns)
+    against the rule of time at each row's request time, read event by
     event from the output's accepted events and, given the archive, the pushed events from
     the output's cut that the processor had applied by then (a row is unsettled while one of
     its key's was being applied). A key without events has a value (0, or none for a mean):
@@ -255,33 +255,35 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         return []
     reports = []
     for group in info.groups:
-        key = group.keys[0]
+        keys = list(group.keys)
         outputs = [f for f in group.outputs() if f.qualified in columns
                    and f"{f.qualified}{STATUS_SUFFIX}" in columns]
-        if len(group.keys) != 1 or key not in KEYS or key not in columns or not outputs:
+        if not outputs or not all(key in columns for key in keys):
             continue
         asked = " OR ".join(f"{quoted(f.qualified + STATUS_SUFFIX)} IS NOT NULL"
                             for f in outputs)
         logged = connection.execute(
-            f"SELECT {key} AS __key, row_number() OVER () AS __row, "
-            "epoch_us(request_time) AS __time, "
+            "SELECT " + ", ".join(f"{quoted(key)} AS __key{i}" for i, key in enumerate(keys))
+            + ", row_number() OVER () AS __row, epoch_us(request_time) AS __time, "
             + ", ".join(f"{quoted(f.qualified)} AS {quoted('served:' + f.qualified)}, "
                         f"{quoted(f.qualified + STATUS_SUFFIX)} AS "
                         f"{quoted('status:' + f.qualified)}" for f in outputs)
-            + f" FROM log WHERE {key} IS NOT NULL AND ({asked}) AND epoch_us(request_time) >= "
-            f"{info.cut_us}").fetch_arrow_table()
-        wanted = set(logged["__key"].to_pylist())
+            + " FROM log WHERE " + " AND ".join(f"{quoted(key)} IS NOT NULL" for key in keys)
+            + f" AND ({asked}) AND epoch_us(request_time) >= {info.cut_us}").fetch_arrow_table()
+        row_keys = list(zip(*(logged[f"__key{i}"].to_pylist() for i in range(len(keys))),
+                            strict=True))
+        wanted = set(row_keys)
         batch = _accepted_events(metadata, group, wanted)
-        pushed: dict[str, list[PushedEvent]] = {}
+        pushed: dict[tuple[str, ...], list[PushedEvent]] = {}
         for event in expected.pushed_events() if expected is not None else ():
-            value = event.event.get(key)
-            if event.ts >= info.cut_us and value is not None and str(value) in wanted:
-                pushed.setdefault(str(value), []).append(event)
+            values = [event.event.get(key) for key in keys]
+            own = tuple(str(value) for value in values)
+            if event.ts >= info.cut_us and None not in values and own in wanted:
+                pushed.setdefault(own, []).append(event)
         keeps = {f.qualified: event_filter(f.spec, metadata.events) for f in outputs}
         offline: dict[str, list[Any]] = {f.qualified: [] for f in outputs}
         settled, streamed = [], []
-        for own_key, t in zip(logged["__key"].to_pylist(), logged["__time"].to_pylist(),
-                              strict=True):
+        for own_key, t in zip(row_keys, logged["__time"].to_pylist(), strict=True):
             moment = t / 1_000_000
             events = list(batch.get(own_key, ()))
             unsettled = False
@@ -296,7 +298,10 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
             for feature in outputs:
                 offline[feature.qualified].append(
                     None if unsettled else value_at(feature, events, t, keeps[feature.qualified]))
-        table = logged.append_column("__settled", pa.array(settled)).append_column(
+        # A row's key as the report names it: the one value, or the values as a JSON list.
+        named = [own[0] if len(own) == 1 else tile_key(own).decode() for own in row_keys]
+        table = logged.append_column("__key", pa.array(named, pa.string())).append_column(
+            "__settled", pa.array(settled)).append_column(
             "__streamed", pa.array(streamed)).append_column(
             "__offline", pa.array(settled))
         served = {f.qualified: logged.schema.field(f"served:{f.qualified}").type
@@ -313,19 +318,27 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
     return reports
 
 
-def _accepted_events(metadata: Metadata, group: GroupSpec, keys: set[str]
-                     ) -> dict[str, list[tuple[int, dict[str, Any]]]]:
-    """The output's accepted events of ``keys`` (the group's one key column, as text), as
-    (ts µs, the columns the group reads and ``label``)."""
-    key = group.keys[0]
-    read = sorted({key, "ts", LABEL, *(c for f in group.features for c in f.columns())})
+def _accepted_events(metadata: Metadata, group: GroupSpec, wanted: set[tuple[str, ...]]
+                     ) -> dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]]:
+    """The output's accepted events of the ``wanted`` keys (the group's key columns' values,
+    as text), as (ts µs, the columns the group reads and ``label``)."""
+    keys = list(group.keys)
+    read = sorted({*keys, "ts", LABEL, *(c for f in group.features for c in f.columns())})
     folder = Path(metadata.folder or ".") / STATE_DIR / EVENTS_DIR
+    # Read by each key column's wanted values, then kept by the whole key.
+    condition = None
+    for index, key in enumerate(keys):
+        values = sorted({own[index] for own in wanted})
+        test = pc.field(key).cast(pa.string()).isin(values)
+        condition = test if condition is None else condition & test
     table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(
-        columns=read, filter=pc.field(key).cast(pa.string()).isin(sorted(keys)))
+        columns=read, filter=condition)
     times = table["ts"].cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
-    by_key: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    by_key: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
     for ts, row in zip(times, table.to_pylist(), strict=True):
-        by_key.setdefault(str(row[key]), []).append((ts, row))
+        own = tuple(str(row[key]) for key in keys)
+        if own in wanted:
+            by_key.setdefault(own, []).append((ts, row))
     return by_key
 
 

@@ -4,18 +4,19 @@
 
 One Parquet row per entity row served. Columns: ``request_id``, ``request_time`` (UTC, µs),
 ``endpoint``, ``service``, ``dataset_version``, ``embedding_versions`` (JSON: table →
-vocabulary version), the join keys (text; null where the row has none), per feature view
-``<view>__timestamp`` (the served row's event timestamp: the batch snapshot's, or the stream
-processor's), and per feature of the repository its value and ``<feature>__status``
-(present / not_found / outside_ttl; null where the row did not ask for it) — the
-aggregations of the groups keyed by ``user_id`` or ``item_id`` alone too, as
-``<group>:<feature>`` (no timestamp: each is its value at the request time). Files are
+vocabulary version), the join keys (text; null where the row has none: ``user_id``,
+``item_id``, then the aggregation groups' other key columns, e.g. ``category``), per feature
+view ``<view>__timestamp`` (the served row's event timestamp: the batch snapshot's, or the
+stream processor's), and per feature of the repository its value and ``<feature>__status``
+(present / not_found / outside_ttl; null where the row did not ask for it) — every
+aggregation group's too, as ``<group>:<feature>`` (no timestamp: each is its value at the
+request time). Files are
 published whole under ``date=YYYY-MM-DD/`` folders; hidden names are files being written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,9 @@ from feast.type_map import feast_value_type_to_pa
 from featureline.feature_store.errors import FeatureStoreError
 
 KEYS = ("user_id", "item_id")
+# The log's other columns: no group's key column takes one of these names.
+REQUEST_COLUMNS = ("request_id", "request_time", "endpoint", "service", "dataset_version",
+                   "embedding_versions")
 STATUS_SUFFIX = "__status"
 TIMESTAMP_SUFFIX = "__timestamp"
 # The latest consistency report's metrics (Prometheus text), in the log's folder: the API
@@ -45,30 +49,38 @@ def feature_types(views: Mapping[str, Any]) -> dict[str, tuple[str, pa.DataType]
 
 
 def logged_aggregations(group_views: Mapping[str, Any], join_keys: Callable[[str], list[str]]
-                        ) -> tuple[dict[str, tuple[str, pa.DataType]], dict[str, str]]:
-    """The aggregations the log holds — those of the groups keyed by one of ``KEYS`` alone —
-    as ``<group>:<feature>`` → its group and Arrow type; and each such group's key."""
+                        ) -> tuple[dict[str, tuple[str, pa.DataType]], dict[str, list[str]]]:
+    """The aggregations the log holds — every group's but one keyed by a column named as a
+    request column (``REQUEST_COLUMNS``) — as ``<group>:<feature>`` → its group and Arrow
+    type; and each such group's key columns."""
     features, keys = {}, {}
     for group, view in group_views.items():
-        (key, *more) = join_keys(group)
-        if more or key not in KEYS:
+        columns = join_keys(group)
+        if any(column in REQUEST_COLUMNS for column in columns):
             continue
-        keys[group] = key
+        keys[group] = columns
         features.update({f"{group}:{field.name}": (group, feast_value_type_to_pa(
             field.dtype.to_value_type())) for field in view.features})
     return features, keys
 
 
+def key_columns(group_keys: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """The log's key columns: ``KEYS``, then the groups' other key columns by name."""
+    more = {column for columns in (group_keys or {}).values() for column in columns}
+    return [*KEYS, *sorted(more - set(KEYS))]
+
+
 def log_schema(features: Mapping[str, tuple[str, pa.DataType]],
-               aggregations: Mapping[str, tuple[str, pa.DataType]] | None = None) -> pa.Schema:
+               aggregations: Mapping[str, tuple[str, pa.DataType]] | None = None,
+               group_keys: Mapping[str, Sequence[str]] | None = None) -> pa.Schema:
     """The log's columns for the repository's features (name → its view and Arrow type) and
-    ``aggregations`` (the same of :func:`logged_aggregations`, without a timestamp)."""
+    ``aggregations`` keyed by ``group_keys`` (those of :func:`logged_aggregations`)."""
     fields = [pa.field("request_id", pa.string()),
               pa.field("request_time", pa.timestamp("us", tz="UTC")),
               pa.field("endpoint", pa.string()), pa.field("service", pa.string()),
               pa.field("dataset_version", pa.string()),
               pa.field("embedding_versions", pa.string()),
-              *(pa.field(key, pa.string()) for key in KEYS)]
+              *(pa.field(key, pa.string()) for key in key_columns(group_keys))]
     for view in dict.fromkeys(view for view, _ in features.values()):
         fields.append(pa.field(f"{view}{TIMESTAMP_SUFFIX}", pa.timestamp("s", tz="UTC")))
     for name, (_, dtype) in {**features, **(aggregations or {})}.items():

@@ -527,14 +527,23 @@ def test_consistency_checks_the_served_aggregations_against_the_definition(
               for n, user in enumerate([*users[:2], "new-user"])]
     features = [f.qualified for f in config.aggregations[0].outputs()]
     asked = {"features": features, "entities": {"user_id": [*users, "new-user", "nobody"]}}
+    # The [user_id, category] group: the pushed pair, a pair of the log, new pairs.
+    logged_pair = next((e["user_id"], e["category"]) for e in events
+                       if e["user_id"] == users[0] and e["category"] not in (None, "c1"))
+    pairs = [(users[0], "c1"), logged_pair, ("new-user", "c1"), (users[1], "no-such-category")]
+    by_pair = [f.qualified for f in config.aggregations[1].outputs()]
+    asked_pairs = {"features": by_pair, "entities": {
+        "user_id": [u for u, _ in pairs], "category": [c for _, c in pairs]}}
     app = create_app(project.serving(), output=output, redis_url=url)
     with TestClient(app) as api:
         before = api.post("/v1/features", json=asked).json()
+        assert api.post("/v1/features", json=asked_pairs).status_code == 200
         assert api.post("/v1/push", json={"events": pushed}).json()["accepted"] == 3
         processor.refresh_base()
         assert processor.process(processor.log.read(processor.consumer, 100, 0.5)) == 3
         time.sleep(0.01)  # the requests after the batch was applied
         after = api.post("/v1/features", json=asked).json()
+        pairs_after = api.post("/v1/features", json=asked_pairs).json()
         ranking = api.post("/v1/ranking-inputs", json={"user_id": users[0],
                                                         "item_ids": ["i1"]})
         assert ranking.status_code == 200
@@ -550,8 +559,21 @@ def test_consistency_checks_the_served_aggregations_against_the_definition(
         assert feature.mismatch == feature.missing == feature.extra == 0, feature
         # Every row of a key the stream touched: 3 before the push, 3 after, the ranking one.
         assert feature.streamed == 7, feature
+    # The pairs' group: 4 rows before the push and 4 after, every one equal; the pushed
+    # pairs (users[0], c1) and (new-user, c1) were streamed.
+    assert pairs_after["values"]["user_category:count_1d"][2] == 1
+    for name in by_pair:
+        feature = {f.feature: f for f in report.features}[name]
+        assert (feature.compared, feature.unsettled, feature.streamed) == (8, 0, 4), feature
+        assert feature.mismatch == feature.missing == feature.extra == 0, feature
     unarchived = {f.feature: f for f in check_consistency(
         log, output, project.feature_store).features}
     # Without the archive, the 4 rows served after the push differ from the batch alone.
     assert unarchived["user_activity:count_1h"].mismatch == 4
     assert unarchived["user_activity:value_sum_all"].mismatch == 4
+    # ... and the 2 pairs' rows after it; the report names a pair by its values.
+    missed = unarchived["user_category:count_1d"]
+    assert missed.mismatch == 2, missed
+    assert {entry["entity"] for entry in missed.top} == {
+        json.dumps([users[0], "c1"], separators=(",", ":")),
+        json.dumps(["new-user", "c1"], separators=(",", ":"))}
