@@ -138,7 +138,10 @@ def runs(spark, small_log, tmp_path_factory):
 @pytest.mark.parametrize("table", ["examples", "entities/user", "entities/item",
                                    "quarantine", f"{STATE_DIR}/events",
                                    "artifacts/categorify/user_id",
-                                   "artifacts/categorify/category"])
+                                   "artifacts/categorify/category",
+                                   "aggregations/user_recent", "aggregations/item_recent",
+                                   "tiles/user_recent/item_id_last_k",
+                                   "tiles/item_recent/value_sum_7d"])
 def test_every_table_equals_the_full_runs(runs, table):
     ours, theirs = (_table(runs[name].output / table) for name in ("incremental", "full"))
     assert ours.num_rows > 0
@@ -147,7 +150,11 @@ def test_every_table_equals_the_full_runs(runs, table):
     # Names, types and nullability (what a file's reader sees as required).
     assert ([(f.name, f.type, f.nullable) for f in ours.schema]
             == [(f.name, f.type, f.nullable) for f in theirs.schema])
-    assert ours.to_pylist() == theirs.to_pylist(), table
+    if table.startswith(("aggregations/", "tiles/")):
+        # Sums of doubles: a tile's is summed in another order by the other run's plan.
+        assert ours.to_pylist() == [pytest.approx(row, rel=1e-12) for row in theirs.to_pylist()]
+    else:
+        assert ours.to_pylist() == theirs.to_pylist(), table
 
 
 def test_tfrecords_and_metadata_equal_the_full_runs(runs):
