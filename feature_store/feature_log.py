@@ -10,8 +10,8 @@ view ``<view>__timestamp`` (the served row's event timestamp: the batch snapshot
 stream processor's), and per feature of the repository its value and ``<feature>__status``
 (present / not_found / outside_ttl; null where the row did not ask for it) — every
 aggregation group's too, as ``<group>:<feature>`` (no timestamp: each is its value at the
-request time). Files are
-published whole under ``date=YYYY-MM-DD/`` folders; hidden names are files being written.
+request time). Files are published whole under ``date=YYYY-MM-DD/`` folders; hidden names
+are files being written.
 """
 
 from __future__ import annotations
