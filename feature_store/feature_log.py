@@ -26,9 +26,10 @@ from feast.type_map import feast_value_type_to_pa
 from featureline.feature_store.errors import FeatureStoreError
 
 KEYS = ("user_id", "item_id")
-# The log's other columns: no group's key column takes one of these names.
-REQUEST_COLUMNS = ("request_id", "request_time", "endpoint", "service", "dataset_version",
-                   "embedding_versions")
+# The request's columns, first in every row (no group's key column takes one of these names).
+REQUEST_COLUMNS = {"request_id": pa.string(), "request_time": pa.timestamp("us", tz="UTC"),
+                   "endpoint": pa.string(), "service": pa.string(),
+                   "dataset_version": pa.string(), "embedding_versions": pa.string()}
 STATUS_SUFFIX = "__status"
 TIMESTAMP_SUFFIX = "__timestamp"
 # The latest consistency report's metrics (Prometheus text), in the log's folder: the API
@@ -75,11 +76,7 @@ def log_schema(features: Mapping[str, tuple[str, pa.DataType]],
                group_keys: Mapping[str, Sequence[str]] | None = None) -> pa.Schema:
     """The log's columns for the repository's features (name → its view and Arrow type) and
     ``aggregations`` keyed by ``group_keys`` (those of :func:`logged_aggregations`)."""
-    fields = [pa.field("request_id", pa.string()),
-              pa.field("request_time", pa.timestamp("us", tz="UTC")),
-              pa.field("endpoint", pa.string()), pa.field("service", pa.string()),
-              pa.field("dataset_version", pa.string()),
-              pa.field("embedding_versions", pa.string()),
+    fields = [*(pa.field(name, kind) for name, kind in REQUEST_COLUMNS.items()),
               *(pa.field(key, pa.string()) for key in key_columns(group_keys))]
     for view in dict.fromkeys(view for view, _ in features.values()):
         fields.append(pa.field(f"{view}{TIMESTAMP_SUFFIX}", pa.timestamp("s", tz="UTC")))
