@@ -469,6 +469,12 @@ class GroupSpec(Settings):
         return [AggregateFeature(self.name, tuple(self.keys), output, feature, window)
                 for feature in self.features for output, window in feature.outputs()]
 
+    def key_of(self, event: Mapping[str, Any]) -> tuple[str, ...] | None:
+        """An event's key in the group, each value as text; None where a key column is
+        missing (the event counts for no key of the group)."""
+        values = [event.get(key) for key in self.keys]
+        return None if None in values else tuple(str(value) for value in values)
+
 
 def check_groups(groups: Sequence[GroupSpec], contract: EventContract) -> None:
     """Group names unique; every key, column and filter column one the events have (or

@@ -276,9 +276,8 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         batch = _accepted_events(metadata, group, wanted)
         pushed: dict[tuple[str, ...], list[PushedEvent]] = {}
         for event in expected.pushed_events() if expected is not None else ():
-            values = [event.event.get(key) for key in keys]
-            own = tuple(str(value) for value in values)
-            if event.ts >= info.cut_us and None not in values and own in wanted:
+            own = group.key_of(event.event)
+            if event.ts >= info.cut_us and own in wanted:
                 pushed.setdefault(own, []).append(event)
         keeps = {f.qualified: event_filter(f.spec, metadata.events) for f in outputs}
         offline: dict[str, list[Any]] = {f.qualified: [] for f in outputs}
@@ -336,7 +335,7 @@ def _accepted_events(metadata: Metadata, group: GroupSpec, wanted: set[tuple[str
     times = table["ts"].cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
     by_key: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
     for ts, row in zip(times, table.to_pylist(), strict=True):
-        own = tuple(str(row[key]) for key in keys)
+        own = group.key_of(row)
         if own in wanted:
             by_key.setdefault(own, []).append((ts, row))
     return by_key

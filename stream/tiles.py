@@ -149,11 +149,11 @@ class StreamTiles:
             for digest, ts, label, event in events:
                 if ts < self.cut_us:
                     continue
-                key = tuple(event.get(k) for k in group.keys)
-                if any(value is None for value in key):
+                key = group.key_of(event)
+                if key is None:
                     continue
                 kept = {c: event.get(c) for c in self.columns[name]}
-                by_key.setdefault(tuple(map(str, key)), {})[digest.hex()] = [ts, label, kept]
+                by_key.setdefault(key, {})[digest.hex()] = [ts, label, kept]
             items = list(by_key.items())
             for low in range(0, len(items), TRANSACTION_KEYS):
                 written += self._apply(name, dict(items[low:low + TRANSACTION_KEYS]))

@@ -152,7 +152,8 @@ def test_every_table_equals_the_full_runs(runs, table):
             == [(f.name, f.type, f.nullable) for f in theirs.schema])
     if table.startswith(("aggregations/", "tiles/")):
         # Sums of doubles: a tile's is summed in another order by the other run's plan.
-        assert ours.to_pylist() == [pytest.approx(row, rel=1e-12) for row in theirs.to_pylist()]
+        assert ours.to_pylist() == [pytest.approx(row, rel=1e-12)
+                                    for row in theirs.to_pylist()], table
     else:
         assert ours.to_pylist() == theirs.to_pylist(), table
 
