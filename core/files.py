@@ -26,8 +26,17 @@ from pathlib import Path
 
 from featureline.core.errors import OutputLockedError
 
+CACHE_ENV = "FEATURELINE_CACHE"
+
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+
+
+def cache_root() -> Path:
+    """Where fetched tools and prepared archives live: ``FEATURELINE_CACHE``, else
+    ``~/.cache/featureline``."""
+    configured = os.environ.get(CACHE_ENV)
+    return Path(configured) if configured else Path.home() / ".cache" / "featureline"
 
 
 def write_whole(path: Path, write: Callable[[Path], object]) -> None:

@@ -48,5 +48,11 @@ class PluginFetchError(FeaturelineError):
     hint = "check that Maven (mvn) is installed and Maven Central is reachable, or pass --jar"
 
 
+class ClassArchiveError(FeaturelineError):
+    """Spark's classes could not be archived for the driver JVM."""
+
+    hint = "Spark sessions start without the archive (slower, nothing else changes)"
+
+
 class GpuPlanError(FeaturelineError):
     """The explain-only run left no plan to read (the plugin did not load or log)."""

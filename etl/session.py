@@ -15,6 +15,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from featureline.core.errors import ConfigError
+from featureline.etl.class_archive import driver_java_options
 from featureline.etl.config import SparkSettings
 from featureline.etl.errors import RapidsJarNotFoundError
 from featureline.etl.rapids import JAR_NAME, MAVEN_PACKAGE, RAPIDS_PLUGIN
@@ -87,6 +88,9 @@ def build_session(settings: SparkSettings, *, from_profile: bool = True) -> Spar
     settings (and still checks the RAPIDS jar).
     """
     properties = spark_properties(settings, from_profile=from_profile)
+    java_options = driver_java_options(properties) if from_profile else None
+    if java_options:
+        properties["spark.driver.extraJavaOptions"] = java_options
     # Python workers must run the interpreter the driver runs, with the same packages.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -5,7 +5,9 @@ project pins (from Maven Central, for ``featureline etl gpu-check``), and Apache
 release jars (from Maven Central, for ``featureline kafka start`` and the tests' broker),
 a real public ratings log for the trainer's benchmark (MovieLens 100K, as the RecBole
 package on PyPI ships it), and Prometheus' promtool (from Debian, for the alert rules'
-tests). Developer tooling: the ETL and the services never fetch anything.
+tests); and, made rather than fetched, the archive of Spark's classes local sessions start
+from (``etl.class_archive``). Developer tooling: the ETL and the services never fetch
+anything.
 
 :func:`fetch_all` fetches every one at once, in parallel (``featureline fetch``; ``make
 test`` runs it beside the linters, so that no test waits on a download).
@@ -27,7 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from featureline.core.errors import FeaturelineError
-from featureline.core.files import fetched_once
+from featureline.core.files import CACHE_ENV, cache_root, fetched_once
+from featureline.etl.class_archive import class_archive
 from featureline.etl.errors import PluginFetchError
 from featureline.etl.qualification import (
     SPARK_JARS_VERSION,
@@ -37,13 +40,7 @@ from featureline.etl.qualification import (
 from featureline.etl.rapids import CUDA_CLASSIFIER, JAR_NAME, MAVEN_ARTIFACT, RAPIDS_VERSION
 from featureline.stream.errors import KafkaFetchError
 
-CACHE_ENV = "FEATURELINE_CACHE"
-
-
-def cache_root() -> Path:
-    """``FEATURELINE_CACHE``, else ``~/.cache/featureline``."""
-    configured = os.environ.get(CACHE_ENV)
-    return Path(configured) if configured else Path.home() / ".cache" / "featureline"
+__all__ = ["CACHE_ENV", "cache_root", "fetch_all"]
 
 
 def plugin_jar() -> Path:
@@ -236,6 +233,7 @@ FETCHES: dict[str, Callable[[], object]] = {
     "qualification": qualification_classpath,
     "movielens-100k": movielens_100k,
     "promtool": promtool,
+    "spark-classes": class_archive,
 }
 
 

@@ -7,11 +7,15 @@ machine the ``gpu`` tests run on."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -34,24 +38,51 @@ def spark():
     session.stop()
 
 
+@contextmanager
+def shared_folder(tmp_path_factory, name: str) -> Iterator[Path]:
+    """A folder of the whole run, shared by its xdist workers, held under a lock: the first
+    worker fills it, the others wait and read what it wrote."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    with (root / f"{name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            folder = root / name
+            folder.mkdir(exist_ok=True)
+            yield folder
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def small_log(tmp_path_factory) -> Path:
     from featureline.etl.datagen import write_log
 
-    path = tmp_path_factory.mktemp("raw") / "events.jsonl"
-    write_log(path, events=6000, users=150, items=120, days=6, seed=11, bad_fraction=0.02)
+    with shared_folder(tmp_path_factory, "raw") as folder:
+        path = folder / "events.jsonl"
+        if not path.is_file():
+            write_log(path, events=6000, users=150, items=120, days=6, seed=11,
+                      bad_fraction=0.02)
     return path
 
 
 @pytest.fixture(scope="session")
-def job_run(spark, small_log, tmp_path_factory):
-    """The job on the small log: its result and the progress lines it printed."""
-    from featureline.etl import job
-    from tests.job_config import make_config
+def job_run(request, small_log, tmp_path_factory):
+    """The job on the small log: its result and the progress lines it printed. One run for
+    the whole test run (read-only to the tests): the xdist worker that first needs it runs
+    it, the other reads its result."""
+    with shared_folder(tmp_path_factory, "job") as folder:
+        result = folder / "result.pickle"
+        if not result.is_file():
+            from featureline.etl import job
+            from tests.job_config import make_config
 
-    config = make_config(tmp_path_factory.mktemp("job"), small_log)
-    lines: list[str] = []
-    return job.run(config, spark, progress=lines.append), lines
+            config = make_config(folder, small_log)
+            lines: list[str] = []
+            run = job.run(config, request.getfixturevalue("spark"), progress=lines.append)
+            result.write_bytes(pickle.dumps((run, lines)))
+        return pickle.loads(result.read_bytes())
 
 
 @pytest.fixture(scope="session")
