@@ -204,6 +204,19 @@ class TilesInfo(Contract):
     groups: list[GroupSpec] = Field(default_factory=list)
 
 
+class FitInfo(Contract):
+    """The fitted statistics the output's features were computed with (docs/ARCHITECTURE.md,
+    "Fits"): ``version`` is the dataset version of the run that fitted them, ``from`` the
+    output they were read from (None: fitted by this run), ``values_hash`` the settings they
+    were fitted for, ``age_days`` their age when this output was written."""
+
+    version: str
+    fitted_at: str
+    source: str | None = Field(default=None, alias="from")
+    values_hash: str
+    age_days: float = 0.0
+
+
 class Metadata(Contract):
     """``metadata.json``: the one contract between the ETL and every later stage."""
 
@@ -235,6 +248,8 @@ class Metadata(Contract):
     checks: ChecksVerdict | None = None
     # The aggregations' tiles, where the spec has groups.
     tiles: TilesInfo | None = None
+    # The fit of its statistics; None: written before fits were recorded.
+    fit: FitInfo | None = None
     # The output folder it was read from (not in the file): where its paths are relative to.
     folder: Path | None = Field(default=None, exclude=True)
 

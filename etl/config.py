@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 
 from pydantic import Field, field_validator, model_validator
@@ -204,6 +205,15 @@ class VocabularyConfig(Settings):
         return self
 
 
+class FitConfig(Settings):
+    """Where the fitted statistics come from (docs/ARCHITECTURE.md, "Fits")."""
+
+    # The ETL output whose fit this run transforms with: its encodings, normalisation and
+    # standardisation as they are (none recomputed), its vocabularies extended with new ids;
+    # None: fit on this run's training split (a new fit).
+    from_output: str | None = None
+
+
 class IncrementalConfig(Settings):
     """How an incremental run treats events dated before the output's latest
     (docs/ARCHITECTURE.md, "Incremental runs")."""
@@ -276,6 +286,7 @@ class EtlConfig(Settings):
     entities: EntitiesConfig = EntitiesConfig()
     output: OutputConfig = OutputConfig()
     vocabulary: VocabularyConfig = VocabularyConfig()
+    fit: FitConfig = FitConfig()
     tfrecord: TFRecordConfig = TFRecordConfig()
     spark: SparkSettings = SparkSettings()
     # full: every raw file of etl.source.path; incremental: only the new ones, extending the
@@ -305,6 +316,23 @@ class EtlConfig(Settings):
         check_aggregations(self)
         return self
 
+    @model_validator(mode="after")
+    def _one_fit(self) -> EtlConfig:
+        frozen = self.fit.from_output
+        if frozen is None:
+            return self
+        if self.mode == "incremental":
+            raise ValueError("fit.from_output: an incremental run fits again as a full run "
+                             "does; transform with a given fit in a full run")
+        if self.vocabulary.refit:
+            raise ValueError("fit.from_output: a fit's vocabularies are extended, not "
+                             "refitted: drop --refit-vocabularies")
+        previous = self.vocabulary.previous
+        if previous is not None and Path(previous).resolve() != Path(frozen).resolve():
+            raise ValueError("fit.from_output: the vocabularies come with the fit: drop "
+                             "--vocabulary-from or name the same output")
+        return self
+
     def column_roles(self) -> ColumnRoles:
         """The columns feature ops may read, by kind, for selectors and checks."""
         return ColumnRoles(
@@ -332,12 +360,14 @@ class EtlConfig(Settings):
 
         Where the output goes and how Spark runs (``output``, ``spark``) do not change values,
         so they are left out: the same input and features give the same hash anywhere. Where
-        the vocabularies start from is recorded by their versions instead; whether the run
+        the vocabularies and the fitted statistics come from is recorded by their versions
+        instead (``vocabularies``, ``fit``); whether the run
         is full or incremental, and what the validation gate checks, do not change the values
         either.
         """
         settings = self.model_dump(mode="json", exclude={"output", "spark", "vocabulary",
-                                                         "mode", "incremental", "checks"})
+                                                         "fit", "mode", "incremental",
+                                                         "checks"})
         if exclude_source_path:
             settings["source"].pop("path")
         canonical = json.dumps(settings, sort_keys=True)
@@ -431,6 +461,7 @@ def with_overrides(
     continuous: list[str] | None = None,
     vocabulary_from: str | None = None,
     refit_vocabularies: bool = False,
+    fit_from: str | None = None,
     valid_days: int | None = None,
     incremental: bool = False,
 ) -> EtlConfig:
@@ -459,6 +490,8 @@ def with_overrides(
         data["vocabulary"]["previous"] = vocabulary_from
     if refit_vocabularies:
         data["vocabulary"]["refit"] = True
+    if fit_from is not None:
+        data["fit"]["from_output"] = fit_from
     if valid_days is not None:
         data["split"]["valid_days"] = valid_days
     if incremental:

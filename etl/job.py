@@ -64,6 +64,7 @@ from featureline.etl.features.base import (
 )
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
+from featureline.etl.fit import load_fit, new_fit
 from featureline.etl.incremental import (
     EVENTS_DIR,
     KEEP,
@@ -80,6 +81,7 @@ from featureline.etl.incremental import (
     read_state,
     stored_events,
     unchanged,
+    values_hash,
     window_rows,
     write_state,
     write_state_events,
@@ -565,7 +567,8 @@ def run(config: EtlConfig, spark: SparkSession,
     timer = StageTimer(progress, spark)
     started = time.perf_counter()
     cached: list[DataFrame] = []
-    pipeline = FeaturePipeline(config)
+    frozen = load_fit(spark, config)
+    pipeline = FeaturePipeline(config, frozen)
     state = None
     if config.mode == "incremental":
         state = read_state(output)
@@ -631,6 +634,9 @@ def run(config: EtlConfig, spark: SparkSession,
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
             metadata.update(_versions(config, pipeline, previous))
+            metadata["fit"] = (frozen.record(values_hash(config)) if frozen is not None else
+                               new_fit(metadata["dataset"]["version"], metadata["created_at"],
+                                       values_hash(config)))
             if tiles:
                 metadata["tiles"] = tiles
                 metadata["outputs"][TILES_DIR] = TILES_DIR
@@ -652,7 +658,8 @@ def _extend_vocabularies(spark: SparkSession, config: EtlConfig, pipeline: Featu
                          output: Path) -> PreviousVocabularies | None:
     """Point categorify at the vocabularies this run extends (none for a new lineage)."""
     categorify = pipeline.op(Categorify)
-    source = previous_output(config.vocabulary, output)
+    source = (Path(config.fit.from_output) if config.fit.from_output is not None
+              else previous_output(config.vocabulary, output))
     if not isinstance(categorify, Categorify) or source is None:
         return None
     previous = load_previous(spark, source, categorify.columns)

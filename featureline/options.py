@@ -38,6 +38,10 @@ def job_options(command: Command) -> Command:
         click.option("--vocabulary-from", type=click.Path(file_okay=False),
                      help="ETL output whose vocabularies this run extends (default: the "
                           "output folder's current publication)"),
+        click.option("--fit-from", type=click.Path(file_okay=False),
+                     help="ETL output whose fit (encodings, normalisation, standardisation) "
+                          "this run transforms with, none recomputed; its vocabularies are "
+                          "extended (etl.fit.from_output)"),
         click.option("--valid-days", type=click.IntRange(min=1),
                      help="Days at the end of the log that form the validation split "
                           "(overrides split.valid_days)"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field
 from pyspark import StorageLevel
@@ -19,6 +19,9 @@ from pyspark.sql import functions as F
 
 from featureline.core.settings import Settings
 from featureline.etl.rapids import RAPIDS_PLUGIN
+
+if TYPE_CHECKING:
+    from featureline.etl.fit import Fit
 
 LABEL = "label"
 SPLIT = "split"
@@ -202,6 +205,13 @@ class FeatureOp(ABC):
 
     def fit(self, train: DataFrame) -> None:  # noqa: B027 - stateless ops need no statistics
         """Learn statistics from the training split (stateless ops have none)."""
+
+    def restore(self, fit: Fit, train: DataFrame) -> None:
+        """Take the statistics from ``fit`` instead of fitting them (docs/ARCHITECTURE.md,
+        "Fits"). Ops with nothing of their own to freeze fit as usual: the stateless ones,
+        categorify (its ids extend from the fit's vocabularies), the aggregations (values
+        of the events, not statistics)."""
+        self.fit(train)
 
     @abstractmethod
     def transform(self, events: DataFrame) -> DataFrame:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 from pyspark.sql import DataFrame
@@ -17,6 +17,9 @@ from featureline.etl.features.base import (
     OpSettings,
     value_counts,
 )
+
+if TYPE_CHECKING:
+    from featureline.etl.fit import Fit
 
 
 def encoded_name(column: str) -> str:
@@ -48,6 +51,12 @@ class CountEncode(FeatureOp):
             counts = self.keep(value_counts(train, column))
             as_double = F.col("count").cast("double").alias("count")
             self.counts[column] = counts.select(column, as_double)
+
+    def restore(self, fit: Fit, train: DataFrame) -> None:
+        for column in self.columns:
+            table = fit.table(f"count_encode/{column}")
+            self.counts[column] = self.keep(table.select(
+                F.col("value").alias(column), F.col("count").cast("double").alias("count")))
 
     def transform(self, events: DataFrame) -> DataFrame:
         for column in self.columns:

@@ -77,6 +77,10 @@ class ModelReady:
             self.stats.setdefault(name, {"name": NONE, "fill": 0.0})
             self.stats[name]["missing_indicator"] = missing_indicator(name)
 
+    def restore(self, stats: dict[str, Any]) -> None:
+        """The statistics of a fit (its ``artifacts.model_ready``) instead of fitting them."""
+        self.stats = {name: dict(stats[name]) for name in stats}
+
     def transform(self, featured: DataFrame) -> DataFrame:
         """The features replaced by their transformed values, indicators added; every
         expression reads the op's raw column (``withColumns`` evaluates them together)."""

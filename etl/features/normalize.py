@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 from pyspark.sql import Column, DataFrame
@@ -17,6 +17,9 @@ from featureline.etl.features.base import (
     OpSettings,
     population_std,
 )
+
+if TYPE_CHECKING:
+    from featureline.etl.fit import Fit
 
 
 def encoded_name(column: str) -> str:
@@ -71,6 +74,10 @@ class Normalize(FeatureOp):
             std = row[f"{column}_std"] or 0.0
             self.stats[column] = {"fill": fill_values[column], "mean": mean,
                                   "std": std if std > 0 else 1.0}
+
+    def restore(self, fit: Fit, train: DataFrame) -> None:
+        fitted = fit.op_stats(self.name)["columns"]
+        self.stats = {column: dict(fitted[column]) for column in self.columns}
 
     def transform(self, events: DataFrame) -> DataFrame:
         return events.withColumns({

@@ -23,16 +23,20 @@ from featureline.etl.features.base import (
 )
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.model_ready import ModelReady
+from featureline.etl.fit import Fit
 from featureline.etl.short_names import assign_short_names
 
 LABEL_SHORT_NAME = "y"
 
 
 class FeaturePipeline:
-    """The configured ops; ``fit`` on the training split, then ``transform`` every split."""
+    """The configured ops; ``fit`` on the training split (or take a given fit's statistics),
+    then ``transform`` every split."""
 
-    def __init__(self, config: EtlConfig) -> None:
+    def __init__(self, config: EtlConfig, frozen: Fit | None = None) -> None:
         self.config = config
+        # A fit to transform with instead of fitting (docs/ARCHITECTURE.md, "Fits").
+        self.frozen = frozen
         roles = config.column_roles()
         self.ops = [op.build(roles) for op in config.features]
         if config.aggregations:
@@ -50,7 +54,10 @@ class FeaturePipeline:
         events = with_time_key(events)
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
-            op.fit(train)
+            if self.frozen is None:
+                op.fit(train)
+            else:
+                op.restore(self.frozen, train)
         return events
 
     def fit_transform(self, events: DataFrame) -> DataFrame:
@@ -98,7 +105,10 @@ class FeaturePipeline:
     def _model_ready(self, events: DataFrame) -> DataFrame:
         featured = events.drop(TS_MICROS).persist(StorageLevel.MEMORY_AND_DISK)
         self._featured = featured
-        self.model_ready.fit(featured.where(F.col(SPLIT) == TRAIN))
+        if self.frozen is None:
+            self.model_ready.fit(featured.where(F.col(SPLIT) == TRAIN))
+        else:
+            self.model_ready.restore(self.frozen.op_stats("model_ready"))
         return self.model_ready.transform(featured)
 
     def featured(self) -> DataFrame:

@@ -10,7 +10,7 @@ Validation rows (and serving) use the whole training split; unseen values get th
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 from pyspark.sql import Column, DataFrame
@@ -28,7 +28,12 @@ from featureline.etl.features.base import (
     OpSettings,
 )
 
+if TYPE_CHECKING:
+    from featureline.etl.fit import Fit
+
 FOLD = "_fold"
+# The artifact tables of the per-(value, fold) sums, one per column.
+FOLDS_TABLE = "target_encode_folds"
 # The columns that identify an event (exact duplicates are removed before features).
 EVENT_KEY = ("user_id", "item_id", "event_type", TS_MICROS)
 
@@ -99,6 +104,22 @@ class TargetEncode(FeatureOp):
             s, n = per_fold.get(fold, (0, 0))
             self.fold_priors[fold] = (total - s) / (count - n) if count > n else self.prior
 
+    def restore(self, fit: Fit, train: DataFrame) -> None:
+        """The per-value and per-(value, fold) sums the fit wrote, its prior and fold
+        priors: a training row of this run is encoded from the fit's other folds."""
+        stats = fit.op_stats(self.name)
+        self.prior = float(stats["prior"])
+        self.fold_priors = {int(fold): float(p) for fold, p in stats["fold_priors"].items()}
+        for column in self.columns:
+            whole = fit.table(f"target_encode/{column}")
+            self.by_value[column] = self.keep(whole.select(
+                F.col("value").alias(column), F.col("label_sum").alias("s"),
+                F.col("count").alias("n")))
+            folds = fit.table(f"{FOLDS_TABLE}/{column}")
+            self.by_value_fold[column] = self.keep(folds.select(
+                F.col("value").alias(column), F.col("fold").alias(FOLD),
+                F.col("label_sum").alias("s"), F.col("count").alias("n")))
+
     def transform(self, events: DataFrame) -> DataFrame:
         events = events.withColumn(FOLD, fold_of_event(self.folds))
         fold_prior = F.create_map(*[F.lit(x) for f, p in self.fold_priors.items() for x in (f, p)])
@@ -132,5 +153,14 @@ class TargetEncode(FeatureOp):
             ).orderBy("value")
             for c, t in self.by_value.items()
         }
-        stats = {"prior": self.prior, "smoothing": self.smoothing, "folds": self.folds}
+        # Per (value, fold): what a frozen fit encodes a later run's training rows from.
+        tables.update({
+            f"{FOLDS_TABLE}/{c}": t.select(
+                F.col(c).alias("value"), F.col(FOLD).alias("fold"),
+                F.col("s").alias("label_sum"), F.col("n").alias("count"),
+            ).orderBy("value", "fold")
+            for c, t in self.by_value_fold.items()
+        })
+        stats = {"prior": self.prior, "smoothing": self.smoothing, "folds": self.folds,
+                 "fold_priors": {str(f): p for f, p in sorted(self.fold_priors.items())}}
         return Artifacts(tables=tables, stats=stats)
