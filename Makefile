@@ -39,8 +39,10 @@ help:
 PACKAGE_FILES := $(shell git ls-files --cached --others --exclude-standard -- core etl \
 	feature_store hps api trainer stream featureline spark_conf 2>/dev/null | sort)
 FILES_STAMP := $(VENV)/.package-files
-# uv installs the pinned dependencies (downloads in parallel; a cold install about a third of
-# pip's time); its own pin is in pyproject.toml's dev extra.
+# uv installs the pinned dependencies (downloads in parallel; a cold install half of pip's
+# time) and compiles their bytecode then, on both cores: where PYTHONDONTWRITEBYTECODE is set
+# nothing else would, and every process would compile each module it imports again. Its own
+# pin is in pyproject.toml's dev extra.
 UV_PIN := $(shell sed -n 's/^ *"\(uv==[^"]*\)".*/\1/p' pyproject.toml)
 
 $(FILES_STAMP): FORCE
@@ -51,7 +53,8 @@ $(STAMP): pyproject.toml $(FILES_STAMP)
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "Python 3.10+ is required")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check '$(UV_PIN)'
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]' -C editable_mode=strict
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]' \
+		-C editable_mode=strict
 	touch $(STAMP)
 
 venv: $(STAMP)
