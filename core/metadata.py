@@ -208,13 +208,16 @@ class FitInfo(Contract):
     """The fitted statistics the output's features were computed with (docs/ARCHITECTURE.md,
     "Fits"): ``version`` is the dataset version of the run that fitted them, ``from`` the
     output they were read from (None: fitted by this run), ``values_hash`` the settings they
-    were fitted for, ``age_days`` their age when this output was written."""
+    were fitted for."""
 
     version: str
     fitted_at: str
+    # Where the fit's training split ended; None: not recorded.
+    trained_until: str | None = None
     source: str | None = Field(default=None, alias="from")
     values_hash: str
-    age_days: float = 0.0
+    # From the end of the fit's training split to the end of this output's; None: unknown.
+    age_days: float | None = 0.0
 
 
 class Metadata(Contract):

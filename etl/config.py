@@ -210,8 +210,28 @@ class FitConfig(Settings):
 
     # The ETL output whose fit this run transforms with: its encodings, normalisation and
     # standardisation as they are (none recomputed), its vocabularies extended with new ids;
-    # None: fit on this run's training split (a new fit).
+    # None: fit on this run's training split (a new fit), or keep the replaced output's fit as
+    # refit_every says.
     from_output: str | None = None
+    # Keep the fit of the output a full run replaces until it is this old (e.g. 7d), in the
+    # events' time: from the end of the fit's training split to the end of this run's. None:
+    # every run fits anew.
+    refit_every: str | None = None
+    # Fit anew this run whatever refit_every says (--refit).
+    refit: bool = False
+
+    @field_validator("refit_every")
+    @classmethod
+    def _a_duration(cls, value: str | None) -> str | None:
+        if value is not None:
+            duration_seconds(value)
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> FitConfig:
+        if self.refit and self.from_output is not None:
+            raise ValueError("give from_output (--fit-from) or refit (--refit), not both")
+        return self
 
 
 class IncrementalConfig(Settings):
@@ -462,6 +482,7 @@ def with_overrides(
     vocabulary_from: str | None = None,
     refit_vocabularies: bool = False,
     fit_from: str | None = None,
+    refit: bool = False,
     valid_days: int | None = None,
     incremental: bool = False,
 ) -> EtlConfig:
@@ -492,6 +513,8 @@ def with_overrides(
         data["vocabulary"]["refit"] = True
     if fit_from is not None:
         data["fit"]["from_output"] = fit_from
+    if refit:
+        data["fit"]["refit"] = True
     if valid_days is not None:
         data["split"]["valid_days"] = valid_days
     if incremental:

@@ -3,13 +3,15 @@ the model-ready standardisation), read back from its output so that another run 
 its events with them unchanged (docs/ARCHITECTURE.md, "Fits").
 
 A run that fits records a new fit under metadata.json's ``fit`` (its version is the run's
-dataset version); a run with ``--fit-from OUTPUT`` records that output's fit as its own.
+dataset version); a run with ``--fit-from OUTPUT`` records that output's fit as its own, and
+so does a full run keeping the fit of the output it replaces (``etl.fit.refit_every``) while
+that fit is young enough.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.errors import ConfigError
 from featureline.core.metadata import METADATA_FILE, read_metadata
+from featureline.core.settings import duration_seconds
 from featureline.etl.config import EtlConfig
 from featureline.etl.incremental import values_hash
 
@@ -31,6 +34,8 @@ class Fit:
     output: Path
     version: str
     fitted_at: str
+    # Where its training split ended (the fitting run's validation start); None: not recorded.
+    trained_until: str | None
     stats: dict[str, Any]
     spark: SparkSession
 
@@ -48,27 +53,30 @@ class Fit:
         stats: dict[str, Any] = self.stats[op]
         return stats
 
-    def record(self, values_hash: str) -> dict[str, Any]:
+    def age_days(self, valid_from: str) -> float | None:
+        """Days from the end of the fit's training split to the end of this run's."""
+        if self.trained_until is None:
+            return None
+        delta = datetime.fromisoformat(valid_from) - datetime.fromisoformat(self.trained_until)
+        return round(delta.total_seconds() / 86400, 3)
+
+    def record(self, values_hash: str, valid_from: str) -> dict[str, Any]:
         """metadata.json's ``fit`` of a run that transformed with this fit."""
         return {"version": self.version, "fitted_at": self.fitted_at,
-                "from": str(self.output), "values_hash": values_hash,
-                "age_days": age_days(self.fitted_at)}
+                "trained_until": self.trained_until, "from": str(self.output),
+                "values_hash": values_hash, "age_days": self.age_days(valid_from)}
 
 
-def new_fit(version: str, created_at: str, values_hash: str) -> dict[str, Any]:
+def new_fit(version: str, created_at: str, values_hash: str, valid_from: str
+            ) -> dict[str, Any]:
     """metadata.json's ``fit`` of a run that fitted its own statistics."""
-    return {"version": version, "fitted_at": created_at, "from": None,
-            "values_hash": values_hash, "age_days": 0.0}
-
-
-def age_days(fitted_at: str) -> float:
-    fitted = datetime.fromisoformat(fitted_at)
-    return round((datetime.now(timezone.utc) - fitted).total_seconds() / 86400, 3)
+    return {"version": version, "fitted_at": created_at, "trained_until": valid_from,
+            "from": None, "values_hash": values_hash, "age_days": 0.0}
 
 
 def load_fit(spark: SparkSession, config: EtlConfig) -> Fit | None:
-    """The fit ``etl.fit.from_output`` names (None: this run fits), refused when it was
-    fitted for other settings: its statistics would not be these features'."""
+    """The fit ``etl.fit.from_output`` names (None: none named), refused when it was fitted
+    for other settings: its statistics would not be these features'."""
     source = config.fit.from_output
     if source is None:
         return None
@@ -76,13 +84,41 @@ def load_fit(spark: SparkSession, config: EtlConfig) -> Fit | None:
     if not (output / METADATA_FILE).is_file():
         raise ConfigError(OPTION, f"{output}: no {METADATA_FILE} there (expected an ETL output "
                           "folder)")
+    fit = _recorded(spark, output, config)
+    if isinstance(fit, str):
+        raise ConfigError(OPTION, f"{output} {fit}")
+    return fit
+
+
+def scheduled_fit(spark: SparkSession, config: EtlConfig, output: Path) -> Fit | None:
+    """The fit of the output a full run replaces, where ``etl.fit.refit_every`` keeps fits
+    between refits and neither ``--fit-from`` nor ``--refit`` is given; None where there is
+    none to keep (no output yet, no fit recorded, other settings: a new fit). Whether it is
+    young enough is known once the run's split is (``keeps``)."""
+    settings = config.fit
+    if (settings.refit_every is None or settings.refit or settings.from_output is not None
+            or config.mode != "full" or not (output / METADATA_FILE).is_file()):
+        return None
+    fit = _recorded(spark, output, config)
+    return None if isinstance(fit, str) else fit
+
+
+def keeps(fit: Fit, config: EtlConfig, valid_from: str) -> bool:
+    """Whether a scheduled fit is still younger than ``etl.fit.refit_every`` for a run whose
+    training split ends at ``valid_from``."""
+    assert config.fit.refit_every is not None
+    age = fit.age_days(valid_from)
+    return age is not None and age * 86400 < duration_seconds(config.fit.refit_every)
+
+
+def _recorded(spark: SparkSession, output: Path, config: EtlConfig) -> Fit | str:
+    """The fit ``output`` records, or why it cannot be used for ``config``."""
     metadata = read_metadata(output)
     fit = metadata.fit
     if fit is None:
-        raise ConfigError(OPTION, f"{output} records no fit (written before fits were): fit "
-                          "again with a full run")
+        return "records no fit (written before fits were): fit again with a full run"
     if fit.values_hash != values_hash(config):
-        raise ConfigError(OPTION, f"{output} was fitted for other settings (features, label, "
-                          "validation or columns differ): fit again with a full run of these "
-                          "settings")
-    return Fit(output.resolve(), fit.version, fit.fitted_at, dict(metadata.artifacts), spark)
+        return ("was fitted for other settings (features, label, validation or columns "
+                "differ): fit again with a full run of these settings")
+    return Fit(output.resolve(), fit.version, fit.fitted_at, fit.trained_until,
+               dict(metadata.artifacts), spark)

@@ -64,7 +64,7 @@ from featureline.etl.features.base import (
 )
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
-from featureline.etl.fit import load_fit, new_fit
+from featureline.etl.fit import Fit, keeps, load_fit, new_fit, scheduled_fit
 from featureline.etl.incremental import (
     EVENTS_DIR,
     KEEP,
@@ -567,8 +567,8 @@ def run(config: EtlConfig, spark: SparkSession,
     timer = StageTimer(progress, spark)
     started = time.perf_counter()
     cached: list[DataFrame] = []
-    frozen = load_fit(spark, config)
-    pipeline = FeaturePipeline(config, frozen)
+    scheduled = scheduled_fit(spark, config, output)
+    pipeline = FeaturePipeline(config, load_fit(spark, config))
     state = None
     if config.mode == "incremental":
         state = read_state(output)
@@ -595,6 +595,9 @@ def run(config: EtlConfig, spark: SparkSession,
                 events, split = _split(events, config)
                 stage.summary = ", ".join(f"{name} {count:,}"
                                           for name, count in split["rows"].items())
+                if scheduled is not None:
+                    stage.summary += _keep_or_refit(pipeline, scheduled, config,
+                                                    split["valid_from"])
             with timer(stages.FEATURES) as stage:
                 featured, state_rows = (
                     _features(pipeline, events, config) if state is None
@@ -634,9 +637,10 @@ def run(config: EtlConfig, spark: SparkSession,
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)
             metadata.update(_versions(config, pipeline, previous))
-            metadata["fit"] = (frozen.record(values_hash(config)) if frozen is not None else
+            frozen, valid_from = pipeline.frozen, split["valid_from"]
+            metadata["fit"] = (frozen.record(values_hash(config), valid_from) if frozen else
                                new_fit(metadata["dataset"]["version"], metadata["created_at"],
-                                       values_hash(config)))
+                                       values_hash(config), valid_from))
             if tiles:
                 metadata["tiles"] = tiles
                 metadata["outputs"][TILES_DIR] = TILES_DIR
@@ -652,6 +656,17 @@ def run(config: EtlConfig, spark: SparkSession,
             frame.unpersist()
     progress(f"wrote {output}")
     return JobResult(output, metadata)
+
+
+def _keep_or_refit(pipeline: FeaturePipeline, scheduled: Fit, config: EtlConfig,
+                   valid_from: str) -> str:
+    """Transform with the replaced output's fit while ``etl.fit.refit_every`` keeps it; what
+    the split stage's line adds about it."""
+    age = scheduled.age_days(valid_from)
+    if keeps(scheduled, config, valid_from):
+        pipeline.frozen = scheduled
+        return f"; the fit of {scheduled.fitted_at} kept ({age} days old)"
+    return f"; refitted (the fit kept since {scheduled.fitted_at} is {age} days old)"
 
 
 def _extend_vocabularies(spark: SparkSession, config: EtlConfig, pipeline: FeaturePipeline,

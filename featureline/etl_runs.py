@@ -42,7 +42,7 @@ def run_job(path: str | None = None, input_path: str | None = None,
             profile: str | None = None, label: str | None = None,
             categorical: str | None = None, continuous: str | None = None,
             vocabulary_from: str | None = None, refit_vocabularies: bool = False,
-            fit_from: str | None = None, valid_days: int | None = None,
+            fit_from: str | None = None, refit: bool = False, valid_days: int | None = None,
             incremental: bool = False, *,
             submitted: bool = False, properties: dict[str, str] | None = None,
             aggregations: list[GroupSpec] | None = None) -> FinishedRun:
@@ -61,7 +61,8 @@ def run_job(path: str | None = None, input_path: str | None = None,
         input_path=dated(input_path) if input_path else None, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
-        refit_vocabularies=refit_vocabularies, fit_from=fit_from, valid_days=valid_days,
+        refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
+        valid_days=valid_days,
         incremental=incremental)
     if aggregations is not None:
         config = config.model_copy(update={"aggregations": aggregations})

@@ -42,6 +42,9 @@ def job_options(command: Command) -> Command:
                      help="ETL output whose fit (encodings, normalisation, standardisation) "
                           "this run transforms with, none recomputed; its vocabularies are "
                           "extended (etl.fit.from_output)"),
+        click.option("--refit", is_flag=True,
+                     help="Fit the statistics anew this run, whatever etl.fit.refit_every "
+                          "says (etl.fit.refit)"),
         click.option("--valid-days", type=click.IntRange(min=1),
                      help="Days at the end of the log that form the validation split "
                           "(overrides split.valid_days)"),

@@ -4,6 +4,8 @@ statistics, none recomputed, and records whose fit it used."""
 from __future__ import annotations
 
 import json
+import shutil
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,8 @@ import pytest
 from featureline.core.errors import ConfigError
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, with_overrides
-from featureline.etl.datagen import write_log
-from featureline.etl.fit import load_fit
+from featureline.etl.datagen import DEFAULT_START, write_log
+from featureline.etl.fit import load_fit, scheduled_fit
 from tests.job_config import make_config
 
 # The fitted ops' statistics in stats.json, and their tables under artifacts/.
@@ -106,3 +108,38 @@ def test_a_fit_of_other_settings_or_a_conflicting_flag_is_refused(spark, tmp_pat
                         ({"incremental": True, "input_path": "x.jsonl"}, "incremental run")):
         with pytest.raises(ConfigError, match=says):
             with_overrides(base, fit_from=source, **flags)
+
+
+@pytest.mark.slow
+def test_a_kept_fit_is_refitted_once_it_is_refit_every_old(spark, tmp_path, job_output):
+    """etl.fit.refit_every: a full run keeps the fit of the output it replaces while that fit
+    is younger, in the events' time (from the end of its training split to the end of the
+    run's), and fits anew once it is not."""
+    shutil.copytree(job_output.output, tmp_path / "out")
+    later = tmp_path / "later.jsonl"
+    write_log(later, events=3000, users=150, items=120, days=6, seed=31,
+              start=DEFAULT_START + timedelta(days=3))
+    fitted = job_output.metadata["fit"]
+
+    kept = job.run(make_config(tmp_path, later, fit={"refit_every": "7d"}), spark,
+                   progress=lambda _: None)
+    assert kept.output == tmp_path / "out"
+    fit = kept.metadata["fit"]
+    assert (fit["version"], fit["trained_until"]) == (fitted["version"], fitted["trained_until"])
+    assert fit["from"] == str((tmp_path / "out").resolve()) and fit["age_days"] == 3.0
+    assert _stats(kept.output) == _stats(job_output.output)
+
+    refitted = job.run(make_config(tmp_path, later, fit={"refit_every": "2d"}), spark,
+                       progress=lambda _: None)
+    fit = refitted.metadata["fit"]
+    assert fit["version"] == refitted.metadata["dataset"]["version"] != fitted["version"]
+    assert fit["from"] is None and fit["age_days"] == 0.0
+    assert fit["trained_until"] == refitted.metadata["split"]["valid_from"]
+    assert _stats(refitted.output) != _stats(job_output.output)
+    # Now young: kept by the schedule, unless the run is told to refit.
+    young = with_overrides(make_config(tmp_path, later, fit={"refit_every": "2d"}))
+    assert scheduled_fit(spark, young, tmp_path / "out") is not None
+    told = with_overrides(young, refit=True)
+    assert scheduled_fit(spark, told, tmp_path / "out") is None
+    with pytest.raises(ConfigError, match="not both"):
+        with_overrides(told, fit_from=str(tmp_path / "out"))

@@ -103,14 +103,16 @@ def _same(ours: object, theirs: object, path: str = "") -> None:
 
 def _comparable(metadata: dict) -> dict:
     """metadata.json less what differs from run to run (when, the run's own id and input,
-    its timings, the reference its validation checked it against) and this run's own row
-    accounting."""
+    its timings, the reference its validation checked it against, its fit's id) and this
+    run's own row accounting."""
     left = {k: v for k, v in metadata.items()
             if k not in ("created_at", "dataset", "timings_s", "source", "config_hash",
                          "mode", "vocabularies", "checks")}
     left["rows"] = {k: v for k, v in metadata["rows"].items() if k != "this_run"}
     left["vocabularies"] = {column: entry["path"]
                             for column, entry in metadata["vocabularies"].items()}
+    # Each run fits anew: its fit is its own (version, when), of the same training split.
+    left["fit"] = {k: v for k, v in metadata["fit"].items() if k not in ("version", "fitted_at")}
     return left
 
 
