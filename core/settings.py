@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
 from featureline.core.errors import ConfigError
 
@@ -37,6 +37,15 @@ def duration_seconds(text: str) -> int:
     if not match or int(match.group(1)) == 0:
         raise ValueError(f"{text!r} is not a duration like 30m, 1h, 24h or 7d")
     return int(match.group(1)) * _DURATION_SECONDS[match.group(2)]
+
+
+def _checked_duration(text: str) -> str:
+    duration_seconds(text)
+    return text
+
+
+# A setting that is a duration, kept as written ("30m", "24h", "7d") and checked on load.
+Duration = Annotated[str, AfterValidator(_checked_duration)]
 
 
 def _location(loc: Sequence[Any], prefix: Sequence[str], tags: Collection[str]) -> str:

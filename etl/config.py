@@ -24,7 +24,7 @@ from featureline.core.drift import ChecksConfig
 from featureline.core.errors import ConfigError
 from featureline.core.events import ROLES, EventContract, LabelSpec, parse_rule
 from featureline.core.metadata import DEFAULT_OUTPUT
-from featureline.core.settings import Settings, duration_seconds, validate
+from featureline.core.settings import Duration, Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
 from featureline.etl.features import OP_SETTINGS
 from featureline.etl.features.base import (
@@ -103,14 +103,7 @@ class ValidationConfig(Settings):
     ts_unit: Literal["auto", "s", "ms"] = "auto"
     # Events later than the run's start by more than this are out of the window (a clock gone
     # wrong); None: only ts_max bounds them.
-    future_tolerance: str | None = "1d"
-
-    @field_validator("future_tolerance")
-    @classmethod
-    def _tolerance_is_a_duration(cls, value: str | None) -> str | None:
-        if value is not None:
-            duration_seconds(value)
-        return value
+    future_tolerance: Duration | None = "1d"
 
     @field_validator("ts_min", "ts_max")
     @classmethod
@@ -216,16 +209,9 @@ class FitConfig(Settings):
     # Keep the fit of the output a full run replaces until it is this old (e.g. 7d), in the
     # events' time: from the end of the fit's training split to the end of this run's. None:
     # every run fits anew.
-    refit_every: str | None = None
+    refit_every: Duration | None = None
     # Fit anew this run whatever refit_every says (--refit).
     refit: bool = False
-
-    @field_validator("refit_every")
-    @classmethod
-    def _a_duration(cls, value: str | None) -> str | None:
-        if value is not None:
-            duration_seconds(value)
-        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> FitConfig:

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator
-
-from featureline.core.settings import Settings, duration_seconds
+from featureline.core.settings import Duration, Settings
 
 
 class FeatureStoreConfig(Settings):
@@ -16,7 +14,7 @@ class FeatureStoreConfig(Settings):
     # The Feast repository: feature_store.yaml and the definitions derived from metadata.json.
     repo: str = "feature_store/feast_repo"
     # How long an entity's latest snapshot stands in point-in-time joins.
-    ttl: str = "30d"
+    ttl: Duration = "30d"
     # redis | redis_cluster | redis_sentinel; REDIS_URL names the server (a cluster: any
     # one of its nodes; Sentinel: redis+sentinel://host:26379,…/<primary>/<db>).
     redis_type: Literal["redis", "redis_cluster", "redis_sentinel"] = "redis"
@@ -24,9 +22,3 @@ class FeatureStoreConfig(Settings):
     redis_dir: str = "data/redis"
     # duckdb (embedded, in-process) | spark (Feast's Spark offline store, for scale).
     offline_store: Literal["duckdb", "spark"] = "duckdb"
-
-    @field_validator("ttl")
-    @classmethod
-    def _ttl_is_a_duration(cls, value: str) -> str:
-        duration_seconds(value)
-        return value
