@@ -96,6 +96,8 @@ class TableInfo(BaseModel):
     keys: int
     # The vocabulary version whose ids key the table (None: not declared).
     vocabulary_version: str | None = None
+    # The fit of the examples it was trained on (None: not declared).
+    fit_version: str | None = None
     cache: dict[str, Any]
     stats: dict[str, Any]
 
@@ -113,6 +115,9 @@ class Versions(BaseModel):
     vocabularies: dict[str, str]
     online_store: dict[str, Any] | None
     embeddings: dict[str, str | None]
+    # The fit of the API's data, and the fit each embedding table was trained on.
+    fit: str | None = None
+    embedding_fits: dict[str, str | None] = {}
     # What disagrees; empty when every part encodes ids alike.
     problems: list[str] = []
 

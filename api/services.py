@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import Request
 from feast import ValueType
@@ -51,6 +51,8 @@ class Services:
     # The served ETL output's dataset version, and each vocabulary's lineage.
     dataset_version: str
     lineages: dict[str, list[str]]
+    # The fit of its statistics (metadata.json's fit.version; None: not recorded).
+    fit_version: str | None = None
     # Background work of this process: reloads announced by other workers, online updates.
     listener: ReloadListener | None = None
     evictions: EvictionListener | None = None
@@ -118,9 +120,10 @@ class Services:
         dataset = _dataset(self.output) if self.output is not None else None
         rows = server.reload(model)
         if dataset is not None:
-            (self.vocabularies, self.lineages, self.dataset_version, self.contract,
-             groups) = dataset
-            self.reader.set_groups(groups)
+            self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
+            self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
+            self.contract = dataset.contract
+            self.reader.set_groups(dataset.groups)
         return rows
 
     def close(self) -> None:
@@ -145,8 +148,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     repo = open_repo(config.feature_store, output, url=redis_url)
     caching = config.api.feature_cache
     cache = ValueCache(caching.ttl_s, caching.max_entities) if caching.ttl_s > 0 else None
-    vocabularies, lineages, version, contract, groups = _dataset(output)
-    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache, groups)
+    dataset = _dataset(output)
+    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache, dataset.groups)
     hps = ParameterServer.from_config(config.api.hps) if config.api.hps else None
     metrics = Metrics()
     if hps is not None:
@@ -155,8 +158,9 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     if config.api.auth.enabled and not keys:
         logger.warning("API authentication is on but no key is configured (api.auth.keys_file, "
                        "FEATURELINE_API_KEYS): every request will be answered 401")
-    services = Services(config, reader, vocabularies, hps, metrics, keys, version, lineages,
-                        output=Path(output), contract=contract,
+    services = Services(config, reader, dataset.vocabularies, hps, metrics, keys,
+                        dataset.version, dataset.lineages, dataset.fit_version,
+                        output=Path(output), contract=dataset.contract,
                         event_log=open_event_log(config.stream, reader.url))
     metrics.watch_store(reader.ping, lambda: check(services))
     # The newest ETL run's validation gate (written whether or not it was published).
@@ -183,14 +187,26 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     return services
 
 
-def _dataset(output: str | Path) -> tuple[Vocabularies, dict[str, list[str]], str,
-                                         EventContract | None, list[GroupSpec]]:
-    """An ETL output's vocabularies, each one's lineage, its dataset version, the contract
-    of its raw events and the aggregation groups of its tiles."""
+class _Dataset(NamedTuple):
+    """What the API reads of its ETL output."""
+
+    vocabularies: Vocabularies
+    # Each vocabulary's lineage.
+    lineages: dict[str, list[str]]
+    version: str
+    # The contract of its raw events.
+    contract: EventContract | None
+    # The aggregation groups of its tiles.
+    groups: list[GroupSpec]
+    fit_version: str | None
+
+
+def _dataset(output: str | Path) -> _Dataset:
     metadata = read_metadata(output)
     lineages = {column: list(entry.lineage) for column, entry in metadata.vocabularies.items()}
-    return (Vocabularies.from_output(output), lineages, metadata.dataset_version,
-            metadata.events, metadata.tiles.groups if metadata.tiles else [])
+    return _Dataset(Vocabularies.from_output(output), lineages, metadata.dataset_version,
+                    metadata.events, metadata.tiles.groups if metadata.tiles else [],
+                    metadata.fit.version if metadata.fit else None)
 
 
 async def get_services(request: Request) -> Services:

@@ -2,8 +2,10 @@
 
 The API encodes raw ids with its ETL output's vocabularies; the online store holds the
 encoded ids of the dataset last published into it (its publication stamp); each embedding
-table declares the vocabulary version its rows are keyed by. Ids mean the same when one
-vocabulary extends the other (docs/ARCHITECTURE.md, "Version stamps"); anything else is a
+table declares the vocabulary version its rows are keyed by and the fit of the examples it
+was trained on. Ids mean the same when one vocabulary extends the other (docs/ARCHITECTURE.md,
+"Version stamps"); a table trained on another fit than the output's belongs to a model whose
+other inputs the output no longer writes as it learned them ("Fits"). Anything else is a
 problem that ``/readyz`` reports with a 503, naming what disagrees.
 """
 
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from featureline.api.models import Versions
 from featureline.core.metadata import compatible
+from featureline.hps.config import TableConfig
 
 if TYPE_CHECKING:
     from featureline.api.services import Services
@@ -37,6 +40,13 @@ def check(services: Services) -> Versions:
                     "API's dataset or point the API at the published one")
     ranking = services.config.api.ranking
     embeddings = embedding_versions(services)
+    fits = embedding_fits(services)
+    for table, fit in sorted(fits.items()):
+        if fit is not None and services.fit_version is not None and fit != services.fit_version:
+            problems.append(
+                f"embeddings {table}: trained on examples of fit {fit}; the API's dataset "
+                f"{services.dataset_version} is of fit {services.fit_version}: train on it "
+                "and reload the model")
     for feature, name in sorted(ranking.tables.items()):
         version = embeddings.get(f"{ranking.model}/{name}")
         encoded = services.vocabularies.column_of(feature)
@@ -48,15 +58,26 @@ def check(services: Services) -> Versions:
     return Versions(dataset_version=services.dataset_version,
                     vocabularies={c: lineage[-1] for c, lineage in own.items()},
                     online_store=publication.to_json() if publication else None,
-                    embeddings=embeddings, problems=problems)
+                    embeddings=embeddings, fit=services.fit_version, embedding_fits=fits,
+                    problems=problems)
 
 
 def embedding_versions(services: Services) -> dict[str, str | None]:
     """``model/table`` → the vocabulary version its rows are keyed by, for the ranking
     model's tables this process serves."""
+    return {name: table.vocabulary_version for name, table in _ranking_tables(services).items()}
+
+
+def embedding_fits(services: Services) -> dict[str, str | None]:
+    """``model/table`` → the fit of the examples it was trained on, for the ranking model's
+    tables this process serves."""
+    return {name: table.fit_version for name, table in _ranking_tables(services).items()}
+
+
+def _ranking_tables(services: Services) -> dict[str, TableConfig]:
     ranking = services.config.api.ranking
     if services.hps is None or ranking.model not in services.hps.tables:
         return {}
     tables = services.hps.tables[ranking.model]
-    return {f"{ranking.model}/{name}": tables[name].config.vocabulary_version
+    return {f"{ranking.model}/{name}": tables[name].config
             for name in sorted(ranking.tables.values()) if name in tables}

@@ -9,6 +9,14 @@ examples, with the epoch history.
     python benchmarks/bench_model.py
     python benchmarks/bench_model.py --epochs 10 --patience 2
     python benchmarks/bench_model.py --smoke      # one epoch (tests/test_benchmarks.py)
+    python benchmarks/bench_model.py --fit-age 7  # a 7-day-old fit vs a fresh one
+
+``--fit-age N``: what a daily run that keeps its fit between refits trades (docs/daily.md).
+The same examples — the whole log, the same split — transformed twice: with a fresh fit
+(the full run's own) and with the fit of a full run over the log as it was N days earlier
+(``etl.fit.from_output``: its encodings and statistics as they were, its vocabularies
+extended with the new ids); the model trained on each, both validation AUCs and their
+difference.
 """
 
 from __future__ import annotations
@@ -49,22 +57,36 @@ def etl_config(log: Path, output: Path) -> dict[str, Any]:
         "output": {"path": str(output)}}}
 
 
-def run(epochs: int, patience: int, work: Path) -> dict[str, Any]:
-    log = movielens_100k()
-    output = work / "output"
+def _etl(settings: dict[str, Any], work: Path) -> None:
+    """``featureline etl run`` with ``settings`` as its featureline.yaml, in ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
     config = work / "featureline.yaml"
-    config.write_text(yaml.safe_dump(etl_config(log, output)))
+    config.write_text(yaml.safe_dump(settings))
     etl = subprocess.run([str(BIN / "featureline"), "etl", "run", "--config", str(config)],
                          capture_output=True, text=True, cwd=work)
     if etl.returncode != 0:
         raise RuntimeError(f"the ETL failed: {(etl.stdout + etl.stderr)[-3000:]}")
+
+
+def _train(output: Path, model: Path, epochs: int, patience: int) -> Any:
     from featureline.trainer.train import train
 
-    result = train(output, work / "model", epochs=epochs, patience=patience,
-                   progress=lambda line: print(line, file=sys.stderr))
+    return train(output, model, epochs=epochs, patience=patience,
+                 progress=lambda line: print(line, file=sys.stderr))
+
+
+def _machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version()}
+
+
+def run(epochs: int, patience: int, work: Path) -> dict[str, Any]:
+    log = movielens_100k()
+    output = work / "output"
+    _etl(etl_config(log, output), work)
+    result = _train(output, work / "model", epochs, patience)
     validation = result.validation
-    return {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                        "python": platform.python_version()},
+    return {"machine": _machine(),
             "data": {"log": str(log), "rows": sum(1 for _ in log.open())},
             "valid_days": VALID_DAYS, "epochs": result.epochs, "best_epoch": result.best_epoch,
             "validation_rows": validation["rows"],
@@ -73,15 +95,48 @@ def run(epochs: int, patience: int, work: Path) -> dict[str, Any]:
             "gbdt": validation.get("gbdt")}
 
 
+def fit_age(days: int, epochs: int, patience: int, work: Path) -> dict[str, Any]:
+    """The model trained on the whole log's examples transformed with a fresh fit and with the
+    fit of ``days`` days earlier (module docstring)."""
+    log = movielens_100k()
+    lines = log.read_text().splitlines()
+    cut = max(json.loads(line)["ts"] for line in lines) - days * 86_400
+    earlier = work / "earlier.jsonl"
+    earlier.write_text("".join(f"{line}\n" for line in lines if json.loads(line)["ts"] < cut))
+    _etl(etl_config(earlier, work / "earlier" / "output"), work / "earlier")
+    scores, fits = {}, {}
+    for name, fit in (("fresh", None), ("stale", work / "earlier" / "output")):
+        settings = etl_config(log, work / name / "output")
+        if fit is not None:
+            settings["etl"]["fit"] = {"from_output": str(fit)}
+        _etl(settings, work / name)
+        fits[name] = json.loads((work / name / "output" / "metadata.json").read_text())["fit"]
+        result = _train(work / name / "output", work / name / "model", epochs, patience)
+        scores[name] = {"auc": result.validation["model"]["auc"],
+                        "log_loss": result.validation["model"]["log_loss"],
+                        "best_epoch": result.best_epoch}
+    return {"machine": _machine(), "fit_age_days": days, "valid_days": VALID_DAYS,
+            "fits": {name: {k: fit[k] for k in ("version", "trained_until", "from")}
+                     for name, fit in fits.items()},
+            "fresh": scores["fresh"], "stale": scores["stale"],
+            "auc_difference": round(scores["stale"]["auc"] - scores["fresh"]["auc"], 4)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--patience", type=int, default=2)
     parser.add_argument("--smoke", action="store_true", help="one epoch")
+    parser.add_argument("--fit-age", type=int, metavar="DAYS",
+                        help="a fit DAYS days old vs a fresh one, on the same examples")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         epochs = 1 if args.smoke else args.epochs
-        print(json.dumps(run(epochs, args.patience, Path(tmp)), indent=2))
+        if args.fit_age:
+            report = fit_age(args.fit_age, epochs, args.patience, Path(tmp))
+        else:
+            report = run(epochs, args.patience, Path(tmp))
+        print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-"""A Spark job's start with and without the class archive (etl/class_archive.py).
+"""A small Spark job's cost with and without the class archive, and with the test suite's
+first-tier JIT (etl/class_archive.py).
 
 Prints one JSON document: ``featureline etl run`` on a small generated log, each run a fresh
-process and JVM, with the archive and without it (an empty cache folder), interleaved
-A B B A … so that the machine's drift falls on both; wall seconds of each run and the
-machine's CPU seconds over it (/proc/stat: the JVM is not this process's child), and the
-ratios of the medians (with ÷ without).
+process and JVM, three ways — without the archive (an empty cache folder), with it, and with
+it and ``SPARK_SUBMIT_OPTS=-XX:TieredStopAtLevel=1`` (what tests/conftest.py sets) —
+rotated run by run so that the machine's drift falls on each; wall seconds of each run and
+the machine's CPU seconds over it (/proc/stat: the JVM is not this process's child), and the
+ratios of the medians (with ÷ without, first tier ÷ with).
 
     python benchmarks/bench_session.py              # 4 pairs on 2,000 events
     python benchmarks/bench_session.py --pairs 1    # the smoke run
@@ -24,7 +26,7 @@ import time
 from pathlib import Path
 
 from featureline.core.files import CACHE_ENV, cache_root
-from featureline.etl.class_archive import class_archive
+from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTION, class_archive
 from featureline.etl.datagen import write_log
 
 
@@ -35,10 +37,10 @@ def machine_cpu_seconds() -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(log: Path, out: Path, cache: Path) -> dict[str, float]:
+def one_run(log: Path, out: Path, cache: Path, java_options: str) -> dict[str, float]:
     command = [str(Path(sys.executable).parent / "featureline"), "etl", "run",
                "--input", str(log), "--output", str(out)]
-    env = dict(os.environ, **{CACHE_ENV: str(cache)})
+    env = dict(os.environ, **{CACHE_ENV: str(cache), "SPARK_SUBMIT_OPTS": java_options})
     cpu, started = machine_cpu_seconds(), time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, env=env, timeout=900)
     return {"wall_s": round(time.perf_counter() - started, 2),
@@ -47,22 +49,24 @@ def one_run(log: Path, out: Path, cache: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=4, help="runs of each side")
     parser.add_argument("--events", type=int, default=2000)
     args = parser.parse_args()
     archive = class_archive()
-    runs: dict[str, list[dict[str, float]]] = {"with": [], "without": []}
+    sides = ("with", "without", "first_tier")
+    runs: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         log = root / "events.jsonl"
         write_log(log, events=args.events, users=50, items=40, days=3, seed=3,
                   bad_fraction=0.01)
-        caches = {"with": cache_root(), "without": root / "empty-cache"}
-        order = [("with", "without"), ("without", "with")]
+        caches = {"with": cache_root(), "without": root / "empty-cache",
+                  "first_tier": cache_root()}
+        options = {"with": "", "without": "", "first_tier": SMALL_JOBS_JAVA_OPTION}
         for pair in range(args.pairs):
-            for side in order[pair % 2]:
+            for side in sides[pair % 3:] + sides[:pair % 3]:
                 out = root / f"out-{side}-{pair}"
-                runs[side].append(one_run(log, out, caches[side]))
+                runs[side].append(one_run(log, out, caches[side], options[side]))
     medians = {side: {key: statistics.median(run[key] for run in runs[side])
                       for key in ("wall_s", "machine_cpu_s")} for side in runs}
     print(json.dumps({
@@ -73,6 +77,10 @@ def main() -> None:
         "ratio_wall": round(medians["with"]["wall_s"] / medians["without"]["wall_s"], 3),
         "ratio_cpu": round(medians["with"]["machine_cpu_s"]
                            / medians["without"]["machine_cpu_s"], 3),
+        "first_tier_ratio_wall": round(medians["first_tier"]["wall_s"]
+                                       / medians["with"]["wall_s"], 3),
+        "first_tier_ratio_cpu": round(medians["first_tier"]["machine_cpu_s"]
+                                      / medians["with"]["machine_cpu_s"], 3),
     }, indent=2))
 
 

@@ -25,6 +25,11 @@ from featureline.etl.errors import ClassArchiveError
 
 ARCHIVE = "spark.jsa"
 _JAVA_OPTION = "-XX:SharedArchiveFile"
+# For a process tree of small jobs only (the test suite sets it in SPARK_SUBMIT_OPTS, which
+# every spark-submit and pyspark driver reads): the JIT's first tier alone. A job of a few
+# thousand rows spends much of its driver's CPU compiling code with the second tier (C2)
+# that then runs too little to repay it; a large job needs C2 (benchmarks/README.md).
+SMALL_JOBS_JAVA_OPTION = "-XX:TieredStopAtLevel=1"
 
 
 def _java() -> Path | None:
@@ -37,7 +42,9 @@ def _java() -> Path | None:
 def _spark_jars() -> Path:
     import pyspark
 
-    return Path(pyspark.__file__).parent / "jars"
+    # Resolved as pyspark finds its own home: a venv that links another's pyspark (an
+    # installed wheel's over the same site-packages) runs the same class path.
+    return Path(pyspark.__file__).resolve().parent / "jars"
 
 
 def archive_folder() -> Path | None:

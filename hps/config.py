@@ -34,6 +34,10 @@ class TableConfig(Settings):
     # The version of the vocabulary whose ids key this table (metadata.json's
     # vocabularies.<column>.version), so a server can tell which ids its rows mean.
     vocabulary_version: str | None = None
+    # The fit of the examples the table was trained on (metadata.json's fit.version): a
+    # server over an output of another fit serves a model trained on inputs that output no
+    # longer writes.
+    fit_version: str | None = None
 
 
 class ModelConfig(Settings):

@@ -95,6 +95,7 @@ def tables_stats(tables: dict[str, dict[str, Table]]) -> dict[str, Any]:
     """Per model and table: width, keys, vocabulary version, the L1 cache, what answered."""
     return {model: {name: {"dim": t.config.dim, "keys": t.size,
                            "vocabulary_version": t.config.vocabulary_version,
+                           "fit_version": t.config.fit_version,
                            "cache": {"device": t.cache.device, "capacity": t.cache.capacity,
                                      "held": len(t.cache)},
                            **t.stats.to_json()}

@@ -25,6 +25,20 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+def _small_jobs_jit() -> None:
+    """Every Spark driver the tests start — the shared session's and each spark-submit's, all
+    reading this process's environment — compiles with the JIT's first tier only: the tests'
+    jobs are small (etl/class_archive.py, benchmarks/README.md)."""
+    from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTION
+
+    current = os.environ.get("SPARK_SUBMIT_OPTS", "")
+    if "TieredStopAtLevel" not in current:
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{current} {SMALL_JOBS_JAVA_OPTION}".strip()
+
+
+_small_jobs_jit()
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -155,7 +155,8 @@ def _embedding_tables(output: Path, root: Path) -> Path:
         vectors[:, 0] = np.arange(rows)
         write_hugectr(root / "tables" / name, np.arange(rows, dtype=np.int64), vectors)
         tables.append({"name": name, "dim": DIM, "source": str(root / "tables" / name),
-                       "vocabulary_version": metadata["vocabularies"][column]["version"]})
+                       "vocabulary_version": metadata["vocabularies"][column]["version"],
+                       "fit_version": metadata["fit"]["version"]})
     hps_yaml = root / "hps.yaml"
     hps_yaml.write_text(yaml.safe_dump({"models": [{"name": "ranker", "tables": tables}],
                                         "persistent_db": {"path": str(root / "rocksdb")},
@@ -254,6 +255,36 @@ def test_a_value_changed_under_the_same_snapshot_time_is_republished(tmp_path, r
     assert again.mode == "incremental" and again.replaced is None
 
 
+def test_tables_trained_on_another_fit_are_not_ready_until_trained_again(day2, served,
+                                                                         tmp_path):
+    """Day 1's tables over day 2's output: the ids agree (day 2 extends day 1's
+    vocabularies), but day 2 fitted its statistics anew, so the model those tables belong to
+    learned from inputs day 2 no longer writes."""
+    day1, output, _ = day2
+    config, url, _, _, _ = served
+    fits = [json.loads((path / "metadata.json").read_text())["fit"]["version"]
+            for path in (day1, output)]
+    assert fits[0] != fits[1]
+    with _client(config, output, _embedding_tables(day1, tmp_path / "day1-tables"),
+                 url) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        versions = ready.json()["versions"]
+        assert versions["fit"] == fits[1]
+        assert versions["embedding_fits"] == {"ranker/item": fits[0], "ranker/user": fits[0]}
+        assert versions["problems"] == [
+            f"embeddings ranker/{name}: trained on examples of fit {fits[0]}; the API's "
+            f"dataset {versions['dataset_version']} is of fit {fits[1]}: train on it and "
+            "reload the model" for name in ("item", "user")]
+
+
+def _skew_count(client: TestClient) -> float:
+    """``featureline_version_skew_total`` as /metrics exports it."""
+    (line,) = [line for line in client.get("/metrics").text.splitlines()
+               if line.startswith("featureline_version_skew_total ")]
+    return float(line.split()[1])
+
+
 def test_a_refit_is_not_ready_until_store_and_embeddings_follow_it(day2, served, spark,
                                                                   tmp_path):
     _, output, grown = day2
@@ -264,12 +295,13 @@ def test_a_refit_is_not_ready_until_store_and_embeddings_follow_it(day2, served,
         spark, progress=lambda _: None).output
     day2_tables = _embedding_tables(output, tmp_path / "day2-tables")
     with _client(config, refit, day2_tables, url) as client:
+        skewed = _skew_count(client)
         ready = client.get("/readyz")
         assert ready.status_code == 503
         problems = ready.json()["versions"]["problems"]
         assert any(p.startswith("online store: user_id") for p in problems)
         assert any(p.startswith("embeddings ranker/user") for p in problems)
-        assert "featureline_version_skew_total 1.0" in client.get("/metrics").text
+        assert _skew_count(client) == skewed + 1
     publish(open_repo(config.feature_store, refit, url=url), progress=lambda _: None)
     refit_tables = _embedding_tables(refit, tmp_path / "refit-tables")
     with _client(config, refit, refit_tables, url) as client:

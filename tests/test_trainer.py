@@ -138,9 +138,17 @@ def test_exported_tables_load_through_the_parameter_server(job_output, trained, 
             np.testing.assert_array_equal(got, weights)
             column = next((c for c in versions if encoded_name(c) == owner), None)
             assert table.vocabulary_version == (versions[column] if column else None)
+            # Every table was trained on the examples of the output's fit.
+            assert table.fit_version == job_output.metadata["fit"]["version"]
     finally:
         server.close()
     assert {t.name for t in ranker.tables} >= {"user", "item", "category_x_device"}
+    fit = job_output.metadata["fit"]
+    assert trained.fit == {"version": fit["version"], "trained_until": fit["trained_until"],
+                           "age_days": fit["age_days"]}
+    report = json.loads((trained.out / "training.json").read_text())
+    assert report["fit"]["version"] == fit["version"]
+    assert f"fit {fit['version']}" in trained.summary()
 
 
 def test_without_tensorflow_the_demo_serves_a_factorisation_of_the_interactions(

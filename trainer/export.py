@@ -1,6 +1,7 @@
 """The trained embedding tables for the parameter server: HugeCTR's sparse-model layout
 (``key`` int64, ``emb_vector`` float32, rows = encoded ids) and an ``hps.yaml`` that imports
-them, each table tagged with the vocabulary version whose ids key its rows."""
+them, each table tagged with the vocabulary version whose ids key its rows and the fit of the
+examples it was trained on."""
 
 from __future__ import annotations
 
@@ -35,10 +36,12 @@ def vocabulary_version(metadata: Metadata, owner: str) -> str | None:
 
 
 def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
-                 model_name: str = "ranker", template: HpsConfig | None = None) -> Path:
+                 model_name: str = "ranker", template: HpsConfig | None = None,
+                 fit_version: str | None = None) -> Path:
     """Each table (name → [rows, dim] vectors keyed by row number, its vocabulary version)
-    under ``out/tables/<name>``, and ``out/hps.yaml`` importing them; the config's path. The
-    parameter server imports a table again when its files change.
+    under ``out/tables/<name>``, and ``out/hps.yaml`` importing them, each table tagged with
+    ``fit_version``; the config's path. The parameter server imports a table again when its
+    files change.
 
     ``template``: the deployment's parameter-server settings (tiers, update streams, other
     models), kept in the written hps.yaml, where ``model_name``'s tables become these (the
@@ -48,7 +51,7 @@ def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
         folder = (out / "tables" / name).resolve()
         write_hugectr(folder, np.arange(len(vectors), dtype=np.int64), vectors)
         entries.append({"name": name, "dim": int(vectors.shape[1]), "source": str(folder),
-                        "vocabulary_version": version})
+                        "vocabulary_version": version, "fit_version": fit_version})
     if template is None:
         settings: dict[str, Any] = {
             "models": [{"name": model_name, "cache_fraction": 0.5, "tables": entries}],
@@ -69,8 +72,9 @@ def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
 def export(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker",
            template: HpsConfig | None = None) -> Path:
     """Every embedding table of ``model``, named by :func:`table_names` and tagged with its
-    vocabulary version (:func:`write_tables`)."""
+    vocabulary version and the output's fit (:func:`write_tables`)."""
     names = table_names(metadata)
     return write_tables(out, {names[owner]: (table_weights(model, owner),
                                              vocabulary_version(metadata, owner))
-                              for owner in embedding_tables(metadata)}, model_name, template)
+                              for owner in embedding_tables(metadata)}, model_name, template,
+                        metadata.fit.version if metadata.fit else None)

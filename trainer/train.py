@@ -41,6 +41,9 @@ class TrainResult:
     dataset_version: str
     vocabularies: dict[str, str]
     seconds: float
+    # The fit the examples were transformed with: its version, where its training split
+    # ended and its age at this dataset (docs/ARCHITECTURE.md, "Fits"); None: not recorded.
+    fit: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "out": str(self.out), "hps_config": str(self.hps_config)}
@@ -57,7 +60,13 @@ class TrainResult:
                 f"popularity {baseline['auc']:.4f}{auc}; log-loss {model['log_loss']:.4f} vs "
                 f"{baseline['log_loss']:.4f}{loss}\ntables for the parameter server: "
                 f"{self.hps_config} (trained in {self.seconds:.1f}s on dataset "
-                f"{self.dataset_version})")
+                f"{self.dataset_version}{self._fit_text()})")
+
+    def _fit_text(self) -> str:
+        if self.fit is None:
+            return ""
+        age = self.fit["age_days"]
+        return f", fit {self.fit['version']}" + (f", {age:g} days old" if age else "")
 
 
 def _inputs(batches: Any, label: str) -> Any:
@@ -176,6 +185,9 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
         validation["gbdt"] = trees
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    fit = (None if metadata.fit is None else
+           {"version": metadata.fit.version, "trained_until": metadata.fit.trained_until,
+            "age_days": metadata.fit.age_days})
     hps_config = export(model, metadata, out, model_name, template)
     with warnings.catch_warnings():
         # Keras 3.15 saving TensorFlow variables under NumPy 2; the file is complete.
@@ -184,6 +196,6 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
     vocabularies = {c: v.version for c, v in metadata.vocabularies.items()}
     result = TrainResult(out, hps_config, history, best_epoch, validation,
                          metadata.dataset.version if metadata.dataset else "", vocabularies,
-                         round(time.perf_counter() - started, 3))
+                         round(time.perf_counter() - started, 3), fit)
     (out / REPORT_FILE).write_text(json.dumps(result.to_json(), indent=2))
     return result
