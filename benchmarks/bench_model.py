@@ -28,6 +28,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +116,16 @@ def fit_age(days: int, epochs: int, patience: int, work: Path) -> dict[str, Any]
         scores[name] = {"auc": result.validation["model"]["auc"],
                         "log_loss": result.validation["model"]["log_loss"],
                         "best_epoch": result.best_epoch}
+    # The training events the stale fit never saw: between the two fits' training splits.
+    since, until = (datetime.fromisoformat(fits[name]["trained_until"]).timestamp()
+                    for name in ("stale", "fresh"))
+    unseen = sum(1 for line in lines if since <= json.loads(line)["ts"] < until)
     return {"machine": _machine(), "fit_age_days": days, "valid_days": VALID_DAYS,
             "fits": {name: {k: fit[k] for k in ("version", "trained_until", "from")}
                      for name, fit in fits.items()},
+            "training_events_after_the_stale_fit": unseen,
             "fresh": scores["fresh"], "stale": scores["stale"],
-            "auc_difference": round(scores["stale"]["auc"] - scores["fresh"]["auc"], 4)}
+            "auc_difference": round(scores["stale"]["auc"] - scores["fresh"]["auc"], 6)}
 
 
 def main(argv: list[str] | None = None) -> None:
