@@ -155,7 +155,8 @@ class StoreCollector(Collector):
             labels=["api_dataset", "online_dataset"])
         compatible = GaugeMetricFamily(
             "featureline_versions_compatible", "1 when the online store and every embedding "
-            "table encode ids as the API does, else 0")
+            "table encode ids as the API does and the tables were trained on its data's fit, "
+            "else 0")
         if versions is not None:
             online = (versions.online_store or {}).get("dataset_version", "")
             info.add_metric([versions.dataset_version, online], 1.0)
@@ -176,7 +177,8 @@ class Metrics:
         self.version_skew = Counter(
             "featureline_version_skew_total",
             "Readiness checks that found the online store or an embedding table encoding ids "
-            "with a vocabulary incompatible with the API's", registry=self.registry)
+            "with a vocabulary incompatible with the API's, or a table trained on another fit",
+            registry=self.registry)
 
     def count_error(self, kind: str) -> None:
         self.errors.labels(kind=kind).inc()
