@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from featureline.api.models import Versions
 from featureline.core.metadata import compatible
-from featureline.hps.config import TableConfig
 
 if TYPE_CHECKING:
     from featureline.api.services import Services
@@ -65,19 +64,22 @@ def check(services: Services) -> Versions:
 def embedding_versions(services: Services) -> dict[str, str | None]:
     """``model/table`` → the vocabulary version its rows are keyed by, for the ranking
     model's tables this process serves."""
-    return {name: table.vocabulary_version for name, table in _ranking_tables(services).items()}
+    return {name: vocabulary for name, (vocabulary, _) in _table_stamps(services).items()}
 
 
 def embedding_fits(services: Services) -> dict[str, str | None]:
     """``model/table`` → the fit of the examples it was trained on, for the ranking model's
     tables this process serves."""
-    return {name: table.fit_version for name, table in _ranking_tables(services).items()}
+    return {name: fit for name, (_, fit) in _table_stamps(services).items()}
 
 
-def _ranking_tables(services: Services) -> dict[str, TableConfig]:
+def _table_stamps(services: Services) -> dict[str, tuple[str | None, str | None]]:
+    """``model/table`` → its (vocabulary version, fit version), for the ranking model's
+    tables this process serves."""
     ranking = services.config.api.ranking
     if services.hps is None or ranking.model not in services.hps.tables:
         return {}
     tables = services.hps.tables[ranking.model]
-    return {f"{ranking.model}/{name}": tables[name].config
+    return {f"{ranking.model}/{name}": (tables[name].config.vocabulary_version,
+                                        tables[name].config.fit_version)
             for name in sorted(ranking.tables.values()) if name in tables}

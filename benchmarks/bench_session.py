@@ -3,7 +3,7 @@ first-tier JIT (etl/class_archive.py).
 
 Prints one JSON document: ``featureline etl run`` on a small generated log, each run a fresh
 process and JVM, three ways — without the archive (an empty cache folder), with it, and with
-it and ``SPARK_SUBMIT_OPTS=-XX:TieredStopAtLevel=1`` (what tests/conftest.py sets) —
+it and the first tier only (``SPARK_SUBMIT_OPTS``, as tests/conftest.py sets it) —
 rotated run by run so that the machine's drift falls on each; wall seconds of each run and
 the machine's CPU seconds over it (/proc/stat: the JVM is not this process's child), and the
 ratios of the medians (with ÷ without, first tier ÷ with).
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from featureline.core.files import CACHE_ENV, cache_root
-from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTION, class_archive
+from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTIONS, class_archive
 from featureline.etl.datagen import write_log
 
 
@@ -62,7 +62,7 @@ def main() -> None:
                   bad_fraction=0.01)
         caches = {"with": cache_root(), "without": root / "empty-cache",
                   "first_tier": cache_root()}
-        options = {"with": "", "without": "", "first_tier": SMALL_JOBS_JAVA_OPTION}
+        options = {"with": "", "without": "", "first_tier": SMALL_JOBS_JAVA_OPTIONS}
         for pair in range(args.pairs):
             for side in sides[pair % 3:] + sides[:pair % 3]:
                 out = root / f"out-{side}-{pair}"

@@ -25,11 +25,13 @@ from featureline.etl.errors import ClassArchiveError
 
 ARCHIVE = "spark.jsa"
 _JAVA_OPTION = "-XX:SharedArchiveFile"
-# For a process tree of small jobs only (the test suite sets it in SPARK_SUBMIT_OPTS, which
+# For the processes of one small job each (the test suite sets it in SPARK_SUBMIT_OPTS, which
 # every spark-submit and pyspark driver reads): the JIT's first tier alone. A job of a few
 # thousand rows spends much of its driver's CPU compiling code with the second tier (C2)
-# that then runs too little to repay it; a large job needs C2 (benchmarks/README.md).
-SMALL_JOBS_JAVA_OPTION = "-XX:TieredStopAtLevel=1"
+# that then runs too little to repay it; a large job, or a session running many, needs C2
+# (benchmarks/README.md). The first tier alone gets a 48 MB code cache by default, which a
+# job with the RAPIDS jar fills (the JVM then stops compiling): hence the tiered default's.
+SMALL_JOBS_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 
 
 def _java() -> Path | None:

@@ -25,15 +25,20 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-def _small_jobs_jit() -> None:
-    """Every Spark driver the tests start — the shared session's and each spark-submit's, all
-    reading this process's environment — compiles with the JIT's first tier only: the tests'
-    jobs are small (etl/class_archive.py, benchmarks/README.md)."""
-    from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTION
+# SPARK_SUBMIT_OPTS as the run was given it: the shared session's JVM starts with it.
+_SUBMIT_OPTS = os.environ.get("SPARK_SUBMIT_OPTS")
 
-    current = os.environ.get("SPARK_SUBMIT_OPTS", "")
+
+def _small_jobs_jit() -> None:
+    """Each Spark driver the tests start in a process of its own — every spark-submit and
+    ``featureline`` command, reading this process's environment — compiles with the JIT's
+    first tier only: each runs one small job (etl/class_archive.py, benchmarks/README.md).
+    The shared session, which runs hundreds, starts without it (:func:`spark`)."""
+    from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTIONS
+
+    current = _SUBMIT_OPTS or ""
     if "TieredStopAtLevel" not in current:
-        os.environ["SPARK_SUBMIT_OPTS"] = f"{current} {SMALL_JOBS_JAVA_OPTION}".strip()
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{current} {SMALL_JOBS_JAVA_OPTIONS}".strip()
 
 
 _small_jobs_jit()
@@ -47,7 +52,15 @@ def spark():
     from featureline.etl.session import build_session
     from tests.job_config import TEST_SPARK
 
-    session = build_session(TEST_SPARK)
+    first_tier = os.environ.pop("SPARK_SUBMIT_OPTS", None)
+    if _SUBMIT_OPTS is not None:
+        os.environ["SPARK_SUBMIT_OPTS"] = _SUBMIT_OPTS
+    try:
+        session = build_session(TEST_SPARK)
+    finally:
+        os.environ.pop("SPARK_SUBMIT_OPTS", None)
+        if first_tier is not None:
+            os.environ["SPARK_SUBMIT_OPTS"] = first_tier
     yield session
     session.stop()
 
