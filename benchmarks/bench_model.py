@@ -101,9 +101,11 @@ def fit_age(days: int, epochs: int, patience: int, work: Path) -> dict[str, Any]
     fit of ``days`` days earlier (module docstring)."""
     log = movielens_100k()
     lines = log.read_text().splitlines()
-    cut = max(json.loads(line)["ts"] for line in lines) - days * 86_400
+    times = [json.loads(line)["ts"] for line in lines]
+    cut = max(times) - days * 86_400
     earlier = work / "earlier.jsonl"
-    earlier.write_text("".join(f"{line}\n" for line in lines if json.loads(line)["ts"] < cut))
+    earlier.write_text("".join(f"{line}\n" for line, ts in zip(lines, times, strict=True)
+                               if ts < cut))
     _etl(etl_config(earlier, work / "earlier" / "output"), work / "earlier")
     scores, fits = {}, {}
     for name, fit in (("fresh", None), ("stale", work / "earlier" / "output")):
@@ -119,7 +121,7 @@ def fit_age(days: int, epochs: int, patience: int, work: Path) -> dict[str, Any]
     # The training events the stale fit never saw: between the two fits' training splits.
     since, until = (datetime.fromisoformat(fits[name]["trained_until"]).timestamp()
                     for name in ("stale", "fresh"))
-    unseen = sum(1 for line in lines if since <= json.loads(line)["ts"] < until)
+    unseen = sum(1 for ts in times if since <= ts < until)
     return {"machine": _machine(), "fit_age_days": days, "valid_days": VALID_DAYS,
             "fits": {name: {k: fit[k] for k in ("version", "trained_until", "from")}
                      for name, fit in fits.items()},

@@ -103,12 +103,11 @@ def scheduled_fit(spark: SparkSession, config: EtlConfig, output: Path) -> Fit |
     return None if isinstance(fit, str) else fit
 
 
-def keeps(fit: Fit, config: EtlConfig, valid_from: str) -> bool:
-    """Whether a scheduled fit is still younger than ``etl.fit.refit_every`` for a run whose
-    training split ends at ``valid_from``."""
+def keeps(age_days: float | None, config: EtlConfig) -> bool:
+    """Whether a scheduled fit of this age (:meth:`Fit.age_days` at the run's split; None:
+    unknown) is still younger than ``etl.fit.refit_every``."""
     assert config.fit.refit_every is not None
-    age = fit.age_days(valid_from)
-    return age is not None and age * 86400 < duration_seconds(config.fit.refit_every)
+    return age_days is not None and age_days * 86400 < duration_seconds(config.fit.refit_every)
 
 
 def _recorded(spark: SparkSession, output: Path, config: EtlConfig) -> Fit | str:

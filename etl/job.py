@@ -663,7 +663,7 @@ def _keep_or_refit(pipeline: FeaturePipeline, scheduled: Fit, config: EtlConfig,
     """Transform with the replaced output's fit while ``etl.fit.refit_every`` keeps it; what
     the split stage's line adds about it."""
     age = scheduled.age_days(valid_from)
-    if keeps(scheduled, config, valid_from):
+    if keeps(age, config):
         pipeline.frozen = scheduled
         return f"; the fit of {scheduled.fitted_at} kept ({age} days old)"
     return f"; refitted (the fit kept since {scheduled.fitted_at} is {age} days old)"
