@@ -476,6 +476,26 @@ class GroupSpec(Settings):
         return None if None in values else tuple(str(value) for value in values)
 
 
+# The entities with a table of their own (entities/<entity>, Feast's <entity>_features view),
+# each keyed by one raw column.
+ENTITIES = {"user": "user_id", "item": "item_id"}
+
+
+def entity_group(entity: str, recent_days: int) -> GroupSpec:
+    """The entity table's features as a group of the engine: ``<e>_events`` (a count over the
+    lifetime), ``<e>_events_<N>d`` (over ``recent_days``), ``<e>_positives`` (a count of the
+    labelled events), ``<e>_positive_rate`` (the label's mean). The N-day window hops a day
+    where it spans six days or more (its default hop otherwise): at a midnight — where the
+    tables take their daily snapshots — it is the N calendar days before it either way."""
+    hop = "1d" if recent_days >= MIN_HOPS_PER_WINDOW else None
+    return GroupSpec(name=entity, keys=[ENTITIES[entity]], features=[
+        FeatureSpec(op="count", name=f"{entity}_events"),
+        FeatureSpec(op="count", name=f"{entity}_events", windows=[f"{recent_days}d"], hop=hop),
+        FeatureSpec(op="count", name=f"{entity}_positives", filter=LABEL),
+        FeatureSpec(op="mean", column=LABEL, name=f"{entity}_positive_rate"),
+    ])
+
+
 def check_groups(groups: Sequence[GroupSpec], contract: EventContract) -> None:
     """Group names unique; every key, column and filter column one the events have (or
     ``label``); approx_distinct over a text column. ValueError naming ``[i].…`` otherwise."""

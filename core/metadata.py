@@ -135,6 +135,8 @@ class EntityTable(Contract):
     timestamp_field: str = EVENT_TIMESTAMP
     join_key_dtype: str = "string"
     features: list[EntityColumn]
+    # The engine's spec of its features (``core.aggregations.GroupSpec`` as JSON).
+    group: dict[str, Any] | None = None
 
 
 class AggregationTable(Contract):

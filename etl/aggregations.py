@@ -175,19 +175,22 @@ def backfill(events: DataFrame, queries: DataFrame, groups: Sequence[GroupSpec],
 
 
 def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
-                 numeric: Sequence[str], values: Mapping[str, Column] | None = None
-                 ) -> DataFrame:
+                 numeric: Sequence[str], values: Mapping[str, Column] | None = None,
+                 aligned: int | None = None) -> DataFrame:
     """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each.
 
     Every output but approx_distinct comes from one union of the group's events, its tiles
     (one set per hop) and the anchors, and one select of window functions over it: the
-    events' plan is read once per hop, not once per output."""
+    events' plan is read once per hop, not once per output. ``aligned`` (µs): every anchor
+    is a multiple of it, and it divides every hop — the events are then folded per key and
+    span of it before the frames run, which see no single event (the entity tables'
+    midnights)."""
     keys = list(group.keys)
     outputs = group.outputs()
     own_plan = {"approx_distinct": _distinct_at, "last": _latest_at, "last_k": _latest_at}
     framed = [f for f in outputs if f.spec.op not in own_plan]
-    at = _framed_values(events, anchors, keys, framed, numeric, values or {}) if framed \
-        else anchors
+    at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned) \
+        if framed else anchors
     for feature in outputs:
         if feature.spec.op in own_plan:
             values_at = own_plan[feature.spec.op](
@@ -221,7 +224,7 @@ def _read(feature: AggregateFeature, values: Mapping[str, Column]) -> Column:
 
 def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
                    features: list[AggregateFeature], numeric: Sequence[str],
-                   values: Mapping[str, Column]) -> DataFrame:
+                   values: Mapping[str, Column], aligned: int | None = None) -> DataFrame:
     operations = [OPERATIONS[f.spec.op] for f in features]
     # Output i's partial in columns "<i>_<name>": null on the rows it does not count.
     state: dict[str, Column] = {}
@@ -231,6 +234,16 @@ def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
                       in operation.state(_read(feature, values)).items()})
     hops = sorted({f.window.hop * MICROS for f in features if f.window.hop})
     hop_columns = {f"{_HOP}{hop}": _hop_of(hop) for hop in hops}
+    if aligned:
+        if any(hop % aligned for hop in hops):
+            raise ValueError(f"aligned {aligned} µs does not divide the hops {hops}")
+        # Folded per key and aligned span: its partial, at the span's start.
+        folded = [column for index, operation in enumerate(operations)
+                  for column in _merged(operation, _partial(index), prefix=f"{index}_")]
+        events = events.select(*keys, TS_MICROS, *(c.alias(n) for n, c in state.items()))
+        state = {n: F.col(n) for n in state}
+        events = events.groupBy(*keys, (F.floor(F.col(TS_MICROS) / aligned).cast("long")
+                                        * aligned).alias(TS_MICROS)).agg(*folded)
     rows = events.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
                          F.lit(_EVENT).alias(_KIND), *(c.alias(n) for n, c in state.items()),
                          *(c.alias(n) for n, c in hop_columns.items()))
@@ -511,11 +524,23 @@ def group_snapshots(values: DataFrame, snapshots: DataFrame, group: GroupSpec) -
     the events before it) and each output by its name in the group, raw values as the API
     serves them (a value read as its raw value and its id, the raw one)."""
     keys = [*group.keys, TS_MICROS]
-    at = values.join(snapshots.select(*keys), on=keys, how="left_semi")
-    return at.select(
+    return snapshot_rows(values.join(snapshots.select(*keys), on=keys, how="left_semi"), group)
+
+
+def snapshot_rows(values: DataFrame, group: GroupSpec) -> DataFrame:
+    """:func:`group_values`' rows as Feast reads them: the keys, ``event_timestamp`` and each
+    output by its name in the group."""
+    return values.select(
         *group.keys, F.timestamp_micros(TS_MICROS).alias(EVENT_TIMESTAMP),
-        *(_raw(F.col(f.column_name), at.schema[f.column_name].dataType).alias(f.output)
+        *(_raw(F.col(f.column_name), values.schema[f.column_name].dataType).alias(f.output)
           for f in group.outputs()))
+
+
+def active_day_anchors(events: DataFrame, group: GroupSpec) -> DataFrame:
+    """The group's keys and the start (``TS_MICROS``) of the day after each day a key had
+    events: the entity tables' snapshot times."""
+    after = (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1) * DAY
+    return events.select(*group.keys, after.alias(TS_MICROS)).distinct()
 
 
 def _raw(value: Column, read: DataType) -> Column:

@@ -484,6 +484,7 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
             "path": f"entities/{entity}", "join_key": key, "timestamp_field": EVENT_TIMESTAMP,
             "join_key_dtype": dict(table.frame.dtypes)[key],
             "features": _schema(table.frame, table.feature_columns),
+            "group": table.group.model_dump(mode="json"),
         }
     return entities
 

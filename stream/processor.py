@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from featureline.core import redis
+from featureline.core.aggregations import ENTITIES
 from featureline.core.events import (
     EventContract,
     event_digest,
@@ -78,7 +79,6 @@ from featureline.stream.tiles import StreamTiles
 
 logger = logging.getLogger("featureline.stream")
 
-ENTITIES = {"user": "user_id", "item": "item_id"}
 DAY_S = 86_400
 # Events per COUNT_ONCE call: Redis serves other clients between two calls.
 SCRIPT_EVENTS = 1000

@@ -14,6 +14,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from featureline.core.aggregations import GroupSpec, entity_group
 from featureline.core.errors import ConfigError
 from featureline.etl import job
 from featureline.etl.datagen import BAD_KINDS_TEXT
@@ -142,6 +143,13 @@ def test_entity_snapshots_are_point_in_time_correct(job_output):
     assert described["join_key"] == "user_id"
     assert [f["name"] for f in described["features"]] == [
         c for c in users.columns if c not in {"user_id", "event_timestamp"}]
+    # The features are the engine's spec, the encoded id beside them.
+    group = GroupSpec.model_validate(described["group"])
+    assert group == entity_group("user", 7)
+    assert [f.output for f in group.outputs()] == [
+        "user_events", "user_events_7d", "user_positives", "user_positive_rate"]
+    assert [f["name"] for f in described["features"]] == [
+        "user_id_cat", *(f.output for f in group.outputs())]
 
 
 def test_two_runs_give_identical_values(spark, small_log, tmp_path, job_output):
