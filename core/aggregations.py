@@ -484,13 +484,11 @@ ENTITIES = {"user": "user_id", "item": "item_id"}
 def entity_group(entity: str, recent_days: int) -> GroupSpec:
     """The entity table's features as a group of the engine: ``<e>_events`` (a count over the
     lifetime), ``<e>_events_<N>d`` (over ``recent_days``), ``<e>_positives`` (a count of the
-    labelled events), ``<e>_positive_rate`` (the label's mean). The N-day window hops a day
-    where it spans six days or more (its default hop otherwise): at a midnight — where the
-    tables take their daily snapshots — it is the N calendar days before it either way."""
-    hop = "1d" if recent_days >= MIN_HOPS_PER_WINDOW else None
+    labelled events), ``<e>_positive_rate`` (the label's mean). At a midnight — where the
+    tables take their daily snapshots — the N-day window is the N calendar days before it."""
     return GroupSpec(name=entity, keys=[ENTITIES[entity]], features=[
         FeatureSpec(op="count", name=f"{entity}_events"),
-        FeatureSpec(op="count", name=f"{entity}_events", windows=[f"{recent_days}d"], hop=hop),
+        FeatureSpec(op="count", name=f"{entity}_events", windows=[f"{recent_days}d"]),
         FeatureSpec(op="count", name=f"{entity}_positives", filter=LABEL),
         FeatureSpec(op="mean", column=LABEL, name=f"{entity}_positive_rate"),
     ])

@@ -174,7 +174,7 @@ def backfill(events: DataFrame, queries: DataFrame, groups: Sequence[GroupSpec],
     return queries
 
 
-def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
+def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
                  numeric: Sequence[str], values: Mapping[str, Column] | None = None,
                  aligned: int | None = None) -> DataFrame:
     """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each.
@@ -182,15 +182,21 @@ def group_values(events: DataFrame, anchors: DataFrame, group: GroupSpec,
     Every output but approx_distinct comes from one union of the group's events, its tiles
     (one set per hop) and the anchors, and one select of window functions over it: the
     events' plan is read once per hop, not once per output. ``aligned`` (µs): every anchor
-    is a multiple of it, and it divides every hop — the events are then folded per key and
-    span of it before the frames run, which see no single event (the entity tables'
-    midnights)."""
+    is a multiple of it — the events are then folded per key and span of it before the
+    frames run, which see no single event; no ``anchors`` with it: the end of each span a
+    key had events in (the entity tables' midnights after each active day)."""
     keys = list(group.keys)
     outputs = group.outputs()
     own_plan = {"approx_distinct": _distinct_at, "last": _latest_at, "last_k": _latest_at}
     framed = [f for f in outputs if f.spec.op not in own_plan]
-    at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned) \
-        if framed else anchors
+    if anchors is None and not (aligned and framed):
+        raise ValueError("group_values: anchors are needed without aligned framed outputs")
+    if framed:
+        at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned)
+    elif anchors is not None:
+        at = anchors
+    if anchors is None:
+        anchors = at.select(*keys, TS_MICROS)
     for feature in outputs:
         if feature.spec.op in own_plan:
             values_at = own_plan[feature.spec.op](
@@ -222,7 +228,7 @@ def _read(feature: AggregateFeature, values: Mapping[str, Column]) -> Column:
     return read if read is not None else F.col(column)
 
 
-def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
+def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str],
                    features: list[AggregateFeature], numeric: Sequence[str],
                    values: Mapping[str, Column], aligned: int | None = None) -> DataFrame:
     operations = [OPERATIONS[f.spec.op] for f in features]
@@ -232,11 +238,11 @@ def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
         keeps = _keeps(feature, numeric)
         state.update({f"{index}_{name}": F.when(keeps, column) for name, column
                       in operation.state(_read(feature, values)).items()})
-    hops = sorted({f.window.hop * MICROS for f in features if f.window.hop})
+    direct = [_starts_hops(f, aligned) for f in features]
+    hops = sorted({f.window.hop * MICROS for f, d in zip(features, direct, strict=True)
+                   if f.window.hop and not d})
     hop_columns = {f"{_HOP}{hop}": _hop_of(hop) for hop in hops}
     if aligned:
-        if any(hop % aligned for hop in hops):
-            raise ValueError(f"aligned {aligned} µs does not divide the hops {hops}")
         # Folded per key and aligned span: its partial, at the span's start.
         folded = [column for index, operation in enumerate(operations)
                   for column in _merged(operation, _partial(index), prefix=f"{index}_")]
@@ -244,12 +250,27 @@ def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
         state = {n: F.col(n) for n in state}
         events = events.groupBy(*keys, (F.floor(F.col(TS_MICROS) / aligned).cast("long")
                                         * aligned).alias(TS_MICROS)).agg(*folded)
-    rows = events.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
-                         F.lit(_EVENT).alias(_KIND), *(c.alias(n) for n, c in state.items()),
-                         *(c.alias(n) for n, c in hop_columns.items()))
-    union = rows.unionByName(anchors.select(
-        *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND),
-        *(c.alias(n) for n, c in hop_columns.items())), allowMissingColumns=True)
+    if anchors is None:
+        # Each folded span (one row per key and span) is also the anchor at its end: one
+        # row each, read once.
+        both = events.select("*", F.explode(F.array(F.lit(_EVENT), F.lit(_ANCHOR)))
+                             .alias(_KIND))
+        anchor = F.col(_KIND) == _ANCHOR
+        union = both.select(*keys, F.when(anchor, F.col(TS_MICROS) + F.lit(aligned))
+                            .otherwise(F.col(TS_MICROS)).alias(TS_MICROS), _KIND,
+                            *(F.when(~anchor, F.col(n)).alias(n) for n in state))
+        union = union.select(
+            "*", (F.col(TS_MICROS) - F.when(anchor, 1).otherwise(0)).alias(_AT),
+            *(c.alias(n) for n, c in hop_columns.items()))
+        rows = union.where(~anchor)
+    else:
+        rows = events.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
+                             F.lit(_EVENT).alias(_KIND),
+                             *(c.alias(n) for n, c in state.items()),
+                             *(c.alias(n) for n, c in hop_columns.items()))
+        union = rows.unionByName(anchors.select(
+            *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND),
+            *(c.alias(n) for n, c in hop_columns.items())), allowMissingColumns=True)
     for hop in hops:
         # The tiles of the outputs of this hop: one row per key and hop.
         members = [i for i, f in enumerate(features) if (f.window.hop or 0) * MICROS == hop]
@@ -262,6 +283,11 @@ def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
     columns = []
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
         hop = (feature.window.hop or 0) * MICROS
+        if direct[index]:
+            columns += _merged(operation, _partial(index, _EVENT),
+                               _recent(keys, (feature.window.seconds or 0) * MICROS),
+                               f"b{index}_")
+            continue
         columns += _merged(operation, _partial(index, _EVENT),
                            _before(keys, *([f"{_HOP}{hop}"] if hop else [])), f"b{index}_")
         if hop:
@@ -271,11 +297,29 @@ def _framed_values(events: DataFrame, anchors: DataFrame, keys: list[str],
     framed = union.select(*keys, TS_MICROS, _KIND, *columns).where(F.col(_KIND) == _ANCHOR)
     outputs = []
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
-        whole = _partial(index, prefix="a") if feature.window.hop else _nothing
+        whole = _partial(index, prefix="a") if feature.window.hop and not direct[index] \
+            else _nothing
         combined = operation.combine(whole, _partial(index, prefix="b"))
         outputs.append(operation.finish(combined.__getitem__, feature.spec.k)
                        .alias(feature.column_name))
     return framed.select(*keys, TS_MICROS, *outputs)
+
+
+def _starts_hops(feature: AggregateFeature, aligned: int | None) -> bool:
+    """Whether anchors that are multiples of ``aligned`` (µs) start the feature's hops: its
+    window at an anchor ``t`` is then ``[t − window, t)``, a frame over the rows, which may
+    be folded per aligned span. ValueError where a folded span could straddle the window's
+    start (``aligned`` neither a multiple of the hop dividing the window, nor dividing the
+    hop)."""
+    if not aligned or feature.window.hop is None:
+        return False
+    hop, span = feature.window.hop * MICROS, (feature.window.seconds or 0) * MICROS
+    if aligned % hop == 0 and span % aligned == 0:
+        return True
+    if hop % aligned:
+        raise ValueError(f"{feature.qualified}: anchors aligned to {aligned} µs fold events "
+                         f"across its window's start")
+    return False
 
 
 def _partial(index: int, kind: int | None = None, prefix: str = "") -> Getter:
@@ -307,6 +351,11 @@ def _before(keys: Sequence[str], *within: str) -> WindowSpec:
     """The key's events before an anchor's time (in the anchor's hop, with ``within``)."""
     return Window.partitionBy(*keys, *within).orderBy(_AT).rangeBetween(
         Window.unboundedPreceding, 0)
+
+
+def _recent(keys: Sequence[str], span: int) -> WindowSpec:
+    """The key's rows in ``[t − span, t)`` of an anchor at ``t`` (ordered at t − 1 µs)."""
+    return Window.partitionBy(*keys).orderBy(_AT).rangeBetween(-(span - 1), 0)
 
 
 def _whole_hops(keys: Sequence[str], hop: int, span: int) -> WindowSpec:
@@ -534,13 +583,6 @@ def snapshot_rows(values: DataFrame, group: GroupSpec) -> DataFrame:
         *group.keys, F.timestamp_micros(TS_MICROS).alias(EVENT_TIMESTAMP),
         *(_raw(F.col(f.column_name), values.schema[f.column_name].dataType).alias(f.output)
           for f in group.outputs()))
-
-
-def active_day_anchors(events: DataFrame, group: GroupSpec) -> DataFrame:
-    """The group's keys and the start (``TS_MICROS``) of the day after each day a key had
-    events: the entity tables' snapshot times."""
-    after = (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1) * DAY
-    return events.select(*group.keys, after.alias(TS_MICROS)).distinct()
 
 
 def _raw(value: Column, read: DataType) -> Column:

@@ -9,15 +9,14 @@ active; in between, its latest snapshot stands (a point-in-time join picks it up
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.aggregations import ENTITIES, LABEL, MICROS, GroupSpec, entity_group
+from featureline.core.aggregations import ENTITIES, LABEL, GroupSpec, entity_group
 from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
-from featureline.etl.aggregations import DAY, active_day_anchors, group_values, snapshot_rows
+from featureline.etl.aggregations import DAY, group_values, snapshot_rows
 from featureline.etl.features.base import with_time_key
 
 __all__ = ["ENTITIES", "EntityTable", "entity_snapshots"]
@@ -42,9 +41,7 @@ def entity_snapshots(events: DataFrame, entity: str, recent_days: int,
     group = entity_group(entity, recent_days)
     key = ENTITIES[entity]
     rows = with_time_key(events.select(key, "ts", LABEL))
-    hops = [f.window.hop * MICROS for f in group.outputs() if f.window.hop]
-    values = group_values(rows, active_day_anchors(rows, group), group, numeric=(),
-                          aligned=math.gcd(DAY, *hops))
+    values = group_values(rows, None, group, numeric=(), aligned=DAY)
     snapshots = snapshot_rows(values, group)
     if vocabulary is not None:
         ids = vocabulary.select(F.col("value").alias(key), F.col("id").alias(encoded_name(key)))

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from featureline.core.aggregations import GroupSpec
-from featureline.etl.aggregations import backfill
+from featureline.etl.aggregations import DAY, backfill, group_values
 from featureline.etl.features.base import TS_MICROS
 from tests.aggregation_reference import LABEL, MICROS, ORIGIN, OUTPUTS, SPEC, reference
 
@@ -99,6 +99,54 @@ def test_a_group_keyed_by_two_columns(spark):
         for feature in group.outputs():
             expected = reference(feature, own, row[TS_MICROS])
             assert _same(feature, row[feature.column_name], expected), (feature.output, row)
+
+
+# Windows whole days long, or hops an hour divides (a 30-day window hops a day, one of
+# 1 day 4 hours): at aligned anchors, folded or tiled.
+ALIGNED = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "features": [
+    {"op": "count", "windows": ["1d", "7d", "30d", "all"]},
+    {"op": "count", "name": "purchases", "filter": "event_type in (purchase)", "windows": ["2d"]},
+    {"op": "sum", "column": "value", "windows": ["7d", "all"]},
+    {"op": "mean", "column": "price", "windows": ["30d"]},
+    {"op": "min", "column": "price", "windows": ["1d"]},
+    {"op": "max", "column": "value", "windows": ["1d"], "hop": "4h"},
+    {"op": "last", "column": "category"},
+]})
+HOUR = 3_600 * MICROS
+
+
+def _check(rows, log, group):
+    by_user: dict[str, list[dict]] = {}
+    for event in log:
+        by_user.setdefault(event["user_id"], []).append(_as_reference(event))
+    differ = [(f.output, row["user_id"], row[TS_MICROS] - ORIGIN, row[f.column_name])
+              for row in rows for f in group.outputs()
+              if not _same(f, row[f.column_name],
+                           reference(f, by_user.get(row["user_id"], []), row[TS_MICROS]))]
+    assert differ == [], differ[:10]
+
+
+def test_events_folded_per_aligned_span_give_the_definition_at_aligned_anchors(spark):
+    log = _log(5, events=300)
+    events = spark.createDataFrame(log, EVENT_SCHEMA)
+    # No anchors: the midnight after each day a user had events (the entity tables').
+    rows = group_values(events, None, ALIGNED, NUMERIC, aligned=DAY).collect()
+    assert sorted((r["user_id"], r[TS_MICROS]) for r in rows) == sorted(
+        {(e["user_id"], (e[TS_MICROS] // DAY + 1) * DAY) for e in log})
+    _check(rows, log, ALIGNED)
+    # Anchors on hours, some long after the last event: a day's hop is tiled from the
+    # folded hours, a 4 hours' too.
+    rng = random.Random(5)
+    anchors = spark.createDataFrame(
+        [{"user_id": u, TS_MICROS: ORIGIN + rng.randrange(-24, 40 * 24) * HOUR}
+         for u in ("u1", "u2", "u3", "u4") for _ in range(25)],
+        "user_id string, _ts_us long").distinct()
+    rows = group_values(events, anchors, ALIGNED, NUMERIC, aligned=HOUR).collect()
+    assert len(rows) == anchors.count()
+    _check(rows, log, ALIGNED)
+    # A 30-minute window's start falls inside an aligned hour: refused, naming it.
+    with pytest.raises(ValueError, match="user_activity:count_30m: anchors aligned"):
+        group_values(events, anchors, SPEC, NUMERIC, aligned=HOUR)
 
 
 def test_approx_distinct_registers_and_estimate_equal_the_engines(spark):
