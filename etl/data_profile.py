@@ -17,10 +17,10 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, GroupedData, Row, Window
 from pyspark.sql import functions as F
 
+from featureline.core.aggregations import ENTITIES
 from featureline.core.drift import BINS_PER_DECADE, TOP_K, quantiles
 from featureline.core.metadata import encoded_name
 from featureline.etl.config import EtlConfig, categorical_columns
-from featureline.etl.entities import ENTITIES
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 

@@ -19,8 +19,6 @@ from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
 from featureline.etl.aggregations import DAY, group_values, snapshot_rows
 from featureline.etl.features.base import with_time_key
 
-__all__ = ["ENTITIES", "EntityTable", "entity_snapshots"]
-
 
 @dataclass(frozen=True)
 class EntityTable:

@@ -19,6 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core import __version__
+from featureline.core.aggregations import ENTITIES
 from featureline.core.drift import (
     METRICS_FILE,
     PROFILE_FILE,
@@ -49,7 +50,7 @@ from featureline.etl.aggregations import output_tiles, rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
-from featureline.etl.entities import ENTITIES, entity_snapshots
+from featureline.etl.entities import entity_snapshots
 from featureline.etl.errors import NoInputError
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (

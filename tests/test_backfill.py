@@ -56,6 +56,24 @@ def _same(feature, got, expected):
     return got == expected
 
 
+def _check(rows, log, group):
+    """Every output of ``group`` (keyed by user_id) in ``rows`` equals the brute-force
+    reference at the row's time."""
+    by_user: dict[str, list[dict]] = {}
+    for event in log:
+        by_user.setdefault(event["user_id"], []).append(_as_reference(event))
+    differ = []
+    for row in rows:
+        own = by_user.get(row["user_id"], [])
+        for feature in group.outputs():
+            expected = reference(feature, own, row[TS_MICROS])
+            got = row[feature.column_name]
+            if not _same(feature, got, expected):
+                differ.append((feature.output, row["user_id"], row[TS_MICROS] - ORIGIN, got,
+                               expected))
+    assert differ == [], differ[:10]
+
+
 def test_backfill_equals_the_definition_at_every_time(spark):
     seed = 1
     log = _log(seed, events=400)
@@ -68,19 +86,7 @@ def test_backfill_equals_the_definition_at_every_time(spark):
     frame = spark.createDataFrame(queries, "user_id string, _ts_us long")
     rows = backfill(events, frame, [SPEC], NUMERIC).collect()
     assert len(rows) == len(queries)
-    by_user: dict[str, list[dict]] = {}
-    for event in log:
-        by_user.setdefault(event["user_id"], []).append(_as_reference(event))
-    differ = []
-    for row in rows:
-        own = by_user.get(row["user_id"], [])
-        for feature in OUTPUTS:
-            expected = reference(feature, own, row[TS_MICROS])
-            got = row[feature.column_name]
-            if not _same(feature, got, expected):
-                differ.append((feature.output, row["user_id"], row[TS_MICROS] - ORIGIN, got,
-                               expected))
-    assert differ == [], differ[:10]
+    _check(rows, log, SPEC)
 
 
 def test_a_group_keyed_by_two_columns(spark):
@@ -113,17 +119,6 @@ ALIGNED = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"]
     {"op": "last", "column": "category"},
 ]})
 HOUR = 3_600 * MICROS
-
-
-def _check(rows, log, group):
-    by_user: dict[str, list[dict]] = {}
-    for event in log:
-        by_user.setdefault(event["user_id"], []).append(_as_reference(event))
-    differ = [(f.output, row["user_id"], row[TS_MICROS] - ORIGIN, row[f.column_name])
-              for row in rows for f in group.outputs()
-              if not _same(f, row[f.column_name],
-                           reference(f, by_user.get(row["user_id"], []), row[TS_MICROS]))]
-    assert differ == [], differ[:10]
 
 
 def test_events_folded_per_aligned_span_give_the_definition_at_aligned_anchors(spark):
