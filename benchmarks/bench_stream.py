@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_api import _Connections, _wait_ready
 from bench_feast import SNAPSHOT, _project, write_output
 
-from featureline.core.aggregations import GroupSpec
+from featureline.core.aggregations import GroupSpec, entity_group
 from featureline.core.events import micros_of
 from featureline.etl.config import EtlConfig
 from featureline.feature_store.publish import publish
@@ -60,24 +60,29 @@ CATCH_UP_S = 5.0
 
 
 def _output(root: Path, entities: int, aggregations: bool = False) -> Path:
-    """bench_feast's entity tables, with the ETL's default event contract recorded; with
-    ``aggregations``, the spec of ``benchmarks/aggregations.yaml`` too, its tiles empty up to
-    the snapshot time (the stream's pushes fill them)."""
+    """bench_feast's entity tables, with the ETL's default event contract recorded, and the
+    tiles of the entity tables' groups — with ``aggregations``, of the spec of
+    ``benchmarks/aggregations.yaml`` too — empty up to the snapshot time (the stream's pushes
+    fill them)."""
     output = write_output(root, entities)
     metadata = json.loads((output / "metadata.json").read_text())
     metadata["events"] = EtlConfig().event_contract().model_dump(mode="json")
-    if aggregations:
-        spec = yaml.safe_load(AGGREGATIONS.read_text())["aggregations"]
-        tables = {}
-        for group in map(GroupSpec.model_validate, spec):
-            for feature in group.outputs():
-                relative = f"tiles/{group.name}/{feature.output}"
-                (output / relative).mkdir(parents=True)
-                pq.write_table(pa.table({**{key: pa.array([], pa.string()) for key in group.keys},
-                                         "tile": pa.array([], pa.int64())}),
-                               output / relative / "part-00000.parquet")
-                tables[feature.qualified] = relative
-        metadata["tiles"] = {"cut_us": micros_of(SNAPSHOT), "tables": tables, "groups": spec}
+    spec = yaml.safe_load(AGGREGATIONS.read_text())["aggregations"] if aggregations else []
+    groups = list(map(GroupSpec.model_validate, spec))
+    for entity, table in metadata["entities"].items():
+        group = entity_group(entity, EtlConfig().entities.recent_days)
+        table["group"] = group.model_dump(mode="json")
+        groups.append(group)
+    tables = {}
+    for group in groups:
+        for feature in group.outputs():
+            relative = f"tiles/{group.name}/{feature.output}"
+            (output / relative).mkdir(parents=True)
+            pq.write_table(pa.table({**{key: pa.array([], pa.string()) for key in group.keys},
+                                     "tile": pa.array([], pa.int64())}),
+                           output / relative / "part-00000.parquet")
+            tables[feature.qualified] = relative
+    metadata["tiles"] = {"cut_us": micros_of(SNAPSHOT), "tables": tables, "groups": spec}
     (output / "metadata.json").write_text(json.dumps(metadata))
     return output
 

@@ -28,8 +28,12 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from pydantic import Field, field_validator, model_validator
 
 from featureline.core.events import EventContract, LabelSpec, matcher, parse_rule
@@ -485,24 +489,31 @@ def entity_group(entity: str, recent_days: int) -> GroupSpec:
     """The entity table's features as a group of the engine: ``<e>_events`` (a count over the
     lifetime), ``<e>_events_<N>d`` (over ``recent_days``), ``<e>_positives`` (a count of the
     labelled events), ``<e>_positive_rate`` (the label's mean). At a midnight — where the
-    tables take their daily snapshots — the N-day window is the N calendar days before it."""
+    tables take their daily snapshots — the N-day window is the N calendar days before it;
+    its hop is a day where the window spans enough of them (a key's tiles: one per day)."""
+    hop = "1d" if recent_days >= MIN_HOPS_PER_WINDOW else None
     return GroupSpec(name=entity, keys=[ENTITIES[entity]], features=[
         FeatureSpec(op="count", name=f"{entity}_events"),
-        FeatureSpec(op="count", name=f"{entity}_events", windows=[f"{recent_days}d"]),
+        FeatureSpec(op="count", name=f"{entity}_events", windows=[f"{recent_days}d"], hop=hop),
         FeatureSpec(op="count", name=f"{entity}_positives", filter=LABEL),
         FeatureSpec(op="mean", column=LABEL, name=f"{entity}_positive_rate"),
     ])
 
 
 def check_groups(groups: Sequence[GroupSpec], contract: EventContract) -> None:
-    """Group names unique; every key, column and filter column one the events have (or
-    ``label``); approx_distinct over a text column. ValueError naming ``[i].…`` otherwise."""
+    """Group names unique and none an entity table's group (``user``, ``item``: their tiles
+    share the online store's names); every key, column and filter column one the events
+    have (or ``label``); approx_distinct over a text column. ValueError naming ``[i].…``
+    otherwise."""
     known = {*contract.columns, LABEL}
     numeric = {*contract.numeric, LABEL, "ts"}
     names: dict[str, int] = {}
     for g, group in enumerate(groups):
         if group.name in names:
             raise ValueError(f"[{g}].name: group {group.name} is also [{names[group.name]}]")
+        if group.name in ENTITIES:
+            raise ValueError(f"[{g}].name: {group.name} is the {group.name} table's group; "
+                             f"name it otherwise (not one of {sorted(ENTITIES)})")
         names[group.name] = g
         for index, key in enumerate(group.keys):
             if key not in known - numeric:
@@ -569,6 +580,30 @@ def value_at(feature: AggregateFeature, events: Iterable[tuple[int, Mapping[str,
     return operation.finish(fold(operation, (
         (ts, event_value(feature.spec, event)) for ts, event in events
         if feature.window.covers(ts, t) and (keeps is None or keeps(event)))))
+
+
+def accepted_events(folder: str | Path, group: GroupSpec, wanted: set[tuple[str, ...]]
+                    ) -> dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]]:
+    """An output's accepted events (``folder``: its ``Metadata.events_folder``) of the
+    ``wanted`` keys (the group's key columns' values, as text), as :func:`value_at` reads
+    them: (ts µs, the columns the group reads and ``label``)."""
+    keys = list(group.keys)
+    read = sorted({*keys, "ts", LABEL, *(c for f in group.features for c in f.columns())})
+    # Read by each key column's wanted values, then kept by the whole key.
+    condition = None
+    for index, key in enumerate(keys):
+        values = sorted({own[index] for own in wanted})
+        test = pc.field(key).cast(pa.string()).isin(values)
+        condition = test if condition is None else condition & test
+    table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(
+        columns=read, filter=condition)
+    times = table["ts"].cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
+    by_key: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
+    for ts, row in zip(times, table.to_pylist(), strict=True):
+        own = group.key_of(row)
+        if own in wanted:
+            by_key.setdefault(own, []).append((ts, row))
+    return by_key
 
 
 def fold(operation: Operation, events: Iterable[tuple[int, Any]]) -> Partial:

@@ -195,9 +195,10 @@ class ChecksVerdict(Contract):
 
 
 class TilesInfo(Contract):
-    """The aggregations' tiles as of the output's last event (``etl.aggregations.
-    output_tiles``): ``cut_us``, after every event; per output (``<group>:<feature>``) the
-    table of its keys' tiles, relative to the output folder."""
+    """The tiles as of the output's last event (``etl.aggregations.output_tiles``) of the
+    aggregations' groups and of the entity tables' (``Metadata.tile_groups``): ``cut_us``,
+    after every event; per output (``<group>:<feature>``) the table of its keys' tiles,
+    relative to the output folder."""
 
     cut_us: int
     tables: dict[str, str] = Field(default_factory=dict)
@@ -251,7 +252,7 @@ class Metadata(Contract):
     events: EventContract | None = None
     # The validation gate's verdict on this run; None: written before the gate existed.
     checks: ChecksVerdict | None = None
-    # The aggregations' tiles, where the spec has groups.
+    # The tiles of the aggregations' groups and the entity tables' groups.
     tiles: TilesInfo | None = None
     # The fit of its statistics; None: written before fits were recorded.
     fit: FitInfo | None = None
@@ -263,6 +264,20 @@ class Metadata(Contract):
         """The version stamp of the output; outputs written before stamps existed get one
         from their creation time."""
         return self.dataset.version if self.dataset else f"unversioned:{self.created_at}"
+
+    def events_folder(self) -> Path:
+        """Where the output keeps its accepted events (``state/events``, a folder per day)."""
+        return Path(self.folder or ".") / STATE_DIR / EVENTS_DIR
+
+    def tile_groups(self) -> list[GroupSpec]:
+        """Every group the output has tiles of: the aggregations' spec, then the entity
+        tables' groups (``user``, ``item``: what the stream adds pushed events to)."""
+        if self.tiles is None:
+            return []
+        tabled = {name.split(":", 1)[0] for name in self.tiles.tables}
+        entities = [GroupSpec.model_validate(table.group) for table in self.entities.values()
+                    if table.group is not None]
+        return [*self.tiles.groups, *(g for g in entities if g.name in tabled)]
 
     @classmethod
     def parse(cls, data: dict[str, Any], source: str = "metadata.json") -> Metadata:

@@ -19,7 +19,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core import __version__
-from featureline.core.aggregations import ENTITIES
+from featureline.core.aggregations import ENTITIES, entity_group
 from featureline.core.drift import (
     METRICS_FILE,
     PROFILE_FILE,
@@ -439,15 +439,20 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
             "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}
 
 
-def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int
+def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int | None
                  ) -> dict[str, Any]:
-    """The aggregations' tiles as of ``cut`` (µs, after the last event) under
-    ``tiles/<group>/<feature>``, where the online store's values start (docs/ARCHITECTURE.md,
-    "Features as definitions")."""
+    """The tiles as of ``cut`` (µs, after the last event; None: computed here) of the
+    aggregations' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
+    where the online store's values start (docs/ARCHITECTURE.md, "Features as
+    definitions")."""
     events = with_time_key(events)
+    if cut is None:
+        latest = events.agg(F.max(TS_MICROS)).first()
+        cut = (latest[0] if latest and latest[0] is not None else 0) + 1
     tables = {}
     numeric = config.event_contract().numeric
-    for group in config.aggregations:
+    entities = [entity_group(entity, config.entities.recent_days) for entity in ENTITIES]
+    for group in [*config.aggregations, *entities]:
         for feature, frame in output_tiles(events, group, numeric, cut):
             relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
             write_parquet(frame, staging / relative)
@@ -619,12 +624,13 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.ENTITIES) as stage:
                 entities = _write_entities(events, pipeline, config, staging / "entities")
                 aggregations = pipeline.op(Aggregations)
-                tiles, snapshots = None, {}
+                snapshots = {}
                 if isinstance(aggregations, Aggregations):
-                    tiles = _write_tiles(events, config, staging, aggregations.cut)
                     snapshots = _write_group_snapshots(aggregations, staging)
+                tiles = _write_tiles(events, config, staging, aggregations.cut if isinstance(
+                    aggregations, Aggregations) else None)
                 stage.summary = ", ".join([*entities, *snapshots]) + (
-                    f"; tiles of {len(tiles['tables'])} aggregations" if tiles else "")
+                    f"; tiles of {len(tiles['tables'])} outputs")
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             with timer(stages.PROFILE) as stage:
@@ -643,9 +649,8 @@ def run(config: EtlConfig, spark: SparkSession,
             metadata["fit"] = (frozen.record(values_hash(config), valid_from) if frozen else
                                new_fit(metadata["dataset"]["version"], metadata["created_at"],
                                        values_hash(config), valid_from))
-            if tiles:
-                metadata["tiles"] = tiles
-                metadata["outputs"][TILES_DIR] = TILES_DIR
+            metadata["tiles"] = tiles
+            metadata["outputs"][TILES_DIR] = TILES_DIR
             if snapshots:
                 metadata["aggregations"] = snapshots
                 metadata["outputs"][AGGREGATIONS_DIR] = AGGREGATIONS_DIR

@@ -16,8 +16,9 @@ feature, over the rows that asked for it:
   (their view timestamp is newer than the snapshot the join found). Given the processor's
   archive (``expected``: stream/expected.py), every row of an entity streamed events
   touched is a streamed row, and is compared with what the
-  processor should have served at the request time — the batch base plus the archived
-  events applied before it — and counted like any other row; ``unsettled``: the streamed
+  processor should have served at the request time — the entity table's group over the
+  output's events and the archived events applied before it — and counted like any other
+  row; ``unsettled``: the streamed
   rows not compared (no archive given, or it cannot settle them);
 - ``top``: the entities with the most differing rows.
 
@@ -40,11 +41,9 @@ from typing import Any, Protocol
 
 import duckdb
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
-from featureline.core.aggregations import LABEL, GroupSpec, event_filter, value_at
-from featureline.core.metadata import EVENTS_DIR, STATE_DIR, Metadata, read_metadata
+from featureline.core.aggregations import LABEL, accepted_events, event_filter, value_at
+from featureline.core.metadata import Metadata, read_metadata
 from featureline.feature_store.definitions import build
 from featureline.feature_store.feature_log import (
     STATUS_SUFFIX,
@@ -273,7 +272,7 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         row_keys = list(zip(*(logged[f"__key{i}"].to_pylist() for i in range(len(keys))),
                             strict=True))
         wanted = set(row_keys)
-        batch = _accepted_events(metadata, group, wanted)
+        batch = accepted_events(metadata.events_folder(), group, wanted)
         pushed: dict[tuple[str, ...], list[PushedEvent]] = {}
         for event in expected.pushed_events() if expected is not None else ():
             own = group.key_of(event.event)
@@ -317,35 +316,11 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
     return reports
 
 
-def _accepted_events(metadata: Metadata, group: GroupSpec, wanted: set[tuple[str, ...]]
-                     ) -> dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]]:
-    """The output's accepted events of the ``wanted`` keys (the group's key columns' values,
-    as text), as (ts µs, the columns the group reads and ``label``)."""
-    keys = list(group.keys)
-    read = sorted({*keys, "ts", LABEL, *(c for f in group.features for c in f.columns())})
-    folder = Path(metadata.folder or ".") / STATE_DIR / EVENTS_DIR
-    # Read by each key column's wanted values, then kept by the whole key.
-    condition = None
-    for index, key in enumerate(keys):
-        values = sorted({own[index] for own in wanted})
-        test = pc.field(key).cast(pa.string()).isin(values)
-        condition = test if condition is None else condition & test
-    table = ds.dataset(folder, format="parquet", partitioning="hive").to_table(
-        columns=read, filter=condition)
-    times = table["ts"].cast(pa.timestamp("us")).cast(pa.int64()).to_pylist()
-    by_key: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
-    for ts, row in zip(times, table.to_pylist(), strict=True):
-        own = group.key_of(row)
-        if own in wanted:
-            by_key.setdefault(own, []).append((ts, row))
-    return by_key
-
-
 def _settle(connection: duckdb.DuckDBPyConnection, entity: str, names: list[str],
             expected: StreamExpectation) -> None:
     """The rows of ``joined`` whose entity streamed events touched are streamed rows (also
-    those whose view timestamp stayed the snapshot's: a late event's); those ``expected``
-    settles get its values as their offline ones."""
+    those served before the stream's write of them); those ``expected`` settles get its
+    values as their offline ones."""
     touched = sorted(expected.keys(entity))
     if touched:
         connection.register("__touched", pa.table({"key": touched}))

@@ -14,8 +14,9 @@ Each entity is also written as one vector per view, the form our reader reads. A
 writes its vectors as the next generation, beside the served one; stamping the store with the
 new generation switches every reader at once, then the old generation is deleted — so no
 answer of the API mixes two datasets (docs/ARCHITECTURE.md, "Atomic publication"). Feast's
-layout is written in place, as Feast's own materialization does. The output's aggregation
-tiles go with the vectors: each key's tiles, written into the new generation
+layout is written in place, as Feast's own materialization does. The output's tiles — of its
+aggregation groups and of its entity tables' groups, where the stream adds pushed events —
+go with the vectors: each key's tiles, written into the new generation
 (``feature_store/tiles.py``).
 """
 
@@ -131,13 +132,14 @@ def _gate(output: Path, metadata: Metadata, accept_drift: str | None,
 
 def _write_tiles(online_store: OnlineStore, metadata: Metadata, project: str,
                  generation: int, progress: Callable[[str], None]) -> int:
-    """The output's aggregation tiles, written into ``generation``: how many keys."""
-    info = metadata.tiles
-    if info is None or not info.groups:
+    """The output's tiles (the aggregations' and the entity tables' groups), written into
+    ``generation``: how many keys."""
+    groups = metadata.tile_groups()
+    if not groups:
         return 0
-    tiles = read_tiles(metadata, info.groups)
+    tiles = read_tiles(metadata, groups)
     written = 0
-    for group in info.groups:
+    for group in groups:
         prefix = tiles_prefix(project, generation, group.name)
         keys, values = [], []
         for key, stored in stored_tiles(tiles, group):

@@ -5,40 +5,28 @@ docs/ARCHITECTURE.md, "Online/offline consistency").
 The processor archives each batch's events with the moments it started and finished
 applying them (``.<archive file>.times``: one line per batch, ``count started finished``).
 For a row served at instant t, an event is *applied* when its batch finished before t and
-*not yet applied* when its batch started after t; the row's expected features are the
-processor's own (:func:`features`) over the batch base at the cut (the latest snapshot at
-or before t) and the applied events of days from the cut on, each exact duplicate once. A
-row is *unsettled* — not compared — when one of its entity's events was being applied at
-t, has no recorded time, or is dated before the cut (the processor counts such a late
-event only until the next publication drops it).
+*not yet applied* when its batch started after t. The row's expected features are the rule
+of time's (``core.aggregations.value_at``, event by event) over the entity's events in the
+output and its applied archived events from the output's cut on, each exact duplicate once,
+at the midnight after the latest of them — the entity table's group, as the processor
+serves it. A row is *unsettled* — not compared — when one of its entity's events was being
+applied at t or has no recorded time, or when t is before the cut (an earlier output was
+served).
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import orjson
-import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
+from featureline.core.aggregations import LABEL, accepted_events, event_filter, value_at
 from featureline.core.events import event_digest, labeler, micros_of, parse_timestamp
-from featureline.core.metadata import encoded_name, present, read_metadata
-from featureline.stream.processor import (
-    ENTITIES,
-    Base,
-    BatchBase,
-    day_of,
-    features,
-    times_path,
-)
-
-# One archived event of an entity: its day, label, and when its batch started and finished
-# being applied (None: not recorded).
-Applied = tuple[int, int, float | None, float | None]
+from featureline.core.metadata import OOV_ID, encoded_name, present, read_metadata
+from featureline.stream.processor import DAY_US, ENTITIES, encoded_ids, times_path
 
 
 class Pushed(NamedTuple):
@@ -57,12 +45,12 @@ class ArchivedStream:
 
     def __init__(self, archive: str | Path, output: str | Path) -> None:
         self.metadata = read_metadata(output)
-        contract = present(self.metadata.events, self.metadata, "events")
-        self.recent_days = contract.recent_days
-        label = labeler(contract)
-        self.events: dict[str, dict[str, list[Applied]]] = {e: {} for e in ENTITIES}
-        # Every archived event once, for the aggregations (``pushed``).
+        self.contract = present(self.metadata.events, self.metadata, "events")
+        self.cut_us = present(self.metadata.tiles, self.metadata, "tiles").cut_us
+        label = labeler(self.contract)
+        # Every archived event once (``pushed``), and those from the cut on per entity id.
         self.pushed: list[Pushed] = []
+        self.events: dict[str, dict[str, list[Pushed]]] = {e: {} for e in ENTITIES}
         seen: set[bytes] = set()
         folder = Path(archive)
         files = sorted(folder.glob("events-*.jsonl")) + sorted(folder.glob(".events-*.jsonl"))
@@ -76,33 +64,19 @@ class ArchivedStream:
                 seen.add(digest)
                 event = orjson.loads(line)
                 moment = parse_timestamp(event["ts"], "auto")  # as the processor reads it
-                if moment is not None:
-                    self.pushed.append(Pushed(micros_of(moment), int(label(event)), event,
-                                              started, finished))
-                day = day_of(datetime.fromisoformat(event["ts"]).astimezone(timezone.utc))
-                for entity, key in ENTITIES.items():
-                    self.events[entity].setdefault(str(event[key]), []).append(
-                        (day, int(label(event)), started, finished))
-        stamps: set[datetime] = set()
-        for table in self.metadata.entities.values():
-            folder_ = (self.metadata.folder or Path(".")) / table.path
-            column = ds.dataset(folder_, format="parquet").to_table(
-                columns=[table.timestamp_field])[table.timestamp_field]
-            stamps.update(pc.unique(column).to_pylist())
-        self.cuts = sorted(s.replace(tzinfo=timezone.utc) if s.tzinfo is None else s
-                           for s in stamps)
-        self._bases: dict[datetime, dict[str, dict[str, Base]]] = {}
-
-    def _base(self, cut: datetime) -> dict[str, dict[str, Base]]:
-        """Every entity's batch base at ``cut``, by its id as text."""
-        if cut not in self._bases:
-            loaded = BatchBase.load(self.metadata, cut, self.recent_days)
-            self._bases[cut] = {entity: {str(k): v for k, v in bases.items()}
-                                for entity, bases in loaded.entities.items()}
-        return self._bases[cut]
+                if moment is None:
+                    continue
+                pushed = Pushed(micros_of(moment), int(label(event)), event, started, finished)
+                self.pushed.append(pushed)
+                if pushed.ts >= self.cut_us:
+                    for entity, key in ENTITIES.items():
+                        self.events[entity].setdefault(str(event[key]), []).append(pushed)
+        self.groups = {group.name: group for group in self.metadata.tile_groups()
+                       if group.name in ENTITIES}
+        self._encoded: dict[str, dict[str, int]] = {}
 
     def keys(self, entity: str) -> set[str]:
-        """The entity's ids (as text) the archived events touched."""
+        """The entity's ids (as text) the archived events from the cut on touched."""
         return set(self.events[entity])
 
     def pushed_events(self) -> list[Pushed]:
@@ -113,32 +87,38 @@ class ArchivedStream:
                  ) -> list[dict[str, Any] | None]:
         """Per row (an entity id as logged and its request time): the features the
         processor should have served, or None where the archive cannot settle them."""
+        group = self.groups[entity]
+        outputs = group.outputs()
+        keeps = {f.output: event_filter(f.spec, self.contract) for f in outputs}
+        batch = accepted_events(self.metadata.events_folder(), group, {(k,) for k in keys})
+        if entity not in self._encoded:
+            self._encoded[entity] = encoded_ids(self.metadata, entity)
+        encoded = self._encoded[entity]
         join_key = ENTITIES[entity]
         out: list[dict[str, Any] | None] = []
         for key, at in zip(keys, times, strict=True):
             moment = at.timestamp()
-            index = bisect.bisect_right(self.cuts, at) - 1
-            cut = self.cuts[index] if index >= 0 else None
-            cut_day = day_of(cut) if cut is not None else -(2**31)
-            base = self._base(cut).get(entity, {}).get(key, Base()) if cut else Base()
-            days: dict[int, tuple[int, int]] = {}
+            if micros_of(at) < self.cut_us:
+                out.append(None)
+                continue
+            events = list(batch.get((key,), ()))
             settled = True
-            for day, positive, started, finished in self.events[entity].get(key, ()):
-                if started is None or finished is None or started <= moment < finished:
+            for pushed in self.events[entity].get(key, ()):
+                if (pushed.started is None or pushed.finished is None
+                        or pushed.started <= moment < pushed.finished):
                     settled = False
                     break
-                if finished > moment:
-                    continue  # applied after the request
-                if day < cut_day:
-                    settled = False
-                    break
-                n, p = days.get(day, (0, 0))
-                days[day] = (n + 1, p + positive)
+                if pushed.finished <= moment:
+                    events.append((pushed.ts, {**pushed.event, LABEL: pushed.label}))
             if not settled:
                 out.append(None)
                 continue
-            row = features(entity, base, days, self.recent_days)
-            row[encoded_name(join_key)] = base.encoded
+            row: dict[str, Any] = {f.output: None for f in outputs}
+            row[encoded_name(join_key)] = None
+            if events:  # none: nothing served, nothing expected
+                t = (max(ts for ts, _ in events) // DAY_US + 1) * DAY_US
+                row = {f.output: value_at(f, events, t, keeps[f.output]) for f in outputs}
+                row[encoded_name(join_key)] = encoded.get(key, OOV_ID)
             out.append(row)
         return out
 

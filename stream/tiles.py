@@ -1,6 +1,6 @@
 """The stream's executor of the aggregations: each accepted event added to its keys' tiles in
-the served generation of the online store, once (docs/ARCHITECTURE.md, "Features as
-definitions").
+the served generation of the online store, once — of every group the output has tiles of,
+the entity tables' included (docs/ARCHITECTURE.md, "Features as definitions").
 
 Beside a key's tiles (``feature_store/tiles.py``) the processor keeps the key's *streamed
 events* — a hash, ``featureline:stream:<project>:agg:<group>:<key as JSON>``: the generation
@@ -120,27 +120,32 @@ class StreamTiles:
         self.read = client.register_script(READ)
         self.write = client.register_script(WRITE)
 
-    def serve(self, groups: Sequence[GroupSpec], generation: int | None, cut_us: int) -> None:
+    def serve(self, groups: Sequence[GroupSpec], generation: int | None, cut_us: int
+              ) -> dict[str, list[tuple[str, ...]]]:
         """The spec, generation and cut of the publication served now; every streamed key
-        of another generation is moved to this one."""
+        of another generation is moved to this one. Per group, the keys moved with events
+        from the cut on (their tiles hold more than the batch's)."""
         self.groups = {group.name: group for group in groups}
         self.outputs = {group.name: {f.output: _Output(f, event_filter(f.spec, self.contract))
                                      for f in group.outputs()} for group in groups}
         self.columns = {group.name: {c for f in group.features for c in f.columns()} - {LABEL}
                         for group in groups}
         self.generation, self.cut_us = generation, cut_us
+        moved: dict[str, list[tuple[str, ...]]] = {}
         if not generation:  # nothing served: nothing to write into
-            return
+            return moved
         for group in groups:
             prefix = self._streamed_prefix(group.name)
             keys = [tuple(orjson.loads(key[len(prefix):]))
                     for key in self.client.scan_iter(match=prefix + "*", count=1000)]
             for low in range(0, len(keys), TRANSACTION_KEYS):
-                self._apply(group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]})
+                moved.setdefault(group.name, []).extend(self._apply(
+                    group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]}))
+        return moved
 
     def add(self, events: Sequence[tuple[bytes, int, int, Mapping[str, Any]]]) -> int:
         """Add ``(digest, ts µs, label, event)`` to their keys' tiles, each event once; how
-        many (group, key) pairs were written."""
+        many (group, key) pairs got new events."""
         if not self.generation or not self.groups:
             return 0
         written = 0
@@ -156,16 +161,17 @@ class StreamTiles:
                 by_key.setdefault(key, {})[digest.hex()] = [ts, label, kept]
             items = list(by_key.items())
             for low in range(0, len(items), TRANSACTION_KEYS):
-                written += self._apply(name, dict(items[low:low + TRANSACTION_KEYS]))
+                written += len(self._apply(name, dict(items[low:low + TRANSACTION_KEYS])))
         return written
 
     def _streamed_prefix(self, group: str) -> str:
         return f"featureline:stream:{self.project}:agg:{group}:"
 
-    def _apply(self, group: str, new: dict[tuple[str, ...], dict[str, Any]]) -> int:
+    def _apply(self, group: str, new: dict[tuple[str, ...], dict[str, Any]]
+               ) -> list[tuple[str, ...]]:
         """One transaction over ``new``'s keys: their streamed events moved to the served
-        generation if they are of another, and the new events added; how many keys were
-        written."""
+        generation if they are of another, and the new events added; the keys whose tiles
+        were written."""
         keys = list(new)
         streamed_keys = [self._streamed_prefix(group) + tile_key(key).decode() for key in keys]
         prefix = tiles_prefix(self.project, self.generation, group).decode()
@@ -188,6 +194,7 @@ class StreamTiles:
                         reads.hgetall(streamed_keys[at])
                     streamed = dict(zip(moved, reads.execute() if moved else [], strict=True))
                     written: list[str] = []
+                    changed: list[tuple[str, ...]] = []
                     args: list[Any] = [self.generation]
                     for at, key in enumerate(keys):
                         fresh = {digest: event for (digest, event), found
@@ -209,6 +216,8 @@ class StreamTiles:
                             continue
                         stored = held[at][2] or None
                         written += [streamed_keys[at], tile_keys[at]]
+                        if adding:
+                            changed.append(key)
                         args += [self._tiles_with(group, features, stored, list(adding.values()))
                                  if adding else b"", len(fresh)]
                         for digest, event in fresh.items():
@@ -218,7 +227,7 @@ class StreamTiles:
                     if written:
                         self.write(keys=written, args=args, client=watching)
                     watching.execute()
-                    return len(written) // 2
+                    return changed
                 except redis_py.WatchError:
                     continue
 

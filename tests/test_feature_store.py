@@ -32,6 +32,7 @@ from featureline.feature_store.publication import KEY_PREFIX
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import feast_connection_string, open_repo
+from featureline.feature_store.tiles import TILES_PREFIX
 from featureline.feature_store.training_set import training_set
 from featureline.feature_store.writer import VECTOR_PREFIX
 from tests.feast_data import REPO, copy_project, fresh_db, write_handmade_output
@@ -60,16 +61,18 @@ def _online(repo, rows: list[dict]) -> dict:
 
 def _redis_dump(url: str, vectors: bool = True) -> dict:
     """Every key and value, less the publication stamp and the generations' counter (a
-    replace moves them); entity vectors (unless not ``vectors``) without their
+    replace moves them); entity vectors and tiles (unless not ``vectors``) without their
     generation."""
     client = redis.Redis.from_url(url)
     dump = {}
     for key in client.scan_iter():
-        if key.startswith(VECTOR_PREFIX.encode()):
+        prefix = next((p for p in (VECTOR_PREFIX, TILES_PREFIX) if key.startswith(p.encode())),
+                      None)
+        if prefix is not None:
             if not vectors:
                 continue
-            project, _, rest = key[len(VECTOR_PREFIX):].split(b":", 2)
-            dump[(project, rest)] = client.get(key)
+            project, _, rest = key[len(prefix):].split(b":", 2)
+            dump[(prefix, project, rest)] = client.get(key)
         elif not key.startswith((KEY_PREFIX.encode(), b"featureline:generations:")):
             dump[key] = client.hgetall(key)
     return dump
@@ -361,7 +364,9 @@ def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_ou
     written, expected = _redis_dump(ours, vectors=False), _redis_dump(feasts)
     assert len(written) == summary.keys == len(expected)
     assert written == expected
-    assert len(_redis_dump(ours)) == 2 * summary.keys  # and one vector per view and entity
+    # And one vector per view and entity, and the tiles of each entity of the output.
+    assert summary.tile_keys == summary.keys
+    assert len(_redis_dump(ours)) == 2 * summary.keys + summary.tile_keys
 
 
 def _shifted_output(output: Path, root: Path, by: int) -> Path:

@@ -258,7 +258,8 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
     assert summary["write_examples"] == f"{rows['accepted']:,} examples"
     files = metadata["tfrecord"]["files"]
     assert summary["write_tfrecord"] == f"{rows['accepted']:,} rows in {len(files)} files"
-    assert summary["entities"] == ", ".join(metadata["entities"])
+    assert summary["entities"] == (f"{', '.join(metadata['entities'])}; tiles of "
+                                   f"{len(metadata['tiles']['tables'])} outputs")
     assert summary["artifacts"] == ""  # none: its tables are listed in metadata.json
     assert summary["state"] == f"{rows['accepted']:,} events"
     # The first run at its path has nothing to be checked against; its profile is written.

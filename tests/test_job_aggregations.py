@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from featureline.config import parse_config
-from featureline.core.aggregations import MICROS
+from featureline.core.aggregations import MICROS, entity_group
 from featureline.core.metadata import PADDING_ID
 from featureline.core.transforms import apply
 from featureline.etl import job
@@ -158,8 +158,11 @@ def test_the_outputs_tiles_serve_the_definition_after_the_last_event(aggregated)
     served = read_tiles(metadata, config.aggregations)
     events = [{**row, "ts": _micros(row["ts"])} for row in _table(result.output, "state/events")]
     assert metadata.tiles.cut_us == max(e["ts"] for e in events) + 1
-    assert set(metadata.tiles.tables) == {f.qualified for g in config.aggregations
-                                          for f in g.outputs()}
+    # The spec's groups, then the entity tables' (what the stream adds pushed events to).
+    groups = metadata.tile_groups()
+    assert [g.name for g in groups] == [*(g.name for g in config.aggregations), "user", "item"]
+    assert groups[-2:] == [entity_group(e, 7) for e in ("user", "item")]
+    assert set(metadata.tiles.tables) == {f.qualified for g in groups for f in g.outputs()}
     assert metadata.outputs["tiles"] == "tiles"
     hour = 3600 * MICROS
     differ = []
@@ -248,7 +251,7 @@ def test_the_api_serves_the_published_tiles_at_the_request_time(aggregated, tmp_
     events = [{**row, "ts": _micros(row["ts"])} for row in _table(result.output, "state/events")]
     keys = {group.name: sorted({tuple(e[k] for k in group.keys) for e in events
                                 if None not in (e[k] for k in group.keys)})
-            for group in config.aggregations}
+            for group in read_metadata(result.output).tile_groups()}
     assert summary.tile_keys == sum(map(len, keys.values()))
     client = redis.Redis.from_url(url)
     stored = set(client.scan_iter(match=f"{TILES_PREFIX}*"))

@@ -27,8 +27,9 @@ from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import open_repo
 from featureline.stream.expected import ArchivedStream
 from featureline.stream.log import open_event_log
-from featureline.stream.processor import SCRIPT_EVENTS, open_processor
+from featureline.stream.processor import open_processor
 from featureline.stream.push import Pusher
+from featureline.stream.tiles import TRANSACTION_KEYS
 from tests.feast_data import copy_project, fresh_db
 
 READ = {"Authorization": "Bearer reader-key"}
@@ -87,6 +88,13 @@ def _latest(output: Path, entity: str, key: str, value: str) -> dict:
     return max(rows, key=lambda row: row["event_timestamp"])
 
 
+def _cut(output: Path) -> datetime:
+    """The output's cut: just after its latest event; the stream serves events from it on."""
+    tiles = read_metadata(output).tiles
+    assert tiles is not None
+    return datetime.fromtimestamp(tiles.cut_us / 1e6, timezone.utc)
+
+
 def _features(client, user: str, item: str) -> dict:
     response = client.post("/v1/features", headers=READ, json={
         "service": "ranking", "entities": {"user_id": [user], "item_id": [item]}})
@@ -117,8 +125,8 @@ def test_pushed_events_are_served_exactly_with_duplicates_once(tmp_path, redis_s
 
 
 def _check_pushed_events(client, processor, output: Path) -> None:
-    item = _latest(output, "item", "item_id", "i1")
-    day = item["event_timestamp"].replace(tzinfo=timezone.utc) + timedelta(hours=3)
+    item = _latest(output, "item", "item_id", "i1")  # its totals: every event before the cut
+    day = _cut(output) + timedelta(hours=3)
     clicked = _event("new-user", "i1", "click", day)
     # An epoch float, as time.time() gives it, is a time like any other.
     viewed = day + timedelta(minutes=1, microseconds=123457)
@@ -166,14 +174,14 @@ def test_the_seven_day_window_ends_at_the_latest_event(stream_app):
     assert served["user_positives"] == user["user_positives"]
 
 
-def test_a_batch_of_many_script_calls_counts_each_event_once(stream_app):
-    """One read holding more events than one Redis script call takes, with the duplicates of
-    the first call's events in the second, and -0.0 and 0.0 (one value to Spark)."""
+def test_a_batch_of_many_transactions_counts_each_event_once(stream_app):
+    """One read holding more keys than one Redis transaction takes, with duplicates of the
+    first events at the end, and -0.0 and 0.0 (one value to Spark)."""
     client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
-    start = _latest(output, "item", "item_id", "i1")["event_timestamp"].replace(
-        tzinfo=timezone.utc) + timedelta(hours=1)
-    events = [_event(f"bulk-{n % 3}", "i1", "click" if n % 4 == 0 else "view",
-                     start + timedelta(days=n % 9, seconds=n)) for n in range(SCRIPT_EVENTS + 300)]
+    start = _cut(output) + timedelta(hours=1)
+    users = TRANSACTION_KEYS + 20
+    events = [_event(f"bulk-{n % users}", "i1", "click" if n % 4 == 0 else "view",
+                     start + timedelta(days=n % 9, seconds=n)) for n in range(3 * users)]
     events += [dict(event) for event in events[:300]]
     events += [_event("bulk-0", "i1", "view", start, value=0.0),
                _event("bulk-0", "i1", "view", start, value=-0.0)]
@@ -185,7 +193,7 @@ def test_a_batch_of_many_script_calls_counts_each_event_once(stream_app):
     while done < len(events):
         done += processor.process(processor.log.read(processor.consumer, 5000, 0.2))
     assert done == len(events)
-    for user in ("bulk-0", "bulk-1", "bulk-2"):
+    for user in ("bulk-0", "bulk-1", f"bulk-{users - 1}"):  # the last in another transaction
         distinct = {(e["ts"], e["event_type"], e["value"]) for e in events
                     if e["user_id"] == user}
         days = [datetime.fromisoformat(ts).timestamp() // 86_400 for ts, _, _ in distinct]
@@ -283,13 +291,12 @@ def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_serv
     metadata = read_metadata(job_output.output)
     assert metadata.events is not None
     pusher = Pusher(metadata.events, open_event_log(config.stream, url))
-    last = _latest(job_output.output, "user", "user_id", "u1")["event_timestamp"]
-    last = last.replace(tzinfo=timezone.utc)
-    pushed = [_event("u1", "i1", "click", last - timedelta(hours=5)),  # a day the batch had
-              _event("u1", "i3", "view", last + timedelta(days=1, hours=2)),
-              _event("u2", "i1", "purchase", last + timedelta(days=3)),
-              _event("c-new", "i-new", "click", last + timedelta(days=9)),
-              _event("c-new", "i1", "view", last + timedelta(days=9, hours=1))]
+    cut = _cut(job_output.output)
+    late = _event("u1", "i1", "click", cut - timedelta(hours=5))  # before the cut: the batch's
+    pushed = [late, _event("u1", "i3", "view", cut + timedelta(days=1, hours=2)),
+              _event("u2", "i1", "purchase", cut + timedelta(days=3)),
+              _event("c-new", "i-new", "click", cut + timedelta(days=9)),
+              _event("c-new", "i1", "view", cut + timedelta(days=9, hours=1))]
     assert pusher.push(pushed)[0] == len(pushed)
     _drain(processor)
     application = create_app(config.serving(), output=job_output.output, redis_url=url)
@@ -297,6 +304,9 @@ def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_serv
     pairs = [("u1", "i1"), ("u1", "i3"), ("u2", "i1"), ("c-new", "i-new"), ("c-new", "i1")]
     with TestClient(application) as client:
         streamed = [_features(client, *pair) for pair in pairs]
+    u1 = _latest(job_output.output, "user", "user_id", "u1")
+    assert streamed[0]["user_events"] == u1["user_events"] + 1  # i3's view, not the late click
+    assert streamed[0]["user_positives"] == u1["user_positives"]
 
     inputs = tmp_path / "inputs"
     inputs.mkdir()
@@ -313,8 +323,14 @@ def test_the_batch_catches_up_to_the_streamed_values(spark, tmp_path, redis_serv
     caught_up = create_app(config.serving(), output=result.output, redis_url=url)
     with TestClient(caught_up) as client:
         batch = [_features(client, *pair) for pair in pairs]
-        for before, after in zip(streamed, batch, strict=True):
-            for entity in ("user", "item"):
+        # The late click, read by the batch from the archive, is u1's and i1's only.
+        late_in = {("user", "u1"), ("item", "i1")}
+        for pair, before, after in zip(pairs, streamed, batch, strict=True):
+            for entity, own in zip(("user", "item"), pair, strict=True):
+                if (entity, own) in late_in:
+                    assert after[f"{entity}_events"] == before[f"{entity}_events"] + 1
+                    assert after[f"{entity}_positives"] == before[f"{entity}_positives"] + 1
+                    continue
                 for name in names:
                     key = f"{entity}_{name}"
                     assert after[key] == pytest.approx(before[key]), (key, before, after)
@@ -341,8 +357,7 @@ def test_a_cached_entity_is_served_fresh_once_the_processor_rewrote_it(tmp_path,
     with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
         before = _features(client, "u2", "i1")
         assert _features(client, "u2", "i1") == before  # now from the cache
-        day = _latest(output, "user", "user_id", "u2")["event_timestamp"]
-        pushed = _event("u2", "i1", "view", day.replace(tzinfo=timezone.utc))
+        pushed = _event("u2", "i1", "view", _cut(output))
         assert client.post("/v1/push", headers=WRITE, json={"events": [pushed]}).status_code == 202
         assert _drain(processor) == 1
         deadline = time.monotonic() + 5
@@ -355,18 +370,17 @@ def test_a_cached_entity_is_served_fresh_once_the_processor_rewrote_it(tmp_path,
 
 def test_consistency_compares_streamed_rows_with_the_archive(tmp_path, redis_server,
                                                              job_output):
-    """Rows of entities the processor wrote are compared with the batch base plus the
-    archived events applied before the request: equal as served; a late event's rows
-    unsettled; an archive that lost an event reports exactly those entities."""
+    """Rows of entities the processor wrote are compared with the rule of time over the
+    output's and the archived events applied before the request: equal as served; an event
+    dated before the cut left to the batch (its entity's rows compared with the batch's); an
+    archive that lost an event reports exactly those entities."""
     output = job_output.output
     log = tmp_path / "log"
     config, url = _setup(tmp_path, redis_server, output, 15,
                          feature_logging={"path": str(log), "roll_s": 0.2})
     processor = open_processor(config.stream, config.feature_store, output, url=url,
                                consumer="skew")
-    processor.refresh_base()
-    cut = processor.base.cut
-    assert cut is not None
+    cut = _cut(output)
     metadata = read_metadata(output)
     pusher = Pusher(present(metadata.events, metadata, "events"),
                     open_event_log(config.stream, url))
@@ -388,18 +402,20 @@ def test_consistency_compares_streamed_rows_with_the_archive(tmp_path, redis_ser
         report = check_consistency(log, output, config.feature_store, expected=expected)
         return {f.feature: f for f in report.features}
 
+    assert served["user_events"][1] is None  # late-user: left to the next batch
     unsettled = reports(None)  # no archive: streamed rows counted, not compared
-    assert unsettled["user_events"].streamed == unsettled["user_events"].unsettled == 2
+    assert unsettled["user_events"].streamed == unsettled["user_events"].unsettled == 1
     archive = Path(config.stream.archive)
     settled = reports(ArchivedStream(archive, output))
     for name, report in settled.items():
         assert report.mismatch == report.missing == report.extra == 0, (name, report.top)
     user_events = settled["user_events"]
-    # fresh-user and late-user streamed; late-user's event is dated before the cut.
-    assert (user_events.streamed, user_events.unsettled) == (2, 1)
+    # fresh-user streamed and settled; late-user's event, before the cut, was not streamed.
+    assert (user_events.streamed, user_events.unsettled) == (1, 0)
     assert user_events.compared == 2  # fresh-user (from the archive) and u1 (the batch)
-    # i1 (fresh-user's events) settled; i2's event is the late one.
-    assert (settled["item_events"].streamed, settled["item_events"].unsettled) == (2, 1)
+    # i1 (fresh-user's events) settled; i2 served and compared as the batch wrote it.
+    assert (settled["item_events"].streamed, settled["item_events"].unsettled) == (1, 0)
+    assert settled["item_events"].compared == 3
 
     (events_file,) = archive.glob(".events-*.jsonl")  # the purchase lost from the archive
     lines = events_file.read_bytes().splitlines(keepends=True)
