@@ -198,6 +198,8 @@ def test_bad_specs_name_the_key(group, key, message):
     ([_group(op="approx_distinct", column="value")], "[0].features[0].column: approx_distinct "
                                                       "counts text values"),
     ([_group(op="count"), _group(op="count")], "[1].name: group g is also [0]"),
+    ([{"name": "item", "keys": ["item_id"], "features": [{"op": "count"}]}],
+     "[0].name: item is the item table's group"),
 ])
 def test_specs_read_only_columns_the_events_have(groups, message):
     specs = [GroupSpec.model_validate(g) for g in groups]
