@@ -477,7 +477,7 @@ class GroupSpec(Settings):
         """An event's key in the group, each value as text; None where a key column is
         missing (the event counts for no key of the group)."""
         values = [event.get(key) for key in self.keys]
-        return None if None in values else tuple(str(value) for value in values)
+        return None if None in values else tuple(map(str, values))
 
 
 # The entities with a table of their own (entities/<entity>, Feast's <entity>_features view),

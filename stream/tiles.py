@@ -101,9 +101,6 @@ class _Output:
     feature: AggregateFeature
     filter: Callable[[Mapping[str, Any]], bool] | None  # None: every event counts
 
-    def keeps(self, event: Mapping[str, Any]) -> bool:
-        return self.filter is None or self.filter(event)
-
 
 class StreamTiles:
     """Adds streamed events to the tiles of every group of the served output's spec."""
@@ -247,12 +244,12 @@ class StreamTiles:
         """``tiles`` with ``events`` (µs, columns) added, less the tiles no window at
         ``latest`` covers."""
         feature = output.feature
-        operation, window = feature.operation(), feature.window
+        operation, window, spec = feature.operation(), feature.window, feature.spec
         tiles = dict(tiles)
         for ts, event in events:
-            if not output.keeps(event):
+            if output.filter is not None and not output.filter(event):
                 continue
-            value = event_value(feature.spec, event)
+            value = event_value(spec, event)
             if value is None:
                 continue
             start = 0 if window.hop is None else tile_start(ts, window.hop)
