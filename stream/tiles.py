@@ -146,16 +146,16 @@ class StreamTiles:
         if not self.generation or not self.groups:
             return 0
         written = 0
+        streamed = [(digest.hex(), ts, label, event) for digest, ts, label, event in events
+                    if ts >= self.cut_us]
         for name, group in self.groups.items():
             by_key: dict[tuple[str, ...], dict[str, Any]] = {}
-            for digest, ts, label, event in events:
-                if ts < self.cut_us:
-                    continue
+            columns = self.columns[name]
+            for digest, ts, label, event in streamed:
                 key = group.key_of(event)
-                if key is None:
-                    continue
-                kept = {c: event.get(c) for c in self.columns[name]}
-                by_key.setdefault(key, {})[digest.hex()] = [ts, label, kept]
+                if key is not None:
+                    kept = {c: event.get(c) for c in columns} if columns else {}
+                    by_key.setdefault(key, {})[digest] = [ts, label, kept]
             items = list(by_key.items())
             for low in range(0, len(items), TRANSACTION_KEYS):
                 written += len(self._apply(name, dict(items[low:low + TRANSACTION_KEYS])))
