@@ -13,6 +13,7 @@ sample of keys (the key's own bytes), and the growth per key after the first ``-
 keys: the overhead that only shows at scale.
 
     python benchmarks/bench_tiles_memory.py                  # 1,000,000 keys
+    python benchmarks/bench_tiles_memory.py --entity-table   # the user table's group instead
     python benchmarks/bench_tiles_memory.py --keys 20000 --distinct 2000   # the smoke run
 """
 
@@ -35,11 +36,13 @@ from featureline.config import parse_config
 from featureline.core.aggregations import (
     MICROS,
     GroupSpec,
+    entity_group,
     event_filter,
     event_value,
     tiles,
 )
 from featureline.core.events import labeler, micros_of, parse_timestamp
+from featureline.etl.config import EntitiesConfig
 from featureline.etl.datagen import generate_events
 from featureline.feature_store.redis_server import EmbeddedRedis
 from featureline.feature_store.tiles import encode_key_tiles, tile_key, tiles_prefix
@@ -51,7 +54,10 @@ BATCH_USERS = 10_000
 WRITE_BATCH = 10_000
 
 
-def _group() -> GroupSpec:
+def _group(entity_table: bool = False) -> GroupSpec:
+    """The spec's user group, or the user table's (its four features)."""
+    if entity_table:
+        return entity_group("user", EntitiesConfig().recent_days)
     groups = yaml.safe_load(SPEC.read_text())["aggregations"]
     return GroupSpec.model_validate(next(g for g in groups if g["keys"] == ["user_id"]))
 
@@ -75,13 +81,14 @@ def _used(client: Any) -> int:
 
 
 def run(keys: int = 1_000_000, small: int = 10_000, events: int = 20, days: int = 30,
-        distinct: int = 50_000, sample: int = 2_000, seed: int = 1) -> dict[str, Any]:
+        distinct: int = 50_000, sample: int = 2_000, seed: int = 1,
+        entity_table: bool = False) -> dict[str, Any]:
     """``distinct``: keys whose tiles are folded; the others repeat their values in turn
     (Redis's memory depends on the values' sizes, which that sample spreads as the
     generator does)."""
     import redis as redis_py
 
-    group = _group()
+    group = _group(entity_table)
     contract = parse_config({}).etl.event_contract()
     label = labeler(contract)
     keeps = {f.output: event_filter(f.spec, contract) for f in group.outputs()}
@@ -161,9 +168,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="keys whose tiles are folded; the others repeat their values")
     parser.add_argument("--events", type=int, default=20, help="events per key")
     parser.add_argument("--days", type=int, default=30)
+    parser.add_argument("--entity-table", action="store_true",
+                        help="the user table's group (what the stream keeps) instead")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.keys, args.small, args.events, args.days, args.distinct),
-                     indent=2))
+    print(json.dumps(run(args.keys, args.small, args.events, args.days, args.distinct,
+                         entity_table=args.entity_table), indent=2))
 
 
 if __name__ == "__main__":

@@ -286,6 +286,10 @@ def test_bench_tiles_memory_smoke():
     assert full["used_memory_per_aggregation"] == round(
         full["used_memory_bytes"] / 20_000 / report["aggregations"])
     assert report["small"]["keys"] == 10_000 and report["small"]["used_memory_per_key"] > 0
+    table = _load("bench_tiles_memory").run(keys=10_000, small=10_000, distinct=1_000,
+                                            entity_table=True)
+    assert (table["group"], table["aggregations"]) == ("user", 4)  # the user table's four
+    assert table["full"]["used_memory_per_key"] > table["full"]["value_bytes_per_key"] > 20
 
 
 def test_bench_consistency_smoke():
