@@ -87,15 +87,15 @@ def times_path(events_file: Path) -> Path:
 
 
 def encoded_ids(metadata: Metadata, entity: str) -> dict[str, int]:
-    """Each id of the entity's table (as text) and its encoded id (none: no vocabulary)."""
-    table = metadata.entities[entity]
-    cat = encoded_name(table.join_key)
-    path = (metadata.folder or Path(".")) / table.path
-    if cat not in {f.name for f in table.features}:
+    """Each id of the entity's vocabulary (as text) and its encoded id, as the entity table
+    holds it (none: the output has no vocabulary of the key)."""
+    vocabulary = metadata.vocabularies.get(metadata.entities[entity].join_key)
+    if vocabulary is None:
         return {}
-    rows = ds.dataset(path, format="parquet").to_table(columns=[table.join_key, cat])
-    ids = pc.cast(rows[table.join_key], pa.string()).to_pylist()
-    return dict(zip(ids, rows[cat].to_pylist(), strict=True))
+    rows = ds.dataset((metadata.folder or Path(".")) / vocabulary.path,
+                      format="parquet").to_table(columns=["value", "id"])
+    ids = pc.cast(rows["value"], pa.string()).to_pylist()
+    return dict(zip(ids, rows["id"].to_pylist(), strict=True))
 
 
 def entity_values(features: dict[str, AggregateFeature], stored: bytes | None

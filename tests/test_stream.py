@@ -149,6 +149,8 @@ def _check_pushed_events(client, processor, output: Path) -> None:
     assert (served["user_events"], served["user_positives"], served["user_events_7d"]) == (3, 2, 3)
     assert served["user_positive_rate"] == pytest.approx(2 / 3)
     assert served["item_events"] == item["item_events"] + 3
+    assert served["item_id_cat"] == item["item_id_cat"] > 1  # its id kept; new-user's unknown
+    assert served["user_id_cat"] == 1
     assert served["item_positives"] == item["item_positives"] + 2
     assert served["item_positive_rate"] == pytest.approx(
         (item["item_positives"] + 2) / (item["item_events"] + 3))
