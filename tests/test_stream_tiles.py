@@ -1,0 +1,129 @@
+"""The stream's executor of the aggregations (stream/tiles.py) against the brute-force
+reference, on a real Redis: random logs of several users (ties at hop and window boundaries)
+split at a random cut into the batch's tiles — as the ETL writes them and publish loads
+them — and the pushed events after it, added in random batches and delivered again, give
+merged from the stored tiles, at times after the last event, the reference's value for
+every operation × window; an entity table's group gives the reference's values at the
+midnight after the entity's latest event, as the processor writes its row."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from featureline.core.aggregations import entity_group, event_value, tiles, value_from_tiles
+from featureline.feature_store.tiles import (
+    decode_key_tiles,
+    encode_key_tiles,
+    tile_key,
+    tiles_prefix,
+)
+from featureline.stream.processor import DAY_US, entity_values
+from featureline.stream.tiles import StreamTiles
+from tests.aggregation_reference import CONTRACT, LABEL, MICROS, ORIGIN, SPEC, kept, reference
+from tests.feast_data import fresh_db
+
+GROUPS = [SPEC, entity_group("user", 7)]
+USERS = ["u1", "u2", "u3"]
+GENERATION = 1
+
+# Times on and one microsecond around 5-minute, hour and day boundaries, and in between.
+_offsets = st.one_of(
+    st.builds(lambda n, d: n * 300 * MICROS + d, st.integers(0, 12 * 24 * 9),
+              st.sampled_from([-1, 0, 1])),
+    st.integers(0, 9 * 86_400 * MICROS))
+_events = st.lists(st.fixed_dictionaries({
+    "ts": _offsets.map(lambda offset: ORIGIN + offset),
+    "user_id": st.sampled_from(USERS),
+    "item_id": st.sampled_from([f"i{n}" for n in range(6)]),
+    "event_type": st.sampled_from(["view", "click", "purchase"]),
+    "value": st.one_of(st.none(), st.sampled_from([0.5, 1.0, 2.0, -3.0])),
+    "price": st.one_of(st.none(), st.sampled_from([1.25, 9.5, 100.0])),
+    "category": st.one_of(st.none(), st.sampled_from(["c1", "c2", "c3"])),
+}), max_size=30)
+
+
+@pytest.fixture(scope="module")
+def client(redis_server):
+    return redis.Redis.from_url(fresh_db(redis_server, 7))
+
+
+def _digest(event: dict) -> bytes:
+    """An event's identity, as the processor's digest of its line: equal events, one."""
+    return orjson.dumps(event, option=orjson.OPT_SORT_KEYS)
+
+
+def _publish(client: redis.Redis, events: list[dict], cut: int) -> None:
+    """Each user's tiles of the events before ``cut``: the hops a window can still reach at
+    the cut, and the lifetime's one tile — what publish writes."""
+    for group in GROUPS:
+        features = {f.output: f for f in group.outputs()}
+        for user in USERS:
+            own = [e for e in events if e["user_id"] == user]
+            by_output = {}
+            for output, feature in features.items():
+                pairs = [(e["ts"], event_value(feature.spec, e)) for e in own
+                         if kept(feature, e)]
+                held = tiles(feature.operation(), feature.window, pairs)
+                start = feature.window.start(cut)
+                by_output[output] = {tile: partial for tile, partial in held.items()
+                                     if start is None or tile >= start}
+            client.set(tiles_prefix("p", GENERATION, group.name) + tile_key([user]),
+                       encode_key_tiles(features, by_output))
+
+
+def _same(feature, got, expected):
+    if feature.spec.op in ("sum", "mean") and expected is not None:
+        return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    return got == expected
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(logged=_events, cut_offset=_offsets, batch=st.integers(1, 7),
+       later=st.lists(st.integers(0, 9 * 86_400 * MICROS), max_size=3), seed=st.integers(0, 99))
+def test_streamed_tiles_serve_the_definition(client, logged, cut_offset, batch, later, seed):
+    client.flushdb()
+    # An exact duplicate is one event (the ETL's rule); each carries its label.
+    events = list({_digest(e): {**e, "label": int(LABEL(e))} for e in logged}.values())
+    cut = ORIGIN + cut_offset
+    _publish(client, [e for e in events if e["ts"] < cut], cut)
+    stream = StreamTiles(client, "p", CONTRACT)
+    stream.serve(GROUPS, GENERATION, cut)
+    pushed = [e for e in events if e["ts"] >= cut]
+    rng = random.Random(seed)
+    # Every pushed event, some delivered again, in a random order and random batches.
+    deliveries = pushed + rng.sample(pushed, len(pushed) // 2)
+    rng.shuffle(deliveries)
+    for low in range(0, len(deliveries), batch):
+        stream.add([(_digest(e), e["ts"], e["label"], e) for e in deliveries[low:low + batch]])
+
+    latest = max([cut, *(e["ts"] + 1 for e in events)])
+    differ = []
+    for group in GROUPS:
+        features = {f.output: f for f in group.outputs()}
+        for user in USERS:
+            own = [e for e in events if e["user_id"] == user]
+            stored = client.get(tiles_prefix("p", GENERATION, group.name) + tile_key([user]))
+            held = decode_key_tiles(features, stored) if stored else {}
+            for t in [latest, *(latest + offset for offset in later)]:
+                for output, feature in features.items():
+                    got = value_from_tiles(feature.operation(), feature.window,
+                                           held.get(output, {}), t)
+                    expected = reference(feature, own, t)
+                    if not _same(feature, got, expected):
+                        differ.append((output, user, t - ORIGIN, got, expected))
+            if group.name == "user" and any(e["ts"] >= cut for e in own):
+                row = entity_values(features, stored)
+                assert row is not None
+                values, at = row
+                assert at == (max(e["ts"] for e in own) // DAY_US + 1) * DAY_US
+                differ += [(output, user, "row", values[output], reference(feature, own, at))
+                           for output, feature in features.items()
+                           if not _same(feature, values[output], reference(feature, own, at))]
+    assert differ == [], differ[:5]
