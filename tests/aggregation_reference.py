@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
+from hypothesis import strategies as st
+
 from featureline.core.aggregations import GroupSpec
 from featureline.core.events import EventContract, LabelSpec, matcher
 
@@ -38,6 +40,13 @@ SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "
 ]})
 OUTPUTS = SPEC.outputs()
 LABEL = matcher(CONTRACT.label, CONTRACT)
+
+# Offsets from ORIGIN over nine days: on and one microsecond around 5-minute, hour and day
+# boundaries, and in between (a hypothesis strategy).
+OFFSETS = st.one_of(
+    st.builds(lambda n, d: n * 300 * MICROS + d, st.integers(0, 12 * 24 * 9),
+              st.sampled_from([-1, 0, 1])),
+    st.integers(0, 9 * 86_400 * MICROS))
 
 
 def reference(feature, events, t):

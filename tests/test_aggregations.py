@@ -28,6 +28,7 @@ from tests.aggregation_reference import (
     CONTRACT,
     LABEL,
     MICROS,
+    OFFSETS,
     ORIGIN,
     OUTPUTS,
     kept,
@@ -61,13 +62,8 @@ def _with_label(event):
     return {**event, "label": int(LABEL(event))}
 
 
-# Times on and one microsecond around 5-minute, hour and day boundaries, and in between.
-_offsets = st.one_of(
-    st.builds(lambda n, d: n * 300 * MICROS + d, st.integers(0, 12 * 24 * 9), st.sampled_from(
-        [-1, 0, 1])),
-    st.integers(0, 9 * 86_400 * MICROS))
 _events = st.lists(st.fixed_dictionaries({
-    "ts": _offsets.map(lambda offset: ORIGIN + offset),
+    "ts": OFFSETS.map(lambda offset: ORIGIN + offset),
     "user_id": st.just("u1"),
     "item_id": st.sampled_from([f"i{n}" for n in range(6)]),
     "event_type": st.sampled_from(["view", "click", "purchase"]),
@@ -84,7 +80,7 @@ def _same(feature, got, expected):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(events=_events, at=st.lists(_offsets, min_size=1, max_size=4), seed=st.integers(0, 99))
+@given(events=_events, at=st.lists(OFFSETS, min_size=1, max_size=4), seed=st.integers(0, 99))
 def test_tiles_merged_at_any_time_equal_the_definition(events, at, seed):
     """Serving: every event in its tile, read at any time after the latest. The batch, at any
     time t: the whole tiles before t's own tile, merged with the partial of the own tile's

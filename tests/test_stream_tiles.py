@@ -25,20 +25,24 @@ from featureline.feature_store.tiles import (
 )
 from featureline.stream.processor import DAY_US, entity_values
 from featureline.stream.tiles import StreamTiles
-from tests.aggregation_reference import CONTRACT, LABEL, MICROS, ORIGIN, SPEC, kept, reference
+from tests.aggregation_reference import (
+    CONTRACT,
+    LABEL,
+    MICROS,
+    OFFSETS,
+    ORIGIN,
+    SPEC,
+    kept,
+    reference,
+)
 from tests.feast_data import fresh_db
 
 GROUPS = [SPEC, entity_group("user", 7)]
 USERS = ["u1", "u2", "u3"]
 GENERATION = 1
 
-# Times on and one microsecond around 5-minute, hour and day boundaries, and in between.
-_offsets = st.one_of(
-    st.builds(lambda n, d: n * 300 * MICROS + d, st.integers(0, 12 * 24 * 9),
-              st.sampled_from([-1, 0, 1])),
-    st.integers(0, 9 * 86_400 * MICROS))
 _events = st.lists(st.fixed_dictionaries({
-    "ts": _offsets.map(lambda offset: ORIGIN + offset),
+    "ts": OFFSETS.map(lambda offset: ORIGIN + offset),
     "user_id": st.sampled_from(USERS),
     "item_id": st.sampled_from([f"i{n}" for n in range(6)]),
     "event_type": st.sampled_from(["view", "click", "purchase"]),
@@ -85,7 +89,7 @@ def _same(feature, got, expected):
 
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(logged=_events, cut_offset=_offsets, batch=st.integers(1, 7),
+@given(logged=_events, cut_offset=OFFSETS, batch=st.integers(1, 7),
        later=st.lists(st.integers(0, 9 * 86_400 * MICROS), max_size=3), seed=st.integers(0, 99))
 def test_streamed_tiles_serve_the_definition(client, logged, cut_offset, batch, later, seed):
     client.flushdb()
