@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -604,6 +604,32 @@ def accepted_events(folder: str | Path, group: GroupSpec, wanted: set[tuple[str,
         if own in wanted:
             by_key.setdefault(own, []).append((ts, row))
     return by_key
+
+
+class PushedEvent(NamedTuple):
+    """A pushed event as the stream's archive holds it: its time (µs), label and columns, and
+    when its batch started and finished being applied (epoch seconds; None: not recorded)."""
+
+    ts: int
+    label: int
+    event: dict[str, Any]
+    started: float | None
+    finished: float | None
+
+
+def applied_events(pushed: Iterable[PushedEvent], moment: float
+                   ) -> list[tuple[int, dict[str, Any]]] | None:
+    """The events of ``pushed`` the stream had applied at ``moment`` (epoch seconds), as
+    :func:`value_at` reads them; None when one of them was being applied then or has no
+    recorded times (what it served then cannot be settled)."""
+    applied = []
+    for event in pushed:
+        if (event.started is None or event.finished is None
+                or event.started <= moment < event.finished):
+            return None
+        if event.finished <= moment:
+            applied.append((event.ts, {**event.event, LABEL: event.label}))
+    return applied
 
 
 def fold(operation: Operation, events: Iterable[tuple[int, Any]]) -> Partial:

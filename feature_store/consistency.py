@@ -42,7 +42,13 @@ from typing import Any, Protocol
 import duckdb
 import pyarrow as pa
 
-from featureline.core.aggregations import LABEL, accepted_events, event_filter, value_at
+from featureline.core.aggregations import (
+    PushedEvent,
+    accepted_events,
+    applied_events,
+    event_filter,
+    value_at,
+)
 from featureline.core.metadata import Metadata, read_metadata
 from featureline.feature_store.definitions import build
 from featureline.feature_store.feature_log import (
@@ -58,30 +64,6 @@ from featureline.feature_store.tiles import tile_key
 
 RELATIVE_TOLERANCE = 1e-9
 METRIC_PREFIX = "featureline_consistency"
-
-
-class PushedEvent(Protocol):
-    """An archived event as the aggregations read it (stream/expected.py's ``Pushed``)."""
-
-    @property
-    def ts(self) -> int:  # µs
-        ...
-
-    @property
-    def label(self) -> int:
-        ...
-
-    @property
-    def event(self) -> dict[str, Any]:
-        ...
-
-    @property
-    def started(self) -> float | None:  # when its batch started being applied (epoch s)
-        ...
-
-    @property
-    def finished(self) -> float | None:  # and finished
-        ...
 
 
 class StreamExpectation(Protocol):
@@ -282,15 +264,9 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         offline: dict[str, list[Any]] = {f.qualified: [] for f in outputs}
         settled, streamed = [], []
         for own_key, t in zip(row_keys, logged["__time"].to_pylist(), strict=True):
-            moment = t / 1_000_000
-            events = list(batch.get(own_key, ()))
-            unsettled = False
-            for event in pushed.get(own_key, ()):
-                if (event.started is None or event.finished is None
-                        or event.started <= moment < event.finished):
-                    unsettled = True
-                elif event.finished <= moment:
-                    events.append((event.ts, {**event.event, LABEL: event.label}))
+            applied = applied_events(pushed.get(own_key, ()), t / 1_000_000)
+            unsettled = applied is None
+            events = [*batch.get(own_key, ()), *(applied or ())]
             streamed.append(own_key in pushed)
             settled.append(not unsettled)
             for feature in outputs:

@@ -19,25 +19,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
-from featureline.core.aggregations import LABEL, accepted_events, event_filter, value_at
+from featureline.core.aggregations import (
+    PushedEvent,
+    accepted_events,
+    applied_events,
+    event_filter,
+    value_at,
+)
 from featureline.core.events import event_digest, labeler, micros_of, parse_timestamp
 from featureline.core.metadata import OOV_ID, encoded_name, present, read_metadata
 from featureline.stream.processor import DAY_US, ENTITIES, encoded_ids, times_path
-
-
-class Pushed(NamedTuple):
-    """An archived event as the aggregations read it: its time (µs), label and columns,
-    and when its batch started and finished being applied (None: not recorded)."""
-
-    ts: int
-    label: int
-    event: dict[str, Any]
-    started: float | None
-    finished: float | None
 
 
 class ArchivedStream:
@@ -49,8 +44,8 @@ class ArchivedStream:
         self.cut_us = present(self.metadata.tiles, self.metadata, "tiles").cut_us
         label = labeler(self.contract)
         # Every archived event once (``pushed``), and those from the cut on per entity id.
-        self.pushed: list[Pushed] = []
-        self.events: dict[str, dict[str, list[Pushed]]] = {e: {} for e in ENTITIES}
+        self.pushed: list[PushedEvent] = []
+        self.events: dict[str, dict[str, list[PushedEvent]]] = {e: {} for e in ENTITIES}
         seen: set[bytes] = set()
         folder = Path(archive)
         files = sorted(folder.glob("events-*.jsonl")) + sorted(folder.glob(".events-*.jsonl"))
@@ -66,7 +61,7 @@ class ArchivedStream:
                 moment = parse_timestamp(event["ts"], "auto")  # as the processor reads it
                 if moment is None:
                     continue
-                pushed = Pushed(micros_of(moment), int(label(event)), event, started, finished)
+                pushed = PushedEvent(micros_of(moment), int(label(event)), event, started, finished)
                 self.pushed.append(pushed)
                 if pushed.ts >= self.cut_us:
                     for entity, key in ENTITIES.items():
@@ -79,7 +74,7 @@ class ArchivedStream:
         """The entity's ids (as text) the archived events from the cut on touched."""
         return set(self.events[entity])
 
-    def pushed_events(self) -> list[Pushed]:
+    def pushed_events(self) -> list[PushedEvent]:
         """Every archived event once (exact duplicates dropped), in the archive's order."""
         return self.pushed
 
@@ -97,22 +92,11 @@ class ArchivedStream:
         join_key = ENTITIES[entity]
         out: list[dict[str, Any] | None] = []
         for key, at in zip(keys, times, strict=True):
-            moment = at.timestamp()
-            if micros_of(at) < self.cut_us:
+            applied = applied_events(self.events[entity].get(key, ()), at.timestamp())
+            if applied is None or micros_of(at) < self.cut_us:
                 out.append(None)
                 continue
-            events = list(batch.get((key,), ()))
-            settled = True
-            for pushed in self.events[entity].get(key, ()):
-                if (pushed.started is None or pushed.finished is None
-                        or pushed.started <= moment < pushed.finished):
-                    settled = False
-                    break
-                if pushed.finished <= moment:
-                    events.append((pushed.ts, {**pushed.event, LABEL: pushed.label}))
-            if not settled:
-                out.append(None)
-                continue
+            events = [*batch.get((key,), ()), *applied]
             row: dict[str, Any] = {f.output: None for f in outputs}
             row[encoded_name(join_key)] = None
             if events:  # none: nothing served, nothing expected
