@@ -505,6 +505,12 @@ def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
 TILE = "tile"
 
 
+def events_cut(events: DataFrame) -> int:
+    """The cut of ``events`` (with ``TS_MICROS``): 1 µs after the latest; 1 without events."""
+    latest = events.agg(F.max(TS_MICROS)).first()
+    return (latest[0] if latest and latest[0] is not None else 0) + 1
+
+
 def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
                  cut: int) -> list[tuple[AggregateFeature, DataFrame]]:
     """Per output of ``group``, its tiles as of ``cut`` (µs, after every event): a row per key

@@ -46,7 +46,7 @@ from featureline.core.metadata import (
     Metadata,
 )
 from featureline.etl import ingest, stages
-from featureline.etl.aggregations import output_tiles, rule_column
+from featureline.etl.aggregations import events_cut, output_tiles, rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
@@ -447,8 +447,7 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int |
     definitions")."""
     events = with_time_key(events)
     if cut is None:
-        latest = events.agg(F.max(TS_MICROS)).first()
-        cut = (latest[0] if latest and latest[0] is not None else 0) + 1
+        cut = events_cut(events)
     tables = {}
     numeric = config.event_contract().numeric
     entities = [entity_group(entity, config.entities.recent_days) for entity in ENTITIES]

@@ -24,6 +24,7 @@ from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.aggregations import (
     ORDERED,
+    events_cut,
     group_snapshots,
     group_values,
     snapshot_anchors,
@@ -75,8 +76,7 @@ class Aggregations(FeatureOp):
                     for column in feature.columns())}
         # Cached: each hop's tiles, the frames and the anchors read these rows.
         narrow = self.keep(events.select(*sorted(needed & set(events.columns))))
-        latest = narrow.agg(F.max(TS_MICROS)).first()
-        self.cut = (latest[0] if latest and latest[0] is not None else 0) + 1
+        self.cut = events_cut(narrow)
         for group in self.groups:
             days = snapshot_anchors(narrow, group, self.cut)
             anchors = narrow.select(*group.keys, TS_MICROS).unionByName(days).distinct()
