@@ -14,7 +14,13 @@ the same updates straight into Redis.
   `HSET` each, pipelined) — measured before and after the processor (interleaved) on the
   same server.
 
+- **In process** (``--in-process``): the processor of ``featureline stream`` applying bursts
+  (records of 500 events, read 5,000 at a time, as ``stream.read_batch``) in this process,
+  without and with ``gc.freeze()`` after it started (as the command does), rounds
+  alternated: seconds, this process's CPU and Redis's CPU per burst.
+
     python benchmarks/bench_stream.py --rate 2000 --seconds 20
+    python benchmarks/bench_stream.py --in-process --rounds 4
     python benchmarks/bench_stream.py --smoke
 """
 
@@ -316,6 +322,76 @@ def aggregations_cost(rounds: int = 1, **sizes: Any) -> dict[str, Any]:
     return {"runs": runs, "summary": summary, "throughput_with_vs_without": round(ratio, 3)}
 
 
+def in_process(entities: int = 10_000, burst: int = 20_000, rounds: int = 4) -> dict[str, Any]:
+    """The processor applying ``burst`` events in this process, ``rounds`` times each without
+    and with the collector frozen after startup, alternated; each burst's users and items
+    are new (the benchmark's 997 and 499 keys, renamed)."""
+    import gc
+
+    from featureline.core.events import EventValidator, event_line
+    from featureline.stream.log import Delivered
+    from featureline.stream.processor import open_processor
+
+    measured: dict[str, list[dict[str, float]]] = {"collected": [], "frozen": []}
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        server = EmbeddedRedis(root / "redis").start()
+        try:
+            output = _output(root, entities)
+            config = _project(root)
+            publish(open_repo(config.feature_store, output, url=server.url),
+                    progress=lambda _: None)
+            stream = config.stream.model_copy(update={"archive": str(root / "archive")})
+            processor = open_processor(stream, config.feature_store, output, url=server.url)
+            processor.refresh_base()
+            processor.log.commit = lambda delivered: None  # type: ignore[method-assign]
+            validate = EventValidator(processor.contract, datetime.now().astimezone())
+            client = redis.Redis.from_url(server.url)
+
+            def redis_cpu() -> float:
+                info = client.info("cpu")
+                return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+            for index in range(2 * rounds):
+                side = ("collected", "frozen")[index % 2]
+                day = SNAPSHOT + timedelta(hours=2 + index)
+                records = []
+                for first in range(0, burst, 500):
+                    lines = []
+                    for n in range(first, min(first + 500, burst)):
+                        event, _ = validate(_event(f"r{index}u{n % 997}", f"r{index}i{n % 499}",
+                                                   day + timedelta(microseconds=n),
+                                                   "click" if n % 5 == 0 else "view"))
+                        assert event is not None
+                        lines.append(event_line(event))
+                    records.append(Delivered(None, b"\n".join(lines), time.time()))
+                gc.collect()
+                if side == "frozen":
+                    gc.freeze()
+                redis_before, cpu_before = redis_cpu(), time.process_time()
+                started = time.perf_counter()
+                for low in range(0, len(records), 10):
+                    processor.process(records[low:low + 10])
+                seconds = time.perf_counter() - started
+                measured[side].append({"seconds": round(seconds, 3),
+                                       "process_cpu_s": round(time.process_time()
+                                                              - cpu_before, 3),
+                                       "redis_cpu_s": round(redis_cpu() - redis_before, 3)})
+                gc.unfreeze()
+            processed = processor.processed
+        finally:
+            server.stop()
+
+    def mean(side: str, field: str) -> float:
+        return float(np.mean([m[field] for m in measured[side]]))
+
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "events": burst,
+            "processed": processed, "runs": measured,
+            "frozen_vs_collected": {field: round(mean("frozen", field)
+                                                 / mean("collected", field), 3)
+                                    for field in ("seconds", "process_cpu_s", "redis_cpu_s")}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--entities", type=int, default=10_000)
@@ -325,9 +401,16 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
     parser.add_argument("--aggregations", action="store_true",
                         help="without and with benchmarks/aggregations.yaml, A B B A")
-    parser.add_argument("--rounds", type=int, default=1, help="with --aggregations")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="with --aggregations or --in-process")
+    parser.add_argument("--in-process", action="store_true",
+                        help="the processor's bursts in this process, without and with "
+                             "gc.freeze(), alternated")
     args = parser.parse_args()
-    if args.aggregations:
+    if args.in_process:
+        report = (in_process(200, 1000, 1) if args.smoke else
+                  in_process(args.entities, args.burst, args.rounds))
+    elif args.aggregations:
         sizes = ({"entities": 200, "rate": 100, "seconds": 1, "batch": 10, "track": 5,
                   "burst": 500} if args.smoke else
                  {"entities": args.entities, "rate": args.rate, "seconds": args.seconds,

@@ -23,6 +23,7 @@ without a column counts every event the filter keeps).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from abc import ABC, abstractmethod
@@ -550,7 +551,13 @@ class AggregateFeature:
         return f"{self.group}__{self.output}"
 
     def operation(self) -> Operation:
-        return OPERATIONS[self.spec.op](self.spec.k)
+        return operation_of(self.spec.op, self.spec.k)
+
+
+@functools.cache
+def operation_of(op: str, k: int | None) -> Operation:
+    """The operation ``op`` (with ``k``): one object per pair, operations hold no state."""
+    return OPERATIONS[op](k)
 
 
 def event_value(feature: FeatureSpec, event: Mapping[str, Any]) -> Any:

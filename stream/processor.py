@@ -68,12 +68,12 @@ from featureline.core.metadata import (
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.repo import open_repo
 from featureline.feature_store.settings import FeatureStoreConfig
-from featureline.feature_store.tiles import decode_key_tiles, tile_key, tiles_prefix
+from featureline.feature_store.tiles import KeyTiles, decode_key_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import Layout
 from featureline.stream.log import Delivered, EventLog, open_event_log, written_topic
 from featureline.stream.metrics import StreamMetrics
 from featureline.stream.settings import StreamConfig
-from featureline.stream.tiles import StreamTiles
+from featureline.stream.tiles import KeyState, StreamTiles
 
 logger = logging.getLogger("featureline.stream")
 
@@ -98,12 +98,14 @@ def encoded_ids(metadata: Metadata, entity: str) -> dict[str, int]:
     return dict(zip(ids, rows["id"].to_pylist(), strict=True))
 
 
-def entity_values(features: dict[str, AggregateFeature], stored: bytes | None
+def entity_values(features: dict[str, AggregateFeature], stored: bytes | None,
+                  tiles: dict[str, KeyTiles] | None = None
                   ) -> tuple[dict[str, Any], int] | None:
-    """An entity's values from its stored tiles and their time (µs): the midnight after its
-    latest event, whose day its latest tile of a windowed output starts (the hops divide a
-    day); None without such a tile."""
-    tiles = decode_key_tiles(features, stored) if stored else {}
+    """An entity's values from its stored tiles (``tiles``: them decoded, where the caller
+    has them) and their time (µs): the midnight after its latest event, whose day its latest
+    tile of a windowed output starts (the hops divide a day); None without such a tile."""
+    if tiles is None:
+        tiles = decode_key_tiles(features, stored) if stored else {}
     starts = [start for output, by_tile in tiles.items()
               if features[output].window.hop is not None for start in by_tile]
     if not starts:
@@ -159,7 +161,7 @@ class StreamProcessor:
         moved = self.tiles.serve(groups, self.generation, info.cut_us)
         for entity in self.entity_features:
             if moved.get(entity):
-                self._write(entity, [key[0] for key in moved[entity]])
+                self._write(entity, {key[0]: None for key in moved[entity]})
         return True
 
     def process(self, delivered: Sequence[Delivered]) -> int:
@@ -169,21 +171,18 @@ class StreamProcessor:
         started = time.time()
         lines = [line for record in delivered for line in record.payload.split(b"\n")]
         aggregated = []  # (digest, ts µs, label, event) for the tiles
-        touched: dict[str, dict[str, None]] = {entity: {} for entity in ENTITIES}
         for line in lines:
             event = orjson.loads(line)
             moment = parse_timestamp(event["ts"], "auto")
-            if moment is None:
-                continue
-            ts = micros_of(moment)
-            aggregated.append((event_digest(line), ts, self.label(event), event))
-            if ts >= self.tiles.cut_us:
-                for entity, key in ENTITIES.items():
-                    touched[entity][str(event[key])] = None
-        self.tiles.add(aggregated)
-        for entity, values in touched.items():
-            if values and entity in self.entity_features:
-                self._write(entity, list(values))
+            if moment is not None:
+                aggregated.append((event_digest(line), micros_of(moment), self.label(event),
+                                   event))
+        # Every key of the events gets its row, also where the tiles held them all already
+        # (a processor killed before writing the row).
+        states = self.tiles.add(aggregated)
+        for entity in self.entity_features:
+            if states.get(entity):
+                self._write(entity, {key[0]: state for key, state in states[entity].items()})
         servable = time.time()
         self.metrics.observe([servable - record.accepted_at for record in delivered],
                              len(lines))
@@ -192,10 +191,11 @@ class StreamProcessor:
         self.processed += len(lines)
         return len(lines)
 
-    def _write(self, entity: str, values: list[str]) -> None:
+    def _write(self, entity: str, values: dict[str, KeyState | None]) -> None:
         """Compute and write the rows of the entities ``values`` (ids as text) from their
-        tiles; again for those whose tiles moved meanwhile (another processor of the group
-        added events of theirs)."""
+        tiles (as the transaction that wrote them left them; None: read here); again for
+        those whose tiles moved meanwhile (another processor of the group added events of
+        theirs)."""
         if not self.generation:
             return
         layout = self.layouts[entity]
@@ -203,13 +203,16 @@ class StreamProcessor:
         key = ENTITIES[entity]
         prefix = tiles_prefix(self.project, self.generation, entity)
         encoded = self.encoded.get(entity, {})
-        pending = values
+        missing = [value for value, state in values.items() if state is None]
+        read = dict(zip(missing, self.client.mget([prefix + tile_key([value])
+                                                   for value in missing]) if missing else [],
+                        strict=True))
+        pending = [(value, KeyState(read[value], None, False) if state is None else state)
+                   for value, state in values.items()]
         while pending:
-            keys = [prefix + tile_key([value]) for value in pending]
-            stored = self.client.mget(keys)
             columns: dict[str, list[Any]] = {}
-            for value, blob in zip(pending, stored, strict=True):
-                computed = entity_values(features, blob)
+            for value, state in pending:
+                computed = entity_values(features, state.stored, state.tiles)
                 if computed is None:
                     continue
                 row, t = computed
@@ -227,9 +230,10 @@ class StreamProcessor:
                                       generation=self.generation)
                 self.store.announce(written_topic(self.project), orjson.dumps(
                     [[layout.view, value] for value in columns[key]]))
-            now = self.client.mget(keys)
-            pending = [value for value, before, after in zip(pending, stored, now, strict=True)
-                       if before != after]
+            now = self.client.mget([prefix + tile_key([value]) for value, _ in pending])
+            pending = [(value, KeyState(after, None, False))
+                       for (value, state), after in zip(pending, now, strict=True)
+                       if state.stored != after]
 
     def _typed(self, entity: str, value: str) -> Any:
         dtype = self.metadata.entities[entity].join_key_dtype

@@ -6,13 +6,15 @@ Beside a key's tiles (``feature_store/tiles.py``) the processor keeps the key's 
 events* — a hash, ``featureline:stream:<project>:agg:<group>:<key as JSON>``: the generation
 whose tiles hold them, and per event digest what the group reads of the event (its time in
 µs, its label, the columns) — every event at or after the published output's cut. A batch of
-events is applied in one optimistic transaction: WATCH both keys of every key touched, read
-in one round trip which of the batch's digests each key holds and its tiles, add the new
-events with the engine's ``add`` (``core/aggregations.py``), write the tiles and the new
-digests (MULTI/EXEC; a write by another processor in between starts it again) — the cost of
-a batch follows the batch, not the events streamed before it. Tiles and digests move
-together, so an event delivered again — after a kill between the write and the log's
-commit, or pushed twice — adds nothing.
+events is applied in one optimistic transaction (up to :data:`TRANSACTION_KEYS` keys, of
+all groups together): WATCH both keys of every key touched, read in one round trip which
+of the batch's digests each key holds and its tiles, add the new events with the engine's
+``add`` (``core/aggregations.py``), write the tiles and the new digests (MULTI/EXEC; a
+write by another processor in between starts it again) — the cost of a batch follows the
+batch, not the events streamed before it. Each key's tiles come back to the caller as the
+transaction left them (the processor's entity rows are computed from them). Tiles and
+digests move together, so an event delivered again — after a kill between the write and
+the log's commit, or pushed twice — adds nothing.
 
 A publish serves a new generation whose tiles are the batch's, up to a new cut: at its next
 look at the publication the processor moves every streamed key to it — the events before
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 import redis as redis_py
@@ -102,6 +104,19 @@ class _Output:
     filter: Callable[[Mapping[str, Any]], bool] | None  # None: every event counts
 
 
+# A streamed key: its group's name and its values.
+GroupKey = tuple[str, tuple[str, ...]]
+
+
+class KeyState(NamedTuple):
+    """A key's tiles after a transaction: as stored (None: none), decoded where the
+    transaction wrote them (else None), and whether it added events."""
+
+    stored: bytes | None
+    tiles: dict[str, KeyTiles] | None
+    added: bool
+
+
 class StreamTiles:
     """Adds streamed events to the tiles of every group of the served output's spec."""
 
@@ -111,6 +126,7 @@ class StreamTiles:
         self.contract = contract
         self.groups: dict[str, GroupSpec] = {}
         self.outputs: dict[str, dict[str, _Output]] = {}
+        self.features: dict[str, dict[str, AggregateFeature]] = {}
         self.columns: dict[str, set[str]] = {}
         self.generation: int | None = None
         self.cut_us = 0
@@ -125,6 +141,8 @@ class StreamTiles:
         self.groups = {group.name: group for group in groups}
         self.outputs = {group.name: {f.output: _Output(f, event_filter(f.spec, self.contract))
                                      for f in group.outputs()} for group in groups}
+        self.features = {name: {output: o.feature for output, o in outputs.items()}
+                         for name, outputs in self.outputs.items()}
         self.columns = {group.name: {c for f in group.features for c in f.columns()} - {LABEL}
                         for group in groups}
         self.generation, self.cut_us = generation, cut_us
@@ -133,50 +151,61 @@ class StreamTiles:
             return moved
         for group in groups:
             prefix = self._streamed_prefix(group.name)
-            keys = [tuple(orjson.loads(key[len(prefix):]))
-                    for key in self.client.scan_iter(match=prefix + "*", count=1000)]
-            for low in range(0, len(keys), TRANSACTION_KEYS):
-                moved.setdefault(group.name, []).extend(self._apply(
-                    group.name, {key: {} for key in keys[low:low + TRANSACTION_KEYS]}))
+            keys: dict[GroupKey, dict[str, Any]] = {
+                (group.name, tuple(orjson.loads(key[len(prefix):]))): {}
+                for key in self.client.scan_iter(match=prefix + "*", count=1000)}
+            for (name, key), state in self._transactions(keys).items():
+                if state.added:
+                    moved.setdefault(name, []).append(key)
         return moved
 
-    def add(self, events: Sequence[tuple[bytes, int, int, Mapping[str, Any]]]) -> int:
-        """Add ``(digest, ts µs, label, event)`` to their keys' tiles, each event once; how
-        many (group, key) pairs got new events."""
+    def add(self, events: Sequence[tuple[bytes, int, int, Mapping[str, Any]]]
+            ) -> dict[str, dict[tuple[str, ...], KeyState]]:
+        """Add ``(digest, ts µs, label, event)`` to their keys' tiles, each event once. Per
+        group, every key of the events (at or after the cut) and its tiles now."""
         if not self.generation or not self.groups:
-            return 0
-        written = 0
-        streamed = [(digest.hex(), ts, label, event) for digest, ts, label, event in events
-                    if ts >= self.cut_us]
-        for name, group in self.groups.items():
-            by_key: dict[tuple[str, ...], dict[str, Any]] = {}
-            columns = self.columns[name]
-            for digest, ts, label, event in streamed:
+            return {}
+        by_key: dict[GroupKey, dict[str, Any]] = {}
+        for digest, ts, label, event in events:
+            if ts < self.cut_us:
+                continue
+            name = digest.hex()
+            for group_name, group in self.groups.items():
                 key = group.key_of(event)
                 if key is not None:
+                    columns = self.columns[group_name]
                     kept = {c: event.get(c) for c in columns} if columns else {}
-                    by_key.setdefault(key, {})[digest] = [ts, label, kept]
-            items = list(by_key.items())
-            for low in range(0, len(items), TRANSACTION_KEYS):
-                written += len(self._apply(name, dict(items[low:low + TRANSACTION_KEYS])))
-        return written
+                    by_key.setdefault((group_name, key), {})[name] = [ts, label, kept]
+        states: dict[str, dict[tuple[str, ...], KeyState]] = {}
+        for (group_name, key), state in self._transactions(by_key).items():
+            states.setdefault(group_name, {})[key] = state
+        return states
 
     def _streamed_prefix(self, group: str) -> str:
         return f"featureline:stream:{self.project}:agg:{group}:"
 
-    def _apply(self, group: str, new: dict[tuple[str, ...], dict[str, Any]]
-               ) -> list[tuple[str, ...]]:
-        """One transaction over ``new``'s keys: their streamed events moved to the served
-        generation if they are of another, and the new events added; the keys whose tiles
-        were written."""
+    def _transactions(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
+        """:meth:`_apply` over ``new``, :data:`TRANSACTION_KEYS` keys at a time."""
+        items = list(new.items())
+        states: dict[GroupKey, KeyState] = {}
+        for low in range(0, len(items), TRANSACTION_KEYS):
+            states.update(self._apply(dict(items[low:low + TRANSACTION_KEYS])))
+        return states
+
+    def _apply(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
+        """One transaction over ``new``'s keys (of any groups) and their new events (by
+        digest): their streamed events moved to the served generation if they are of
+        another, and the new events added; each key's tiles after it."""
         keys = list(new)
-        streamed_keys = [self._streamed_prefix(group) + tile_key(key).decode() for key in keys]
-        prefix = tiles_prefix(self.project, self.generation, group).decode()
-        tile_keys = [prefix + tile_key(key).decode() for key in keys]
-        features = {output: o.feature for output, o in self.outputs[group].items()}
+        streamed_keys = [self._streamed_prefix(group) + tile_key(key).decode()
+                         for group, key in keys]
+        prefixes = {group: tiles_prefix(self.project, self.generation, group).decode()
+                    for group in {group for group, _ in keys}}
+        tile_keys = [prefixes[group] + tile_key(key).decode() for group, key in keys]
         asked: list[Any] = [len(keys)]
         for events in new.values():
             asked += [len(events), *events]
+        generation = str(self.generation).encode()
         with self.client.pipeline() as watching:
             while True:
                 try:
@@ -184,18 +213,19 @@ class StreamTiles:
                     # Read on another connection: the WATCH still fails the EXEC on any
                     # write by another client after it.
                     held = self.read(keys=[*streamed_keys, *tile_keys], args=asked)
-                    moved = [at for at, (generation, _, _) in enumerate(held)
-                             if generation != str(self.generation).encode()]
+                    moved = [at for at, (held_generation, _, _) in enumerate(held)
+                             if held_generation != generation]
                     reads = self.client.pipeline(transaction=False)
                     for at in moved:
                         reads.hgetall(streamed_keys[at])
                     streamed = dict(zip(moved, reads.execute() if moved else [], strict=True))
                     written: list[str] = []
-                    changed: list[tuple[str, ...]] = []
+                    states: dict[GroupKey, KeyState] = {}
                     args: list[Any] = [self.generation]
-                    for at, key in enumerate(keys):
+                    for at, (group, key) in enumerate(keys):
+                        events = new[(group, key)]
                         fresh = {digest: event for (digest, event), found
-                                 in zip(new[key].items(), held[at][1], strict=True)
+                                 in zip(events.items(), held[at][1], strict=True)
                                  if not found}
                         stale: list[str] = []
                         adding = dict(fresh)
@@ -209,14 +239,19 @@ class StreamTiles:
                                     adding[name] = event
                                 else:  # the batch of the new cut holds it
                                     stale.append(name)
-                        elif not fresh:
-                            continue
                         stored = held[at][2] or None
+                        if not fresh and at not in streamed:
+                            states[(group, key)] = KeyState(stored, None, False)
+                            continue
                         written += [streamed_keys[at], tile_keys[at]]
                         if adding:
-                            changed.append(key)
-                        args += [self._tiles_with(group, features, stored, list(adding.values()))
-                                 if adding else b"", len(fresh)]
+                            tiles = self._tiles_with(group, stored, list(adding.values()))
+                            encoded = encode_key_tiles(self.features[group], tiles)
+                            states[(group, key)] = KeyState(encoded, tiles, True)
+                        else:
+                            encoded = b""
+                            states[(group, key)] = KeyState(stored, None, False)
+                        args += [encoded, len(fresh)]
                         for digest, event in fresh.items():
                             args += [digest, orjson.dumps(event)]
                         args += [len(stale), *stale]
@@ -224,19 +259,18 @@ class StreamTiles:
                     if written:
                         self.write(keys=written, args=args, client=watching)
                     watching.execute()
-                    return changed
+                    return states
                 except redis_py.WatchError:
                     continue
 
-    def _tiles_with(self, group: str, features: Mapping[str, AggregateFeature],
-                    stored: bytes | None, events: list[Any]) -> bytes:
-        """A key's stored tiles with ``events`` added, as stored."""
-        tiles = decode_key_tiles(features, stored) if stored else {}
+    def _tiles_with(self, group: str, stored: bytes | None, events: list[Any]
+                    ) -> dict[str, KeyTiles]:
+        """A key's stored tiles with ``events`` added."""
+        tiles = decode_key_tiles(self.features[group], stored) if stored else {}
         latest = max(event[0] for event in events)
         readable = [(ts, {**columns, LABEL: label}) for ts, label, columns in events]
-        return encode_key_tiles(features, {
-            output: self._add(spec, tiles.get(output, {}), readable, latest)
-            for output, spec in self.outputs[group].items()})
+        return {output: self._add(spec, tiles.get(output, {}), readable, latest)
+                for output, spec in self.outputs[group].items()}
 
     @staticmethod
     def _add(output: _Output, tiles: KeyTiles, events: list[tuple[int, dict[str, Any]]],

@@ -274,6 +274,20 @@ def test_bench_stream_smoke(aggregations):
     assert burst["stream_vs_raw"] > 0
 
 
+def test_bench_stream_in_process_smoke():
+    """The processor's bursts in the test's process: every event of both sides applied, the
+    collector left unfrozen, the ratios of the sides' means."""
+    import gc
+
+    report = _load("bench_stream").in_process(entities=200, burst=1000, rounds=1)
+    json.dumps(report)
+    assert report["processed"] == 2000 and gc.get_freeze_count() == 0
+    collected, frozen = report["runs"]["collected"][0], report["runs"]["frozen"][0]
+    assert collected["process_cpu_s"] > 0 and frozen["redis_cpu_s"] > 0
+    assert report["frozen_vs_collected"]["seconds"] == round(
+        frozen["seconds"] / collected["seconds"], 3)
+
+
 def test_bench_tiles_memory_smoke():
     """bench_tiles_memory at 20,000 keys (2,000 folded): Redis grew by more than the values
     it holds, every key there, the per-aggregation figure the per-key one over 9."""

@@ -111,7 +111,7 @@ def stream_app(tmp_path_factory, redis_server, job_output):
                                consumer="test")
     with TestClient(application) as client:
         yield {"client": client, "processor": processor, "output": job_output.output,
-               "root": root}
+               "root": root, "config": config, "url": url}
 
 
 def test_pushed_events_are_served_exactly_with_duplicates_once(tmp_path, redis_server,
@@ -174,6 +174,32 @@ def test_the_seven_day_window_ends_at_the_latest_event(stream_app):
     assert served["user_events"] == user["user_events"] + 1
     assert served["user_events_7d"] == 1  # the batch's days fell out of the window
     assert served["user_positives"] == user["user_positives"]
+
+
+def test_a_processor_dying_between_the_tiles_and_the_row_writes_the_row_again(stream_app,
+                                                                              monkeypatch):
+    """Redelivered, every event is in the tiles already: the row is still written."""
+    client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
+    at = _cut(output) + timedelta(hours=5)
+    events = [_event("tiles-only", "i1", "click", at),
+              _event("tiles-only", "i2", "view", at + timedelta(minutes=1))]
+    assert client.post("/v1/push", headers=WRITE, json={"events": events}).status_code == 202
+    processor.refresh_base()
+
+    def killed(entity, values):
+        raise RuntimeError("killed before writing the rows")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(processor, "_write", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            processor.process(processor.log.read(processor.consumer, 100, 0.2))
+    assert _features(client, "tiles-only", "i1")["user_events"] is None
+    config, url = stream_app["config"], stream_app["url"]
+    restarted = open_processor(config.stream, config.feature_store, output, url=url,
+                               consumer=processor.consumer)
+    assert _drain(restarted) == 2  # delivered again: nothing was committed
+    served = _features(client, "tiles-only", "i1")
+    assert (served["user_events"], served["user_positives"]) == (2, 1)
 
 
 def test_a_batch_of_many_transactions_counts_each_event_once(stream_app):
