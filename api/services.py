@@ -123,7 +123,7 @@ class Services:
             self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
             self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
             self.contract = dataset.contract
-            self.reader.set_groups(dataset.groups)
+            self.reader.set_groups(dataset.groups, dataset.entity_groups)
         return rows
 
     def close(self) -> None:
@@ -149,7 +149,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     caching = config.api.feature_cache
     cache = ValueCache(caching.ttl_s, caching.max_entities) if caching.ttl_s > 0 else None
     dataset = _dataset(output)
-    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache, dataset.groups)
+    reader = OnlineReader.from_store(repo.store, repo.redis_url, cache, dataset.groups,
+                                     dataset.entity_groups)
     hps = ParameterServer.from_config(config.api.hps) if config.api.hps else None
     metrics = Metrics()
     if hps is not None:
@@ -199,14 +200,17 @@ class _Dataset(NamedTuple):
     # The aggregation groups of its tiles.
     groups: list[GroupSpec]
     fit_version: str | None
+    # The entity tables' groups of its tiles.
+    entity_groups: list[GroupSpec]
 
 
 def _dataset(output: str | Path) -> _Dataset:
     metadata = read_metadata(output)
     lineages = {column: list(entry.lineage) for column, entry in metadata.vocabularies.items()}
+    entity_groups = [group for group in metadata.tile_groups() if group.name in metadata.entities]
     return _Dataset(Vocabularies.from_output(output), lineages, metadata.dataset_version,
                     metadata.events, metadata.tiles.groups if metadata.tiles else [],
-                    metadata.fit.version if metadata.fit else None)
+                    metadata.fit.version if metadata.fit else None, entity_groups)
 
 
 async def get_services(request: Request) -> Services:

@@ -23,9 +23,11 @@ feature, over the rows that asked for it:
 - ``top``: the entities with the most differing rows.
 
 The aggregations the log holds (``<group>:<feature>``, of every group: a row's key is its
-columns' values) are compared with their definition at each row's request time, recomputed
-event by event from the output's accepted events and the archive's pushed events applied by
-then (:func:`_aggregations`).
+columns' values) — and the entity views' features their tables' groups define
+(``user_events_7d`` …: the API serves them at the request time too) — are compared with
+their definition at each row's request time, recomputed event by event from the output's
+accepted events and the archive's pushed events applied by then (:func:`_aggregations`);
+the snapshot join above compares the views' other features (the encoded ids).
 
 ``mismatch_ratio`` = (mismatch + missing + extra) / (compared + missing + extra); the job
 fails (exit status 1) when a feature's ratio exceeds ``max_mismatch``.
@@ -50,7 +52,7 @@ from featureline.core.aggregations import (
     value_at,
 )
 from featureline.core.metadata import Metadata, read_metadata
-from featureline.feature_store.definitions import build
+from featureline.feature_store.definitions import build, view_name
 from featureline.feature_store.feature_log import (
     STATUS_SUFFIX,
     TIMESTAMP_SUFFIX,
@@ -180,11 +182,14 @@ def check_consistency(log: str | Path, output: str | Path, settings: FeatureStor
     columns = set(open_log(connection, log))
     rows = int(connection.execute("SELECT count(*) FROM log").fetchone()[0])  # type: ignore[index]
     reports = []
+    # The entity views' features their group defines: compared as the aggregations are.
+    defined = {f.output for group in metadata.tile_groups() if group.name in metadata.entities
+               for f in group.outputs()}
     for entity, view in definitions.views.items():
         table = metadata.entities[entity]
         key, stamp = table.join_key, table.timestamp_field
         names = [f.name for f in view.features if f.name in columns
-                 and f"{f.name}{STATUS_SUFFIX}" in columns]
+                 and f"{f.name}{STATUS_SUFFIX}" in columns and f.name not in defined]
         if not names or key not in columns:
             continue
         ttl = view.ttl.total_seconds() if view.ttl else None
@@ -225,8 +230,9 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
                   columns: set[str], expected: StreamExpectation | None, top: int
                   ) -> list[FeatureConsistency]:
     """The logged aggregations (``<group>:<feature>``; a row's key: its group's key columns)
-    against the rule of time at each row's request time, read event by
-    event from the output's accepted events and, given the archive, the pushed events from
+    and the entity views' features their tables' groups define (``user_events_7d`` …),
+    against the rule of time at each row's request time, read event by event from the
+    output's accepted events and, given the archive, the pushed events from
     the output's cut that the processor had applied by then (a row is unsettled while one of
     its key's was being applied). A key without events has a value (0, or none for a mean):
     it is compared as any other. Rows before the cut were served from an earlier output and
@@ -235,20 +241,29 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
     if info is None or metadata.events is None:
         return []
     reports = []
-    for group in info.groups:
+    for group in metadata.tile_groups():
         keys = list(group.keys)
-        outputs = [f for f in group.outputs() if f.qualified in columns
-                   and f"{f.qualified}{STATUS_SUFFIX}" in columns]
+        # Each output's name in the log: <group>:<feature>, an entity view's own name.
+        logged_as = {f.output: f.output if group.name in metadata.entities else f.qualified
+                     for f in group.outputs()}
+        outputs = [f for f in group.outputs() if logged_as[f.output] in columns
+                   and f"{logged_as[f.output]}{STATUS_SUFFIX}" in columns]
         if not outputs or not all(key in columns for key in keys):
             continue
-        asked = " OR ".join(f"{quoted(f.qualified + STATUS_SUFFIX)} IS NOT NULL"
-                            for f in outputs)
+        names = [logged_as[f.output] for f in outputs]
+        asked = " OR ".join(f"{quoted(name + STATUS_SUFFIX)} IS NOT NULL" for name in names)
+        # An entity's row the processor wrote says so by its timestamp (newer than its
+        # table's latest snapshot): without the archive, its rows are streamed, unsettled.
+        entity = group.name in metadata.entities
+        stamp = f"{view_name(group.name)}{TIMESTAMP_SUFFIX}"
+        by_stamp = entity and expected is None and stamp in columns
         logged = connection.execute(
             "SELECT " + ", ".join(f"{quoted(key)} AS __key{i}" for i, key in enumerate(keys))
             + ", row_number() OVER () AS __row, epoch_us(request_time) AS __time, "
-            + ", ".join(f"{quoted(f.qualified)} AS {quoted('served:' + f.qualified)}, "
-                        f"{quoted(f.qualified + STATUS_SUFFIX)} AS "
-                        f"{quoted('status:' + f.qualified)}" for f in outputs)
+            + (f"epoch_us({quoted(stamp)}) AS __stamp, " if by_stamp else "")
+            + ", ".join(f"{quoted(name)} AS {quoted('served:' + name)}, "
+                        f"{quoted(name + STATUS_SUFFIX)} AS {quoted('status:' + name)}"
+                        for name in names)
             + " FROM log WHERE " + " AND ".join(f"{quoted(key)} IS NOT NULL" for key in keys)
             + f" AND ({asked}) AND epoch_us(request_time) >= {info.cut_us}").fetch_arrow_table()
         row_keys = list(zip(*(logged[f"__key{i}"].to_pylist() for i in range(len(keys))),
@@ -260,29 +275,34 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
             own = group.key_of(event.event)
             if event.ts >= info.cut_us and own in wanted:
                 pushed.setdefault(own, []).append(event)
-        keeps = {f.qualified: event_filter(f.spec, metadata.events) for f in outputs}
-        offline: dict[str, list[Any]] = {f.qualified: [] for f in outputs}
+        keeps = {f.output: event_filter(f.spec, metadata.events) for f in outputs}
+        offline: dict[str, list[Any]] = {name: [] for name in names}
         settled, streamed = [], []
-        for own_key, t in zip(row_keys, logged["__time"].to_pylist(), strict=True):
+        stamps = (logged["__stamp"].to_pylist() if by_stamp
+                  else [None] * logged.num_rows)
+        snapshots = _latest_snapshots(connection, metadata, group.name) if by_stamp else {}
+        for own_key, t, written in zip(row_keys, logged["__time"].to_pylist(), stamps,
+                                       strict=True):
             applied = applied_events(pushed.get(own_key, ()), t / 1_000_000)
-            unsettled = applied is None
+            by_stream = written is not None and written > snapshots.get(own_key[0], -1)
+            unsettled = applied is None or by_stream
             events = [*batch.get(own_key, ()), *(applied or ())]
-            streamed.append(own_key in pushed)
+            streamed.append(own_key in pushed or by_stream)
             settled.append(not unsettled)
             for feature in outputs:
-                offline[feature.qualified].append(
-                    None if unsettled else value_at(feature, events, t, keeps[feature.qualified]))
+                # An entity without events has no row: nothing served, nothing expected.
+                offline[logged_as[feature.output]].append(
+                    None if unsettled or (entity and not events)
+                    else value_at(feature, events, t, keeps[feature.output]))
         # A row's key as the report names it: the one value, or the values as a JSON list.
         named = [own[0] if len(own) == 1 else tile_key(own).decode() for own in row_keys]
         table = logged.append_column("__key", pa.array(named, pa.string())).append_column(
             "__settled", pa.array(settled)).append_column(
             "__streamed", pa.array(streamed)).append_column(
             "__offline", pa.array(settled))
-        served = {f.qualified: logged.schema.field(f"served:{f.qualified}").type
-                  for f in outputs}
-        for feature in outputs:
-            table = table.append_column(f"offline:{feature.qualified}", pa.array(
-                offline[feature.qualified], served[feature.qualified]))
+        served = {name: logged.schema.field(f"served:{name}").type for name in names}
+        for name, kind in served.items():
+            table = table.append_column(f"offline:{name}", pa.array(offline[name], kind))
         connection.register("__aggregations", table)
         connection.execute("CREATE OR REPLACE TEMP TABLE joined AS SELECT * FROM __aggregations")
         connection.unregister("__aggregations")
@@ -290,6 +310,18 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
             numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
             reports.append(_feature(connection, group.name, name, numeric, top, defined=True))
     return reports
+
+
+def _latest_snapshots(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
+                      entity: str) -> dict[str, int]:
+    """Each id's latest snapshot in the entity's table (µs)."""
+    table = metadata.entities[entity]
+    files = literal(str(Path(metadata.folder or ".") / table.path / "**" / "*.parquet"))
+    rows = connection.execute(
+        f"SELECT CAST({quoted(table.join_key)} AS VARCHAR), "
+        f"epoch_us(max(CAST({quoted(table.timestamp_field)} AS TIMESTAMPTZ))) "
+        f"FROM read_parquet({files}) GROUP BY 1").fetchall()
+    return dict(rows)
 
 
 def _settle(connection: duckdb.DuckDBPyConnection, entity: str, names: list[str],

@@ -13,7 +13,11 @@ top, each value gets a status: present, not found, or outside the view's ttl.
 
 Aggregations (``<group>:<feature>``) are read the same way: a key's tiles, one string of
 the served generation, fetched in the same MGET and merged at the request time
-(``feature_store/tiles.py``; docs/ARCHITECTURE.md, "Features as definitions").
+(``feature_store/tiles.py``; docs/ARCHITECTURE.md, "Features as definitions"). So are an
+entity view's features that are its entity group's outputs (``user_events_7d`` …): their
+values are the group's at the request time, merged from the entity's tiles read beside its
+vector — an idle entity's windowed counts decay — while the view's other features, its
+timestamp and each value's status are the vector's.
 
 With a :class:`ValueCache`, entities read recently are answered from memory for at most its
 ``ttl_s`` seconds, and never across a publish: every read fetches the publication stamp in the
@@ -50,7 +54,7 @@ from featureline.feature_store.errors import (
 )
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
-from featureline.feature_store.tiles import decode_key_tiles, tile_key, tiles_prefix
+from featureline.feature_store.tiles import KeyTiles, decode_key_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import entity_keys, vector_prefix
 
 # Reads in a row that may find a new generation served (each a publish that replaced the
@@ -92,14 +96,16 @@ class MissingEntityError(FeatureStoreError, UnprocessableError):
         super().__init__(join_key, f"entities.{join_key} is required by feature view {view!r}")
 
 
-# A cached entity: (expires, its values, the view's timestamp in seconds).
-Entry = tuple[float, tuple[Any, ...], int | None]
+# A cached entity: (expires, its values, the view's timestamp in seconds, its entity group's
+# tiles decoded: None without).
+Entry = tuple[float, tuple[Any, ...], int | None, dict[str, KeyTiles] | None]
 
 
 class ValueCache:
     """Decoded values of the entities read lately: ``(view, id)`` → ``(expires, values, the
-    view's timestamp in seconds)``, for ``ttl_s`` seconds at most, while the publication they
-    were read under is the store's (cleared when the store's stamp changes, or when full)."""
+    view's timestamp in seconds, its entity group's tiles)``, for ``ttl_s`` seconds at most,
+    while the publication they were read under is the store's (cleared when the store's
+    stamp changes, or when full)."""
 
     def __init__(self, ttl_s: float, max_entities: int) -> None:
         self.ttl_s = ttl_s
@@ -181,6 +187,7 @@ class OnlineReader:
     def __init__(self, store: OnlineStore, project: str, key_version: int,
                  views: dict[str, ViewLayout], services: dict[str, list[str]], url: str,
                  cache: ValueCache | None = None, groups: Sequence[GroupSpec] = (),
+                 entity_groups: Sequence[GroupSpec] = (),
                  clock: Callable[[], int] = _now_us) -> None:
         self.store = store
         self.cache = cache
@@ -192,17 +199,25 @@ class OnlineReader:
         self._keys: dict[tuple[str, Any], bytes] = {}
         self.generation = 0  # of the entity vectors last read; 0: none yet
         self.groups: dict[str, GroupLayout] = {}
-        self.set_groups(groups)
+        self.entity_groups: dict[str, GroupLayout] = {}
+        self.set_groups(groups, entity_groups)
         # The request time of aggregation values (µs since the epoch).
         self.clock = clock
 
-    def set_groups(self, groups: Sequence[GroupSpec]) -> None:
-        """The aggregation groups served: the spec of the published output's tiles."""
+    def set_groups(self, groups: Sequence[GroupSpec],
+                   entity_groups: Sequence[GroupSpec] = ()) -> None:
+        """The aggregation groups served: the spec of the published output's tiles; and the
+        entity tables' groups it has tiles of, each the features of the view keyed by its
+        key."""
         self.groups = {group.name: GroupLayout.of(group) for group in groups}
+        self.entity_groups = {view: GroupLayout.of(group) for group in entity_groups
+                              for view, layout in self.views.items()
+                              if (layout.join_key,) == tuple(group.keys)}
 
     @classmethod
     def from_store(cls, store: FeatureStore, url: str, cache: ValueCache | None = None,
-                   groups: Sequence[GroupSpec] = ()) -> OnlineReader:
+                   groups: Sequence[GroupSpec] = (),
+                   entity_groups: Sequence[GroupSpec] = ()) -> OnlineReader:
         """The layout of what is registered in ``store``, read through a client of ``url``."""
         check_supported(store)
         views = {}
@@ -222,7 +237,7 @@ class OnlineReader:
         kind = getattr(store.config.online_store, "redis_type", "redis")
         return cls(open_online_store(getattr(kind, "value", kind), url), store.project,
                    store.config.entity_key_serialization_version, views, services, url, cache,
-                   groups)
+                   groups, entity_groups)
 
     def references(self, service: str | None = None,
                    features: Sequence[str] | None = None) -> list[tuple[str, str]]:
@@ -305,6 +320,11 @@ class OnlineReader:
                     fetched.append(value)
             rows.extend((False, view, key) for key in self._redis_keys(layout, fetched))
             plan.append((layout, fetched, found, ids))
+        # The entity groups' tiles of the ids read, after the vectors.
+        for layout, fetched, _, _ in plan:
+            if layout.name in self.entity_groups:
+                rows.extend((True, self.entity_groups[layout.name].name,
+                             tile_key([str(value)])) for value in fetched)
         vectors = len(rows)
         group_plan = []  # (group, each row's key, the distinct keys read)
         for name in aggregations:
@@ -328,14 +348,23 @@ class OnlineReader:
             if len(entries) >= cache.max_entities:
                 entries.clear()
         now = time.time()
+        t = self.clock()
         result = OnlineFeatures([], {}, {})
         start = 0
+        tiles_at = sum(len(fetched) for _, fetched, _, _ in plan)
         for layout, fetched, found, ids in plan:
             stored = answers[start:start + len(fetched)]
             start += len(fetched)
-            for value, vector in zip(fetched, stored, strict=True):
+            entity_group = self.entity_groups.get(layout.name)
+            held: list[bytes | None] = [None] * len(fetched)
+            if entity_group is not None:
+                held = answers[tiles_at:tiles_at + len(fetched)]
+                tiles_at += len(fetched)
+            for value, vector, blob in zip(fetched, stored, held, strict=True):
                 found[value] = (clock + cache.ttl_s if cache else 0.0,
-                                *self._decode(layout, vector))
+                                *self._decode(layout, vector),
+                                None if blob is None or entity_group is None
+                                else decode_key_tiles(entity_group.features, blob))
                 if cache is not None:
                     entries[(layout.name, value)] = found[value]
             # Once per entity, not per feature: its stored values, and their status.
@@ -346,21 +375,34 @@ class OnlineReader:
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
                 column = [values[index] for values in rows]
+                if entity_group is not None and name in entity_group.features:
+                    column = self._at(entity_group.features[name],
+                                      [found[value][3] for value in ids], column, t)
+                    result.at_us = t
                 state = [Status.NOT_FOUND if value is None else present
                          for value, present in zip(column, row_status, strict=True)]
                 result.names.append(name)
                 result.values[name] = column
                 result.status[name] = state
-        self._aggregate(result, group_plan, aggregations, answers[vectors:])
+        self._aggregate(result, group_plan, aggregations, answers[vectors:], t)
         return result
+
+    @staticmethod
+    def _at(feature: AggregateFeature, tiles: list[dict[str, KeyTiles] | None],
+            stored: list[Any], t: int) -> list[Any]:
+        """An entity group's output per row at ``t`` from the row's tiles; the stored value
+        where the entity has none (the output's tiles lack it)."""
+        operation = feature.operation()
+        return [value if held is None else value_from_tiles(
+                    operation, feature.window, held.get(feature.output, {}), t)
+                for held, value in zip(tiles, stored, strict=True)]
 
     def _aggregate(self, result: OnlineFeatures,
                    plan: list[tuple[GroupLayout, list[tuple[str, ...]], list[tuple[str, ...]]]],
-                   wanted: dict[str, list[str]], answers: list[bytes | None]) -> None:
-        """Each wanted aggregation's value per row at the request time, merged from its key's
-        tiles, as ``<group>:<feature>``; a key without tiles reads the value of no events,
-        ``not_found``."""
-        t = self.clock()
+                   wanted: dict[str, list[str]], answers: list[bytes | None], t: int) -> None:
+        """Each wanted aggregation's value per row at the request time ``t``, merged from its
+        key's tiles, as ``<group>:<feature>``; a key without tiles reads the value of no
+        events, ``not_found``."""
         if wanted:
             result.at_us = t
         start = 0

@@ -1,17 +1,15 @@
-"""What the stream processor should have served, recomputed from its archive: the expected
-features of a feature-log row the processor wrote (``featureline consistency --archive``;
-docs/ARCHITECTURE.md, "Online/offline consistency").
+"""What the stream processor should have written, recomputed from its archive: the expected
+encoded id of a feature-log row of an entity the processor wrote (``featureline
+consistency --archive``; docs/ARCHITECTURE.md, "Online/offline consistency"), and the
+archive's events, which the check applies to the aggregations' and entity groups'
+definitions.
 
 The processor archives each batch's events with the moments it started and finished
 applying them (``.<archive file>.times``: one line per batch, ``count started finished``).
 For a row served at instant t, an event is *applied* when its batch finished before t and
-*not yet applied* when its batch started after t. The row's expected features are the rule
-of time's (``core.aggregations.value_at``, event by event) over the entity's events in the
-output and its applied archived events from the output's cut on, each exact duplicate once,
-at the midnight after the latest of them — the entity table's group, as the processor
-serves it. A row is *unsettled* — not compared — when one of its entity's events was being
-applied at t or has no recorded time, or when t is before the cut (an earlier output was
-served).
+*not yet applied* when its batch started after t. A row is *unsettled* — not compared —
+when one of its entity's events was being applied at t or has no recorded time, or when t
+is before the cut (an earlier output was served).
 """
 
 from __future__ import annotations
@@ -27,12 +25,10 @@ from featureline.core.aggregations import (
     PushedEvent,
     accepted_events,
     applied_events,
-    event_filter,
-    value_at,
 )
 from featureline.core.events import event_digest, labeler, micros_of, parse_timestamp
 from featureline.core.metadata import OOV_ID, encoded_name, present, read_metadata
-from featureline.stream.processor import DAY_US, ENTITIES, encoded_ids, times_path
+from featureline.stream.processor import ENTITIES, encoded_ids, times_path
 
 
 class ArchivedStream:
@@ -80,30 +76,27 @@ class ArchivedStream:
 
     def expected(self, entity: str, keys: Sequence[str], times: Sequence[datetime]
                  ) -> list[dict[str, Any] | None]:
-        """Per row (an entity id as logged and its request time): the features the
-        processor should have served, or None where the archive cannot settle them."""
-        group = self.groups[entity]
-        outputs = group.outputs()
-        keeps = {f.output: event_filter(f.spec, self.contract) for f in outputs}
-        batch = accepted_events(self.metadata.events_folder(), group, {(k,) for k in keys})
+        """Per row (an entity id as logged and its request time): what the processor's row
+        of the entity should have said — its encoded id (the vocabulary's; the
+        out-of-vocabulary id for an id it lacks), none where no event of it is in the output
+        or applied — or None where the archive cannot settle it. (The row's group features
+        are served from the tiles at the request time, and checked as the aggregations are:
+        ``feature_store.consistency``.)"""
+        batch = accepted_events(self.metadata.events_folder(), self.groups[entity],
+                                {(k,) for k in keys})
         if entity not in self._encoded:
             self._encoded[entity] = encoded_ids(self.metadata, entity)
         encoded = self._encoded[entity]
-        join_key = ENTITIES[entity]
+        name = encoded_name(ENTITIES[entity])
         out: list[dict[str, Any] | None] = []
         for key, at in zip(keys, times, strict=True):
             applied = applied_events(self.events[entity].get(key, ()), at.timestamp())
             if applied is None or micros_of(at) < self.cut_us:
                 out.append(None)
-                continue
-            events = [*batch.get((key,), ()), *applied]
-            row: dict[str, Any] = {f.output: None for f in outputs}
-            row[encoded_name(join_key)] = None
-            if events:  # none: nothing served, nothing expected
-                t = (max(ts for ts, _ in events) // DAY_US + 1) * DAY_US
-                row = {f.output: value_at(f, events, t, keeps[f.output]) for f in outputs}
-                row[encoded_name(join_key)] = encoded.get(key, OOV_ID)
-            out.append(row)
+            elif batch.get((key,)) or applied:
+                out.append({name: encoded.get(key, OOV_ID)})
+            else:  # nothing served, nothing expected
+                out.append({name: None})
         return out
 
 

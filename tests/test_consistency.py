@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+import redis
 import yaml
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -31,6 +32,7 @@ from fastapi.testclient import TestClient
 from featureline.api.app import create_app
 from featureline.api.feature_log import sampled
 from featureline.cli import main
+from featureline.core.aggregations import GroupSpec
 from featureline.core.metadata import read_metadata
 from featureline.feature_store.consistency import check_consistency
 from featureline.feature_store.definitions import build
@@ -39,8 +41,13 @@ from featureline.feature_store.online_store import open_online_store
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import open_repo
+from featureline.feature_store.tiles import (
+    decode_key_tiles,
+    encode_key_tiles,
+    tile_key,
+    tiles_prefix,
+)
 from featureline.feature_store.training_set import training_set_from_log
-from featureline.feature_store.writer import Layout
 from tests.feast_data import copy_project, fresh_db
 
 BIN = Path(sys.executable).parent
@@ -50,12 +57,6 @@ def _ids(output: Path, entity: str, key: str) -> list[str]:
     table = read_metadata(output).entities[entity]
     return sorted(set(ds.dataset(output / table.path).to_table(columns=[key])[key]
                       .to_pylist()))
-
-
-def _latest(output: Path, entity: str, key: str, value: str) -> dict:
-    table = read_metadata(output).entities[entity]
-    rows = ds.dataset(output / table.path).to_table(filter=ds.field(key) == value).to_pylist()
-    return max(rows, key=lambda row: row["event_timestamp"])
 
 
 def _log_rows(log: Path) -> list[dict]:
@@ -71,7 +72,7 @@ def _settings(root: Path, output: Path, log: Path, **logging) -> dict:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, redis_server, job_output):
     """Requests answered by an API that logs them; one user's user_events changed in Redis
-    behind the API's back first."""
+    (its tiles) behind the API's back first."""
     root = tmp_path_factory.mktemp("consistency")
     output = job_output.output
     log = root / "log"
@@ -81,16 +82,18 @@ def served(tmp_path_factory, redis_server, job_output):
     publish(repo, progress=lambda _: None)
     users, items = _ids(output, "user", "user_id")[:12], _ids(output, "item", "item_id")[:12]
     changed = users[1]
-    latest = _latest(output, "user", "user_id", changed)
-    view = repo.definitions.views["user"]
-    layout = Layout.of(view, "user_id", repo.definitions.entities["user"].value_type,
-                       repo.store.project, repo.store.config.entity_key_serialization_version)
-    row = {**latest, "user_events": latest["user_events"] + 100}
+    # Its lifetime count in its tiles, which the API merges at the request time.
+    group = read_metadata(output).entities["user"].group
+    assert group is not None
+    features_of = {f.output: f for f in GroupSpec.model_validate(group).outputs()}
     store = open_online_store(config.feature_store.redis_type, url)
-    store.write_view(pa.Table.from_pylist([row]).select(
-        [layout.join_key, layout.timestamp_field, *(n for n, _ in layout.features)]),
-        layout, keep_keys=False, compare=False,  # the same snapshot time: not a stream write
-        generation=store.publication(repo.store.project).generation)
+    key = tiles_prefix(repo.store.project, store.publication(repo.store.project).generation,
+                       "user") + tile_key([changed])
+    client = redis.Redis.from_url(url)
+    tiles = decode_key_tiles(features_of, client.get(key))
+    tiles["user_events"] = {0: tiles["user_events"][0] + 100}
+    client.set(key, encode_key_tiles(features_of, tiles))
+    client.close()
     store.close()
     with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
         features = client.post("/v1/features", json={
@@ -158,6 +161,7 @@ def test_consistency_reports_only_the_value_changed_in_redis(served):
 
 
 def test_consistency_reports_exactly_the_entities_altered_offline(served, tmp_path):
+    """An encoded id altered in the item table's snapshots: exactly those items' rows."""
     altered = tmp_path / "output"
     shutil.copytree(served["output"], altered)
     table = read_metadata(altered).entities["item"]
@@ -165,18 +169,17 @@ def test_consistency_reports_exactly_the_entities_altered_offline(served, tmp_pa
     for path in (altered / table.path).rglob("*.parquet"):
         rows = pq.read_table(path)
         hit = pc.is_in(rows["item_id"], pa.array(targets))
-        events = pc.if_else(hit, pc.add(rows["item_events"], 7), rows["item_events"])
-        rows = rows.set_column(rows.schema.get_field_index("item_events"), "item_events",
-                               events)
+        ids = pc.if_else(hit, pc.add(rows["item_id_cat"], 7), rows["item_id_cat"])
+        rows = rows.set_column(rows.schema.get_field_index("item_id_cat"), "item_id_cat", ids)
         pq.write_table(rows, path)
     reports = _reports(served["log"], altered, served["config"])
-    item_events = reports["item_events"]
+    item_ids = reports["item_id_cat"]
     # Each candidate of the features request once, and of the three ranking requests.
-    assert sorted(t["entity"] for t in item_events.top) == sorted(targets)
-    assert item_events.mismatch == 2 * 4 and {t["rows"] for t in item_events.top} == {4}
-    assert {t["served"] - t["offline"] for t in item_events.top} == {-7}
+    assert sorted(t["entity"] for t in item_ids.top) == sorted(targets)
+    assert item_ids.mismatch == 2 * 4 and {t["rows"] for t in item_ids.top} == {4}
+    assert {t["served"] - t["offline"] for t in item_ids.top} == {-7}
     assert all(r.mismatch == 0 for n, r in reports.items()
-               if n not in ("item_events", "user_events"))
+               if n not in ("item_id_cat", "user_events"))
 
 
 def test_the_consistency_command_gates_and_exports_metrics(served, tmp_path):

@@ -20,6 +20,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from featureline.api.app import create_app
+from featureline.core.events import micros_of
 from featureline.core.metadata import present, read_metadata
 from featureline.feature_store.consistency import check_consistency
 from featureline.feature_store.publish import publish
@@ -95,7 +96,17 @@ def _cut(output: Path) -> datetime:
     return datetime.fromtimestamp(tiles.cut_us / 1e6, timezone.utc)
 
 
-def _features(client, user: str, item: str) -> dict:
+def _midnight_after(moment: datetime) -> datetime:
+    """The start of the day after ``moment``'s: where the entity tables' snapshot of it is."""
+    return datetime.combine(moment.date() + timedelta(days=1), datetime.min.time(),
+                            tzinfo=timezone.utc)
+
+
+def _features(client, user: str, item: str, at: datetime | None = None) -> dict:
+    """The ranking service's features of (user, item), served at the request time ``at``
+    (None: now)."""
+    if at is not None:
+        client.app.state.services.reader.clock = lambda: micros_of(at)
     response = client.post("/v1/features", headers=READ, json={
         "service": "ranking", "entities": {"user_id": [user], "item_id": [item]}})
     assert response.status_code == 200, response.text
@@ -144,7 +155,8 @@ def _check_pushed_events(client, processor, output: Path) -> None:
         {"index": 7, "reason": "bad_number", "field": "price"},
         {"index": 8, "reason": "malformed_record", "field": None}]}
     assert _drain(processor, expected=4) == 4
-    served = _features(client, "new-user", "i1")
+    # At the midnight after the events, the request time equals the snapshot's.
+    served = _features(client, "new-user", "i1", at=_midnight_after(day))
     # Labels: event_type in (click, purchase) → 2 of the 3 distinct events.
     assert (served["user_events"], served["user_positives"], served["user_events_7d"]) == (3, 2, 3)
     assert served["user_positive_rate"] == pytest.approx(2 / 3)
@@ -161,7 +173,9 @@ def _check_pushed_events(client, processor, output: Path) -> None:
     assert _features(client, "new-user", "i1")["user_events"] == 3  # pushed again: once
 
 
-def test_the_seven_day_window_ends_at_the_latest_event(stream_app):
+def test_the_seven_day_window_ends_at_the_request_time(stream_app):
+    """Served at the request time: the batch's days fall out of the window, then the pushed
+    event does — an idle user's recent count decays to 0, its lifetime count stays."""
     client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
     user = _latest(output, "user", "user_id", "u1")
     assert user["user_events_7d"] > 1  # the batch's window holds more than the pushed event
@@ -170,10 +184,24 @@ def test_the_seven_day_window_ends_at_the_latest_event(stream_app):
         "events": [_event("u1", "i2", "view", later)]})
     assert response.json()["accepted"] == 1
     _drain(processor)
-    served = _features(client, "u1", "i2")
+    served = _features(client, "u1", "i2", at=later + timedelta(seconds=1))
     assert served["user_events"] == user["user_events"] + 1
     assert served["user_events_7d"] == 1  # the batch's days fell out of the window
     assert served["user_positives"] == user["user_positives"]
+    # The window is 7 days back from the request's day start (a day's hop): the event's
+    # day is in it through the 7th day after, out of it from the 8th.
+    day = _midnight_after(later) - timedelta(days=1)
+    kept = _features(client, "u1", "i2", at=day + timedelta(days=7, hours=23))
+    gone = _features(client, "u1", "i2", at=day + timedelta(days=8))
+    assert (kept["user_events_7d"], gone["user_events_7d"]) == (1, 0)
+    assert gone["user_events"] == user["user_events"] + 1
+    # Feast's online view holds the row the processor wrote, stamped the midnight after the
+    # event (snapshot accuracy, as the training set's): 1, at any request time.
+    config, url = stream_app["config"], stream_app["url"]
+    store = open_repo(config.feature_store, output, url=url).store
+    row = store.get_online_features(features=["user_features:user_events_7d"],
+                                    entity_rows=[{"user_id": "u1"}]).to_dict()
+    assert row["user_events_7d"] == [1]
 
 
 def test_a_processor_dying_between_the_tiles_and_the_row_writes_the_row_again(stream_app,
@@ -193,13 +221,23 @@ def test_a_processor_dying_between_the_tiles_and_the_row_writes_the_row_again(st
         patched.setattr(processor, "_write", killed)
         with pytest.raises(RuntimeError, match="killed"):
             processor.process(processor.log.read(processor.consumer, 100, 0.2))
-    assert _features(client, "tiles-only", "i1")["user_events"] is None
     config, url = stream_app["config"], stream_app["url"]
+    store = open_repo(config.feature_store, output, url=url).store
+
+    def row() -> tuple:  # the user's row, as Feast's SDK reads it
+        read = store.get_online_features(
+            features=["user_features:user_events", "user_features:user_positives"],
+            entity_rows=[{"user_id": "tiles-only"}]).to_dict()
+        return read["user_events"][0], read["user_positives"][0]
+
+    assert row() == (None, None)
+    # The API merges the tiles at the request time: it serves the events already.
+    served = _features(client, "tiles-only", "i1")
+    assert (served["user_events"], served["user_positives"]) == (2, 1)
     restarted = open_processor(config.stream, config.feature_store, output, url=url,
                                consumer=processor.consumer)
     assert _drain(restarted) == 2  # delivered again: nothing was committed
-    served = _features(client, "tiles-only", "i1")
-    assert (served["user_events"], served["user_positives"]) == (2, 1)
+    assert row() == (2, 1)
 
 
 def test_a_batch_of_many_transactions_counts_each_event_once(stream_app):
@@ -225,7 +263,8 @@ def test_a_batch_of_many_transactions_counts_each_event_once(stream_app):
         distinct = {(e["ts"], e["event_type"], e["value"]) for e in events
                     if e["user_id"] == user}
         days = [datetime.fromisoformat(ts).timestamp() // 86_400 for ts, _, _ in distinct]
-        served = _features(client, user, "i1")
+        served = _features(client, user, "i1", at=_midnight_after(
+            datetime.fromtimestamp(max(days) * 86_400, timezone.utc)))
         assert served["user_events"] == len(distinct)
         assert served["user_positives"] == sum(kind == "click" for _, kind, _ in distinct)
         assert served["user_events_7d"] == sum(day > max(days) - 7 for day in days)
@@ -440,7 +479,8 @@ def test_consistency_compares_streamed_rows_with_the_archive(tmp_path, redis_ser
     user_events = settled["user_events"]
     # fresh-user streamed and settled; late-user's event, before the cut, was not streamed.
     assert (user_events.streamed, user_events.unsettled) == (1, 0)
-    assert user_events.compared == 2  # fresh-user (from the archive) and u1 (the batch)
+    # fresh-user (from the archive), u1 (the batch) and late-user (no value either side).
+    assert user_events.compared == 3
     # i1 (fresh-user's events) settled; i2 served and compared as the batch wrote it.
     assert (settled["item_events"].streamed, settled["item_events"].unsettled) == (1, 0)
     assert settled["item_events"].compared == 3
