@@ -4,7 +4,9 @@ Their features are a group of the aggregations engine (``core.aggregations.entit
 computed by the same backfill as the ``aggregations:`` spec's (docs/ARCHITECTURE.md,
 "Features as definitions"). A snapshot stamped ``event_timestamp = D 00:00 UTC`` aggregates
 the events strictly before D. An entity gets a snapshot the day after each day it was
-active; in between, its latest snapshot stands (a point-in-time join picks it up).
+active and each following day while an event can still leave its N-day window (the API's
+values at the request time decay the same way), up to the day after the log's last event;
+in between, its latest snapshot stands (a point-in-time join picks it up).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pyspark.sql import functions as F
 
 from featureline.core.aggregations import ENTITIES, LABEL, GroupSpec, entity_group
 from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
-from featureline.etl.aggregations import DAY, group_values, snapshot_rows
+from featureline.etl.aggregations import DAY, group_values, snapshot_anchors, snapshot_rows
 from featureline.etl.features.base import with_time_key
 
 
@@ -33,13 +35,14 @@ class EntityTable:
 
 
 def entity_snapshots(events: DataFrame, entity: str, recent_days: int,
-                     vocabulary: DataFrame | None) -> EntityTable:
-    """Daily snapshots of one entity from the accepted events (all splits), with its encoded
-    id where the run has a ``vocabulary`` of its key."""
+                     vocabulary: DataFrame | None, cut: int) -> EntityTable:
+    """Daily snapshots of one entity from the accepted events (all splits; ``cut``: µs, just
+    after the latest), with its encoded id where the run has a ``vocabulary`` of its key."""
     group = entity_group(entity, recent_days)
     key = ENTITIES[entity]
     rows = with_time_key(events.select(key, "ts", LABEL))
-    values = group_values(rows, None, group, numeric=(), aligned=DAY)
+    values = group_values(rows, snapshot_anchors(rows, group, cut), group, numeric=(),
+                          aligned=DAY)
     snapshots = snapshot_rows(values, group)
     if vocabulary is not None:
         ids = vocabulary.select(F.col("value").alias(key), F.col("id").alias(encoded_name(key)))

@@ -439,15 +439,13 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
             "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}
 
 
-def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int | None
+def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int
                  ) -> dict[str, Any]:
-    """The tiles as of ``cut`` (µs, after the last event; None: computed here) of the
+    """The tiles as of ``cut`` (µs, after the last event) of the
     aggregations' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
     definitions")."""
     events = with_time_key(events)
-    if cut is None:
-        cut = events_cut(events)
     tables = {}
     numeric = config.event_contract().numeric
     entities = [entity_group(entity, config.entities.recent_days) for entity in ENTITIES]
@@ -477,13 +475,14 @@ def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[st
 
 
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
-                    path: Path) -> dict[str, Any]:
+                    path: Path, cut: int) -> dict[str, Any]:
     categorify = pipeline.op(Categorify)
     entities = {}
     for entity, key in ENTITIES.items():
         vocabulary = (categorify.vocabularies.get(key)
                       if isinstance(categorify, Categorify) else None)
-        table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary)
+        table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary,
+                                 cut)
         write_parquet(table.frame.orderBy(EVENT_TIMESTAMP, key), path / entity, files=None)
         entities[entity] = {
             "path": f"entities/{entity}", "join_key": key, "timestamp_field": EVENT_TIMESTAMP,
@@ -621,13 +620,14 @@ def run(config: EtlConfig, spark: SparkSession,
                     stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
                                      f"{len(tfrecord['files'])} files")
             with timer(stages.ENTITIES) as stage:
-                entities = _write_entities(events, pipeline, config, staging / "entities")
                 aggregations = pipeline.op(Aggregations)
+                cut = (aggregations.cut if isinstance(aggregations, Aggregations)
+                       else events_cut(with_time_key(events)))
+                entities = _write_entities(events, pipeline, config, staging / "entities", cut)
                 snapshots = {}
                 if isinstance(aggregations, Aggregations):
                     snapshots = _write_group_snapshots(aggregations, staging)
-                tiles = _write_tiles(events, config, staging, aggregations.cut if isinstance(
-                    aggregations, Aggregations) else None)
+                tiles = _write_tiles(events, config, staging, cut)
                 stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} outputs")
             with timer(stages.ARTIFACTS):

@@ -139,6 +139,19 @@ def test_entity_snapshots_are_point_in_time_correct(job_output):
             assert getattr(snapshot, f"{prefix}_positives") == before["label"].sum()
             assert getattr(snapshot, f"{prefix}_positive_rate") == pytest.approx(
                 before["label"].mean())
+    # Snapshots: the day after each active day and the 8 days after it, while an event can
+    # leave the 7-day window (a day's hop), up to the day after the log's last event.
+    end = examples.ts.max().normalize() + timedelta(days=1)
+    for entities, key in ((users, "user_id"), (items, "item_id")):
+        for value, own in examples.groupby(key):
+            after = {day + timedelta(days=1) for day in own.ts.dt.normalize()}
+            expected = {day + timedelta(days=k) for day in after for k in range(9)
+                        if day + timedelta(days=k) <= end}
+            stamps = entities.loc[entities[key] == value, "event_timestamp"]
+            assert set(stamps) == expected, value
+            if max(after) + timedelta(days=8) <= end:  # idle long enough: decayed to 0
+                latest = entities.loc[stamps.idxmax()]
+                assert latest[f"{key.split('_')[0]}_events_7d"] == 0, value
     described = job_output.metadata["entities"]["user"]
     assert described["join_key"] == "user_id"
     assert [f["name"] for f in described["features"]] == [
