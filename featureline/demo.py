@@ -270,8 +270,11 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     base = f"http://{settings['api']['host']}:{port}"
     ids = sample_ids(output)
     run_calls(base, ids["user"][0], ids["item"], echo)
-    tiles = read_metadata(output).tiles
-    push_events(base, ids["user"][0], ids["item"][0], tiles.groups if tiles else [], echo)
+    metadata = read_metadata(output)
+    groups = [*(metadata.tiles.groups if metadata.tiles else []),
+              *(GroupSpec.model_validate(table.group) for table in metadata.entities.values()
+                if table.group is not None and table.join_key == "user_id")]
+    push_events(base, ids["user"][0], ids["item"][0], groups, echo)
     report_consistency(config, output, log, archive, echo)
     return base
 
@@ -336,9 +339,12 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
                 echo: Callable[[str], None]) -> None:
     """Push three events of ``user`` now and show its features change once the stream
     processor has written them: the entity features, and the aggregations of the groups
-    keyed by the user, with when the pushed events leave each window."""
+    keyed by the user, with when the pushed events leave each window (``groups``: those,
+    and the user table's, whose outputs are the entity features)."""
     before = _user_features(base, user, item)
-    aggregated = [f for group in groups if group.keys == ["user_id"] for f in group.outputs()]
+    entity = {f.output: f for group in groups if group.name == "user" for f in group.outputs()}
+    aggregated = [f for group in groups if group.keys == ["user_id"] and group.name != "user"
+                  for f in group.outputs()]
     before_aggregations = (_first_row(base, _aggregations_body(user, aggregated))
                            if aggregated else {})
     now = datetime.now(timezone.utc)
@@ -357,8 +363,10 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
     while time.monotonic() - started < FRESH_TIMEOUT_S:
         after = _user_features(base, user, item)
         if after["user_events"] == before["user_events"] + 3:
-            changes = ", ".join(f"{name} {before[name]} → {after[name]}" for name in names)
-            echo(f"fresh features of {user} after {time.monotonic() - started:.2f}s: {changes}")
+            changes = ", ".join(f"{name} {before[name]} → {after[name]}"
+                                f"{_until(entity.get(name), micros_of(now))}" for name in names)
+            echo(f"fresh features of {user} after {time.monotonic() - started:.2f}s, at the "
+                 f"request time: {changes}")
             break
         time.sleep(0.1)
     else:
@@ -366,6 +374,16 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
     if aggregated:
         last = micros_of(now)  # the last pushed event's time
         _show_aggregations(base, user, aggregated, before_aggregations, last, started, echo)
+
+
+def _until(feature: AggregateFeature | None, pushed_us: int) -> str:
+    """When events pushed at ``pushed_us`` leave the feature's window, as the demo says it
+    (nothing for a lifetime or an unknown feature)."""
+    expires = None if feature is None else feature.window.expires(pushed_us)
+    if expires is None:
+        return ""
+    return (" (the pushed events count until "
+            f"{datetime.fromtimestamp(expires / 1e6, timezone.utc):%Y-%m-%d %H:%M} UTC)")
 
 
 def _show_aggregations(base: str, user: str, features: list[AggregateFeature],
@@ -387,10 +405,8 @@ def _show_aggregations(base: str, user: str, features: list[AggregateFeature],
     echo(f"aggregations of {user} at the request time, before → after the push:")
     for feature in features:
         name = feature.qualified
-        expires = feature.window.expires(pushed_us)
-        until = ("" if expires is None else " (the pushed events count until "
-                 f"{datetime.fromtimestamp(expires / 1e6, timezone.utc):%Y-%m-%d %H:%M} UTC)")
-        echo(f"  {name} {_shown(before[name])} → {_shown(after[name])}{until}")
+        echo(f"  {name} {_shown(before[name])} → {_shown(after[name])}"
+             f"{_until(feature, pushed_us)}")
 
 
 def _shown(value: Any) -> Any:
