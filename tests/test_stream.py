@@ -433,6 +433,14 @@ def test_a_cached_entity_is_served_fresh_once_the_processor_rewrote_it(tmp_path,
             time.sleep(0.05)
         assert after["user_events"] == before["user_events"] + 1
         assert after["item_events"] == before["item_events"] + 1
+        # The cache holds the entities' tiles, not their values: a request 9 days after the
+        # push, answered from the cache, merges them at its own time.
+        cache = client.app.state.services.reader.cache
+        hits = cache.hits
+        later = _features(client, "u2", "i1", at=_cut(output) + timedelta(days=9))
+        assert cache.hits == hits + 2  # the user and the item, both from memory
+        assert (later["user_events_7d"], later["item_events_7d"]) == (0, 0)
+        assert later["user_events"] == after["user_events"]
 
 
 def test_consistency_compares_streamed_rows_with_the_archive(tmp_path, redis_server,
