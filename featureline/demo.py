@@ -270,11 +270,7 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     base = f"http://{settings['api']['host']}:{port}"
     ids = sample_ids(output)
     run_calls(base, ids["user"][0], ids["item"], echo)
-    metadata = read_metadata(output)
-    groups = [*(metadata.tiles.groups if metadata.tiles else []),
-              *(GroupSpec.model_validate(table.group) for table in metadata.entities.values()
-                if table.group is not None and table.join_key == "user_id")]
-    push_events(base, ids["user"][0], ids["item"][0], groups, echo)
+    push_events(base, ids["user"][0], ids["item"][0], read_metadata(output).tile_groups(), echo)
     report_consistency(config, output, log, archive, echo)
     return base
 
@@ -339,8 +335,9 @@ def push_events(base: str, user: str, item: str, groups: list[GroupSpec],
                 echo: Callable[[str], None]) -> None:
     """Push three events of ``user`` now and show its features change once the stream
     processor has written them: the entity features, and the aggregations of the groups
-    keyed by the user, with when the pushed events leave each window (``groups``: those,
-    and the user table's, whose outputs are the entity features)."""
+    keyed by the user, with when the pushed events leave each window (``groups``: the
+    output's groups with tiles, the entity tables' among them: the user table's outputs
+    are the entity features)."""
     before = _user_features(base, user, item)
     entity = {f.output: f for group in groups if group.name == "user" for f in group.outputs()}
     aggregated = [f for group in groups if group.keys == ["user_id"] and group.name != "user"

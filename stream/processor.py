@@ -161,7 +161,7 @@ class StreamProcessor:
         moved = self.tiles.serve(groups, self.generation, info.cut_us)
         for entity in self.entity_features:
             if moved.get(entity):
-                self._write(entity, {key[0]: None for key in moved[entity]})
+                self._write(entity, {key[0]: state for key, state in moved[entity].items()})
         return True
 
     def process(self, delivered: Sequence[Delivered]) -> int:
@@ -191,11 +191,10 @@ class StreamProcessor:
         self.processed += len(lines)
         return len(lines)
 
-    def _write(self, entity: str, values: dict[str, KeyState | None]) -> None:
+    def _write(self, entity: str, values: dict[str, KeyState]) -> None:
         """Compute and write the rows of the entities ``values`` (ids as text) from their
-        tiles (as the transaction that wrote them left them; None: read here); again for
-        those whose tiles moved meanwhile (another processor of the group added events of
-        theirs)."""
+        tiles, as the transaction that wrote them left them; again for those whose tiles
+        moved meanwhile (another processor of the group added events of theirs)."""
         if not self.generation:
             return
         layout = self.layouts[entity]
@@ -203,12 +202,7 @@ class StreamProcessor:
         key = ENTITIES[entity]
         prefix = tiles_prefix(self.project, self.generation, entity)
         encoded = self.encoded.get(entity, {})
-        missing = [value for value, state in values.items() if state is None]
-        read = dict(zip(missing, self.client.mget([prefix + tile_key([value])
-                                                   for value in missing]) if missing else [],
-                        strict=True))
-        pending = [(value, KeyState(read[value], None, False) if state is None else state)
-                   for value, state in values.items()]
+        pending = list(values.items())
         while pending:
             columns: dict[str, list[Any]] = {}
             for value, state in pending:

@@ -134,10 +134,10 @@ class StreamTiles:
         self.write = client.register_script(WRITE)
 
     def serve(self, groups: Sequence[GroupSpec], generation: int | None, cut_us: int
-              ) -> dict[str, list[tuple[str, ...]]]:
+              ) -> dict[str, dict[tuple[str, ...], KeyState]]:
         """The spec, generation and cut of the publication served now; every streamed key
         of another generation is moved to this one. Per group, the keys moved with events
-        from the cut on (their tiles hold more than the batch's)."""
+        from the cut on (their tiles hold more than the batch's) and their tiles now."""
         self.groups = {group.name: group for group in groups}
         self.outputs = {group.name: {f.output: _Output(f, event_filter(f.spec, self.contract))
                                      for f in group.outputs()} for group in groups}
@@ -146,7 +146,7 @@ class StreamTiles:
         self.columns = {group.name: {c for f in group.features for c in f.columns()} - {LABEL}
                         for group in groups}
         self.generation, self.cut_us = generation, cut_us
-        moved: dict[str, list[tuple[str, ...]]] = {}
+        moved: dict[str, dict[tuple[str, ...], KeyState]] = {}
         if not generation:  # nothing served: nothing to write into
             return moved
         for group in groups:
@@ -156,7 +156,7 @@ class StreamTiles:
                 for key in self.client.scan_iter(match=prefix + "*", count=1000)}
             for (name, key), state in self._transactions(keys).items():
                 if state.added:
-                    moved.setdefault(name, []).append(key)
+                    moved.setdefault(name, {})[key] = state
         return moved
 
     def add(self, events: Sequence[tuple[bytes, int, int, Mapping[str, Any]]]
