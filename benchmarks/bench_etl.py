@@ -8,6 +8,7 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py --sizes 20000 --smoke  # the tiny size CI runs
     python benchmarks/bench_etl.py --sizes 1000000 --profile  # + the slowest Spark stages
     python benchmarks/bench_etl.py --incremental --sizes 1000000  # a new day on 30 days
+    python benchmarks/bench_etl.py --incremental --keep-fit --sizes 1000000  # its fit kept
     python benchmarks/bench_etl.py --aggregations --sizes 1000000  # the cost of a spec
 
 ``--incremental``: a log of 31 days at each size (the history, then one new day); the full
@@ -15,6 +16,9 @@ job over the history first (not timed), then, timed, the incremental run of the 
 file against a full recompute over both files extending the same vocabularies, the outputs
 compared by the benchmark itself (examples, entity tables, vocabularies: equal row for row);
 the incremental cost per new event at each size relative to the smallest size.
+``--keep-fit`` with it: every run keeps the history's fit (``etl.fit.refit_every``), so the
+incremental run writes only the days it changes, against a full run with ``--fit-from`` the
+history's output.
 
 ``--aggregations [SPEC]``: the job without and with an ``aggregations:`` spec
 (benchmarks/aggregations.yaml by default) on the same log, interleaved A B B A; the ratio of
@@ -246,7 +250,8 @@ def _compare(ours: Path, theirs: Path) -> dict[str, Any]:
     return columns
 
 
-def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
+def measure_incremental(spark: SparkSession, events: int, workdir: Path,
+                        keep_fit: bool = False) -> dict[str, Any]:
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     write_log(raw, events=events, users=users, items=items, days=31, seed=1,
@@ -257,6 +262,9 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict
                           output=str(workdir / f"incremental-{events}"))
     base = base.model_copy(update={"incremental": base.incremental.model_copy(
         update={"allow_late": True})})
+    if keep_fit:
+        base = base.model_copy(update={"fit": base.fit.model_copy(
+            update={"refit_every": "30d"})})
     job.run(base, spark, progress=lambda _: None)
     extended = workdir / f"history-{events}"
     shutil.copytree(base.output.path, extended)
@@ -264,9 +272,9 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict
     incremental = job.run(with_overrides(base, input_path=str(new), incremental=True), spark,
                           progress=lambda _: None)
     incremental_s = time.perf_counter() - start
-    full_config = with_overrides(base, input_path=str(new.parent),
-                                 output=str(workdir / f"full-{events}"),
-                                 vocabulary_from=str(extended))
+    full_config = with_overrides(
+        base, input_path=str(new.parent), output=str(workdir / f"full-{events}"),
+        **({"fit_from": str(extended)} if keep_fit else {"vocabulary_from": str(extended)}))
     start = time.perf_counter()
     full = job.run(full_config, spark, progress=lambda _: None)
     full_s = time.perf_counter() - start
@@ -283,15 +291,16 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path) -> dict
             "stages_s": incremental.metadata["timings_s"]}
 
 
-def run_incremental(sizes: list[int], spark: SparkSession | None = None) -> dict[str, Any]:
+def run_incremental(sizes: list[int], spark: SparkSession | None = None,
+                    keep_fit: bool = False) -> dict[str, Any]:
     spark = spark or build_session(BENCH_SPARK)
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
-        runs = [measure_incremental(spark, events, Path(tmp)) for events in sizes]
+        runs = [measure_incremental(spark, events, Path(tmp), keep_fit) for events in sizes]
     smallest = runs[0]["incremental_s_per_new_event"]
     for entry in runs:
         entry["cost_per_new_event_vs_smallest"] = round(
             entry["incremental_s_per_new_event"] / smallest, 2)
-    return {"benchmark": "etl --incremental",
+    return {"benchmark": "etl --incremental" + (" --keep-fit" if keep_fit else ""),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
             "runs": runs}
@@ -331,6 +340,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny run for CI")
     parser.add_argument("--incremental", action="store_true",
                         help="a new day's incremental run against a full recompute")
+    parser.add_argument("--keep-fit", action="store_true",
+                        help="with --incremental: the runs keep the history's fit "
+                        "(etl.fit.refit_every), the full one transforms with it (--fit-from)")
     parser.add_argument("--profile", action="store_true",
                         help=f"list each size's {PROFILE_TOP} slowest Spark stages, with the "
                              "stage of the job that ran each (from an event log)")
@@ -349,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))
         return
     if args.incremental:
-        print(json.dumps(run_incremental(sizes), indent=2))
+        print(json.dumps(run_incremental(sizes, keep_fit=args.keep_fit), indent=2))
         return
     if not args.profile:
         print(json.dumps(run(sizes), indent=2))

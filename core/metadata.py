@@ -33,6 +33,8 @@ TILES_DIR = "tiles"
 # state/events/: Parquet, the accepted events (a folder per UTC day), which an incremental
 # run reads and ``featureline consistency`` recomputes the aggregations from.
 STATE_DIR = "state"
+# The examples' folder per UTC day under each split's: examples/split=<s>/day=YYYY-MM-DD/.
+EXAMPLE_DAY = "day"
 EVENTS_DIR = "events"
 # aggregations/<group>/: Parquet, the groups' daily snapshots (Feast's offline store).
 AGGREGATIONS_DIR = "aggregations"
@@ -159,6 +161,8 @@ class TfrecordFile(Contract):
     path: str
     split: str
     rows: int
+    # The UTC day of its examples (None: an output written before the day layout).
+    day: str | None = None
 
 
 class TfrecordInfo(Contract):

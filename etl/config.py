@@ -328,8 +328,9 @@ class EtlConfig(Settings):
         if frozen is None:
             return self
         if self.mode == "incremental":
-            raise ValueError("fit.from_output: an incremental run fits again as a full run "
-                             "does; transform with a given fit in a full run")
+            raise ValueError("fit.from_output: an incremental run transforms with its "
+                             "output's own fit (kept as fit.refit_every says) or fits anew; "
+                             "transform with another output's fit in a full run")
         if self.vocabulary.refit:
             raise ValueError("fit.from_output: a fit's vocabularies are extended, not "
                              "refitted: drop --refit-vocabularies")

@@ -4,8 +4,9 @@ its events with them unchanged (docs/ARCHITECTURE.md, "Fits").
 
 A run that fits records a new fit under metadata.json's ``fit`` (its version is the run's
 dataset version); a run with ``--fit-from OUTPUT`` records that output's fit as its own, and
-so does a full run keeping the fit of the output it replaces (``etl.fit.refit_every``) while
-that fit is young enough.
+so does a run keeping the fit of the output it replaces or extends (``etl.fit.refit_every``)
+while that fit is young enough: an incremental run keeping it transforms and writes only the
+days its new events change.
 """
 
 from __future__ import annotations
@@ -91,13 +92,14 @@ def load_fit(spark: SparkSession, config: EtlConfig) -> Fit | None:
 
 
 def scheduled_fit(spark: SparkSession, config: EtlConfig, output: Path) -> Fit | None:
-    """The fit of the output a full run replaces, where ``etl.fit.refit_every`` keeps fits
-    between refits and neither ``--fit-from`` nor ``--refit`` is given; None where there is
-    none to keep (no output yet, no fit recorded, other settings: a new fit). Whether it is
-    young enough is known once the run's split is (``keeps``)."""
+    """The fit of the output a run replaces (a full run) or extends (an incremental one),
+    where ``etl.fit.refit_every`` keeps fits between refits and neither ``--fit-from`` nor
+    ``--refit`` is given; None where there is none to keep (no output yet, no fit recorded,
+    other settings: a new fit). Whether it is young enough is known once the run's split is
+    (``keeps``)."""
     settings = config.fit
     if (settings.refit_every is None or settings.refit or settings.from_output is not None
-            or config.mode != "full" or not (output / METADATA_FILE).is_file()):
+            or not (output / METADATA_FILE).is_file()):
         return None
     fit = _recorded(spark, output, config)
     return None if isinstance(fit, str) else fit

@@ -30,14 +30,17 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from featureline.core.metadata import EVENTS_DIR, METADATA_FILE, STATE_DIR
+from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, STATE_DIR
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.features.base import (
     EARLIER_EVENTS,
     EARLIER_POSITIVES,
     LABEL,
+    SPLIT,
+    TRAIN,
     TS_MICROS,
+    VALID,
     Lookback,
 )
 from featureline.etl.outputs import read_as_written, write_json, write_parquet
@@ -47,8 +50,10 @@ STATE_FILE = "state.json"
 WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
 DAY = "state_day"
-# Raised when what the state holds, or how, changes: an older state is refused.
-STATE_VERSION = 3
+# Raised when what the state holds, or how, changes: an older state is refused. 4: the
+# examples and TFRecords a folder (a file name prefix) per day, which a run keeping its fit
+# links rather than rewrites.
+STATE_VERSION = 4
 LATE_EVENT = "late_event"
 # Beside the rows the kept features are computed over: whether the result is the output's.
 KEEP = "_keep"
@@ -269,3 +274,45 @@ def unchanged(stored: DataFrame, starts: DataFrame) -> DataFrame:
     ``START``, and every event of the users ``starts`` does not name."""
     return (stored.join(starts, "user_id", "left")
             .where(F.col(START).isNull() | (F.col(TS_MICROS) < F.col(START))).drop(START))
+
+
+def split_of(day: date, valid_from: datetime) -> str:
+    """The split of a day's examples: the validation split starts at a midnight."""
+    return TRAIN if day < valid_from.date() else VALID
+
+
+def link_example_days(previous: Path, staging: Path, before: date, valid_from: datetime
+                      ) -> list[date]:
+    """The previous output's example days before ``before``, their files linked into the
+    examples being written, each under this run's split of its day (a day leaving the
+    validation split moves folders, not bytes); the days linked come back."""
+    linked = []
+    for folder in sorted(previous.glob(f"examples/{SPLIT}=*/{EXAMPLE_DAY}=*")):
+        day = date.fromisoformat(folder.name.partition("=")[2])
+        if day >= before:
+            continue
+        target = (staging / "examples" / f"{SPLIT}={split_of(day, valid_from)}"
+                  / folder.name)
+        target.mkdir(parents=True)
+        for file in folder.glob("*.parquet"):
+            link_or_copy(file, target / file.name)
+        linked.append(day)
+    return linked
+
+
+def link_tfrecord_days(files: list[dict[str, Any]], previous: Path, staging: Path,
+                       before: date, valid_from: datetime) -> list[dict[str, Any]]:
+    """The previous output's TFRecord files (metadata.json's ``files``) of the days before
+    ``before``, linked into the TFRecords being written under this run's split of their
+    day; their entries come back as this run's metadata.json lists them."""
+    linked = []
+    for entry in files:
+        day = date.fromisoformat(entry["day"])
+        if day >= before:
+            continue
+        split = split_of(day, valid_from)
+        path = f"tfrecord/{split}/{Path(entry['path']).name}"
+        (staging / path).parent.mkdir(parents=True, exist_ok=True)
+        link_or_copy(previous / entry["path"], staging / path)
+        linked.append({**entry, "path": path, "split": split})
+    return linked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import shutil
 import threading
@@ -10,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,11 +40,14 @@ from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     AGGREGATIONS_DIR,
     EVENT_TIMESTAMP,
+    EXAMPLE_DAY,
     FORMAT_VERSION,
     METADATA_FILE,
     TILES_DIR,
     VOCABULARY_DIR,
     Metadata,
+    present,
+    read_metadata,
 )
 from featureline.etl import ingest, stages
 from featureline.etl.aggregations import events_cut, output_tiles, rule_column
@@ -79,6 +83,8 @@ from featureline.etl.incremental import (
     cuts,
     extend_state_events,
     kept_rows,
+    link_example_days,
+    link_tfrecord_days,
     read_state,
     stored_events,
     unchanged,
@@ -89,7 +95,7 @@ from featureline.etl.incremental import (
 )
 from featureline.etl.outputs import local_path, read_as_written, reread, write_json, write_parquet
 from featureline.etl.tfrecord.layout import build_layout
-from featureline.etl.tfrecord.writer import write_split
+from featureline.etl.tfrecord.writer import split_sources, write_split
 from featureline.etl.vocabulary import (
     PreviousVocabularies,
     lineage_entry,
@@ -335,11 +341,11 @@ def split_column(valid_from: datetime) -> Column:
     return F.when(F.col("ts") >= F.lit(valid_from), VALID).otherwise(TRAIN)
 
 
-def _features(pipeline: FeaturePipeline, events: DataFrame, config: EtlConfig
-              ) -> tuple[DataFrame, DataFrame]:
+def _features(pipeline: FeaturePipeline, events: DataFrame, split: dict[str, Any],
+              config: EtlConfig) -> tuple[DataFrame, DataFrame]:
     """A full run's features: every op over every event. The featured rows come back, and
     the rows of the state the next incremental run reads."""
-    featured = pipeline.fit_transform(events)
+    featured = pipeline.fit_transform(events, datetime.fromisoformat(split["valid_from"]))
     return featured, pipeline.featured().select(*state_columns(pipeline, config))
 
 
@@ -350,15 +356,18 @@ def state_columns(pipeline: FeaturePipeline, config: EtlConfig) -> list[str]:
 
 def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: State,
                           stored: DataFrame, new: DataFrame, split: dict[str, Any],
-                          config: EtlConfig, staging: Path) -> tuple[DataFrame, DataFrame]:
-    """``_features`` of an incremental run: the ops are fitted over every event, the kept
-    features computed for the new events and the stored events from each user's start on
-    (``starts``, ``window_rows``), the others' read from the state; the state's days from the
-    earliest start on are written (the earlier days' files linked), then the fitted ops and
-    the model-ready step run over every state row (docs/ARCHITECTURE.md, "Incremental runs").
+                          config: EtlConfig, staging: Path
+                          ) -> tuple[DataFrame, DataFrame, date | None]:
+    """``_features`` of an incremental run: the ops are fitted over every event (or keep the
+    output's fit), the kept features computed for the new events and the stored events from
+    each user's start on (``starts``, ``window_rows``), the others' read from the state; the
+    state's days from the earliest start on are written (the earlier days' files linked),
+    then the fitted ops and the model-ready step run over every state row — over the rows
+    from the earliest start's day on where the fit is kept, that day coming back third (None:
+    every day's rows moved) (docs/ARCHITECTURE.md, "Incremental runs").
     The new events, the starts, the cuts, the kept rows and the window's rows are written
     under ``staging`` while the stage runs and read back: plans on them start from files."""
-    pipeline.fit(events)
+    pipeline.fit(events, datetime.fromisoformat(split["valid_from"]))
     work = staging / WORK_DIR
     columns = [*ingest.event_columns(config), LABEL]
     new = reread(with_time_key(new.select(*columns)), work / "new", files=None)
@@ -383,9 +392,38 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
         staging)
     shutil.rmtree(work)
     valid_from = datetime.fromisoformat(split["valid_from"])
-    featured = pipeline.transform_fitted(
-        with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from)))
-    return featured, state_rows
+    rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
+    if pipeline.frozen is None:  # a new fit moves every row's fitted features
+        return pipeline.transform_fitted(rows), state_rows, None
+    # A kept fit: the rows before ``since`` keep their kept features, and every fitted one
+    # but the ids of values the vocabularies number this run (``_renumbered``): the days
+    # before both keep their files. The aggregations read the earlier events (and write
+    # every snapshot): those see every row.
+    renumbered = _renumbered(pipeline, stored)
+    if renumbered is not None:
+        since = min(since, datetime.fromtimestamp(renumbered // MICROS, timezone.utc).replace(
+            hour=0, minute=0, second=0, microsecond=0))
+    moved = F.col("ts") >= F.lit(since)
+    if pipeline.op(Aggregations) is None:
+        return pipeline.transform_fitted(rows.where(moved)), state_rows, since.date()
+    return pipeline.transform_fitted(rows).where(moved), state_rows, since.date()
+
+
+def _renumbered(pipeline: FeaturePipeline, stored: DataFrame) -> int | None:
+    """The time key of the earliest stored event holding a value this run's vocabularies
+    number for the first time (it was encoded OOV: a value first seen in the validation
+    split, or rarer than ``freq_threshold`` until now); None: no such event."""
+    categorify = pipeline.op(Categorify)
+    if not isinstance(categorify, Categorify):
+        return None
+    firsts = []
+    for column in categorify.columns:
+        added = F.broadcast(categorify.added(column))
+        firsts.append(stored.join(added, F.col(column).cast("string") == added["value"],
+                                  "left_semi").select(TS_MICROS))
+    first = functools.reduce(DataFrame.unionByName, firsts).agg(F.min(TS_MICROS))
+    value: int | None = first.collect()[0][0]
+    return value
 
 
 def starts(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> DataFrame:
@@ -404,15 +442,20 @@ def starts(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> Data
 
 def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
                     path: Path) -> None:
+    """The examples a folder per split and UTC day (``split=<s>/day=<d>``): a day's files
+    hold its rows only, so a run that adds a day leaves the earlier days' files as they are
+    (docs/ARCHITECTURE.md, "Examples by day")."""
     columns: list[Column | str] = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind])
-                                            for s in specs), F.col(LABEL).cast("long"), SPLIT]
+                                            for s in specs), F.col(LABEL).cast("long"), SPLIT,
+                                   F.to_date("ts").alias(EXAMPLE_DAY)]
     # Hash-partitioned and sorted by the keys: the same rows land in the same files, in the
-    # same order, each run. The split leads the sort: a write partitioned by it sorts each
-    # task's rows by it unless they already are, and that sort replaced the keys' one.
+    # same order, each run. The split and the day lead the sort: a write partitioned by them
+    # sorts each task's rows by them unless they already are, and that sort replaced the
+    # keys' one.
     examples = (featured.select(*columns)
                 .repartition(config.output.examples_files, *KEYS)
-                .sortWithinPartitions(SPLIT, *KEYS))
-    write_parquet(examples, path, files=None, partition_by=SPLIT)
+                .sortWithinPartitions(SPLIT, EXAMPLE_DAY, *KEYS))
+    write_parquet(examples, path, files=None, partition_by=[SPLIT, EXAMPLE_DAY])
 
 
 def label_spec() -> dict[str, Any]:
@@ -421,22 +464,31 @@ def label_spec() -> dict[str, Any]:
 
 
 def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlConfig,
-                     staging: Path) -> dict[str, Any]:
+                     staging: Path, split: dict[str, Any], since: date | None = None,
+                     previous: Path | None = None) -> dict[str, Any]:
     """Encode the examples just written into prebatched TFRecords, one file per Parquet
-    file (and the split's carried leftovers)."""
+    file (and each day's carried leftovers); from the day ``since`` on where given, the
+    earlier days' files linked from the ``previous`` output's."""
     options = config.tfrecord
     compression = "GZIP" if options.compression == "gzip" else ""
     groups = build_layout([s.to_json() for s in specs], label_spec(),
                           group_types=options.group_types, short_names=options.short_names)
     files = []
-    for split in (TRAIN, VALID):
-        source = staging / "examples" / f"{SPLIT}={split}"
-        files += write_split(spark, sorted(str(p) for p in source.glob("*.parquet")),
-                             str(staging / "tfrecord"), split, groups,
-                             options.prebatch_size, compression)
+    if since is not None and previous is not None:
+        metadata = read_metadata(previous)
+        section = present(metadata.tfrecord, metadata, "tfrecord")
+        files += link_tfrecord_days([f.model_dump() for f in section.files], previous,
+                                    staging, since, datetime.fromisoformat(split["valid_from"]))
+    for name in (TRAIN, VALID):
+        sources = split_sources(staging / "examples" / f"{SPLIT}={name}")
+        if since is not None:
+            sources = [s for s in sources if date.fromisoformat(s.day) >= since]
+        files += [{**f, "path": f"tfrecord/{f['path']}"} for f in write_split(
+            spark, sources, str(staging / "tfrecord"), name, groups, options.prebatch_size,
+            compression)]
+    files.sort(key=lambda f: (f["split"] != TRAIN, f["day"], f["path"]))
     return {"prebatch_size": options.prebatch_size, "compression": compression,
-            "groups": {g.name: g.to_json() for g in groups},
-            "files": [{**f, "path": f"tfrecord/{f['path']}"} for f in files]}
+            "groups": {g.name: g.to_json() for g in groups}, "files": files}
 
 
 def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int
@@ -604,19 +656,27 @@ def run(config: EtlConfig, spark: SparkSession,
                     stage.summary += _keep_or_refit(pipeline, scheduled, config,
                                                     split["valid_from"])
             with timer(stages.FEATURES) as stage:
-                featured, state_rows = (
-                    _features(pipeline, events, config) if state is None
-                    else _features_incremental(pipeline, events, state, stored, new, split,
-                                               config, staging))
+                since = None
+                if state is None:
+                    featured, state_rows = _features(pipeline, events, split, config)
+                else:
+                    featured, state_rows, since = _features_incremental(
+                        pipeline, events, state, stored, new, split, config, staging)
                 specs = pipeline.features()
                 stage.summary = f"{len(specs)} features"
             with timer(stages.WRITE_EXAMPLES) as stage:
                 _write_examples(featured, specs, config, staging / "examples")
                 stage.summary = f"{rows['accepted']:,} examples"
+                if since is not None:
+                    kept = link_example_days(output, staging, since,
+                                             datetime.fromisoformat(split["valid_from"]))
+                    stage.summary += (f" ({len(kept)} earlier days' files kept, the days from "
+                                      f"{since:%Y-%m-%d} written)")
             tfrecord = None
             if config.tfrecord.enabled:
                 with timer(stages.WRITE_TFRECORD) as stage:
-                    tfrecord = _write_tfrecords(spark, specs, config, staging)
+                    tfrecord = _write_tfrecords(spark, specs, config, staging, split, since,
+                                                output)
                     stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
                                      f"{len(tfrecord['files'])} files")
             with timer(stages.ENTITIES) as stage:

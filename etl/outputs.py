@@ -30,7 +30,8 @@ def local_path(path: str) -> Path:
 
 
 def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,
-                  partition_by: str | None = None, mode: str = "errorifexists") -> None:
+                  partition_by: str | list[str] | None = None, mode: str = "errorifexists"
+                  ) -> None:
     """Write ``frame`` as Parquet; ``files=1`` makes a table small readers open in one go;
     ``mode="append"`` adds files (and partitions) to a table."""
     if files is not None:

@@ -272,3 +272,56 @@ def test_a_failed_incremental_run_leaves_the_previous_output_whole(runs, spark, 
     after = {p.relative_to(output): p.read_bytes() for p in output.rglob("*") if p.is_file()}
     assert after == before
     assert read_state(output).rows == runs["base"]["rows"]
+
+
+@pytest.fixture(scope="module")
+def kept(runs, spark):
+    """The new days' incremental run keeping the old days' fit (``etl.fit.refit_every``), and
+    a full run over every raw file transforming with that same fit (``--fit-from``); the
+    inodes of the old output's example and TFRecord files before the incremental run."""
+    root = runs["root"]
+    output = root / "kept"
+    shutil.copytree(root / "base", output)
+    inodes = _inodes(output)
+    config = _new_day(runs, output, allow_late=True)
+    incremental = job.run(config.model_copy(update={"fit": config.fit.model_copy(
+        update={"refit_every": "30d"})}), spark, progress=lambda _: None)
+    full = job.run(make_config(root / "kept-full", root / "raw", incremental={"allow_late": True},
+                               fit={"from_output": str(root / "base")},
+                               aggregations=AGGREGATIONS), spark, progress=lambda _: None)
+    return {"incremental": incremental, "full": full, "inodes": inodes, "output": output}
+
+
+def _inodes(output: Path) -> dict[tuple[str, str], int]:
+    """(day, file name) → inode of the examples' and TFRecords' files under ``output``."""
+    inodes = {}
+    for path in (output / "examples").rglob("*.parquet"):
+        inodes[(path.parent.name.partition("=")[2], path.name)] = path.stat().st_ino
+    for path in (output / "tfrecord").rglob("*.tfrecord*"):
+        inodes[(path.name[:10], path.name)] = path.stat().st_ino
+    return inodes
+
+
+@pytest.mark.slow
+def test_a_kept_fit_writes_only_the_days_it_changes(kept):
+    """With the output's fit kept, the incremental run's output equals a full run's with
+    that fit, table by table and TFRecord byte by byte; the days before the earliest one
+    its events change keep their files (the same inodes: not written again), whichever
+    split they are in now."""
+    ours, theirs = kept["incremental"], kept["full"]
+    assert ours.metadata["fit"]["version"] == theirs.metadata["fit"]["version"]
+    for table in ("examples", "entities/user", "artifacts/categorify/user_id",
+                  "artifacts/target_encode/item_id"):
+        assert _table(ours.output / table).to_pylist() == _table(theirs.output / table
+                                                                 ).to_pylist(), table
+    files = {f["path"] for f in theirs.metadata["tfrecord"]["files"]}
+    assert files == {f["path"] for f in ours.metadata["tfrecord"]["files"]}
+    for path in files:
+        assert (ours.output / path).read_bytes() == (theirs.output / path).read_bytes(), path
+    after = _inodes(kept["output"])
+    same = {day for key, inode in kept["inodes"].items() if after.get(key) == inode
+            for day in [key[0]]}
+    written = {key[0] for key, inode in after.items() if kept["inodes"].get(key) != inode}
+    assert same and written >= set(NEW_DAYS)
+    assert max(same) < min(written)  # every day from the earliest changed one is written
+    assert not same & written

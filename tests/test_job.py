@@ -52,8 +52,12 @@ def test_examples_match_metadata(job_output):
     examples = _table(job_output.output / "examples")
     assert len(examples) == metadata["rows"]["accepted"]
     assert examples.groupby("split").size().to_dict() == metadata["split"]["rows"]
+    # A folder per split and UTC day, holding that day's rows only.
+    days = sorted(p.name for p in (job_output.output / "examples" / "split=train").iterdir())
+    assert len(days) > 1 and all(d.startswith("day=") for d in days)
+    assert (examples["ts"].dt.strftime("%Y-%m-%d") == examples["day"].astype(str)).all()
     schema = pq.read_schema(next((job_output.output / "examples" / "split=train")
-                                 .glob("*.parquet")))
+                                 .rglob("*.parquet")))
     for feature in metadata["features"]:
         field = schema.field(feature["name"])
         if feature["kind"] == "multi_hot":
@@ -177,9 +181,10 @@ def test_two_runs_give_identical_values(spark, small_log, tmp_path, job_output):
     # Each examples file in key order, and the same rows in the same file and order each run
     # (the TFRecords are made file by file from them).
     for split in ("train", "valid"):
-        files = [sorted((output / "examples" / f"split={split}").glob("part-*.parquet"))
+        files = [sorted((output / "examples" / f"split={split}").rglob("part-*.parquet"))
                  for output in (job_output.output, again.output)]
-        assert [f.name[:10] for f in files[0]] == [f.name[:10] for f in files[1]]
+        assert files[0] and [(f.parent.name, f.name[:10]) for f in files[0]] == [
+            (f.parent.name, f.name[:10]) for f in files[1]]
         for first, second in zip(*files, strict=True):
             rows = pq.read_table(first).to_pandas()
             keys = list(zip(rows.user_id, rows.item_id, rows.ts, strict=True))

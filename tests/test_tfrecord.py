@@ -25,12 +25,11 @@ from featureline.etl.tfrecord.records import (  # noqa: E402
     encode,
     read_file,
 )
-from featureline.etl.tfrecord.writer import write_split  # noqa: E402
+from featureline.etl.tfrecord.writer import Source, split_sources, write_split  # noqa: E402
 
 
-def _parquet_files(job_output, split="train") -> list[str]:
-    return sorted(str(p) for p in (job_output.output / "examples" / f"split={split}")
-                  .glob("*.parquet"))
+def _parquet_files(job_output, split="train") -> list[Source]:
+    return split_sources(job_output.output / "examples" / f"split={split}")
 
 
 def _examples(job_output, split="train") -> pd.DataFrame:
@@ -75,9 +74,14 @@ def test_job_writes_tfrecords_tensorflow_reads(job_output):
         files = [job_output.output / f["path"] for f in section["files"] if f["split"] == split]
         assert sum(f["rows"] for f in section["files"] if f["split"] == split) == \
             metadata["split"]["rows"][split]
-        # Whole records in every file but the split's last (the reader relies on it).
-        rows = [f["rows"] for f in section["files"] if f["split"] == split]
-        assert [r % section["prebatch_size"] for r in rows[:-1]] == [0] * (len(rows) - 1)
+        # Whole records in every file but each day's last (the reader relies on it).
+        days = sorted({f["day"] for f in section["files"] if f["split"] == split})
+        assert len(days) > (split == "train")
+        for day in days:
+            rows = [f["rows"] for f in section["files"] if (f["split"], f["day"]) == (split, day)]
+            assert [r % section["prebatch_size"] for r in rows[:-1]] == [0] * (len(rows) - 1)
+            assert all(f["path"].startswith(f"tfrecord/{split}/{day}-part-")
+                       for f in section["files"] if (f["split"], f["day"]) == (split, day))
         got = _tf_rows(files, groups, section["compression"])
         expected = _examples(job_output, split)[list(got.columns)]
         pd.testing.assert_frame_equal(_comparable(got, metadata),
@@ -111,16 +115,19 @@ def test_every_layout(spark, job_output, tmp_path, prebatch, grouped, short, com
     expected = _examples(job_output)[list(got.columns)]
     pd.testing.assert_frame_equal(_comparable(got, metadata), _comparable(expected, metadata),
                                   check_dtype=False)
-    # Records of `prebatch` rows, only the split's very last one smaller: no row lost.
-    counts = []
+    # Records of `prebatch` rows, only each day's very last one smaller: no row lost.
+    counts: dict[str, list[int]] = {}
     for entry, path in zip(files, paths, strict=True):
         in_file = [len(r) for r in tf.data.TFRecordDataset(str(path), compression).map(
             lambda s, g=groups[-1]: tf.io.parse_single_example(
                 s, {g.name: tf.io.VarLenFeature(tf.int64)})[g.name].values)]
         assert sum(in_file) == entry["rows"]
-        counts += in_file
-    full, rest = divmod(len(expected), prebatch)
-    assert counts == [prebatch] * full + ([rest] if rest else [])
+        counts.setdefault(entry["day"], []).extend(in_file)
+    per_day = _examples(job_output)["day"].astype(str).value_counts()
+    assert sorted(counts) == sorted(per_day.index)
+    for day, records in counts.items():
+        full, rest = divmod(int(per_day[day]), prebatch)
+        assert records == [prebatch] * full + ([rest] if rest else []), day
     assert not list(tmp_path.glob("_temporary*"))
     # The numpy reader agrees with TensorFlow, without it.
     decoded = pd.DataFrame({k: (list(map(tuple, v)) if v.ndim == 2 else v) for k, v in
@@ -193,7 +200,7 @@ def test_rows_are_mixed_in_a_repeatable_order(spark, job_output, tmp_path):
             (tmp_path / "second" / entry["path"]).read_bytes()
     # The first file's first record mixes users; the Parquet file holds them in user order.
     first = read_file(tmp_path / "first" / written[0][0]["path"], groups)
-    in_file = pq.read_table(_parquet_files(job_output)[0]).to_pandas()
+    in_file = pq.read_table(_parquet_files(job_output)[0].path).to_pandas()
     record = first["user_id_cat"][:64]
     assert len(np.unique(record)) > len(np.unique(in_file["user_id_cat"][:64])) + 8
 
@@ -204,7 +211,8 @@ def test_failed_write_leaves_no_stray_files(spark, tmp_path):
                    source)
     groups = [Group("c", "int64", ("bad",), 1)]
     with pytest.raises(Exception, match=r"not-a-number|invalid literal|could not convert"):
-        write_split(spark, [str(source)], str(tmp_path / "out"), "train", groups, 8, "")
+        write_split(spark, [Source(str(source), "2026-01-01", 0)], str(tmp_path / "out"),
+                    "train", groups, 8, "")
     leftovers = [p for p in (tmp_path / "out").rglob("*") if p.is_file()]
     assert leftovers == []
 
@@ -240,11 +248,12 @@ def test_a_retried_task_leaves_one_file(tmp_path, monkeypatch):
     monkeypatch.setattr(tfwriter.TaskContext, "get", staticmethod(lambda: _Attempt(1)))
     results = [r for out in task(iter([batch])) for r in out.to_pylist()]
     assert [r["path"].rsplit("-", 1)[-1] for r in results] == ["1.tfrecord"]
-    files = tfwriter.commit(task, results)
+    files = tfwriter.commit(task, results, [Source("examples.parquet", "2026-01-01", 0)])
     tfwriter.abort(str(tmp_path), "job1")
     on_disk = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
-    # The task's 6 whole records, then its 4 leftover rows carried into the last file.
-    assert on_disk == ["train/part-00000.tfrecord", "train/part-00001.tfrecord"]
+    # The task's 6 whole records, then its 4 leftover rows carried into the day's last file.
+    assert on_disk == ["train/2026-01-01-part-00000.tfrecord",
+                       "train/2026-01-01-part-00001.tfrecord"]
     assert [f["path"] for f in files] == on_disk and [f["rows"] for f in files] == [96, 4]
     assert np.concatenate([read_file(tmp_path / f["path"], groups)["x"] for f in files]
                           ).tolist() == list(range(100))
@@ -270,6 +279,7 @@ def test_dataset_batches_hold_exactly_the_requested_rows(job_output, batch_size)
     pytest.param([96, 96, 40], 32, 0, id="job-layout"),  # batches of whole records
     pytest.param([96, 96, 40], 32, 8, id="job-layout-shuffled"),  # the short one stays last
     pytest.param([100, 100, 36], 32, 0, id="short-record-in-every-file"),  # re-batched
+    pytest.param([96, 40, 96, 36], 32, 8, id="a-short-record-per-day"),  # the tail re-batched
     pytest.param([96, 96, 40], 20, 0, id="not-a-multiple"),  # re-batched
 ])
 def test_batches_are_exact_whatever_the_files(tmp_path, file_rows, batch_size, shuffle):

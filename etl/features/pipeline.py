@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+from datetime import datetime
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
@@ -23,6 +24,7 @@ from featureline.etl.features.base import (
 )
 from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.model_ready import ModelReady
+from featureline.etl.features.target_encode import TargetEncode
 from featureline.etl.fit import Fit
 from featureline.etl.short_names import assign_short_names
 
@@ -48,19 +50,23 @@ class FeaturePipeline:
         self.model_ready = ModelReady(self._op_features(), config.model_ready)
         self._featured: DataFrame | None = None
 
-    def fit(self, events: DataFrame) -> DataFrame:
-        """Fit every op on the training rows of ``events``; ``events`` come back with the
-        time key the windows order by. Statistics come from the raw columns only."""
+    def fit(self, events: DataFrame, trained_until: datetime | None = None) -> DataFrame:
+        """Fit every op on the training rows of ``events`` (those before ``trained_until``,
+        where the validation split starts); ``events`` come back with the time key the
+        windows order by. Statistics come from the raw columns only."""
         events = with_time_key(events)
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
             if self.frozen is None:
+                if isinstance(op, TargetEncode):
+                    op.trained_until = trained_until
                 op.fit(train)
             else:
                 op.restore(self.frozen, train)
         return events
 
-    def fit_transform(self, events: DataFrame) -> DataFrame:
+    def fit_transform(self, events: DataFrame, trained_until: datetime | None = None
+                      ) -> DataFrame:
         """Fit every op on the training rows of ``events``, then transform all rows.
 
         Ops that use an earlier op's output (history and lag_features use the item ids
@@ -68,7 +74,7 @@ class FeaturePipeline:
         Then the model-ready step fits on the derived features of the training rows, so those
         are computed once and cached for the writes after it.
         """
-        events = self.fit(events)
+        events = self.fit(events, trained_until)
         for op in self.ops:
             events = op.transform(events)
         return self._model_ready(events)

@@ -1,15 +1,20 @@
 """target_encode: smoothed mean label per value, out-of-fold on the training split.
 
-A training row's encoding comes from the other k-1 folds only (its fold is a hash of the
-event), prior included, so it never sees its own label:
+A row whose label the fit learned from (an event before the fit's training split ended)
+has its encoding from the other k-1 folds only (its fold is a hash of the event), prior
+included, so it never sees its own label:
 
     encoding = (sum_oof + prior_oof * smoothing) / (count_oof + smoothing)
 
-Validation rows (and serving) use the whole training split; unseen values get the prior.
+Every later row (the validation split, the days a frozen fit transforms, serving) uses the
+whole training split; unseen values get the prior. So a row's encoding does not depend on
+the split of the run that writes it: a day keeps its values when it leaves the validation
+split (docs/ARCHITECTURE.md, "Fits").
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
@@ -78,6 +83,9 @@ class TargetEncode(FeatureOp):
         self.smoothing = smoothing
         self.prior = 0.0
         self.fold_priors: dict[int, float] = {}
+        # Where the fit's training split ended: the rows before it are encoded out of fold.
+        # None: the run's own training split (a fit recorded without it).
+        self.trained_until: datetime | None = None
         self.by_value: dict[str, DataFrame] = {}
         self.by_value_fold: dict[str, DataFrame] = {}
 
@@ -108,6 +116,8 @@ class TargetEncode(FeatureOp):
         """The per-value and per-(value, fold) sums the fit wrote, its prior and fold
         priors: a training row of this run is encoded from the fit's other folds."""
         stats = fit.op_stats(self.name)
+        self.trained_until = (datetime.fromisoformat(fit.trained_until)
+                              if fit.trained_until is not None else None)
         self.prior = float(stats["prior"])
         self.fold_priors = {int(fold): float(p) for fold, p in stats["fold_priors"].items()}
         for column in self.columns:
@@ -123,7 +133,8 @@ class TargetEncode(FeatureOp):
     def transform(self, events: DataFrame) -> DataFrame:
         events = events.withColumn(FOLD, fold_of_event(self.folds))
         fold_prior = F.create_map(*[F.lit(x) for f, p in self.fold_priors.items() for x in (f, p)])
-        is_train = F.col(SPLIT) == TRAIN
+        is_train = (F.col("ts") < F.lit(self.trained_until) if self.trained_until is not None
+                    else F.col(SPLIT) == TRAIN)
         for column in self.columns:
             full = self.by_value[column].select(column, F.col("s").alias("_s"),
                                                 F.col("n").alias("_n"))

@@ -7,6 +7,7 @@ under), and give columns under their original long names.
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +69,12 @@ def dataset(path_or_metadata: MetadataSource, batch_size: int = 65536,
     last batch fewer), whatever the prebatch size. Needs the ``[tf]`` extra.
 
     Records hold ``prebatch_size`` rows: ``ceil(batch_size / prebatch_size)`` of them are
-    parsed at once, in one op. When ``batch_size`` is a multiple of ``prebatch_size`` and
-    the split's one short record is its last (what the job writes), those are the batches;
-    otherwise the parsed rows are re-batched to ``batch_size``, which costs up to half the
-    read rate (benchmarks/README.md).
+    parsed at once, in one op. When ``batch_size`` is a multiple of ``prebatch_size``, the
+    whole records come first and each day's short record after them (what the job writes),
+    so the parsed blocks already hold ``batch_size`` rows but at the tail, where a split of
+    several days is re-batched (a split of one day: no re-batching at all); otherwise every
+    block is re-batched to ``batch_size``, which costs up to half the read rate
+    (benchmarks/README.md).
 
     ``grouped=False``: long names → ``[rows]`` (``[rows, K]`` for multi-hot lists), each
     group split into its columns by one op. ``grouped=True``: the groups as stored, group
@@ -79,9 +82,10 @@ def dataset(path_or_metadata: MetadataSource, batch_size: int = 65536,
     the history, ``y`` the label; columns in metadata.json's order): what a model built from
     metadata.json takes, with no split at all.
 
-    ``shuffle=N``: the records (``prebatch_size`` rows each) come in a random order, from a
-    buffer of N records (``seed`` for a repeatable order); the rows in a record stay together,
-    and the short record stays last.
+    ``shuffle=N``: the files and the records (``prebatch_size`` rows each) come in a random
+    order, from a buffer of N records (``seed`` for a repeatable order); the rows in a whole
+    record stay together, and the days' short records come after the whole ones, their rows
+    shuffled among themselves (a buffer of N × ``prebatch_size`` rows).
     """
     import tensorflow as tf
 
@@ -92,12 +96,13 @@ def dataset(path_or_metadata: MetadataSource, batch_size: int = 65536,
     prebatch = section.prebatch_size
     root = metadata.folder or Path(".")
     entries = [f for f in section.files if f.split == split]
-    # Files of whole records may come in any order; a file with a short record must come
-    # last, and only one can (older outputs had a short record at the end of every file).
+    # Files of whole records may come in any order; the files with a short record come last
+    # (one per day; older outputs had a short record at the end of every file).
     short = [str(root / f.path) for f in entries if f.rows % prebatch]
     whole = [str(root / f.path) for f in entries if not f.rows % prebatch]
-    exact = batch_size % prebatch == 0 and len(short) <= 1
-    if not exact:
+    aligned = batch_size % prebatch == 0
+    exact = aligned and len(short) <= 1
+    if not aligned and not shuffle:  # every block is re-batched: the order does not matter
         whole, short = whole + short, []
     spec = {g.name: tf.io.RaggedFeature(tf.float32 if g.dtype == "float32" else tf.int64,
                                         row_splits_dtype=tf.int64) for g in groups}
@@ -118,18 +123,32 @@ def dataset(path_or_metadata: MetadataSource, batch_size: int = 65536,
 
     reads = parallel_reads if parallel_reads is not None else tf.data.AUTOTUNE
     compression = section.compression
+    if shuffle:  # the files are the days in order: their order is shuffled too
+        order = random.Random(seed)
+        order.shuffle(whole)
+        order.shuffle(short)
     records = tf.data.TFRecordDataset(tf.constant(whole, tf.string),
                                       compression_type=compression, num_parallel_reads=reads)
     if shuffle:
         records = records.shuffle(shuffle, seed=seed)
-    if short:
-        records = records.concatenate(tf.data.TFRecordDataset(short, compression))
-    batches = records.batch(-(-batch_size // prebatch))
+    per_batch = -(-batch_size // prebatch)
+    tail = tf.data.TFRecordDataset(short, compression) if short else None
     if exact:
+        if tail is not None:
+            records = records.concatenate(tail)
         parse = to_blocks if grouped else (lambda serialized: to_columns(to_blocks(serialized)))
-        batches = batches.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        batches = records.batch(per_batch).map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     else:
-        batches = batches.map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
+        blocks = records.batch(per_batch).map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE)
+        if tail is not None:
+            rest = tail.batch(per_batch).map(to_blocks, num_parallel_calls=tf.data.AUTOTUNE)
+            if shuffle:
+                # The days' short records hold a day each: their rows are shuffled among
+                # themselves (a buffer of as many rows as the records' buffer holds), so a
+                # batch of a split of small days still mixes days and users.
+                rest = rest.unbatch().shuffle(shuffle * prebatch, seed=seed).batch(batch_size)
+            blocks = blocks.concatenate(rest)
+        batches = blocks.rebatch(batch_size)
         if not grouped:
             batches = batches.map(to_columns, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(tf.data.AUTOTUNE)

@@ -1,24 +1,30 @@
-"""Write ``tfrecord/<split>/part-NNNNN.tfrecord[.gz]`` from the examples, inside the Spark job.
+"""Write ``tfrecord/<split>/<day>-part-NNNNN.tfrecord[.gz]`` from the examples, inside the Spark
+job.
 
-One Spark task per Parquet file of the split reads it with pyarrow (the rows go from the
-file to NumPy with none of Spark's row or Arrow conversions, which cost several times the
-encoding: benchmarks/README.md), encodes its rows with
+One Spark task per Parquet file of the split (``examples/split=<split>/day=<day>/``) reads it
+with pyarrow (the rows go from the file to NumPy with none of Spark's row or Arrow
+conversions, which cost several times the encoding: benchmarks/README.md), encodes its rows
+with
 :mod:`featureline.etl.tfrecord.records` and writes its file straight to the output
 filesystem (a local path or any pyarrow filesystem URI) under a commit protocol: tasks
 write to ``_temporary/<job>/``; only the attempts whose results Spark returns are moved
 into place, then ``_temporary`` goes. A retried or speculative task, or a failed job, leaves
 no partial or duplicate file.
 
-Every record holds ``prebatch_size`` rows except the split's very last one: each task
-writes whole records and sets its leftover rows aside; the driver carries them into the
-split's last files.
+Every record holds ``prebatch_size`` rows except each day's very last one: each task writes
+whole records and sets its leftover rows aside; the driver carries them into the day's last
+files. A day's files depend on that day's examples only, so a run that adds a day leaves the
+earlier days' files as they are (docs/ARCHITECTURE.md, "TFRecords").
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +51,33 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 def file_suffix(compression: str) -> str:
     return ".tfrecord.gz" if compression == "GZIP" else ".tfrecord"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A Parquet file of examples and what its records are named: ``<day>-part-<number>``."""
+
+    path: str
+    day: str  # YYYY-MM-DD
+    # The file's number within its day: the Spark task that wrote it (the rows' keys hashed),
+    # so the same day's rows give the same numbers whatever other days a run writes.
+    number: int
+
+    @property
+    def seed(self) -> list[int]:
+        return [date.fromisoformat(self.day).toordinal(), self.number]
+
+
+def split_sources(folder: Path) -> list[Source]:
+    """The Parquet files of a split of the examples (``folder``: ``examples/split=<s>``), a
+    folder per day (``day=YYYY-MM-DD``), in day and number order."""
+    sources = []
+    for day in sorted(folder.glob("day=*")):
+        for index, path in enumerate(sorted(day.glob("*.parquet"))):
+            number = re.match(r"part-(\d+)", path.name)
+            sources.append(Source(str(path), day.name.partition("=")[2],
+                                  int(number.group(1)) if number else index))
+    return sources
 
 
 def _group_arrays(batch: pa.RecordBatch, groups: list[Group]) -> dict[str, np.ndarray]:
@@ -87,9 +120,9 @@ class TaskWriter:
     """The function each task runs on its rows (pickled to the executors).
 
     A task writes only whole records (``prebatch_size`` rows) to its file; the rows left
-    over go to a file of their own, and :func:`commit` carries every task's leftovers into
-    the split's last two files. So the split's only short record is its very last one,
-    which is what lets the reader batch records without re-batching rows
+    over go to a file of their own, and :func:`commit` carries each day's tasks' leftovers
+    into the day's last two files. So a day's only short record is its very last one,
+    which is what lets the reader batch whole records and re-batch only the split's tail
     (docs/ARCHITECTURE.md, "TFRecords").
     """
 
@@ -124,6 +157,9 @@ class TaskWriter:
     def staging(self, root: str) -> str:
         return f"{root}/{TEMPORARY}/{self.job_id}/{self.split}"
 
+    def name(self, day: str, number: int) -> str:
+        return f"{self.split}/{day}-part-{number:05d}{file_suffix(self.compression)}"
+
     def write(self, filesystem: pafs.FileSystem, path: str,
               chunks: Iterator[dict[str, np.ndarray]],
               leftover: list[dict[str, np.ndarray]] | None = None, compressed: bool = True
@@ -152,35 +188,37 @@ class TaskWriter:
 @dataclass(frozen=True)
 class ParquetRows:
     """The rows of one Parquet file of a split as Arrow batches, each row group in a
-    pseudo-random but repeatable order: permuted by a generator seeded with the file's and
-    the group's positions, so one prebatched record mixes users and items as a training
-    batch should (the examples are sorted by user), and the same files give the same
-    records."""
+    pseudo-random but repeatable order: permuted by a generator seeded with the file's day,
+    number and the group's position, so one prebatched record mixes users and items as a
+    training batch should (the examples are sorted by user), and the same files give the
+    same records."""
 
-    files: list[str]
+    sources: list[Source]
     columns: list[str]
 
     def __call__(self, index: int) -> Iterator[pa.RecordBatch]:
-        filesystem, path = _filesystem(self.files[index])
+        source = self.sources[index]
+        filesystem, path = _filesystem(source.path)
         with filesystem.open_input_file(path) as handle:
             parquet = pq.ParquetFile(handle)
             for group in range(parquet.num_row_groups):
                 table = parquet.read_row_group(group, columns=self.columns)
-                order = np.random.default_rng([index, group]).permutation(table.num_rows)
+                order = np.random.default_rng([*source.seed, group]).permutation(
+                    table.num_rows)
                 yield from table.take(order).to_batches()
 
 
-def write_split(spark: SparkSession, files: list[str], root: str, split: str,
+def write_split(spark: SparkSession, sources: list[Source], root: str, split: str,
                 groups: list[Group], prebatch_size: int, compression: str,
                 job_id: str | None = None) -> list[dict[str, Any]]:
-    """Write one split from its Parquet ``files``, one Spark task per file; returns
-    ``[{"path", "split", "rows"}]`` with paths relative to root, in reading order (the file
-    holding the split's one short record last)."""
-    if not files:
+    """Write one split's days from their Parquet files (``sources``), one Spark task per
+    file; returns ``[{"path", "split", "day", "rows"}]`` with paths relative to root, in
+    day order (each day's file holding its one short record last)."""
+    if not sources:
         return []
     job_id = job_id or uuid.uuid4().hex[:12]
     writer = TaskWriter(root, split, job_id, groups, prebatch_size, compression)
-    rows = ParquetRows(list(files), [c for g in groups for c in g.columns])
+    rows = ParquetRows(list(sources), [c for g in groups for c in g.columns])
 
     def task(indices: Iterable[int]) -> Iterator[dict[str, Any]]:
         for index in indices:  # one per task: its partition is its file's position
@@ -188,43 +226,59 @@ def write_split(spark: SparkSession, files: list[str], root: str, split: str,
                 yield from result.to_pylist()
 
     try:
-        results = spark.sparkContext.parallelize(range(len(files)), len(files)) \
+        results = spark.sparkContext.parallelize(range(len(sources)), len(sources)) \
             .mapPartitions(task).collect()
-        return commit(writer, results)
+        return commit(writer, results, sources)
     finally:
         abort(root, job_id)
 
 
-def commit(writer: TaskWriter, results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Move the files of the attempts Spark returned into place, then carry their leftover
-    rows into two more files: whole records, then the one short record. Any other attempt's
-    files (a failed or speculative duplicate) stay in ``_temporary`` for :func:`abort`."""
+def commit(writer: TaskWriter, results: list[dict[str, Any]], sources: list[Source]
+           ) -> list[dict[str, Any]]:
+    """Move the files of the attempts Spark returned into place, then carry each day's
+    leftover rows into two more files of that day: whole records, then the day's one short
+    record. Any other attempt's files (a failed or speculative duplicate) stay in
+    ``_temporary`` for :func:`abort`."""
     filesystem, base = _filesystem(writer.root)
     filesystem.create_dir(f"{base}/{writer.split}", recursive=True)
-    suffix = file_suffix(writer.compression)
-    results = sorted(results, key=lambda r: r["partition"])
+    by_day: dict[str, list[dict[str, Any]]] = {}
+    for result in sorted(results, key=lambda r: r["partition"]):
+        by_day.setdefault(sources[result["partition"]].day, []).append(result)
     files = []
-    for result in results:
-        if result["path"]:
-            name = f"{writer.split}/part-{result['partition']:05d}{suffix}"
-            filesystem.move(result["path"], f"{base}/{name}")
-            files.append({"path": name, "split": writer.split, "rows": result["rows"]})
-    rests = [r["rest_path"] for r in results if r["rest_rows"]]
+    for day, day_results in sorted(by_day.items()):
+        for result in day_results:
+            if result["path"]:
+                name = writer.name(day, sources[result["partition"]].number)
+                filesystem.move(result["path"], f"{base}/{name}")
+                files.append({"path": name, "split": writer.split, "day": day,
+                              "rows": result["rows"]})
+        rests = [r["rest_path"] for r in day_results if r["rest_rows"]]
+        number = max(s.number for s in sources if s.day == day) + 1
+        files += _carry(writer, filesystem, base, day, rests, number)
+    return files
+
+
+def _carry(writer: TaskWriter, filesystem: pafs.FileSystem, base: str, day: str,
+           rests: list[str], number: int) -> list[dict[str, Any]]:
+    """The day's leftover rows (``rests``) as its files ``number`` (whole records) and
+    ``number + 1`` (the short record)."""
     if not rests:
-        return files
+        return []
+    suffix = file_suffix(writer.compression)
     staging = writer.staging(base)
     chunks = _whole_records((_read_rest(filesystem, path, writer.groups) for path in rests),
                             writer.groups, writer.prebatch_size)
     short: list[dict[str, np.ndarray]] = []
-    whole = writer.write(filesystem, f"{staging}/carried{suffix}", chunks, short)
+    whole = writer.write(filesystem, f"{staging}/{day}-carried{suffix}", chunks, short)
     carried = [("carried", whole),
-               ("short", writer.write(filesystem, f"{staging}/short{suffix}", iter(short)))]
-    number = results[-1]["partition"] + 1
+               ("short", writer.write(filesystem, f"{staging}/{day}-short{suffix}",
+                                      iter(short)))]
+    files = []
     for temporary, rows in carried:
         if rows:
-            name = f"{writer.split}/part-{number:05d}{suffix}"
-            filesystem.move(f"{staging}/{temporary}{suffix}", f"{base}/{name}")
-            files.append({"path": name, "split": writer.split, "rows": rows})
+            name = writer.name(day, number)
+            filesystem.move(f"{staging}/{day}-{temporary}{suffix}", f"{base}/{name}")
+            files.append({"path": name, "split": writer.split, "day": day, "rows": rows})
             number += 1
     return files
 
