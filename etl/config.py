@@ -177,7 +177,7 @@ class OutputConfig(Settings):
 
     # The output folder; --output overrides it.
     path: str = DEFAULT_OUTPUT
-    # Parquet files per split of examples/; fixed so that two runs give the same files.
+    # Parquet files per day of examples/ (at most); fixed so that two runs give the same files.
     examples_files: int = Field(default=4, ge=1)
 
 
