@@ -170,9 +170,7 @@ def extend_state_events(state: State, events: DataFrame, since: date,
     folder = staging / STATE_DIR / EVENTS_DIR
     for day in sorted(state.events.glob(f"{DAY}=*")):
         if date.fromisoformat(day.name.partition("=")[2]) < since:
-            (folder / day.name).mkdir(parents=True)
-            for file in day.iterdir():
-                link_or_copy(file, folder / day.name / file.name)
+            link_folder(day, folder / day.name)
     return write_state_events(events, staging, append=True)
 
 
@@ -182,6 +180,14 @@ def link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
+
+
+def link_folder(source: Path, target: Path, pattern: str = "*") -> None:
+    """A new folder ``target`` holding ``source``'s files (those matching ``pattern``),
+    each linked (``link_or_copy``)."""
+    target.mkdir(parents=True)
+    for file in source.glob(pattern):
+        link_or_copy(file, target / file.name)
 
 
 def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,
@@ -291,11 +297,8 @@ def link_example_days(previous: Path, staging: Path, before: date, valid_from: d
         day = date.fromisoformat(folder.name.partition("=")[2])
         if day >= before:
             continue
-        target = (staging / "examples" / f"{SPLIT}={split_of(day, valid_from)}"
-                  / folder.name)
-        target.mkdir(parents=True)
-        for file in folder.glob("*.parquet"):
-            link_or_copy(file, target / file.name)
+        link_folder(folder, staging / "examples" / f"{SPLIT}={split_of(day, valid_from)}"
+                    / folder.name, "*.parquet")
         linked.append(day)
     return linked
 

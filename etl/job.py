@@ -35,7 +35,7 @@ from featureline.core.drift import (
 )
 from featureline.core.drift_report import render
 from featureline.core.errors import ConfigError
-from featureline.core.events import REASONS, LabelSpec
+from featureline.core.events import REASONS, LabelSpec, micros_of
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     AGGREGATIONS_DIR,
@@ -367,7 +367,8 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     every day's rows moved) (docs/ARCHITECTURE.md, "Incremental runs").
     The new events, the starts, the cuts, the kept rows and the window's rows are written
     under ``staging`` while the stage runs and read back: plans on them start from files."""
-    pipeline.fit(events, datetime.fromisoformat(split["valid_from"]))
+    valid_from = datetime.fromisoformat(split["valid_from"])
+    pipeline.fit(events, valid_from)
     work = staging / WORK_DIR
     columns = [*ingest.event_columns(config), LABEL]
     new = reread(with_time_key(new.select(*columns)), work / "new", files=None)
@@ -383,31 +384,33 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
     # The stored days before the earliest start keep their files (all of them without one).
     first = begins.agg(F.min(START)).collect()[0][0]
-    since = (datetime.fromtimestamp(first // MICROS, timezone.utc) if first is not None
-             else state.latest + timedelta(days=1))
-    since = since.replace(hour=0, minute=0, second=0, microsecond=0)
+    since = _midnight(first if first is not None
+                      else micros_of(state.latest + timedelta(days=1)))
     recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
     state_rows = extend_state_events(
         state, unchanged(recent, begins).select(*kept).unionByName(computed), since.date(),
         staging)
     shutil.rmtree(work)
-    valid_from = datetime.fromisoformat(split["valid_from"])
-    rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
+    split_rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
     if pipeline.frozen is None:  # a new fit moves every row's fitted features
-        return pipeline.transform_fitted(rows), state_rows, None
+        return pipeline.transform_fitted(split_rows), state_rows, None
     # A kept fit: the rows before ``since`` keep their kept features, and every fitted one
     # but the ids of values the vocabularies number this run (``_renumbered``): the days
     # before both keep their files. The aggregations read the earlier events (and write
     # every snapshot): those see every row.
     renumbered = _renumbered(pipeline, stored)
     if renumbered is not None:
-        since = min(since, datetime.fromtimestamp(renumbered // MICROS, timezone.utc).replace(
-            hour=0, minute=0, second=0, microsecond=0))
+        since = min(since, _midnight(renumbered))
     moved = F.col("ts") >= F.lit(since)
     if pipeline.op(Aggregations) is None:
-        return pipeline.transform_fitted(rows.where(moved)), state_rows, since.date()
-    return pipeline.transform_fitted(rows).where(moved), state_rows, since.date()
+        return pipeline.transform_fitted(split_rows.where(moved)), state_rows, since.date()
+    return pipeline.transform_fitted(split_rows).where(moved), state_rows, since.date()
 
+
+def _midnight(micros: int) -> datetime:
+    """The UTC midnight starting the day of a time key (µs since the epoch)."""
+    return datetime.fromtimestamp(micros // MICROS, timezone.utc).replace(
+        hour=0, minute=0, second=0, microsecond=0)
 
 def _renumbered(pipeline: FeaturePipeline, stored: DataFrame) -> int | None:
     """The time key of the earliest stored event holding a value this run's vocabularies
