@@ -176,7 +176,7 @@ def backfill(events: DataFrame, queries: DataFrame, groups: Sequence[GroupSpec],
 
 def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
                  numeric: Sequence[str], values: Mapping[str, Column] | None = None,
-                 aligned: int | None = None) -> DataFrame:
+                 aligned: int | None = None, prior: Lifetime | None = None) -> DataFrame:
     """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each.
 
     Every output but approx_distinct comes from one union of the group's events, its tiles
@@ -184,15 +184,22 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
     events' plan is read once per hop, not once per output. ``aligned`` (µs): every anchor
     is a multiple of it — the events are then folded per key and span of it before the
     frames run, which see no single event; no ``anchors`` with it: the end of each span a
-    key had events in (the entity tables' midnights after each active day)."""
+    key had events in (the entity tables' midnights after each active day). ``prior`` (with
+    ``aligned`` and ``anchors``): the lifetime outputs' partials of the events before
+    ``events``' (``prior.before``, a multiple of ``aligned``), folded in as their span."""
     keys = list(group.keys)
     outputs = group.outputs()
     own_plan = {"approx_distinct": _distinct_at, "last": _latest_at, "last_k": _latest_at}
     framed = [f for f in outputs if f.spec.op not in own_plan]
     if anchors is None and not (aligned and framed):
         raise ValueError("group_values: anchors are needed without aligned framed outputs")
+    if prior is not None and (anchors is None or not aligned or prior.before % aligned
+                              or len(framed) < len(outputs)):
+        raise ValueError("group_values: a prior needs anchors, aligned spans it starts one "
+                         "of, and framed outputs only")
     if framed:
-        at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned)
+        at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned,
+                            prior)
     elif anchors is not None:
         at = anchors
     if anchors is None:
@@ -230,7 +237,8 @@ def _read(feature: AggregateFeature, values: Mapping[str, Column]) -> Column:
 
 def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str],
                    features: list[AggregateFeature], numeric: Sequence[str],
-                   values: Mapping[str, Column], aligned: int | None = None) -> DataFrame:
+                   values: Mapping[str, Column], aligned: int | None = None,
+                   prior: Lifetime | None = None) -> DataFrame:
     operations = [OPERATIONS[f.spec.op] for f in features]
     # Output i's partial in columns "<i>_<name>": null on the rows it does not count.
     state: dict[str, Column] = {}
@@ -250,6 +258,15 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
         state = {n: F.col(n) for n in state}
         events = events.groupBy(*keys, (F.floor(F.col(TS_MICROS) / aligned).cast("long")
                                         * aligned).alias(TS_MICROS)).agg(*folded)
+        if prior is not None:
+            # The events before the first span: one more folded span (the one before it),
+            # counted by the lifetime outputs only.
+            assert aligned is not None
+            events = events.unionByName(prior.frame.select(
+                *keys, F.lit(prior.before - aligned).alias(TS_MICROS),
+                *(F.col(f"{feature.column_name}__{name}").alias(f"{index}_{name}")
+                  for index, feature in enumerate(features) if feature.window.seconds is None
+                  for name in operations[index].merge(F.col))), allowMissingColumns=True)
     if anchors is None:
         # Each folded span (one row per key and span) is also the anchor at its end: one
         # row each, read once.
@@ -512,19 +529,25 @@ def events_cut(events: DataFrame) -> int:
 
 
 def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
-                 cut: int) -> list[tuple[AggregateFeature, DataFrame]]:
+                 cut: int, prior: Lifetime | None = None
+                 ) -> list[tuple[AggregateFeature, DataFrame]]:
     """Per output of ``group``, its tiles as of ``cut`` (µs, after every event): a row per key
     and hop — the group's keys, ``tile`` and the operation's partial columns (the names
     ``core.aggregations`` reads with ``Operation.from_fields``) — for the hops a window can
     still cover at or after ``cut`` (from ``window.start(cut)``); the lifetime's one tile
     (start 0) per key. Merged at a request time ``t ≥ cut`` they give the value at ``t``
-    (``core.aggregations.value_from_tiles``): what the online store starts from."""
+    (``core.aggregations.value_from_tiles``): what the online store starts from. ``prior``:
+    the lifetime partials of the events before ``events``' (``prior.before``, before every
+    window's start at ``cut``)."""
     keys = list(group.keys)
     tiles = []
     for feature in group.outputs():
         kept = events.where(_keeps(feature, numeric))
         window = feature.window
         start = window.start(cut)
+        if prior is not None and start is not None and start < prior.before:
+            raise ValueError(f"{feature.qualified}: its window at {cut} µs starts before "
+                             f"the prior's events end ({prior.before} µs)")
         if start is not None and window.hop is not None:
             kept = kept.where(F.col(TS_MICROS) >= start).withColumn(
                 TILE, _hop_of(window.hop * MICROS))
@@ -542,11 +565,57 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
             operation = OPERATIONS[feature.spec.op]
             state = kept.select(*keys, TILE, TS_MICROS, *(
                 column.alias(name) for name, column in operation.state(value).items()))
+            if prior is not None and start is None:
+                state = state.unionByName(prior.frame.select(
+                    *keys, F.lit(0).cast("long").alias(TILE),
+                    *(F.col(f"{feature.column_name}__{name}").alias(name)
+                      for name in operation.merge(F.col))), allowMissingColumns=True)
             frame = state.groupBy(*keys, TILE).agg(*_merged(operation, F.col))
             if feature.spec.op == "last_k":  # the tile keeps its k latest, as the engine's
                 frame = frame.withColumn("p", _latest_k(F.col("p"), feature.spec.k))
         tiles.append((feature, frame))
     return tiles
+
+
+# --- lifetime partials: where a day's run starts its lifetime values from --------------------
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A group's lifetime outputs' partials of its events before ``before`` (µs): a row per
+    key, its keys and ``<output's column>__<partial>`` columns."""
+
+    frame: DataFrame
+    before: int
+
+
+def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before: int,
+             prior: Lifetime | None = None) -> Lifetime:
+    """The lifetime partials of ``events`` before ``before``, and of ``prior``'s where given
+    (``events`` then read from ``prior.before`` on). ValueError for a group an operation of
+    which has its own plan (last, last_k, approx_distinct): their partials stay in Spark's
+    frames only."""
+    keys = list(group.keys)
+    features = [f for f in group.outputs() if f.window.seconds is None]
+    if any(f.spec.op not in OPERATIONS or f.spec.op in ORDERED for f in group.outputs()):
+        raise ValueError(f"{group.name}: lifetime partials of count, sum, mean, min and max "
+                         "only")
+    rows = events.where(F.col(TS_MICROS) < before)
+    if prior is not None:
+        rows = rows.where(F.col(TS_MICROS) >= prior.before)
+    state = [F.when(_keeps(f, numeric), column).alias(f"{f.column_name}__{name}")
+             for f in features
+             for name, column in OPERATIONS[f.spec.op].state(_read(f, {})).items()]
+    rows = rows.select(*keys, *state)
+    if prior is not None:
+        rows = rows.unionByName(prior.frame)
+    merged = [column for f in features for column in _merged(
+        OPERATIONS[f.spec.op], _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")]
+    return Lifetime(rows.groupBy(*keys).agg(*merged), before)
+
+
+def _named(prefix: str) -> Getter:
+    """A partial read from the columns ``<prefix><name>``."""
+    return lambda name: F.col(prefix + name)
 
 
 # --- daily snapshots: what Feast's offline store reads --------------------------------------
@@ -560,16 +629,21 @@ def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame
     day while an event of it can still leave a window (the longest window and its hop),
     up to the day after the log's last event (``cut``: µs, just after it)."""
     keys = list(group.keys)
-    spans = [f.window.seconds + f.window.hop for f in group.outputs()
-             if f.window.seconds is not None and f.window.hop is not None]
-    decay_days = -(-max(spans, default=0) * MICROS // DAY)
     active = events.select(*keys, (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1)
                            .alias("_agg_after")).distinct()
     end = (cut - 1) // DAY + 1
-    days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days,
+    days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days(group),
                                                   F.lit(end).cast("long")))
     return active.select(*keys, F.explode(days).alias("_agg_day")).distinct().select(
         *keys, (F.col("_agg_day") * DAY).alias(TS_MICROS))
+
+
+def decay_days(group: GroupSpec) -> int:
+    """The days after a key's last event that its snapshots still change on: an event can
+    leave a window (with its hop) until then."""
+    spans = [f.window.seconds + f.window.hop for f in group.outputs()
+             if f.window.seconds is not None and f.window.hop is not None]
+    return -(-max(spans, default=0) * MICROS // DAY)
 
 
 def group_snapshots(values: DataFrame, snapshots: DataFrame, group: GroupSpec) -> DataFrame:

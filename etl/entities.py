@@ -7,6 +7,10 @@ the events strictly before D. An entity gets a snapshot the day after each day i
 active and each following day while an event can still leave its N-day window (the API's
 values at the request time decay the same way), up to the day after the log's last event;
 in between, its latest snapshot stands (a point-in-time join picks it up).
+
+A table is written a file per day; an incremental run keeping its fit computes only the days
+after the ones it keeps (``Resume``), from the recent events and the lifetime partials the
+previous run left (docs/ARCHITECTURE.md, "Incremental runs").
 """
 
 from __future__ import annotations
@@ -18,8 +22,16 @@ from pyspark.sql import functions as F
 
 from featureline.core.aggregations import ENTITIES, LABEL, GroupSpec, entity_group
 from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
-from featureline.etl.aggregations import DAY, group_values, snapshot_anchors, snapshot_rows
-from featureline.etl.features.base import with_time_key
+from featureline.etl.aggregations import (
+    DAY,
+    Lifetime,
+    decay_days,
+    group_values,
+    lifetime,
+    snapshot_anchors,
+    snapshot_rows,
+)
+from featureline.etl.features.base import TS_MICROS, with_time_key
 
 
 @dataclass(frozen=True)
@@ -28,25 +40,69 @@ class EntityTable:
     join_key: str
     frame: DataFrame
     group: GroupSpec
+    # The lifetime partials a later run resumes from (``Resume``).
+    lifetime: Lifetime
 
     @property
     def feature_columns(self) -> list[str]:
         return [c for c in self.frame.columns if c not in {self.join_key, EVENT_TIMESTAMP}]
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where an incremental run takes up an entity table: the snapshots stamped after
+    ``after`` (µs, a midnight) are computed — from the events since ``lifetime.before`` and
+    the lifetime partials of those before — and the earlier ones are the previous output's
+    (docs/ARCHITECTURE.md, "Incremental runs")."""
+
+    after: int
+    lifetime: Lifetime
+
+
+def lifetime_before(group: GroupSpec, cut: int) -> int:
+    """Where a run's lifetime partials end (µs, a midnight): the day after the last event
+    (``cut``: µs, just after it), less the days its snapshots still change on and one more —
+    before every window's start at ``cut`` and every event the next day's snapshots read."""
+    end = ((cut - 1) // DAY + 1) * DAY
+    return end - (decay_days(group) + 1) * DAY
+
+
+def resume_from(group: GroupSpec, after: int, cut: int) -> int:
+    """The events a run resuming after ``after`` reads from (µs): those of the snapshots
+    after it and of its own ``lifetime_before``."""
+    return min(after - decay_days(group) * DAY, lifetime_before(group, cut))
+
+
 def entity_snapshots(events: DataFrame, entity: str, recent_days: int,
-                     vocabulary: DataFrame | None, cut: int) -> EntityTable:
+                     vocabulary: DataFrame | None, cut: int,
+                     resume: Resume | None = None) -> EntityTable:
     """Daily snapshots of one entity from the accepted events (all splits; ``cut``: µs, just
-    after the latest), with its encoded id where the run has a ``vocabulary`` of its key."""
+    after the latest), with its encoded id where the run has a ``vocabulary`` of its key.
+    With ``resume``: only the snapshots after ``resume.after``, ``events`` those from
+    ``resume.lifetime.before`` on (ValueError where that is after ``resume_from``)."""
     group = entity_group(entity, recent_days)
     key = ENTITIES[entity]
     rows = with_time_key(events.select(key, "ts", LABEL))
-    values = group_values(rows, snapshot_anchors(rows, group, cut), group, numeric=(),
-                          aligned=DAY)
+    before = lifetime_before(group, cut)
+    if resume is None:
+        values = group_values(rows, snapshot_anchors(rows, group, cut), group, numeric=(),
+                              aligned=DAY)
+        carried = lifetime(rows, group, (), before)
+    else:
+        start = resume_from(group, resume.after, cut)
+        if start < resume.lifetime.before:
+            raise ValueError(f"{entity}: its lifetime partials end at "
+                             f"{resume.lifetime.before} µs, after the events it needs from "
+                             f"{start} µs")
+        prior = lifetime(rows, group, (), start, resume.lifetime)
+        recent = rows.where(F.col(TS_MICROS) >= start)
+        anchors = snapshot_anchors(recent, group, cut).where(F.col(TS_MICROS) > resume.after)
+        values = group_values(recent, anchors, group, numeric=(), aligned=DAY, prior=prior)
+        carried = lifetime(rows, group, (), before, prior)
     snapshots = snapshot_rows(values, group)
     if vocabulary is not None:
         ids = vocabulary.select(F.col("value").alias(key), F.col("id").alias(encoded_name(key)))
         snapshots = snapshots.join(ids, on=key, how="left").fillna({encoded_name(key): OOV_ID})
         first = [key, EVENT_TIMESTAMP, encoded_name(key)]
         snapshots = snapshots.select(*first, *(c for c in snapshots.columns if c not in first))
-    return EntityTable(entity, key, snapshots, group)
+    return EntityTable(entity, key, snapshots, group, carried)

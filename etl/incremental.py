@@ -31,6 +31,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, STATE_DIR
+from featureline.etl.aggregations import Lifetime
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.features.base import (
@@ -50,10 +51,12 @@ STATE_FILE = "state.json"
 WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
 DAY = "state_day"
-# Raised when what the state holds, or how, changes: an older state is refused. 4: the
-# examples and TFRecords a folder (a file name prefix) per day, which a run keeping its fit
-# links rather than rewrites.
-STATE_VERSION = 4
+# Raised when what the state holds, or how, changes: an older state is refused. 5: the
+# entity tables a file per day, which a run keeping its fit links rather than rewrites, and
+# their lifetime partials (``LIFETIME_DIR``).
+STATE_VERSION = 5
+# Per entity table, its lifetime partials: what the next run's snapshots start from.
+LIFETIME_DIR = "lifetime"
 LATE_EVENT = "late_event"
 # Beside the rows the kept features are computed over: whether the result is the output's.
 KEEP = "_keep"
@@ -82,10 +85,24 @@ class State:
     values_hash: str
     latest: datetime  # the latest event time the state holds (UTC)
     rows: dict[str, Any]  # the cumulative row accounting of the output
+    # Per entity table, where its lifetime partials end (µs; ``lifetime_folder``).
+    lifetimes: dict[str, int]
 
     @property
     def events(self) -> Path:
         return self.folder / EVENTS_DIR
+
+    def lifetime(self, spark: SparkSession, entity: str) -> Lifetime | None:
+        """The entity table's lifetime partials this state holds (None: none)."""
+        if entity not in self.lifetimes:
+            return None
+        return Lifetime(read_as_written(spark, lifetime_folder(self.folder.parent, entity)),
+                        self.lifetimes[entity])
+
+
+def lifetime_folder(output: Path, entity: str) -> Path:
+    """Where an output keeps an entity table's lifetime partials (``entities.Resume``)."""
+    return output / STATE_DIR / LIFETIME_DIR / entity
 
 
 def read_state(output: Path) -> State:
@@ -101,7 +118,8 @@ def read_state(output: Path) -> State:
     data = json.loads(path.read_text())
     return State(folder=path.parent, version=int(data["version"]),
                  values_hash=data["values_hash"],
-                 latest=datetime.fromisoformat(data["latest"]), rows=data["rows"])
+                 latest=datetime.fromisoformat(data["latest"]), rows=data["rows"],
+                 lifetimes=data.get("lifetimes", {}))
 
 
 def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
@@ -191,13 +209,15 @@ def link_folder(source: Path, target: Path, pattern: str = "*") -> None:
 
 
 def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,
-                staging: Path) -> None:
-    """``state.json`` beside the state's ``events`` (``write_state_events``)."""
+                staging: Path, lifetimes: dict[str, int]) -> None:
+    """``state.json`` beside the state's ``events`` (``write_state_events``) and the entity
+    tables' lifetime partials (``lifetimes``: where each ends)."""
     folder = staging / STATE_DIR
     latest = events.agg(F.max("ts").cast("double").alias("latest")).collect()[0]["latest"]
     write_json({"version": STATE_VERSION, "values_hash": values_hash(config),
                 "latest": datetime.fromtimestamp(latest, tz=timezone.utc).isoformat(),
-                "rows": {key: value for key, value in rows.items() if key != "this_run"}},
+                "rows": {key: value for key, value in rows.items() if key != "this_run"},
+                "lifetimes": lifetimes},
                folder / STATE_FILE)
 
 
@@ -301,6 +321,20 @@ def link_example_days(previous: Path, staging: Path, before: date, valid_from: d
                     / folder.name, "*.parquet")
         linked.append(day)
     return linked
+
+
+def link_table_days(previous: Path, folder: Path, through: date) -> list[date]:
+    """The files of a table written a file per day (``outputs.write_parquet_days``) in the
+    previous output's ``previous`` folder, of the days up to ``through``, linked into
+    ``folder``; the days linked come back."""
+    folder.mkdir(parents=True, exist_ok=True)
+    linked = set()
+    for file in sorted(previous.glob("????-??-??-part-*.parquet")):
+        day = date.fromisoformat(file.name[:10])
+        if day <= through:
+            link_or_copy(file, folder / file.name)
+            linked.add(day)
+    return sorted(linked)
 
 
 def link_tfrecord_days(files: list[dict[str, Any]], previous: Path, staging: Path,

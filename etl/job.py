@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core import __version__
-from featureline.core.aggregations import ENTITIES, entity_group
+from featureline.core.aggregations import ENTITIES, AggregateFeature, entity_group
 from featureline.core.drift import (
     METRICS_FILE,
     PROFILE_FILE,
@@ -50,11 +50,11 @@ from featureline.core.metadata import (
     read_metadata,
 )
 from featureline.etl import ingest, stages
-from featureline.etl.aggregations import events_cut, output_tiles, rule_column
+from featureline.etl.aggregations import DAY, Lifetime, events_cut, output_tiles, rule_column
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
-from featureline.etl.entities import entity_snapshots
+from featureline.etl.entities import Resume, entity_snapshots, resume_from
 from featureline.etl.errors import NoInputError
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
@@ -83,7 +83,9 @@ from featureline.etl.incremental import (
     cuts,
     extend_state_events,
     kept_rows,
+    lifetime_folder,
     link_example_days,
+    link_table_days,
     link_tfrecord_days,
     read_state,
     stored_events,
@@ -93,7 +95,14 @@ from featureline.etl.incremental import (
     write_state,
     write_state_events,
 )
-from featureline.etl.outputs import local_path, read_as_written, reread, write_json, write_parquet
+from featureline.etl.outputs import (
+    local_path,
+    read_as_written,
+    reread,
+    write_json,
+    write_parquet,
+    write_parquet_days,
+)
 from featureline.etl.tfrecord.layout import build_layout
 from featureline.etl.tfrecord.writer import split_sources, write_split
 from featureline.etl.vocabulary import (
@@ -407,6 +416,11 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     return pipeline.transform_fitted(split_rows).where(moved), state_rows, since.date()
 
 
+def _events_from(events: DataFrame) -> Callable[[int], DataFrame]:
+    """``events`` from a time on (µs)."""
+    return lambda before: with_time_key(events).where(F.col(TS_MICROS) >= before)
+
+
 def _midnight(micros: int) -> datetime:
     """The UTC midnight starting the day of a time key (µs since the epoch)."""
     return datetime.fromtimestamp(micros // MICROS, timezone.utc).replace(
@@ -494,23 +508,33 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
             "groups": {g.name: g.to_json() for g in groups}, "files": files}
 
 
-def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int
+def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
+                 lifetimes: dict[str, Lifetime], events_from: Callable[[int], DataFrame]
                  ) -> dict[str, Any]:
     """The tiles as of ``cut`` (µs, after the last event) of the
     aggregations' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
-    definitions")."""
+    definitions"). An entity table's come from its ``lifetimes`` and ``events_from`` their
+    end."""
     events = with_time_key(events)
-    tables = {}
+    tables: dict[str, str] = {}
     numeric = config.event_contract().numeric
-    entities = [entity_group(entity, config.entities.recent_days) for entity in ENTITIES]
-    for group in [*config.aggregations, *entities]:
-        for feature, frame in output_tiles(events, group, numeric, cut):
-            relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
-            write_parquet(frame, staging / relative)
-            tables[feature.qualified] = relative
+    for group in config.aggregations:
+        _write_group_tiles(output_tiles(events, group, numeric, cut), staging, tables)
+    for entity, prior in lifetimes.items():
+        group = entity_group(entity, config.entities.recent_days)
+        _write_group_tiles(output_tiles(with_time_key(events_from(prior.before)), group, (),
+                                        cut, prior), staging, tables)
     return {"cut_us": cut, "tables": tables,
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
+
+
+def _write_group_tiles(tiles: list[tuple[AggregateFeature, DataFrame]], staging: Path,
+                       tables: dict[str, str]) -> None:
+    for feature, frame in tiles:
+        relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
+        write_parquet(frame, staging / relative)
+        tables[feature.qualified] = relative
 
 
 def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[str, Any]:
@@ -529,23 +553,73 @@ def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[st
     return tables
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What an incremental run keeping its fit takes the entity tables up from: the output
+    it extends, each table's ``Resume`` (those it has), and the events from a time on."""
+
+    previous: Path
+    resumes: dict[str, Resume]
+    events_from: Callable[[int], DataFrame]
+
+
+def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: int,
+             config: EtlConfig, new: DataFrame) -> Resumed:
+    """The entity tables an incremental run keeping its fit takes up after the earlier of
+    ``since`` (where its examples start changing) and the previous output's last snapshot
+    day: those whose lifetime partials end before the events they need (a late event or a
+    value numbered anew can reach back further: the table is then computed whole)."""
+    columns = [*ingest.event_columns(config), LABEL]
+
+    def events_from(before: int) -> DataFrame:
+        moment = datetime.fromtimestamp(before // MICROS, timezone.utc)
+        return stored_events(spark, state, columns, since=moment).unionByName(
+            new.select(*columns))
+
+    after = min(micros_of(datetime.combine(since, datetime.min.time(), timezone.utc)),
+                (micros_of(state.latest) // DAY + 1) * DAY)
+    resumes = {}
+    for entity in ENTITIES:
+        lifetime = state.lifetime(spark, entity)
+        group = entity_group(entity, config.entities.recent_days)
+        if lifetime is not None and lifetime.before <= resume_from(group, after, cut):
+            resumes[entity] = Resume(after, lifetime)
+    return Resumed(output, resumes, events_from)
+
+
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
-                    path: Path, cut: int) -> dict[str, Any]:
+                    staging: Path, cut: int, resumed: Resumed | None
+                    ) -> tuple[dict[str, Any], dict[str, Lifetime]]:
+    """The entity tables, a file per day (``entities/<entity>``); those ``resumed`` takes up
+    link the earlier days' files of the output extended. Their lifetime partials, written
+    into the state, come back second."""
     categorify = pipeline.op(Categorify)
-    entities = {}
+    entities, lifetimes = {}, {}
     for entity, key in ENTITIES.items():
         vocabulary = (categorify.vocabularies.get(key)
                       if isinstance(categorify, Categorify) else None)
-        table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary,
-                                 cut)
-        write_parquet(table.frame.orderBy(EVENT_TIMESTAMP, key), path / entity, files=None)
+        resume = resumed.resumes.get(entity) if resumed is not None else None
+        path = staging / "entities" / entity
+        if resume is None:
+            table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary,
+                                     cut)
+        else:
+            assert resumed is not None
+            table = entity_snapshots(resumed.events_from(resume.lifetime.before), entity,
+                                     config.entities.recent_days, vocabulary, cut, resume)
+            link_table_days(resumed.previous / "entities" / entity, path,
+                            _midnight(resume.after).date())
+        write_parquet_days(table.frame, path, EVENT_TIMESTAMP)
+        carried = table.lifetime
+        lifetimes[entity] = Lifetime(reread(carried.frame, lifetime_folder(staging, entity),
+                                            files=None), carried.before)
         entities[entity] = {
             "path": f"entities/{entity}", "join_key": key, "timestamp_field": EVENT_TIMESTAMP,
             "join_key_dtype": dict(table.frame.dtypes)[key],
             "features": _schema(table.frame, table.feature_columns),
             "group": table.group.model_dump(mode="json"),
         }
-    return entities
+    return entities, lifetimes
 
 
 @dataclass(frozen=True)
@@ -686,11 +760,16 @@ def run(config: EtlConfig, spark: SparkSession,
                 aggregations = pipeline.op(Aggregations)
                 cut = (aggregations.cut if isinstance(aggregations, Aggregations)
                        else events_cut(with_time_key(events)))
-                entities = _write_entities(events, pipeline, config, staging / "entities", cut)
+                resumed = (None if state is None or since is None else
+                           _resumed(spark, state, output, since, cut, config, new))
+                entities, lifetimes = _write_entities(events, pipeline, config, staging, cut,
+                                                      resumed)
                 snapshots = {}
                 if isinstance(aggregations, Aggregations):
                     snapshots = _write_group_snapshots(aggregations, staging)
-                tiles = _write_tiles(events, config, staging, cut)
+                tiles = _write_tiles(events, config, staging, cut, lifetimes,
+                                     resumed.events_from if resumed is not None
+                                     else _events_from(events))
                 stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} outputs")
             with timer(stages.ARTIFACTS):
@@ -702,7 +781,8 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.STATE) as stage:
                 if state is None:
                     state_rows = write_state_events(state_rows, staging)
-                write_state(state_rows, rows, config, staging)
+                write_state(state_rows, rows, config, staging,
+                            {entity: lifetime.before for entity, lifetime in lifetimes.items()})
                 stage.summary = f"{rows['accepted']:,} events"
             metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
                                  timer.seconds, time.perf_counter() - started)

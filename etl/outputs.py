@@ -8,6 +8,7 @@ half-written output and the previous output stays intact.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,28 @@ def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(str(path))
+
+
+def write_parquet_days(frame: DataFrame, path: Path, stamp: str) -> None:
+    """Write ``frame`` as one Parquet file per UTC day of its ``stamp`` column, named
+    ``YYYY-MM-DD-part-00000.parquet`` in one folder (the day a file name's prefix, not a
+    partition column: readers see the table's columns only), rows by ``stamp`` within a
+    day; a frame without rows as one file without a day."""
+    days = path / "_days"
+    day = "_day"
+    dated = frame.withColumn(day, F.to_date(stamp))
+    write_parquet(dated.repartition(day).sortWithinPartitions(stamp, *frame.columns[:1]),
+                  days, files=None, partition_by=day)
+    path.mkdir(parents=True, exist_ok=True)
+    for folder in sorted(days.glob(f"{day}=*")):
+        for index, file in enumerate(sorted(folder.glob("*.parquet"))):
+            file.rename(path / f"{folder.name.partition('=')[2]}-part-{index:05d}.parquet")
+    shutil.rmtree(days)
+    if not any(path.glob("*.parquet")):
+        write_parquet(frame, path / "_empty")
+        for file in (path / "_empty").glob("*.parquet"):
+            file.rename(path / "part-00000.parquet")
+        shutil.rmtree(path / "_empty")
 
 
 def reread(frame: DataFrame, path: Path, *, files: int | None = 1) -> DataFrame:
