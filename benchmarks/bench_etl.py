@@ -7,8 +7,10 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py                        # 1M and 10M events
     python benchmarks/bench_etl.py --sizes 20000 --smoke  # the tiny size CI runs
     python benchmarks/bench_etl.py --sizes 1000000 --profile  # + the slowest Spark stages
+    #   (with --incremental: the incremental run's)
     python benchmarks/bench_etl.py --incremental --sizes 1000000  # a new day on 30 days
     python benchmarks/bench_etl.py --incremental --keep-fit --sizes 1000000  # its fit kept
+    python benchmarks/bench_etl.py --incremental --keep-fit --day-lines 30000  # same day, 1M/10M
     python benchmarks/bench_etl.py --aggregations --sizes 1000000  # the cost of a spec
 
 ``--incremental``: a log of 31 days at each size (the history, then one new day); the full
@@ -18,7 +20,8 @@ compared by the benchmark itself (examples, entity tables, vocabularies: equal r
 the incremental cost per new event at each size relative to the smallest size.
 ``--keep-fit`` with it: every run keeps the history's fit (``etl.fit.refit_every``), so the
 incremental run writes only the days it changes, against a full run with ``--fit-from`` the
-history's output.
+history's output. ``--day-lines N``: the new day holds the last day's first N lines at every
+size, so ``incremental_s_vs_smallest`` is what the longer history costs the same day.
 
 ``--aggregations [SPEC]``: the job without and with an ``aggregations:`` spec
 (benchmarks/aggregations.yaml by default) on the same log, interleaved A B B A; the ratio of
@@ -186,9 +189,11 @@ def run_aggregations(sizes: list[int], spec: Path, spark: SparkSession | None = 
             "runs": runs}
 
 
-def _split_days(raw: Path, folder: Path) -> tuple[Path, Path, int]:
+def _split_days(raw: Path, folder: Path, day_lines: int | None = None
+                ) -> tuple[Path, Path, int]:
     """The log as two files: every day but the last (and lines without a date), and the
-    last day; how many lines the last day has. Streamed: at 10M events the log is 1.5 GB."""
+    last day (its first ``day_lines`` only where given: the others are left out); how many
+    lines the new file has. Streamed: at 10M events the log is 1.5 GB."""
     marker = '"ts":"'
 
     def day(line: str) -> str | None:
@@ -203,6 +208,8 @@ def _split_days(raw: Path, folder: Path) -> tuple[Path, Path, int]:
     with raw.open() as lines, paths[0].open("w") as history, paths[1].open("w") as new:
         for line in lines:
             is_new = day(line) == last
+            if is_new and day_lines is not None and new_lines >= day_lines:
+                continue
             new_lines += is_new
             (new if is_new else history).write(line if line.endswith("\n") else line + "\n")
     return paths[0], paths[1], new_lines
@@ -251,12 +258,15 @@ def _compare(ours: Path, theirs: Path) -> dict[str, Any]:
 
 
 def measure_incremental(spark: SparkSession, events: int, workdir: Path,
-                        keep_fit: bool = False) -> dict[str, Any]:
+                        keep_fit: bool = False, day_lines: int | None = None,
+                        event_log: Path | None = None) -> dict[str, Any]:
+    """``event_log``: the session's, whose slowest Spark stages of the incremental run are
+    listed (``--profile``)."""
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     write_log(raw, events=events, users=users, items=items, days=31, seed=1,
               bad_fraction=0.001)
-    history, new, new_lines = _split_days(raw, workdir / f"raw-{events}")
+    history, new, new_lines = _split_days(raw, workdir / f"raw-{events}", day_lines)
     raw.unlink()
     base = with_overrides(EtlConfig(), input_path=str(history),
                           output=str(workdir / f"incremental-{events}"))
@@ -268,10 +278,11 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path,
     job.run(base, spark, progress=lambda _: None)
     extended = workdir / f"history-{events}"
     shutil.copytree(base.output.path, extended)
-    start = time.perf_counter()
+    start, submitted = time.perf_counter(), time.time() * 1e3
     incremental = job.run(with_overrides(base, input_path=str(new), incremental=True), spark,
                           progress=lambda _: None)
     incremental_s = time.perf_counter() - start
+    ended = time.time() * 1e3
     full_config = with_overrides(
         base, input_path=str(new.parent), output=str(workdir / f"full-{events}"),
         **({"fit_from": str(extended)} if keep_fit else {"vocabulary_from": str(extended)}))
@@ -282,25 +293,35 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path,
               "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
     compared = {table: _compare(incremental.output / table, full.output / table)
                 for table in tables}
+    profiled = {}
+    if event_log is not None:
+        profiled["spark_stages"] = [s for s in stage_times(event_log)
+                                    if submitted <= s["submitted_ms"] <= ended][:PROFILE_TOP]
     return {"events": events, "new_day_rows": new_lines, "incremental_s": round(incremental_s, 2),
             "full_recompute_s": round(full_s, 2),
             "incremental_vs_full": round(incremental_s / full_s, 3),
             "incremental_s_per_new_event": incremental_s / new_lines,
             "outputs_equal": {table: not found for table, found in compared.items()},
             "outputs_differences": {table: found for table, found in compared.items() if found},
-            "stages_s": incremental.metadata["timings_s"]}
+            "stages_s": incremental.metadata["timings_s"], **profiled}
 
 
 def run_incremental(sizes: list[int], spark: SparkSession | None = None,
-                    keep_fit: bool = False) -> dict[str, Any]:
+                    keep_fit: bool = False, day_lines: int | None = None,
+                    event_log: Path | None = None) -> dict[str, Any]:
     spark = spark or build_session(BENCH_SPARK)
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
-        runs = [measure_incremental(spark, events, Path(tmp), keep_fit) for events in sizes]
-    smallest = runs[0]["incremental_s_per_new_event"]
+        runs = [measure_incremental(spark, events, Path(tmp), keep_fit, day_lines, event_log)
+                for events in sizes]
+    smallest = runs[0]
     for entry in runs:
         entry["cost_per_new_event_vs_smallest"] = round(
-            entry["incremental_s_per_new_event"] / smallest, 2)
-    return {"benchmark": "etl --incremental" + (" --keep-fit" if keep_fit else ""),
+            entry["incremental_s_per_new_event"] / smallest["incremental_s_per_new_event"], 2)
+        # With --day-lines, the same new day on a longer history: what the history costs.
+        entry["incremental_s_vs_smallest"] = round(
+            entry["incremental_s"] / smallest["incremental_s"], 2)
+    return {"benchmark": "etl --incremental" + (" --keep-fit" if keep_fit else "")
+                         + (f" --day-lines {day_lines}" if day_lines else ""),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
             "runs": runs}
@@ -343,6 +364,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-fit", action="store_true",
                         help="with --incremental: the runs keep the history's fit "
                         "(etl.fit.refit_every), the full one transforms with it (--fit-from)")
+    parser.add_argument("--day-lines", type=int, default=None,
+                        help="with --incremental: the new day holds this many lines of the "
+                             "last day at every size (the same day on a longer history)")
     parser.add_argument("--profile", action="store_true",
                         help=f"list each size's {PROFILE_TOP} slowest Spark stages, with the "
                              "stage of the job that ran each (from an event log)")
@@ -360,16 +384,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.aggregations:
         print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))
         return
-    if args.incremental:
-        print(json.dumps(run_incremental(sizes, keep_fit=args.keep_fit), indent=2))
-        return
     if not args.profile:
-        print(json.dumps(run(sizes), indent=2))
+        print(json.dumps(run_incremental(sizes, keep_fit=args.keep_fit,
+                                         day_lines=args.day_lines) if args.incremental
+                         else run(sizes), indent=2))
         return
     with tempfile.TemporaryDirectory(prefix="bench-etl-events-") as event_log:
         spark = build_session(_profiled(BENCH_SPARK, Path(event_log)))
         try:
-            print(json.dumps(run(sizes, spark, Path(event_log)), indent=2))
+            print(json.dumps(run_incremental(sizes, spark, args.keep_fit, args.day_lines,
+                                             Path(event_log)) if args.incremental
+                             else run(sizes, spark, Path(event_log)), indent=2))
         finally:
             spark.stop()  # closes the log before its folder goes
 

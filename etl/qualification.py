@@ -163,7 +163,7 @@ def stage_times(event_log: Path, property_name: str = STAGE_PROPERTY) -> list[di
         metrics = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
         entry = {"owner": owners.get((log, int(info["Stage ID"])), UNTAGGED),
                  "stage_id": info["Stage ID"], "name": info["Stage Name"],
-                 "tasks": info["Number of Tasks"],
+                 "tasks": info["Number of Tasks"], "submitted_ms": info["Submission Time"],
                  "wall_s": (info["Completion Time"] - info["Submission Time"]) / 1e3}
         for metric, key in _STAGE_METRICS.items():
             value = int(metrics.get(metric) or 0)

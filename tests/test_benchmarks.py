@@ -72,16 +72,17 @@ def test_bench_tfrecord_smoke():
 
 @pytest.mark.slow
 def test_bench_etl_incremental_smoke(spark):
-    """A new day on 30 days of 6,000 events: the incremental run's output equals the full
-    recompute's, table by table, as the benchmark compares them."""
-    report = _load("bench_etl").run_incremental([6000], spark)
+    """A new day (150 of its lines) on 30 days of 6,000 events, the history's fit kept: the
+    incremental run's output equals the full run's with that fit, table by table, as the
+    benchmark compares them."""
+    report = _load("bench_etl").run_incremental([6000], spark, keep_fit=True, day_lines=150)
     json.dumps(report)
     (entry,) = report["runs"]
-    assert entry["new_day_rows"] > 0
+    assert entry["new_day_rows"] == 150
     assert entry["outputs_equal"] == dict.fromkeys(entry["outputs_equal"], True)
     assert len(entry["outputs_equal"]) == 6 and entry["outputs_differences"] == {}
     assert entry["incremental_s"] > 0 and entry["full_recompute_s"] > 0
-    assert entry["cost_per_new_event_vs_smallest"] == 1.0
+    assert entry["cost_per_new_event_vs_smallest"] == entry["incremental_s_vs_smallest"] == 1.0
 
 
 @pytest.mark.slow

@@ -87,6 +87,7 @@ def test_stage_times_lists_spark_stages_slowest_first_with_their_job_stage(tmp_p
     assert stages[0]["task_s"] == 19.5 and stages[0]["spilled_memory_mb"] == 5.0
     assert stages[1]["gc_s"] == 0.12 and stages[1]["shuffle_write_mb"] == 3.0
     assert stages[1]["name"] == "csv at ingest.py:99" and stages[1]["tasks"] == 2
+    assert stages[0]["submitted_ms"] == 4_000  # a run's own stages: those submitted in it
 
 
 def test_the_report_sums_task_time_per_job_stage(tmp_path):
