@@ -51,6 +51,8 @@ _HOP = "_agg_hop"
 # less 1 µs.
 _AT = "_agg_at"
 _REGISTER = "_agg_register"
+# Per key of the lifetime partials: whether it had an event before their end.
+_EARLIER = "_agg_earlier"
 _RANK = "_agg_rank"
 # last and last_k: an event's latest pairs up to itself, its place in (ts, value) order.
 _PAIRS = "_agg_pairs"
@@ -599,18 +601,22 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
     if any(f.spec.op not in OPERATIONS or f.spec.op in ORDERED for f in group.outputs()):
         raise ValueError(f"{group.name}: lifetime partials of count, sum, mean, min and max "
                          "only")
-    rows = events.where(F.col(TS_MICROS) < before)
-    if prior is not None:
-        rows = rows.where(F.col(TS_MICROS) >= prior.before)
-    state = [F.when(_keeps(f, numeric), column).alias(f"{f.column_name}__{name}")
+    rows = events if prior is None else events.where(F.col(TS_MICROS) >= prior.before)
+    # The events after ``before`` count for nothing (rather than filtered out: a log that
+    # starts after ``before`` would leave the aggregate an empty input, which adaptive
+    # execution replaces by a relation the RAPIDS Accelerator does not run); the keys
+    # without an earlier one are left out.
+    earlier = F.col(TS_MICROS) < before
+    state = [F.when(earlier & _keeps(f, numeric), column).alias(f"{f.column_name}__{name}")
              for f in features
              for name, column in OPERATIONS[f.spec.op].state(_read(f, {})).items()]
-    rows = rows.select(*keys, *state)
+    rows = rows.select(*keys, earlier.cast("int").alias(_EARLIER), *state)
     if prior is not None:
-        rows = rows.unionByName(prior.frame)
+        rows = rows.unionByName(prior.frame.withColumn(_EARLIER, F.lit(1)))
     merged = [column for f in features for column in _merged(
         OPERATIONS[f.spec.op], _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")]
-    return Lifetime(rows.groupBy(*keys).agg(*merged), before)
+    frame = rows.groupBy(*keys).agg(*merged, F.max(_EARLIER).alias(_EARLIER))
+    return Lifetime(frame.where(F.col(_EARLIER) == 1).drop(_EARLIER), before)
 
 
 def _named(prefix: str) -> Getter:
