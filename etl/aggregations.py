@@ -637,11 +637,17 @@ def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame
     keys = list(group.keys)
     active = events.select(*keys, (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1)
                            .alias("_agg_after")).distinct()
-    end = (cut - 1) // DAY + 1
+    end = last_snapshot(cut) // DAY
     days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days(group),
                                                   F.lit(end).cast("long")))
     return active.select(*keys, F.explode(days).alias("_agg_day")).distinct().select(
         *keys, (F.col("_agg_day") * DAY).alias(TS_MICROS))
+
+
+def last_snapshot(cut: int) -> int:
+    """The last snapshot day (µs, a midnight): the day after the last event (``cut``: µs,
+    just after it)."""
+    return ((cut - 1) // DAY + 1) * DAY
 
 
 def decay_days(group: GroupSpec) -> int:

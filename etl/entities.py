@@ -27,6 +27,7 @@ from featureline.etl.aggregations import (
     Lifetime,
     decay_days,
     group_values,
+    last_snapshot,
     lifetime,
     snapshot_anchors,
     snapshot_rows,
@@ -63,8 +64,7 @@ def lifetime_before(group: GroupSpec, cut: int) -> int:
     """Where a run's lifetime partials end (µs, a midnight): the day after the last event
     (``cut``: µs, just after it), less the days its snapshots still change on and one more —
     before every window's start at ``cut`` and every event the next day's snapshots read."""
-    end = ((cut - 1) // DAY + 1) * DAY
-    return end - (decay_days(group) + 1) * DAY
+    return last_snapshot(cut) - (decay_days(group) + 1) * DAY
 
 
 def resume_from(group: GroupSpec, after: int, cut: int) -> int:

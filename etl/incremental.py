@@ -323,18 +323,14 @@ def link_example_days(previous: Path, staging: Path, before: date, valid_from: d
     return linked
 
 
-def link_table_days(previous: Path, folder: Path, through: date) -> list[date]:
+def link_table_days(previous: Path, folder: Path, through: date) -> None:
     """The files of a table written a file per day (``outputs.write_parquet_days``) in the
     previous output's ``previous`` folder, of the days up to ``through``, linked into
-    ``folder``; the days linked come back."""
+    ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    linked = set()
-    for file in sorted(previous.glob("????-??-??-part-*.parquet")):
-        day = date.fromisoformat(file.name[:10])
-        if day <= through:
+    for file in previous.glob("????-??-??-part-*.parquet"):
+        if date.fromisoformat(file.name[:10]) <= through:
             link_or_copy(file, folder / file.name)
-            linked.add(day)
-    return sorted(linked)
 
 
 def link_tfrecord_days(files: list[dict[str, Any]], previous: Path, staging: Path,

@@ -50,7 +50,13 @@ from featureline.core.metadata import (
     read_metadata,
 )
 from featureline.etl import ingest, stages
-from featureline.etl.aggregations import DAY, Lifetime, events_cut, output_tiles, rule_column
+from featureline.etl.aggregations import (
+    Lifetime,
+    events_cut,
+    last_snapshot,
+    output_tiles,
+    rule_column,
+)
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
@@ -577,7 +583,7 @@ def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: 
             new.select(*columns))
 
     after = min(micros_of(datetime.combine(since, datetime.min.time(), timezone.utc)),
-                (micros_of(state.latest) // DAY + 1) * DAY)
+                last_snapshot(micros_of(state.latest) + 1))
     resumes = {}
     for entity in ENTITIES:
         lifetime = state.lifetime(spark, entity)
@@ -609,7 +615,7 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
                                      config.entities.recent_days, vocabulary, cut, resume)
             link_table_days(resumed.previous / "entities" / entity, path,
                             _midnight(resume.after).date())
-        write_parquet_days(table.frame, path, EVENT_TIMESTAMP)
+        write_parquet_days(table.frame, path, EVENT_TIMESTAMP, key)
         carried = table.lifetime
         lifetimes[entity] = Lifetime(reread(carried.frame, lifetime_folder(staging, entity),
                                             files=None), carried.before)
