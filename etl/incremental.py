@@ -229,6 +229,14 @@ def dated(path: str, now: datetime | None = None) -> str:
             .replace("{today}", f"{now:%Y-%m-%d}"))
 
 
+def users_events(stored: DataFrame, starts: DataFrame) -> DataFrame:
+    """The ``stored`` events of the users ``starts`` names (a day's users: a small share of
+    the history's, whose events ``cuts``, ``kept_rows`` and ``window_rows`` read)."""
+    # Not forced to a broadcast: on a day of most users, the planner's choice from the
+    # starts' size.
+    return stored.join(starts.select("user_id"), "user_id", "left_semi")
+
+
 def cuts(stored: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
     """Per user ``starts`` names, beside its ``START``: ``CUT``, the time key from which the
     features of the user's kept rows read its stored events before the start

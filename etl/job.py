@@ -96,6 +96,7 @@ from featureline.etl.incremental import (
     read_state,
     stored_events,
     unchanged,
+    users_events,
     values_hash,
     window_rows,
     write_state,
@@ -380,8 +381,9 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     then the fitted ops and the model-ready step run over every state row — over the rows
     from the earliest start's day on where the fit is kept, that day coming back third (None:
     every day's rows moved) (docs/ARCHITECTURE.md, "Incremental runs").
-    The new events, the starts, the cuts, the kept rows and the window's rows are written
-    under ``staging`` while the stage runs and read back: plans on them start from files."""
+    The new events, the starts, their users' stored events, the cuts, the kept rows and the
+    window's rows are written under ``staging`` while the stage runs and read back: plans on
+    them start from files."""
     valid_from = datetime.fromisoformat(split["valid_from"])
     pipeline.fit(events, valid_from)
     work = staging / WORK_DIR
@@ -389,10 +391,13 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     new = reread(with_time_key(new.select(*columns)), work / "new", files=None)
     stored = with_time_key(stored)
     begins = reread(starts(pipeline, stored, new), work / "starts")
-    stored_rows = stored.select(*columns, TS_MICROS)
-    cut = reread(cuts(stored_rows, begins, pipeline.lookback()), work / "cuts")
-    kept_events = reread(kept_rows(stored_rows, new, cut), work / "kept", files=None)
-    rows = reread(window_rows(stored_rows, kept_events, cut,
+    # The stored events of the users with a start, read from the history once: the cuts,
+    # the kept rows and the window's rows each read them several times.
+    theirs = reread(users_events(stored.select(*columns, TS_MICROS), begins), work / "theirs",
+                    files=None)
+    cut = reread(cuts(theirs, begins, pipeline.lookback()), work / "cuts")
+    kept_events = reread(kept_rows(theirs, new, cut), work / "kept", files=None)
+    rows = reread(window_rows(theirs, kept_events, cut,
                               broadcast=kept_events.count() <= BROADCAST_KEPT),
                   work / "rows", files=None)
     kept = state_columns(pipeline, config)

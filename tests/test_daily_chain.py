@@ -146,3 +146,61 @@ def test_a_kept_day_writes_only_the_entity_days_it_changes(chain):
         lifetime = pq.read_table(output / "state" / "lifetime" / entity).to_pylist()
         assert counts and {row[key]: row[f"{entity}__{entity}_events__n"]
                            for row in lifetime} == counts
+
+
+def _files(output: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file under ``output``: its inode and bytes, by path."""
+    return {str(path.relative_to(output)): (path.stat().st_ino, path.read_bytes())
+            for path in output.rglob("*") if path.is_file()}
+
+
+def _day_run(chain: dict, output: Path, day: int, spark):
+    """The chain's run of ``day`` on ``output`` (a copy of one of its outputs)."""
+    config = make_config(output.parent, chain["days"][day - 1], entities=ENTITIES, fit=FIT)
+    return job.run(config.model_copy(update={"mode": "incremental"}), spark,
+                   progress=lambda _: None)
+
+
+@pytest.mark.slow
+def test_a_killed_kept_day_leaves_the_previous_output_whole(chain, spark, tmp_path,
+                                                           monkeypatch):
+    """Killed as it writes the state, its last step — after every earlier day's file was
+    linked into the new output —, day 4's run leaves day 3's output as it was: every file,
+    its bytes and its inode; nothing of the run (its staging folder) is left beside it."""
+    output = tmp_path / "out"
+    shutil.copytree(chain["copies"][3], output)
+    before = _files(output)
+
+    def killed(*_args, **_kwargs):
+        raise RuntimeError("killed while writing the state")
+
+    monkeypatch.setattr(job, "write_state", killed)
+    with pytest.raises(RuntimeError, match="killed"):
+        _day_run(chain, output, 4, spark)
+    assert _files(output) == before
+    assert {path.name for path in tmp_path.iterdir()} == {"out", ".out.lock"}  # the lock stays
+
+
+@pytest.mark.slow
+def test_a_kept_day_run_twice_changes_nothing(chain, spark, tmp_path):
+    """The last day's file again, on the output it made: every event a duplicate, the fit
+    kept; every example, TFRecord, entity table and stored event file is the one before (the
+    same inode: linked, not written) and every table written anew holds the same rows."""
+    output = tmp_path / "out"
+    shutil.copytree(chain["output"], output)
+    before = _files(output)
+    last = chain["results"][len(chain["days"])].metadata
+    again = _day_run(chain, output, len(chain["days"]), spark)
+    rows = again.metadata["rows"]["this_run"]
+    assert rows["accepted"] == 0
+    assert rows["duplicates"] == last["rows"]["this_run"]["accepted"] + last["rows"][
+        "this_run"]["duplicates"]
+    assert {**again.metadata["fit"], "from": None} == {**last["fit"], "from": None}
+    after = _files(output)
+    for folder in ("examples", "tfrecord", "entities", "state/events"):
+        ours = {path: inode for path, (inode, _) in after.items() if path.startswith(folder)
+                and not Path(path).name.startswith((".", "_"))}  # Spark's checksums, markers
+        assert ours and ours == {path: before.get(path, (0, b""))[0] for path in ours}, folder
+    for table in ("artifacts/categorify/item_id", "artifacts/target_encode/item_id",
+                  "tiles/user/user_events", "state/lifetime/user", "state/lifetime/item"):
+        assert _table(output / table).equals(_table(chain["output"] / table)), table
