@@ -372,7 +372,8 @@ def state_columns(pipeline: FeaturePipeline, config: EtlConfig) -> list[str]:
 
 def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: State,
                           stored: DataFrame, new: DataFrame, split: dict[str, Any],
-                          config: EtlConfig, staging: Path
+                          config: EtlConfig, staging: Path,
+                          previous: PreviousVocabularies | None
                           ) -> tuple[DataFrame, DataFrame, date | None]:
     """``_features`` of an incremental run: the ops are fitted over every event (or keep the
     output's fit), the kept features computed for the new events and the stored events from
@@ -385,12 +386,17 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     window's rows are written under ``staging`` while the stage runs and read back: plans on
     them start from files."""
     valid_from = datetime.fromisoformat(split["valid_from"])
+    columns = [*ingest.event_columns(config), LABEL]
+    counted_until = _count_from_output(pipeline, previous, state, new.select(*columns),
+                                       valid_from)
     pipeline.fit(events, valid_from)
     work = staging / WORK_DIR
-    columns = [*ingest.event_columns(config), LABEL]
     new = reread(with_time_key(new.select(*columns)), work / "new", files=None)
     stored = with_time_key(stored)
-    begins = reread(starts(pipeline, stored, new), work / "starts")
+    # The stored events that can hold a value the vocabularies number this run.
+    numbered_anew = stored if counted_until is None else with_time_key(
+        stored_events(stored.sparkSession, state, columns, since=counted_until))
+    begins = reread(starts(pipeline, numbered_anew, new), work / "starts")
     # The stored events of the users with a start, read from the history once: the cuts,
     # the kept rows and the window's rows each read them several times.
     theirs = reread(users_events(stored.select(*columns, TS_MICROS), begins), work / "theirs",
@@ -418,13 +424,35 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     # but the ids of values the vocabularies number this run (``_renumbered``): the days
     # before both keep their files. The aggregations read the earlier events (and write
     # every snapshot): those see every row.
-    renumbered = _renumbered(pipeline, stored)
+    renumbered = _renumbered(pipeline, numbered_anew)
     if renumbered is not None:
         since = min(since, _midnight(renumbered))
     moved = F.col("ts") >= F.lit(since)
     if pipeline.op(Aggregations) is None:
         return pipeline.transform_fitted(split_rows.where(moved)), state_rows, since.date()
     return pipeline.transform_fitted(split_rows).where(moved), state_rows, since.date()
+
+
+def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies | None,
+                       state: State, new: DataFrame, valid_from: datetime) -> datetime | None:
+    """Where the vocabularies extended are the output's own, categorify counts the
+    training rows as their counts (of that output's training split) plus the training rows
+    they left out: the stored events from where that split ended, and the new ones
+    (``Categorify.count_from``): not every stored event again. Where that split ended comes
+    back: the stored events before it hold only values those vocabularies number (None: any
+    stored event may hold a value numbered anew)."""
+    categorify = pipeline.op(Categorify)
+    output = state.folder.parent
+    if (not isinstance(categorify, Categorify) or previous is None
+            or previous.output != output.resolve()):
+        return None
+    metadata = read_metadata(output)
+    counted_until = datetime.fromisoformat(present(metadata.split, metadata, "split").valid_from)
+    later = stored_events(new.sparkSession, state, new.columns, since=counted_until)
+    if not categorify.count_from(previous.counts, later.unionByName(new).where(
+            F.col("ts") < F.lit(valid_from))):
+        return None
+    return counted_until
 
 
 def _events_from(events: DataFrame) -> Callable[[int], DataFrame]:
@@ -749,7 +777,7 @@ def run(config: EtlConfig, spark: SparkSession,
                     featured, state_rows = _features(pipeline, events, split, config)
                 else:
                     featured, state_rows, since = _features_incremental(
-                        pipeline, events, state, stored, new, split, config, staging)
+                        pipeline, events, state, stored, new, split, config, staging, previous)
                 specs = pipeline.features()
                 stage.summary = f"{len(specs)} features"
             with timer(stages.WRITE_EXAMPLES) as stage:

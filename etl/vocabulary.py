@@ -30,6 +30,8 @@ class PreviousVocabularies:
     output: Path
     tables: dict[str, DataFrame]
     lineages: dict[str, list[str]]
+    # Each column's (value, count): how many of that output's training rows hold the value.
+    counts: dict[str, DataFrame]
 
 
 def previous_output(settings: VocabularyConfig, output: Path) -> Path | None:
@@ -49,14 +51,16 @@ def load_previous(spark: SparkSession, output: Path, columns: list[str]) -> Prev
     """The vocabularies of ``columns`` in ``output`` (columns it has none for start afresh);
     an output written before lineages were recorded starts one with its own version."""
     recorded = read_metadata(output).vocabularies
-    tables, lineages = {}, {}
+    tables, lineages, counts = {}, {}, {}
     for column in columns:
         folder = output / VOCABULARY_DIR / column
         if folder.is_dir():
-            tables[column] = spark.read.parquet(str(folder)).select("value", "id")
+            table = spark.read.parquet(str(folder))
+            tables[column], counts[column] = table.select("value", "id"), table.select(
+                "value", "count")
             lineages[column] = (list(recorded[column].lineage) if column in recorded
                                 else [summarize(tables[column])[1]])
-    return PreviousVocabularies(output.resolve(), tables, lineages)
+    return PreviousVocabularies(output.resolve(), tables, lineages, counts)
 
 
 def lineage_entry(version: str, previous: list[str] | None, path: str) -> dict[str, Any]:

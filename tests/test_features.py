@@ -62,6 +62,29 @@ def test_categorify_ids_by_frequency_threshold_and_train_only(spark):
     assert vocabulary == [("a", 2, 3), ("b", 3, 2), ("c", 4, 2)]
 
 
+def test_categorify_counting_from_its_vocabulary_gives_the_counts_of_every_row(spark):
+    """An extension told the extended vocabulary's counts and the rows they leave out
+    numbers and counts as one fitted over every training row; not with a threshold."""
+    first = frame(spark, [("u", i, n, 0, "train") for n, i in enumerate("aabc")])
+    later = frame(spark, [("u", i, 10 + n, 0, "train") for n, i in enumerate("cdddbe")])
+    base = Categorify(["item_id"])
+    base.fit(first)
+    counts = {"item_id": base.vocabularies["item_id"].select("value", "count")}
+    previous = {"item_id": base.vocabularies["item_id"].select("value", "id")}
+    whole, counted = Categorify(["item_id"]), Categorify(["item_id"])
+    whole.extend(previous)
+    whole.fit(first.unionByName(later))
+    counted.extend(previous)
+    assert counted.count_from(counts, later)
+    counted.fit(first.limit(0))  # every row it counts is in the counts or the rows given
+    vocabulary = lambda op: sorted(map(tuple, op.vocabularies["item_id"].collect()))  # noqa: E731
+    assert vocabulary(counted) == vocabulary(whole) == [
+        ("a", 2, 2), ("b", 3, 2), ("c", 4, 2), ("d", 5, 3), ("e", 6, 1)]
+    assert counted.vocabularies["item_id"].schema == whole.vocabularies["item_id"].schema
+    assert not Categorify(["item_id"], freq_threshold=2).count_from(counts, later)
+    assert not Categorify(["item_id", "category"]).count_from(counts, later)
+
+
 def test_count_encode_uses_training_counts(spark):
     rows = [("u", "a", 1, 0, "train"), ("u", "a", 2, 0, "train"), ("u", "b", 3, 0, "train"),
             ("u", "a", 4, 0, "valid"), ("u", "q", 5, 0, "valid")]

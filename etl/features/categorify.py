@@ -59,14 +59,41 @@ class Categorify(FeatureOp):
         self.sizes: dict[str, int] = {}
         self.versions: dict[str, str] = {}
         self.previous: dict[str, DataFrame] = {}
+        # Where the extended vocabularies' counts are this run's training rows' but some:
+        # those counts (column → (value, count)), and the training rows they leave out.
+        self.counted: dict[str, DataFrame] = {}
+        self.uncounted: DataFrame | None = None
 
     def extend(self, previous: dict[str, DataFrame]) -> None:
         """Start from these vocabularies (column → (value, id)): their ids are kept."""
         self.previous = {c: v for c, v in previous.items() if c in self.columns}
 
+    def count_from(self, counted: dict[str, DataFrame], uncounted: DataFrame) -> bool:
+        """Count the training rows as ``counted`` (column → (value, count), the counts of
+        the vocabularies extended) plus the ``uncounted`` rows, rather than every row again
+        (an incremental run: docs/ARCHITECTURE.md, "Incremental runs"); whether it will. Not
+        with a ``freq_threshold`` above 1: the vocabularies hold no count of the rarer
+        values. Every value the counted rows hold then has an id already."""
+        if self.freq_threshold > 1 or set(self.columns) - set(counted):
+            return False
+        self.counted, self.uncounted = dict(counted), uncounted
+        return True
+
+    def _counts(self, train: DataFrame, column: str) -> DataFrame:
+        """``value_counts`` of the training rows, from the counts it extends where given."""
+        counted = self.counted.get(column)
+        if counted is None or self.uncounted is None:
+            return value_counts(train, column)
+        kind = train.schema[column].dataType
+        return (counted.select(F.col("value").cast(kind).alias(column), "count")
+                .unionByName(value_counts(self.uncounted, column))
+                .groupBy(column)
+                # Never null, as value_counts' count (a Parquet reader sees it required).
+                .agg(F.coalesce(F.sum("count"), F.lit(0)).cast("long").alias("count")))
+
     def fit(self, train: DataFrame) -> None:
         for column in self.columns:
-            counts = self.keep(value_counts(train, column))
+            counts = self.keep(self._counts(train, column))
             known = self.previous.get(column)
             if known is None:
                 vocabulary = self._ranked(counts, column, FIRST_ID - 1)
