@@ -95,6 +95,12 @@ class Operation(ABC):
         """The partial as JSON holds it (the online store's tiles)."""
         return partial
 
+    def json_column(self, fields: pa.Table) -> list[Any]:
+        """Each row's partial as :meth:`to_json` holds it, from a table of tiles' fields
+        (:meth:`from_fields`' names): row by row here, from the columns where an operation
+        can (publish encodes every key's tiles)."""
+        return [self.to_json(self.from_fields(row)) for row in fields.to_pylist()]
+
     def from_json(self, stored: Any) -> Partial:
         """The partial :meth:`to_json` stored."""
         return stored
@@ -119,6 +125,9 @@ class Count(Operation):
     def from_fields(self, fields: Mapping[str, Any]) -> int:
         return int(fields.get("n") or 0)
 
+    def json_column(self, fields: pa.Table) -> list[Any]:
+        return _filled(fields, "n", 0, pa.int64())
+
 
 class Sum(Operation):
     name = "sum"
@@ -137,6 +146,9 @@ class Sum(Operation):
 
     def from_fields(self, fields: Mapping[str, Any]) -> float:
         return float(fields.get("s") or 0.0)
+
+    def json_column(self, fields: pa.Table) -> list[Any]:
+        return _filled(fields, "s", 0.0, pa.float64())
 
 
 class Mean(Operation):
@@ -158,6 +170,10 @@ class Mean(Operation):
 
     def from_fields(self, fields: Mapping[str, Any]) -> list[float]:
         return [float(fields.get("s") or 0.0), int(fields.get("n") or 0)]
+
+    def json_column(self, fields: pa.Table) -> list[Any]:
+        return [list(pair) for pair in zip(_filled(fields, "s", 0.0, pa.float64()),
+                                           _filled(fields, "n", 0, pa.int64()), strict=True)]
 
 
 class _Extreme(Operation):
@@ -181,6 +197,11 @@ class _Extreme(Operation):
 
     def from_fields(self, fields: Mapping[str, Any]) -> Any:
         return fields.get("m")
+
+    def json_column(self, fields: pa.Table) -> list[Any]:
+        if "m" not in fields.column_names:
+            return [None] * fields.num_rows
+        return fields["m"].to_pylist()
 
 
 class Min(_Extreme):
@@ -273,12 +294,28 @@ class ApproxDistinct(Operation):
         return dict(zip(fields.get("registers") or [], fields.get("ranks") or [],
                         strict=True))
 
+    def json_column(self, fields: pa.Table) -> list[Any]:
+        if "registers" not in fields.column_names:
+            return [[] for _ in range(fields.num_rows)]
+        return [sorted([register, rank] for register, rank
+                       in dict(zip(registers or [], ranks or [], strict=True)).items())
+                for registers, ranks in zip(fields["registers"].to_pylist(),
+                                            fields["ranks"].to_pylist(), strict=True)]
+
     def to_json(self, partial: dict[int, int]) -> list[list[int]]:
         """[register, rank] pairs: JSON's object keys are text."""
         return sorted([register, rank] for register, rank in partial.items())
 
     def from_json(self, stored: list[list[int]]) -> dict[int, int]:
         return {register: rank for register, rank in stored}
+
+
+def _filled(fields: pa.Table, name: str, empty: Any, dtype: pa.DataType) -> list[Any]:
+    """A column of a table of tiles' fields as Python values of ``dtype``, a null or missing
+    field ``empty`` (no events)."""
+    if name not in fields.column_names:
+        return [empty] * fields.num_rows
+    return list(pc.fill_null(fields[name].cast(dtype), empty).to_numpy().tolist())
 
 
 def hll_register(text: str) -> tuple[int, int]:

@@ -41,7 +41,7 @@ from featureline.feature_store.errors import DriftRefusedError, online_store_err
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
 from featureline.feature_store.repo import FeatureRepo
-from featureline.feature_store.tiles import read_tiles, stored_tiles, tile_key, tiles_prefix
+from featureline.feature_store.tiles import stored_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import VECTOR_PREFIX, Layout, latest_snapshots
 
 # Seconds between progress lines while a view is written.
@@ -137,17 +137,16 @@ def _write_tiles(online_store: OnlineStore, metadata: Metadata, project: str,
     groups = metadata.tile_groups()
     if not groups:
         return 0
-    tiles = read_tiles(metadata, groups)
     written = 0
     for group in groups:
         prefix = tiles_prefix(project, generation, group.name)
-        keys, values = [], []
-        for key, stored in stored_tiles(tiles, group):
-            keys.append(prefix + tile_key(key))
-            values.append(stored)
-        online_store.write_values(keys, values)
-        written += len(keys)
-        progress(f"published the tiles of {group.name}: {len(keys):,} keys")
+        keys = 0
+        for chunk in stored_tiles(metadata, group):
+            online_store.write_values([prefix + tile_key(key) for key, _ in chunk],
+                                      [stored for _, stored in chunk])
+            keys += len(chunk)
+        written += keys
+        progress(f"published the tiles of {group.name}: {keys:,} keys")
     return written
 
 

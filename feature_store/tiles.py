@@ -21,15 +21,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from featureline.core.aggregations import AggregateFeature, GroupSpec, Partial, value_from_tiles
-from featureline.core.metadata import Metadata
+from featureline.core.metadata import Metadata, TilesInfo
 from featureline.feature_store.errors import TilesError
 
 # A key's tiles of one output: tile start (µs; 0 for the lifetime) → partial.
 KeyTiles = dict[int, Partial]
+# Keys encoded at a time by :func:`stored_tiles`.
+STORED_CHUNK = 50_000
 
 
 @dataclass
@@ -55,22 +60,21 @@ class OutputTiles:
         return values
 
 
-def read_tiles(metadata: Metadata, groups: Sequence[GroupSpec]) -> OutputTiles:
-    """The tiles of ``metadata``'s output for every output of ``groups``; a missing table is
-    a :class:`TilesError` (the output was written with another spec)."""
-    if metadata.tiles is None or metadata.folder is None:
-        raise TilesError("the output holds no aggregation tiles: the ETL ran without an "
-                         "aggregations spec")
-    read = OutputTiles(metadata.tiles.cut_us)
+def read_tiles(metadata: Metadata, groups: Sequence[GroupSpec],
+               key: Sequence[str] | None = None) -> OutputTiles:
+    """The tiles of ``metadata``'s output for every output of ``groups`` (``key``: of that
+    key only, its values as text, read by a filter); a missing table is a
+    :class:`TilesError` (the output was written with another spec)."""
+    read = OutputTiles(_tiles_info(metadata).cut_us)
     for group in groups:
+        condition = None
+        for column, value in zip(group.keys, key or (), strict=False):
+            test = pc.field(column).cast(pa.string()) == value
+            condition = test if condition is None else condition & test
         for feature in group.outputs():
-            relative = metadata.tiles.tables.get(feature.qualified)
-            if relative is None:
-                raise TilesError(f"the output has no tiles of {feature.qualified}: run the ETL "
-                                 "with this spec")
             read.features[feature.qualified] = feature
             read.by_output[feature.qualified] = key_tiles(
-                feature, pq.read_table(Path(metadata.folder) / relative).to_pylist())
+                feature, _tiles_table(metadata, feature, condition).to_pylist())
     return read
 
 
@@ -127,15 +131,80 @@ def decode_key_tiles(features: Mapping[str, AggregateFeature], stored: bytes
     return decoded
 
 
-def stored_tiles(tiles: OutputTiles, group: GroupSpec
-                 ) -> Iterator[tuple[tuple[str, ...], bytes]]:
-    """Each key of ``group`` with tiles, and its value in the online store: every output of
-    the group (a reader tells an output the tiles were written without by its absence)."""
-    features = {feature.output: feature for feature in group.outputs()}
-    by_key: dict[tuple[str, ...], dict[str, KeyTiles]] = {}
-    for feature in features.values():
-        for key, key_tiles_ in tiles.by_output[feature.qualified].items():
-            by_key.setdefault(key, {})[feature.output] = key_tiles_
-    for key, by_output in by_key.items():  # every output, those without tiles left empty
-        yield key, encode_key_tiles(features, {output: by_output.get(output, {})
-                                               for output in features})
+def stored_tiles(metadata: Metadata, group: GroupSpec, chunk: int = STORED_CHUNK
+                 ) -> Iterator[list[tuple[tuple[Any, ...], bytes]]]:
+    """Each key of ``group`` with tiles in ``metadata``'s output and its value in the online
+    store — every output of the group, those without tiles empty (a reader tells an output
+    the tiles were written without by its absence) — ``chunk`` keys at a time.
+
+    Read by columns: the tables stay Arrow, each row numbered by its key (one dictionary of
+    the keys over every output) and sorted by key and tile; only a chunk's rows become
+    Python values, so the memory follows the chunk, not the keys (1M keys of the user
+    table's group: benchmarks/README.md, "Tiles published")."""
+    features = group.outputs()
+    tables = [_tiles_table(metadata, feature) for feature in features]
+    numbered, keys = _numbered_keys([table.select(list(group.keys)) for table in tables])
+    sorted_rows = []
+    for feature, key_index in zip(features, numbered, strict=True):
+        table = tables.pop(0)  # its key columns freed once numbered and sorted
+        tile = table["tile"].to_numpy()
+        order = np.lexsort((tile, key_index))
+        fields = table.drop_columns([*group.keys, "tile"]).take(pa.array(order))
+        sorted_rows.append((feature, key_index[order], tile[order], fields))
+    for low in range(0, len(keys), chunk):
+        high = min(low + chunk, len(keys))
+        outputs = []  # per output: its [tile, partial] pairs, and where each key's start
+        for feature, key_index, tile, fields in sorted_rows:
+            first, last = np.searchsorted(key_index, [low, high])
+            values = feature.operation().json_column(fields.slice(first, last - first))
+            # (start, partial) tuples: made at C speed, written as JSON arrays.
+            pairs = list(zip(tile[first:last].tolist(), values, strict=True))
+            bounds = np.searchsorted(key_index[first:last], np.arange(low, high + 1)).tolist()
+            outputs.append((feature.output, pairs, bounds))
+        yield [(keys[low + at], orjson.dumps({
+            output: pairs[bounds[at]:bounds[at + 1]] for output, pairs, bounds in outputs}))
+            for at in range(high - low)]
+
+
+def _tiles_table(metadata: Metadata, feature: AggregateFeature,
+                 condition: pc.Expression | None = None) -> pa.Table:
+    """One output's table of tiles (keys, ``tile``, the partial's fields; ``condition``: the
+    rows it keeps); a missing table is a :class:`TilesError` (the output was written with
+    another spec)."""
+    relative = _tiles_info(metadata).tables.get(feature.qualified)
+    if relative is None:
+        raise TilesError(f"the output has no tiles of {feature.qualified}: run the ETL with "
+                         "this spec")
+    return pq.read_table(Path(metadata.folder or ".") / relative, filters=condition)
+
+
+def _tiles_info(metadata: Metadata) -> TilesInfo:
+    if metadata.tiles is None or metadata.folder is None:
+        raise TilesError("the output holds no aggregation tiles: the ETL ran without an "
+                         "aggregations spec")
+    return metadata.tiles
+
+
+def _numbered_keys(key_tables: Sequence[pa.Table]
+                   ) -> tuple[list[np.ndarray], list[tuple[Any, ...]]]:
+    """Each table's rows numbered by their key (the tables' key columns), and the keys by
+    number: one dictionary over every table."""
+    sizes = [table.num_rows for table in key_tables]
+    codes = []
+    values = []
+    for name in key_tables[0].column_names:
+        column = pa.chunked_array([chunk for table in key_tables
+                                   for chunk in table[name].chunks],
+                                  type=key_tables[0][name].type)
+        encoded = pc.dictionary_encode(column, null_encoding="encode").combine_chunks()
+        codes.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+        values.append(encoded.dictionary.to_pylist())
+    if len(codes) == 1:
+        number, keys = codes[0], [(value,) for value in values[0]]
+    else:
+        combinations, number = np.unique(np.stack(codes, axis=1), axis=0, return_inverse=True)
+        number = number.reshape(-1)
+        keys = [tuple(values[c][code] for c, code in enumerate(row))
+                for row in combinations.tolist()]
+    bounds = np.cumsum([0, *sizes])
+    return [number[bounds[t]:bounds[t + 1]] for t in range(len(sizes))], keys

@@ -272,7 +272,7 @@ def aggregations(path: str | None, data: str | None, group: str, key: tuple[str,
     if moment is None:
         raise ConfigError("--at", f"{at!r} is not an ISO 8601 time or epoch seconds")
     t = micros_of(moment)
-    tiles = read_tiles(read_metadata(data or config.etl.output.path), [spec])
+    tiles = read_tiles(read_metadata(data or config.etl.output.path), [spec], key=key)
     if t < tiles.cut_us:
         cut = datetime.fromtimestamp(tiles.cut_us / MICROS, timezone.utc)
         raise ConfigError("--at", f"{moment.isoformat()} is before the output's last event "

@@ -289,6 +289,18 @@ def test_bench_stream_in_process_smoke():
         frozen["seconds"] / collected["seconds"], 3)
 
 
+def test_bench_tiles_publish_smoke():
+    """bench_tiles_publish at 3,000 keys of the aggregations spec's user group (every
+    partial's kind it makes up: counts, sums, means, HyperLogLog registers): both sides, each
+    in its own process, encoded the same bytes for every key."""
+    report = _load("bench_tiles_publish").run(keys=3_000, spec="aggregations", rounds=1)
+    json.dumps(report)
+    assert report["equal"] is True
+    assert [run["keys"] for side in ("rows", "columns") for run in report["runs"][side]] == [
+        3_000, 3_000]
+    assert report["columns_vs_rows"]["seconds"] > 0
+
+
 def test_bench_tiles_memory_smoke():
     """bench_tiles_memory at 20,000 keys (2,000 folded): Redis grew by more than the values
     it holds, every key there, the per-aggregation figure the per-key one over 9."""

@@ -186,6 +186,33 @@ def test_the_outputs_tiles_serve_the_definition_after_the_last_event(aggregated)
     assert decayed["count_1h"] == 0 and decayed["count_1d"] > 0
 
 
+def test_publish_encodes_every_keys_tiles_as_the_rows_read_one_by_one(aggregated):
+    """stored_tiles (what publish writes: a chunk of keys at a time, by columns) gives every
+    key of every group — both spec groups, the [user_id, category] one included, and the
+    entity tables' — exactly the bytes of its tiles read row by row and encoded key by key,
+    each key once, across chunk boundaries."""
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.tiles import encode_key_tiles, read_tiles, stored_tiles
+
+    result, _ = aggregated
+    metadata = read_metadata(result.output)
+    for group in metadata.tile_groups():
+        features = {feature.output: feature for feature in group.outputs()}
+        read = read_tiles(metadata, [group])
+        by_key: dict[tuple, dict] = {}
+        for feature in features.values():
+            for key, tiles in read.by_output[feature.qualified].items():
+                by_key.setdefault(key, {})[feature.output] = tiles
+        expected = {key: encode_key_tiles(features, {output: own.get(output, {})
+                                                     for output in features})
+                    for key, own in by_key.items()}
+        chunks = list(stored_tiles(metadata, group, chunk=7))
+        assert [len(chunk) for chunk in chunks[:-1]] == [7] * (len(chunks) - 1)
+        encoded = [pair for chunk in chunks for pair in chunk]
+        assert len(encoded) == len(expected) > 7, group.name
+        assert dict(encoded) == expected, group.name
+
+
 def test_the_aggregations_command_prints_a_keys_values_at_a_time(aggregated, tmp_path):
     """`featureline aggregations GROUP KEY… --at T` prints what the tiles give at T; a time
     before the last event, an unknown group or a wrong number of key values is an error
