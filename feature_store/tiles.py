@@ -139,8 +139,8 @@ def stored_tiles(metadata: Metadata, group: GroupSpec, chunk: int = STORED_CHUNK
 
     Read by columns: the tables stay Arrow, each row numbered by its key (one dictionary of
     the keys over every output) and sorted by key and tile; only a chunk's rows become
-    Python values, so the memory follows the chunk, not the keys (1M keys of the user
-    table's group: benchmarks/README.md, "Tiles published")."""
+    Python values at a time (the Arrow tables and the keys' dictionary still follow the
+    keys: 1M keys of the user table's group, benchmarks/README.md, "Tiles published")."""
     features = group.outputs()
     tables = [_tiles_table(metadata, feature) for feature in features]
     numbered, keys = _numbered_keys([table.select(list(group.keys)) for table in tables])
@@ -153,7 +153,7 @@ def stored_tiles(metadata: Metadata, group: GroupSpec, chunk: int = STORED_CHUNK
         sorted_rows.append((feature, key_index[order], tile[order], fields))
     for low in range(0, len(keys), chunk):
         high = min(low + chunk, len(keys))
-        outputs = []  # per output: its [tile, partial] pairs, and where each key's start
+        outputs = []  # per output: its (tile, partial) pairs, and where each key's start
         for feature, key_index, tile, fields in sorted_rows:
             first, last = np.searchsorted(key_index, [low, high])
             values = feature.operation().json_column(fields.slice(first, last - first))
