@@ -315,7 +315,7 @@ def _filled(fields: pa.Table, name: str, empty: Any, dtype: pa.DataType) -> list
     field ``empty`` (no events)."""
     if name not in fields.column_names:
         return [empty] * fields.num_rows
-    return list(pc.fill_null(fields[name].cast(dtype), empty).to_numpy().tolist())
+    return pc.fill_null(fields[name].cast(dtype), empty).to_numpy().tolist()
 
 
 def hll_register(text: str) -> tuple[int, int]:
