@@ -56,6 +56,8 @@ def test_bad_label_rule_names_the_key(expression):
          "needs a categorify of item_id"),
         ({"etl": {"features": [{"op": "lag_features", "windows": ["7 days"]}]}},
          "etl.features[0].windows", "not a duration"),
+        ({"etl": {"features": [{"op": "lag_features", "windows": ["10m"]}]}},
+         "etl.features[0].windows", "fewer than six of its hops"),
         ({"etl": {"features": [{"op": "cyclic_time", "short_names": {"hour_sin": "toolong"}}]}},
          "etl.features[0].short_names", "1-3 characters"),
         ({"etl": {"split": {"valid_days": 0}}}, "etl.split.valid_days", "greater than"),

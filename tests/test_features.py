@@ -209,6 +209,42 @@ def test_lag_features_strictly_before(spark, lag_frames):
     ]
 
 
+def test_lag_activity_is_the_aggregations_count_at_each_event(spark, lag_frames):
+    """``<scope>_events_<w>`` is the aggregations' count over ``w`` at the event's time, by
+    their rule of time (written from its definition in tests/aggregation_reference.py): the
+    window's start rounds down to its hop, so an event 62 minutes back counts in ``1h`` until
+    the next 5-minute boundary."""
+    from tests.aggregation_reference import reference
+
+    rng = np.random.default_rng(8)
+    # Seconds after T0 (a Monday 00:00 UTC): on and a second around 5-minute, hour and day
+    # boundaries, and in between; several events per instant.
+    edges = [n * 300 + d for n in range(0, 12 * 24 * 8, 7) for d in (-1, 0, 1)]
+    instants = [s for s in rng.choice(edges, 120, replace=False) if s >= 0]
+    rows = [(f"u{rng.integers(3)}", str(rng.integers(1, 4)), int(rng.choice(instants)), 0,
+             "train") for _ in range(300)]
+    # 62 minutes and 58 minutes back from an hour plus 2 minutes.
+    rows += [("w", "1", 0, 0, "train"), ("w", "1", 240, 0, "train"),
+             ("w", "1", 3720, 0, "train")]
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    op = LagFeatures(["30m", "1h", "24h", "7d"])
+    out = op.transform(events).collect()
+    raw = [{"user_id": r["user_id"], "item_id": r["item_id"], "ts": r["_ts_us"]}
+           for r in out]
+    checked = 0
+    for scope, keys in (("user", ("user_id",)), ("ui", ("user_id", "item_id"))):
+        for output in op.activity_group(scope).outputs():
+            for row in out:
+                same_key = [e for e in raw if all(e[k] == row[k] for k in keys)]
+                assert row[output.output] == reference(output, same_key, row["_ts_us"]), (
+                    scope, output.output, row)
+                checked += 1
+    assert checked == len(out) * 8
+    last = next(r for r in out if r["user_id"] == "w" and r["_ts_us"] == max(
+        e["_ts_us"] for e in out if e["user_id"] == "w"))
+    assert (last["user_events_30m"], last["user_events_1h"]) == (0.0, 2.0)
+
+
 def test_lag_features_carry_the_users_label_history(spark, lag_frames):
     """Positives among the user's earlier events and their share; events at the same
     instant do not see each other's labels; the first event's share is missing."""

@@ -100,6 +100,23 @@ def test_a_group_added_in_yaml_is_in_the_examples_at_each_examples_time(aggregat
             assert differ == [], (feature.column_name, differ[:5])
 
 
+def test_lag_features_activity_is_the_groups_count(aggregated):
+    """One implementation of "events in the last hour": lag_features' activity windows (the
+    defaults 1h, 24h, 7d) hold, in every example, the value the spec's ``[user_id]`` group
+    serves as count_1h, count_1d and count_7d — the same raw counts through the same fitted
+    transform."""
+    result, _ = aggregated
+    rows = _table(result.output, "examples")
+    pairs = {"user_events_1h": "user_activity__count_1h",
+             "user_events_24h": "user_activity__count_1d",
+             "user_events_7d": "user_activity__count_7d"}
+    for lag, group in pairs.items():
+        assert [r[lag] for r in rows] == [r[group] for r in rows], lag
+    # Not all one value: the windows differ between examples and from each other.
+    assert len({r["user_events_1h"] for r in rows}) > 3
+    assert any(r["user_events_1h"] != r["user_events_24h"] for r in rows)
+
+
 def _micros(ts) -> int:
     return int(ts.replace(tzinfo=timezone.utc).timestamp() * MICROS)
 
