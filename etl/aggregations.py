@@ -39,7 +39,7 @@ from featureline.core.aggregations import (
 )
 from featureline.core.events import LabelSpec, compares_text, label_text
 from featureline.core.metadata import EVENT_TIMESTAMP
-from featureline.etl.features.base import TS_MICROS
+from featureline.etl.features.base import TS_MICROS, hop_start
 
 # Row kinds in the union the frames run over.
 _KIND = "_agg_kind"
@@ -251,7 +251,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     direct = [_starts_hops(f, aligned) for f in features]
     hops = sorted({f.window.hop * MICROS for f, d in zip(features, direct, strict=True)
                    if f.window.hop and not d})
-    hop_columns = {f"{_HOP}{hop}": _hop_of(hop) for hop in hops}
+    hop_columns = {f"{_HOP}{hop}": hop_start(hop) for hop in hops}
     if aligned:
         # Folded per key and aligned span: its partial, at the span's start.
         folded = [column for index, operation in enumerate(operations)
@@ -361,11 +361,6 @@ def _nothing(name: str) -> Column:
 # the anchor itself holds no event.
 
 
-def _hop_of(hop: int) -> Column:
-    """The start of the hop (µs) holding a row's time."""
-    return F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
-
-
 def _before(keys: Sequence[str], *within: str) -> WindowSpec:
     """The key's events before an anchor's time (in the anchor's hop, with ``within``)."""
     return Window.partitionBy(*keys, *within).orderBy(_AT).rangeBetween(
@@ -434,13 +429,13 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     else:
         hop = window.hop * MICROS
         hop_column = f"{_HOP}{hop}"
-        events_in_hops = rows.withColumn(hop_column, _hop_of(hop))
+        events_in_hops = rows.withColumn(hop_column, hop_start(hop))
         tiles = events_in_hops.groupBy(*by_register, hop_column).agg(
             F.max(_RANK).alias(_RANK)).select(
             *keys, F.col(hop_column).alias(TS_MICROS), F.col(hop_column).alias(_AT), _REGISTER,
             _RANK, F.lit(_TILE).alias(_KIND), hop_column)
         union = (events_in_hops.unionByName(tiles)
-                 .unionByName(anchor_rows.withColumn(hop_column, _hop_of(hop))))
+                 .unionByName(anchor_rows.withColumn(hop_column, hop_start(hop))))
         of_tiles = F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK))).over(
             _whole_hops(by_register, hop, (window.seconds or 0) * MICROS))
         of_events = F.max(F.when(F.col(_KIND) == _EVENT, F.col(_RANK))).over(
@@ -552,7 +547,7 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
                              f"the prior's events end ({prior.before} µs)")
         if start is not None and window.hop is not None:
             kept = kept.where(F.col(TS_MICROS) >= start).withColumn(
-                TILE, _hop_of(window.hop * MICROS))
+                TILE, hop_start(window.hop * MICROS))
         else:
             kept = kept.withColumn(TILE, F.lit(0).cast("long"))
         value = _read(feature, {})

@@ -57,6 +57,11 @@ def with_time_key(frame: DataFrame) -> DataFrame:
     return frame.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
 
 
+def hop_start(hop: int) -> Column:
+    """The start of the hop (µs, ``hop`` long) holding a row's ``TS_MICROS``."""
+    return F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
+
+
 def plans_for_gpu(spark: SparkSession) -> bool:
     """The session runs the RAPIDS Accelerator (or plans for it, in explain-only mode): ops
     whose fastest CPU formulation the plugin does not run choose another, same values."""

@@ -41,6 +41,7 @@ from featureline.etl.features.base import (
     FeatureSpec,
     Lookback,
     OpSettings,
+    hop_start,
     plans_for_gpu,
 )
 
@@ -97,10 +98,9 @@ class LagFeaturesSettings(OpSettings):
 
 
 def _hops(window: AggregateWindow) -> tuple[Column, int]:
-    """The hop an event's time falls in (its index), and the window's length in hops."""
+    """The start of the hop an event's time falls in, and the window's length (both µs)."""
     assert window.seconds is not None and window.hop is not None  # never the lifetime
-    index = F.floor(F.col(TS_MICROS) / (window.hop * MICROS)).cast("long")
-    return index, window.seconds // window.hop
+    return hop_start(window.hop * MICROS), window.seconds * MICROS
 
 
 class LagFeatures(FeatureOp):
@@ -134,13 +134,13 @@ class LagFeatures(FeatureOp):
         before = by_time.rangeBetween(Window.unboundedPreceding, -1)
         previous_ts = F.max(TS_MICROS).over(before)
         columns = {f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS}
-        # Events in [start, t) = events before t less those in the hops before start's
-        # (start is a hop's: so is the frame's bound, in hops of the window).
+        # Events in [start, t) = events before t less those of the hops before start's
+        # (start = t's hop's start less the window: a bound over the hops' starts).
         earlier = F.count(F.lit(1)).over(before)
         for output in self.activity_group(scope).outputs():
-            hop, hops = _hops(output.window)
+            hop, span = _hops(output.window)
             older = F.count(F.lit(1)).over(Window.partitionBy(*keys).orderBy(hop).rangeBetween(
-                Window.unboundedPreceding, -hops - 1))
+                Window.unboundedPreceding, -span - 1))
             columns[output.output] = (earlier - older).cast("double")
         if scope == "user":
             # The latest earlier event; on a tie in time, the larger id, so reruns agree.
@@ -169,9 +169,9 @@ class LagFeatures(FeatureOp):
         for output in self.activity_group(scope).outputs():
             # Events in [start, t): those of the hops from start's to t's, less those of t's
             # hop, plus those of t's hop before t.
-            hop, hops = _hops(output.window)
+            hop, span = _hops(output.window)
             through_own = F.count(F.lit(1)).over(
-                Window.partitionBy(*keys).orderBy(hop).rangeBetween(-hops, 0))
+                Window.partitionBy(*keys).orderBy(hop).rangeBetween(-span, 0))
             own_hop = Window.partitionBy(*keys, hop)
             own_before = F.count(F.lit(1)).over(own_hop.orderBy(TS_MICROS).rangeBetween(
                 Window.unboundedPreceding, 0)) - at_instant
