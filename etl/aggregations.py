@@ -417,8 +417,8 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     the same two frames as the other operations' (whole hops, the own hop before ``t``).
     Each change is a difference in the estimate's two sums (registers set, Σ 2^(max rank −
     rank)); an anchor sums its key's differences up to its time. Rows: the events and those
-    change times, not each anchor once per register its key has (5× the time at 1M events,
-    benchmarks/README.md)."""
+    change times, not each anchor once per register its key has (ten times the time at 1M
+    events, benchmarks/README.md)."""
     register, rank = hll_columns(value.cast("string"))
     by_register = [*keys, _REGISTER]
     rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
