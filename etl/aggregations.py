@@ -427,8 +427,14 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     changes = rows.select(*by_register, (F.col(TS_MICROS) + 1).alias(TS_MICROS))
     if window.hop is not None:
         hop, span = window.hop * MICROS, (window.seconds or 0) * MICROS
-        changes = changes.unionByName(rows.select(
-            *by_register, (hop_start(hop) + F.lit(span + hop)).alias(TS_MICROS)))
+        hop_column = f"{_HOP}{hop}"
+        rows = rows.withColumn(hop_column, hop_start(hop))
+        tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK)).select(
+            *keys, F.col(hop_column).alias(TS_MICROS), F.col(hop_column).alias(_AT), _REGISTER,
+            _RANK, F.lit(_TILE).alias(_KIND), hop_column)
+        # A tile leaves the window at its hop's start + window + hop.
+        changes = changes.unionByName(tiles.select(
+            *by_register, (F.col(TS_MICROS) + F.lit(span + hop)).alias(TS_MICROS)))
     change_rows = changes.distinct().select(
         *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
         F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))
@@ -436,13 +442,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         ranked = rows.unionByName(change_rows).select(
             *by_register, TS_MICROS, _KIND, F.max(_RANK).over(_before(by_register)).alias(_RANK))
     else:
-        hop_column = f"{_HOP}{hop}"
-        events_in_hops = rows.withColumn(hop_column, hop_start(hop))
-        tiles = events_in_hops.groupBy(*by_register, hop_column).agg(
-            F.max(_RANK).alias(_RANK)).select(
-            *keys, F.col(hop_column).alias(TS_MICROS), F.col(hop_column).alias(_AT), _REGISTER,
-            _RANK, F.lit(_TILE).alias(_KIND), hop_column)
-        union = (events_in_hops.unionByName(tiles)
+        union = (rows.unionByName(tiles)
                  .unionByName(change_rows.withColumn(hop_column, hop_start(hop))))
         of_tiles = F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK))).over(
             _whole_hops(by_register, hop, span))
@@ -452,17 +452,17 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
                               F.greatest(of_tiles, of_events).alias(_RANK))
     # What the register adds to the two sums from each change on, less what it added before.
     present = F.col(_RANK).isNotNull()
+    zero = F.lit(0).cast("long")
     # 2^(max rank − rank): a power of two, exact as a double and as a long.
     added = {"registers": F.when(present, 1).otherwise(0).cast("long"),
              "powers": F.when(present, F.pow(F.lit(2.0), F.lit(HLL_MAX_RANK) - F.col(_RANK))
-                              .cast("long")).otherwise(F.lit(0).cast("long"))}
+                              .cast("long")).otherwise(zero)}
     in_order = Window.partitionBy(*by_register).orderBy(TS_MICROS)
     at_changes = ranked.where(F.col(_KIND) == _ANCHOR).select(
         *by_register, TS_MICROS, *(column.alias(name) for name, column in added.items()))
     differences = at_changes.select(
         *keys, TS_MICROS, F.lit(_EVENT).alias(_KIND),
         *((F.col(name) - F.lag(name, 1, 0).over(in_order)).alias(name) for name in added))
-    zero = F.lit(0).cast("long")
     union = differences.unionByName(anchors.select(
         *keys, TS_MICROS, F.lit(_ANCHOR).alias(_KIND), *(zero.alias(name) for name in added)))
     so_far = Window.partitionBy(*keys).orderBy(TS_MICROS).rangeBetween(
