@@ -11,7 +11,10 @@ function over one union of rows, so no range join is needed:
 - **the own hop's events before ``t``**: a frame from the start of ``t``'s hop to just
   before ``t`` (events at ``t`` itself are not before it).
 
-The lifetime window (``all``) is one frame over every earlier event of the key. Each
+A windowed count, and a sum or mean of whole numbers, is instead the key's running sum
+less the rows that have left the window (one exit row per key and exit time): one frame for
+all of them and the lifetime window (``all``), which is one frame over every earlier event
+of the key. Each
 operation's partial is a set of columns merged by Spark aggregates that are its ``merge``
 (sum, min, max, the greater of (ts, value) pairs, the k greatest pairs, the greater rank per
 HyperLogLog register), and finished as ``core.aggregations`` finishes it; the tests check
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, DataType, StructType
+from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegralType, StructType
 
 from featureline.core.aggregations import (
     HLL_ALPHA,
@@ -44,6 +47,8 @@ from featureline.etl.features.base import TS_MICROS, hop_start
 # Row kinds in the union the frames run over.
 _KIND = "_agg_kind"
 _EVENT, _TILE, _ANCHOR = 0, 1, 2
+# A row's partial leaving its windows (negated): at the exit time less 1 µs.
+_EXIT = -1
 # The start of the hop a row belongs to (µs), one column per hop ("_agg_hop<µs>"); for a
 # tile, its own start.
 _HOP = "_agg_hop"
@@ -242,15 +247,17 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
                    values: Mapping[str, Column], aligned: int | None = None,
                    prior: Lifetime | None = None) -> DataFrame:
     operations = [OPERATIONS[f.spec.op] for f in features]
+    # Windows that start on aligned anchors' hops: a frame over the rows (no tiles, no exits).
+    direct = [_starts_hops(f, aligned) for f in features]
+    exits = [_by_exits(f, events.schema) and not d for f, d in zip(features, direct, strict=True)]
     # Output i's partial in columns "<i>_<name>": null on the rows it does not count.
     state: dict[str, Column] = {}
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
         keeps = _keeps(feature, numeric)
         state.update({f"{index}_{name}": F.when(keeps, column) for name, column
                       in operation.state(_read(feature, values)).items()})
-    direct = [_starts_hops(f, aligned) for f in features]
-    hops = sorted({f.window.hop * MICROS for f, d in zip(features, direct, strict=True)
-                   if f.window.hop and not d})
+    hops = sorted({f.window.hop * MICROS for f, d, x in zip(features, direct, exits, strict=True)
+                   if f.window.hop and not (d or x)})
     hop_columns = {f"{_HOP}{hop}": hop_start(hop) for hop in hops}
     if aligned:
         # Folded per key and aligned span: its partial, at the span's start.
@@ -290,38 +297,81 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
         union = rows.unionByName(anchors.select(
             *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND),
             *(c.alias(n) for n, c in hop_columns.items())), allowMissingColumns=True)
+    # First the outputs of frames ordered by time per key: the lifetime's, the direct ones,
+    # and the windows summed less their rows' exits (one row per key and exit time, its
+    # partial negated); the exit rows are gone before the other frames run.
+    running = [i for i, f in enumerate(features)
+               if exits[i] or direct[i] or f.window.seconds is None]
+    for (hop, span), members in _exit_groups(features, exits).items():
+        negated = [(-post(aggregate)).alias(f"{i}_{name}") for i in members
+                   for name, (aggregate, post) in operations[i].merge(_partial(i)).items()]
+        # The row's last µs leaves the window a hop past its window's length after its tile.
+        last = F.col(TS_MICROS) + F.lit((aligned or 1) - 1)
+        gone = last - F.pmod(last, F.lit(hop)) + F.lit(hop + span)
+        union = union.unionByName(
+            rows.groupBy(*keys, (gone - 1).alias(_AT)).agg(*negated).select(
+                "*", (F.col(_AT) + 1).alias(TS_MICROS), F.lit(_EXIT).alias(_KIND)),
+            allowMissingColumns=True)
+    if running:
+        union = union.select("*", *(column for i in running for column in (
+            _merged(operations[i], _partial(i, _EVENT), _recent(
+                keys, (features[i].window.seconds or 0) * MICROS), f"b{i}_") if direct[i]
+            else _merged(operations[i], _partial(i), _before(keys), f"b{i}_"))
+        )).where(F.col(_KIND) != _EXIT)
     for hop in hops:
         # The tiles of the outputs of this hop: one row per key and hop.
-        members = [i for i, f in enumerate(features) if (f.window.hop or 0) * MICROS == hop]
+        members = [i for i, f in enumerate(features)
+                   if (f.window.hop or 0) * MICROS == hop and not (direct[i] or exits[i])]
         merged = [column for i in members
                   for column in _merged(operations[i], _partial(i), prefix=f"{i}_")]
         tiles = rows.groupBy(*keys, f"{_HOP}{hop}").agg(*merged).select(
             "*", F.col(f"{_HOP}{hop}").alias(TS_MICROS), F.col(f"{_HOP}{hop}").alias(_AT),
             F.lit(_TILE + hop).alias(_KIND))
         union = union.unionByName(tiles, allowMissingColumns=True)
-    columns = []
+    columns = [F.col(f"b{i}_{name}") for i in running for name in operations[i].merge(F.col)]
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
         hop = (feature.window.hop or 0) * MICROS
-        if direct[index]:
-            columns += _merged(operation, _partial(index, _EVENT),
-                               _recent(keys, (feature.window.seconds or 0) * MICROS),
-                               f"b{index}_")
+        if index in running:
             continue
         columns += _merged(operation, _partial(index, _EVENT),
-                           _before(keys, *([f"{_HOP}{hop}"] if hop else [])), f"b{index}_")
-        if hop:
-            columns += _merged(operation, _partial(index, _TILE + hop),
-                               _whole_hops(keys, hop, (feature.window.seconds or 0) * MICROS),
-                               f"a{index}_")
+                           _before(keys, f"{_HOP}{hop}"), f"b{index}_")
+        columns += _merged(operation, _partial(index, _TILE + hop),
+                           _whole_hops(keys, hop, (feature.window.seconds or 0) * MICROS),
+                           f"a{index}_")
     framed = union.select(*keys, TS_MICROS, _KIND, *columns).where(F.col(_KIND) == _ANCHOR)
     outputs = []
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
-        whole = _partial(index, prefix="a") if feature.window.hop and not direct[index] \
-            else _nothing
+        whole = _nothing if index in running or direct[index] else _partial(index, prefix="a")
         combined = operation.combine(whole, _partial(index, prefix="b"))
         outputs.append(operation.finish(combined.__getitem__, feature.spec.k)
                        .alias(feature.column_name))
     return framed.select(*keys, TS_MICROS, *outputs)
+
+
+def _by_exits(feature: AggregateFeature, schema: StructType) -> bool:
+    """Whether the feature's windowed values are its key's running sum less the rows that
+    have left the window: a count, or a sum or mean of whole numbers — exact in any order,
+    so the same from any first event on (a sum of fractions is not: its windows merge their
+    own rows)."""
+    if feature.window.seconds is None or feature.window.hop is None:
+        return False
+    if feature.spec.op == "count":
+        return True
+    column = feature.spec.column
+    return (feature.spec.op in ("sum", "mean") and column is not None
+            and isinstance(schema[column].dataType, (IntegralType, BooleanType)))
+
+
+def _exit_groups(features: Sequence[AggregateFeature], exits: Sequence[bool]
+                 ) -> dict[tuple[int, int], list[int]]:
+    """The outputs summed less their exits, by the hop and length (µs) their rows leave by."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for index, feature in enumerate(features):
+        if exits[index]:
+            window = feature.window
+            groups.setdefault(((window.hop or 0) * MICROS, (window.seconds or 0) * MICROS),
+                              []).append(index)
+    return groups
 
 
 def _starts_hops(feature: AggregateFeature, aligned: int | None) -> bool:

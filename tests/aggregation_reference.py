@@ -30,6 +30,9 @@ SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "
     {"op": "sum", "column": "value", "windows": ["1h", "7d", "all"]},
     {"op": "mean", "column": "price", "windows": ["30d"]},
     {"op": "mean", "column": "label", "name": "positive_rate"},
+    # Whole numbers summed in windows (the backfill's running sums less exits).
+    {"op": "sum", "column": "label", "name": "positives_sum", "windows": ["1h", "7d"]},
+    {"op": "mean", "column": "label", "name": "recent_positive_rate", "windows": ["1d"]},
     {"op": "min", "column": "price", "windows": ["1d"]},
     {"op": "max", "column": "value", "windows": ["10m"], "hop": "1m"},
     {"op": "last", "column": "category", "windows": ["1h"]},
