@@ -341,7 +341,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     framed = union.select(*keys, TS_MICROS, _KIND, *columns).where(F.col(_KIND) == _ANCHOR)
     outputs = []
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
-        whole = _nothing if index in running or direct[index] else _partial(index, prefix="a")
+        whole = _nothing if index in running else _partial(index, prefix="a")
         combined = operation.combine(whole, _partial(index, prefix="b"))
         outputs.append(operation.finish(combined.__getitem__, feature.spec.k)
                        .alias(feature.column_name))
@@ -350,9 +350,9 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
 
 def _by_exits(feature: AggregateFeature, schema: StructType) -> bool:
     """Whether the feature's windowed values are its key's running sum less the rows that
-    have left the window: a count, or a sum or mean of whole numbers — exact in any order,
-    so the same from any first event on (a sum of fractions is not: its windows merge their
-    own rows)."""
+    have left the window: a count, or a sum or mean of whole numbers — exact in any order
+    (as doubles while below 2^53), so the same from any first event on (a sum of fractions
+    is not: its windows merge their own rows)."""
     if feature.window.seconds is None or feature.window.hop is None:
         return False
     if feature.spec.op == "count":
