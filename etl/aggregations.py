@@ -302,16 +302,19 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     # partial negated); the exit rows are gone before the other frames run.
     running = [i for i, f in enumerate(features)
                if exits[i] or direct[i] or f.window.seconds is None]
-    for (hop, span), members in _exit_groups(features, exits).items():
-        negated = [(-post(aggregate)).alias(f"{i}_{name}") for i in members
-                   for name, (aggregate, post) in operations[i].merge(_partial(i)).items()]
-        # The row's last µs leaves the window a hop past its window's length after its tile.
-        last = F.col(TS_MICROS) + F.lit((aligned or 1) - 1)
-        gone = last - F.pmod(last, F.lit(hop)) + F.lit(hop + span)
-        union = union.unionByName(
-            rows.groupBy(*keys, (gone - 1).alias(_AT)).agg(*negated).select(
-                "*", (F.col(_AT) + 1).alias(TS_MICROS), F.lit(_EXIT).alias(_KIND)),
-            allowMissingColumns=True)
+    for hop, by_span in _exit_groups(features, exits).items():
+        # The tiles of the hop (a folded span's: that of its last µs), read once for every
+        # window length that hop has.
+        members = [i for leaving in by_span.values() for i in leaving]
+        tiles = rows.groupBy(*keys, hop_start(hop, F.col(TS_MICROS) + F.lit((aligned or 1) - 1))
+                             .alias(_AT)).agg(*(column for i in members for column in _merged(
+                                 operations[i], _partial(i), prefix=f"{i}_")))
+        for span, leaving in by_span.items():
+            gone = _leaves(F.col(_AT), hop, span)
+            union = union.unionByName(tiles.select(
+                *keys, gone.alias(TS_MICROS), (gone - 1).alias(_AT), F.lit(_EXIT).alias(_KIND),
+                *((-F.col(f"{i}_{name}")).alias(f"{i}_{name}") for i in leaving
+                  for name in operations[i].merge(F.col))), allowMissingColumns=True)
     if running:
         union = union.select("*", *(column for i in running for column in (
             _merged(operations[i], _partial(i, _EVENT), _recent(
@@ -363,15 +366,22 @@ def _by_exits(feature: AggregateFeature, schema: StructType) -> bool:
 
 
 def _exit_groups(features: Sequence[AggregateFeature], exits: Sequence[bool]
-                 ) -> dict[tuple[int, int], list[int]]:
-    """The outputs summed less their exits, by the hop and length (µs) their rows leave by."""
-    groups: dict[tuple[int, int], list[int]] = {}
+                 ) -> dict[int, dict[int, list[int]]]:
+    """The outputs summed less their exits, by their hop and then their window's length
+    (µs): the rows leave by both."""
+    groups: dict[int, dict[int, list[int]]] = {}
     for index, feature in enumerate(features):
         if exits[index]:
             window = feature.window
-            groups.setdefault(((window.hop or 0) * MICROS, (window.seconds or 0) * MICROS),
-                              []).append(index)
+            groups.setdefault((window.hop or 0) * MICROS, {}).setdefault(
+                (window.seconds or 0) * MICROS, []).append(index)
     return groups
+
+
+def _leaves(tile: Column, hop: int, span: int) -> Column:
+    """When the events of a tile starting at ``tile`` (µs) have all left a window ``span``
+    long hopping by ``hop``: a hop past the window's length (``Window.expires``)."""
+    return tile + F.lit(hop + span)
 
 
 def _starts_hops(feature: AggregateFeature, aligned: int | None) -> bool:
@@ -482,9 +492,8 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK)).select(
             *keys, F.col(hop_column).alias(TS_MICROS), F.col(hop_column).alias(_AT), _REGISTER,
             _RANK, F.lit(_TILE).alias(_KIND), hop_column)
-        # A tile leaves the window at its hop's start + window + hop.
         changes = changes.unionByName(tiles.select(
-            *by_register, (F.col(TS_MICROS) + F.lit(span + hop)).alias(TS_MICROS)))
+            *by_register, _leaves(F.col(TS_MICROS), hop, span).alias(TS_MICROS)))
     change_rows = changes.distinct().select(
         *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
         F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))

@@ -57,9 +57,9 @@ def with_time_key(frame: DataFrame) -> DataFrame:
     return frame.withColumn(TS_MICROS, epoch_micros(F.col("ts")))
 
 
-def hop_start(hop: int) -> Column:
-    """The start of the hop (µs, ``hop`` long) holding a row's ``TS_MICROS``."""
-    return F.floor(F.col(TS_MICROS) / hop).cast("long") * hop
+def hop_start(hop: int, at: Column | None = None) -> Column:
+    """The start of the hop (µs, ``hop`` long) holding a row's ``TS_MICROS`` (or ``at``)."""
+    return F.floor((F.col(TS_MICROS) if at is None else at) / hop).cast("long") * hop
 
 
 def plans_for_gpu(spark: SparkSession) -> bool:
