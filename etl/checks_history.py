@@ -9,7 +9,6 @@ day), so the quarantine check compares equal rates here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from pyspark.sql import functions as F
 from featureline.core.drift import Breach, ChecksConfig, check
 from featureline.core.metadata import present, read_metadata
 from featureline.etl.config import EtlConfig
-from featureline.etl.data_profile import profile, profile_columns
+from featureline.etl.data_profile import profile, profile_columns, profiles
 from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
 from featureline.etl.outputs import read_as_written
 
@@ -55,12 +54,9 @@ def replay(spark: SparkSession, output: str | Path, config: EtlConfig,
     examples = read_as_written(spark, Path(output) / "examples").cache()
     try:
         columns = profile_columns(config, [f.model_dump() for f in metadata.features])
-        every = sorted(str(row[0]) for row in
-                       events.select(F.to_date("ts")).distinct().collect())
-        chosen: Sequence[str] = every[-(days + 1):]
-        profiles = [profile_until(events, examples, day, columns, rows) for day in chosen]
+        checked = profiles(events, examples, days + 1, rows=rows, **columns)
     finally:
         events.unpersist()
         examples.unpersist()
     return [CheckedDay(ours["day"], ours["day_events"], check(ours, reference, checks))
-            for ours, reference in zip(profiles[1:], profiles[:-1], strict=True)]
+            for ours, reference in zip(checked[1:], checked[:-1], strict=True)]

@@ -24,7 +24,7 @@ from featureline.etl.config import EtlConfig, categorical_columns
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 
-_NAME, _VALUE = "column", "value"
+_DAY, _NAME, _VALUE = "day", "column", "value"
 
 
 def histogram_bin(value: Column) -> Column:
@@ -60,26 +60,44 @@ def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str
     """The profile of the newest day of ``events`` (accepted, labelled) and ``examples``
     (their feature rows, with ``ts``); ``rows``: the run's row accounting; ``keys``: the
     columns that hold the ids of users and items (marked ``key``)."""
+    [newest] = profiles(events, examples, 1, raw_numeric=raw_numeric,
+                        raw_categorical=raw_categorical, feature_numeric=feature_numeric,
+                        feature_categorical=feature_categorical, rows=rows, keys=keys)
+    return newest
+
+
+def profiles(events: DataFrame, examples: DataFrame, last: int, *,
+             raw_numeric: Sequence[str], raw_categorical: Sequence[str],
+             feature_numeric: Sequence[str], feature_categorical: Sequence[str],
+             rows: dict[str, Any], keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The profiles of the ``last`` days of ``events`` that have events, oldest first: each
+    the one a run whose newest events are of its day writes (:func:`profile`), all of them
+    from one aggregation per kind of frame, grouped by day."""
     # The events' moments of every day in one aggregation: the days' counts come with them.
-    by_day = _aggregated(events.groupBy(F.to_date("ts").alias("day")), raw_numeric,
-                         raw_categorical, [F.avg(F.col(LABEL).cast("double")).alias("label")])
-    per_day = {str(row["day"]): int(row["rows"]) for row in by_day}
-    newest = max(per_day)
-    [moments] = [row for row in by_day if str(row["day"]) == newest]
-    day = F.to_date("ts") == F.lit(newest).cast("date")
-    [feature_moments] = _aggregated(examples.where(day), feature_numeric, feature_categorical)
-    columns = {**_entries(moments, raw_numeric, raw_categorical, "raw"),
-               **_entries(feature_moments, feature_numeric, feature_categorical, "feature")}
-    for name in set(keys) & set(columns):
-        columns[name]["key"] = True
-    _distributions(columns, [(events.where(day), raw_numeric, raw_categorical),
-                             (examples.where(day), feature_numeric, feature_categorical)])
-    label_rate = moments["label"]
-    return {"day": newest, "day_events": per_day[newest],
-            "events_per_day": dict(sorted(per_day.items())),
-            "label_rate": float(label_rate or 0.0),
-            "rows": {"read": rows["read"], "quarantined": dict(rows["quarantined"])},
-            "columns": columns}
+    by_day = {str(row["day"]): row for row in _aggregated(
+        events.groupBy(F.to_date("ts").alias("day")), raw_numeric, raw_categorical,
+        [F.avg(F.col(LABEL).cast("double")).alias("label")])}
+    every = sorted(by_day)
+    chosen = every[-last:]
+    on_chosen = F.to_date("ts").isin([F.lit(day).cast("date") for day in chosen])
+    feature_moments = {str(row["day"]): row for row in _aggregated(
+        examples.where(on_chosen).groupBy(F.to_date("ts").alias("day")),
+        feature_numeric, feature_categorical)}
+    columns = {}
+    for day in chosen:
+        columns[day] = {
+            **_entries(by_day[day], raw_numeric, raw_categorical, "raw"),
+            **_entries(feature_moments.get(day), feature_numeric, feature_categorical,
+                       "feature")}
+        for name in set(keys) & set(columns[day]):
+            columns[day][name]["key"] = True
+    _distributions(columns, [(events.where(on_chosen), raw_numeric, raw_categorical),
+                             (examples.where(on_chosen), feature_numeric, feature_categorical)])
+    return [{"day": day, "day_events": int(by_day[day]["rows"]),
+             "events_per_day": {d: int(by_day[d]["rows"]) for d in every if d <= day},
+             "label_rate": float(by_day[day]["label"] or 0.0),
+             "rows": {"read": rows["read"], "quarantined": dict(rows["quarantined"])},
+             "columns": columns[day]} for day in chosen]
 
 
 def _aggregated(frame: DataFrame | GroupedData, numeric: Sequence[str],
@@ -98,18 +116,19 @@ def _aggregated(frame: DataFrame | GroupedData, numeric: Sequence[str],
     return frame.agg(*aggregates).collect()
 
 
-def _entries(moments: Row, numeric: Sequence[str], categorical: Sequence[str],
+def _entries(moments: Row | None, numeric: Sequence[str], categorical: Sequence[str],
              source: str) -> dict[str, dict[str, Any]]:
-    """Each column's entry from its aggregates; the distributions are filled in later."""
-    rows = int(moments["rows"])
+    """Each column's entry from its aggregates (``None``: a day without rows); the
+    distributions are filled in later."""
+    rows = int(moments["rows"]) if moments else 0
     entries: dict[str, dict[str, Any]] = {}
     for index, name in enumerate([*numeric, *categorical]):
-        present = int(moments[f"n{index}"])
+        present = int(moments[f"n{index}"]) if moments else 0
         entry: dict[str, Any] = {"source": source, "rows": rows,
                                  "missing": 1 - present / rows if rows else 0.0}
         if name in numeric:
             entry.update(kind="numeric", histogram={},
-                         **{key: _number(moments[f"{key}{index}"])
+                         **{key: _number(moments[f"{key}{index}"] if moments else None)
                             for key in ("min", "max", "mean", "std")})
         else:
             entry.update(kind="categorical", distinct=0, top=[])
@@ -117,11 +136,12 @@ def _entries(moments: Row, numeric: Sequence[str], categorical: Sequence[str],
     return entries
 
 
-def _distributions(profiles: dict[str, dict[str, Any]],
+def _distributions(profiles: dict[str, dict[str, dict[str, Any]]],
                    parts: Sequence[tuple[DataFrame, Sequence[str], Sequence[str]]]) -> None:
-    """Fill in the histograms of the numbers (every bin) and the most frequent values of the
-    categories, with their distinct counts: every frame's columns as (column, value) rows (a
-    number as its bin), one scan of each frame, grouped and ranked once."""
+    """Fill in, for each day of ``profiles`` (day → its columns' entries), the histograms of
+    the numbers (every bin) and the most frequent values of the categories, with their
+    distinct counts: every frame's columns as (day, column, value) rows (a number as its
+    bin), one scan of each frame, grouped and ranked once."""
     frames = []
     for frame, numeric, categorical in parts:
         pairs = [F.struct(F.lit(name).alias(_NAME), histogram_bin(F.col(name)).cast("string")
@@ -129,29 +149,31 @@ def _distributions(profiles: dict[str, dict[str, Any]],
         pairs += [F.struct(F.lit(name).alias(_NAME), F.col(name).cast("string").alias(_VALUE),
                            F.lit(False).alias("numeric")) for name in categorical]
         if pairs:  # one scan of the frame: every column's value as a row of its own
-            frames.append(frame.select(F.explode(F.array(*pairs)).alias("pair"))
-                          .select("pair.*").where(F.col(_VALUE).isNotNull()))
+            frames.append(frame.select(F.to_date("ts").cast("string").alias(_DAY),
+                                       F.explode(F.array(*pairs)).alias("pair"))
+                          .select(_DAY, "pair.*").where(F.col(_VALUE).isNotNull()))
     if not frames:
         return
     union = functools.reduce(DataFrame.unionByName, frames)
-    within = Window.partitionBy(_NAME)
-    ranked = union.groupBy(_NAME, _VALUE, "numeric").count().select(
+    within = Window.partitionBy(_DAY, _NAME)
+    ranked = union.groupBy(_DAY, _NAME, _VALUE, "numeric").count().select(
         "*", F.row_number().over(within.orderBy(F.desc("count"), _VALUE)).alias("rank"),
         F.count(F.lit(1)).over(within).alias("distinct"))
     kept = ranked.where(F.col("numeric") | (F.col("rank") <= TOP_K))
     # Ordered here, not by Spark: an orderBy is a sampling job and a shuffle more.
-    for row in sorted(kept.collect(), key=lambda row: (row[_NAME], row["rank"])):
-        entry = profiles[row[_NAME]]
+    for row in sorted(kept.collect(), key=lambda row: (row[_DAY], row[_NAME], row["rank"])):
+        entry = profiles[row[_DAY]][row[_NAME]]
         if row["numeric"]:
             entry["histogram"][row[_VALUE]] = int(row["count"])
         else:
             entry["distinct"] = int(row["distinct"])
             entry["top"].append([row[_VALUE], int(row["count"])])
-    for entry in profiles.values():
-        if entry["kind"] == "numeric":
-            entry["histogram"] = dict(sorted(entry["histogram"].items(),
-                                             key=lambda item: int(item[0])))
-            entry["quantiles"] = quantiles(entry)
+    for columns in profiles.values():
+        for entry in columns.values():
+            if entry["kind"] == "numeric":
+                entry["histogram"] = dict(sorted(entry["histogram"].items(),
+                                                 key=lambda item: int(item[0])))
+                entry["quantiles"] = quantiles(entry)
 
 
 def _number(value: Any) -> float | None:

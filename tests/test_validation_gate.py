@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from featureline.core.drift import METRICS_FILE, REPORT_FILE, ChecksConfig, check
 from featureline.etl import job
 from featureline.etl.checks_history import profile_until
-from featureline.etl.data_profile import profile_columns
+from featureline.etl.data_profile import profile_columns, profiles
 from featureline.etl.datagen import write_log
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
@@ -108,6 +108,16 @@ def test_ten_clean_consecutive_days_raise_no_breach(month, spark, tmp_path):
     price = newest["columns"]["price"]
     assert sum(price["histogram"].values()) == round(newest["day_events"]
                                                      * (1 - price["missing"]))
+
+
+def test_the_replay_profiles_each_day_as_its_own_run_would(month):
+    """The replay's profiles of the last days, grouped by day in one pass, are the profiles
+    the runs ending on each of those days write (the events up to it, its newest day)."""
+    days = _days(month)[-3:]
+    together = profiles(month["events"], month["examples"], 3,
+                        rows=month["metadata"]["rows"], **month["columns"])
+    assert [p["day"] for p in together] == days
+    assert together == [_day_profile(month, day) for day in days]
 
 
 def _top_renamed(day: DataFrame) -> DataFrame:

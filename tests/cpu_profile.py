@@ -1,0 +1,106 @@
+"""Where the suite's CPU goes: each test phase's CPU seconds — the worker's own, its finished
+children's and every live descendant's (the shared Spark JVM, a Kafka broker, Redis servers,
+a spark-submit) — one JSON line per phase into ``$FEATURELINE_TEST_CPU/<worker>.jsonl``.
+
+    FEATURELINE_TEST_CPU=/tmp/cpu PYTEST_ARGS="-p tests.cpu_profile" make test
+    python -m tests.cpu_profile /tmp/cpu        # the costliest tests and each file's total
+
+The suite is CPU-bound on the 2-core CI machine (benchmarks/README.md, "The suite's time"),
+so its wall time follows these seconds, not the tests' durations, which share the cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _descendants_cpu(root: int) -> float:
+    """CPU seconds of every live descendant of ``root``, each with its waited-for children."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        pid = int(entry.name)
+        parents[pid] = int(fields[1])
+        cpu[pid] = sum(int(v) for v in fields[11:15]) / _TICK
+    total = 0.0
+    for pid, seconds in cpu.items():
+        ancestor = parents.get(pid)
+        while ancestor not in (None, 0, 1, root):
+            ancestor = parents.get(ancestor)
+        if ancestor == root:
+            total += seconds
+    return total
+
+
+def _cpu() -> float:
+    times = os.times()
+    return (times.user + times.system + times.children_user + times.children_system
+            + _descendants_cpu(os.getpid()))
+
+
+def _out() -> Path | None:
+    folder = os.environ.get("FEATURELINE_TEST_CPU")
+    if not folder:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return Path(folder) / f"{worker}.jsonl"
+
+
+def _measured(item, phase: str):
+    out = _out()
+    wall, cpu = time.monotonic(), _cpu()
+    yield
+    if out is not None:
+        with out.open("a") as file:
+            file.write(json.dumps({"test": item.nodeid, "phase": phase,
+                                   "wall_s": round(time.monotonic() - wall, 2),
+                                   "cpu_s": round(_cpu() - cpu, 2)}) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    yield from _measured(item, "setup")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    yield from _measured(item, "call")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield from _measured(item, "teardown")
+
+
+def summary(folder: Path, top: int = 40) -> str:
+    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
+            for line in path.read_text().splitlines()]
+    by_file: dict[str, float] = defaultdict(float)
+    for row in rows:
+        by_file[row["test"].split("::")[0]] += row["cpu_s"]
+    lines = [f"total {sum(r['cpu_s'] for r in rows) / 60:.1f} CPU-min over {len(rows)} phases"]
+    lines += [f"{r['cpu_s']:8.1f} cpu {r['wall_s']:8.1f} wall  {r['phase']:8} {r['test']}"
+              for r in sorted(rows, key=lambda r: -r["cpu_s"])[:top]]
+    lines += ["", "by file:"]
+    lines += [f"{s:8.1f}  {f}" for f, s in sorted(by_file.items(), key=lambda i: -i[1])]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(summary(Path(sys.argv[1])))
