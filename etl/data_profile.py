@@ -5,7 +5,9 @@ read off it (numbers) or the most frequent values and the count of distinct ones
 ids) — with the events per day, the day's label rate and the run's quarantine reasons.
 
 Plain Spark SQL over the cached events and the examples just written (a union per kind of
-column, grouped once), so the RAPIDS Accelerator plans it like the rest of the job.
+column, grouped once), so the RAPIDS Accelerator plans it like the rest of the job. The
+replay of the gate over an output's days (``etl/checks_history.py``) profiles its days with
+the same queries grouped by day.
 """
 
 from __future__ import annotations
