@@ -4,6 +4,11 @@ a spark-submit) — one JSON line per phase into ``$FEATURELINE_TEST_CPU/<worker
 
     FEATURELINE_TEST_CPU=/tmp/cpu PYTEST_ARGS="-p tests.cpu_profile" make test
     python -m tests.cpu_profile /tmp/cpu        # the costliest tests and each file's total
+    python -m tests.cpu_profile watch /tmp/procs.json   # beside it, until SIGTERM
+
+``watch`` samples every process of the machine each second — its CPU, command line and the
+``PYTEST_CURRENT_TEST`` it was started under (inherited by a subprocess, even one that leaves
+the worker's tree) — and writes them as JSON when stopped: what the plugin cannot see.
 
 The suite is CPU-bound on the 2-core CI machine (benchmarks/README.md, "The suite's time"),
 so its wall time follows these seconds, not the tests' durations, which share the cores."""
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -102,5 +108,54 @@ def summary(folder: Path, top: int = 40) -> str:
     return "\n".join(lines)
 
 
+def _stat(pid: str) -> tuple[int, int] | None:
+    """(CPU ticks, start time) of a process; None once it is gone."""
+    try:
+        stat = (Path("/proc") / pid / "stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[11]) + int(fields[12]), int(fields[19])
+
+
+def _started_under(pid: str) -> dict[str, str] | None:
+    try:
+        environ = (Path("/proc") / pid / "environ").read_bytes().split(b"\0")
+        command = (Path("/proc") / pid / "cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return None
+    test = next((entry.partition(b"=")[2] for entry in environ
+                 if entry.startswith(b"PYTEST_CURRENT_TEST=")), b"")
+    return {"command": command[:300].decode(errors="replace"),
+            "test": test.decode(errors="replace")}
+
+
+def watch(out: Path) -> None:
+    """Sample every process each second until SIGTERM, then write them to ``out``."""
+    seen: dict[tuple[str, int], dict] = {}
+
+    def stop(*_) -> None:
+        for entry in seen.values():
+            entry["cpu_s"] = round(entry.pop("ticks") / _TICK, 2)
+        out.write_text(json.dumps(list(seen.values())))
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    while True:
+        for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            if (pid, stat[1]) not in seen:
+                started = _started_under(pid)
+                if started is None:
+                    continue
+                seen[(pid, stat[1])] = {"pid": int(pid), **started}
+            seen[(pid, stat[1])]["ticks"] = stat[0]
+        time.sleep(1)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "watch":
+        watch(Path(sys.argv[2]))
     print(summary(Path(sys.argv[1])))
