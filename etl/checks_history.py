@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from featureline.core.drift import Breach, ChecksConfig, check
 from featureline.core.metadata import present, read_metadata
 from featureline.etl.config import EtlConfig
-from featureline.etl.data_profile import profile, profile_columns, profiles
+from featureline.etl.data_profile import profile_columns, profiles
 from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
 from featureline.etl.outputs import read_as_written
 
@@ -35,14 +34,6 @@ class CheckedDay:
     def to_json(self) -> dict[str, Any]:
         return {"day": self.day, "events": self.events,
                 "breaches": [b.to_json() for b in self.breaches]}
-
-
-def profile_until(events: DataFrame, examples: DataFrame, day: str,
-                  columns: dict[str, list[str]], rows: dict[str, Any]) -> dict[str, Any]:
-    """The profile a run whose newest events are of ``day`` writes (``columns``:
-    ``profile_columns``)."""
-    until = F.to_date("ts") <= F.lit(day).cast("date")
-    return profile(events.where(until), examples.where(until), rows=rows, **columns)
 
 
 def replay(spark: SparkSession, output: str | Path, config: EtlConfig,

@@ -76,14 +76,14 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
     the one a run whose newest events are of its day writes (:func:`profile`), all of them
     from one aggregation per kind of frame, grouped by day."""
     # The events' moments of every day in one aggregation: the days' counts come with them.
-    by_day = {str(row["day"]): row for row in _aggregated(
-        events.groupBy(F.to_date("ts").alias("day")), raw_numeric, raw_categorical,
+    by_day = {str(row[_DAY]): row for row in _aggregated(
+        events.groupBy(F.to_date("ts").alias(_DAY)), raw_numeric, raw_categorical,
         [F.avg(F.col(LABEL).cast("double")).alias("label")])}
     every = sorted(by_day)
     chosen = every[-last:]
     on_chosen = F.to_date("ts").isin([F.lit(day).cast("date") for day in chosen])
-    feature_moments = {str(row["day"]): row for row in _aggregated(
-        examples.where(on_chosen).groupBy(F.to_date("ts").alias("day")),
+    feature_moments = {str(row[_DAY]): row for row in _aggregated(
+        examples.where(on_chosen).groupBy(F.to_date("ts").alias(_DAY)),
         feature_numeric, feature_categorical)}
     columns = {}
     for day in chosen:

@@ -20,8 +20,7 @@ from pyspark.sql import functions as F
 
 from featureline.core.drift import METRICS_FILE, REPORT_FILE, ChecksConfig, check
 from featureline.etl import job
-from featureline.etl.checks_history import profile_until
-from featureline.etl.data_profile import profile_columns, profiles
+from featureline.etl.data_profile import profile, profile_columns, profiles
 from featureline.etl.datagen import write_log
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
@@ -73,8 +72,9 @@ def _day_profile(month: dict[str, Any], day: str,
         examples = examples.join(changed.select("user_id", "item_id", "ts").distinct(),
                                  ["user_id", "item_id", "ts"], "left_semi") \
             .unionByName(examples.where(~on_day))
-    return profile_until(events, examples, day, month["columns"],
-                         rows or month["metadata"]["rows"])
+    until = F.to_date("ts") <= F.lit(day).cast("date")
+    return profile(events.where(until), examples.where(until),
+                   rows=rows or month["metadata"]["rows"], **month["columns"])
 
 
 def _days(month: dict[str, Any]) -> list[str]:
