@@ -28,19 +28,29 @@ import pytest
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _pids() -> list[str]:
+    return [entry.name for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _stat_fields(pid: str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (the state first); None
+    once the process is gone."""
+    try:
+        stat = (Path("/proc") / pid / "stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()
+
+
 def _descendants_cpu(root: int) -> float:
     """CPU seconds of every live descendant of ``root``, each with its waited-for children."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+    for name in _pids():
+        fields = _stat_fields(name)
+        if fields is None:
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        pid = int(entry.name)
+        pid = int(name)
         parents[pid] = int(fields[1])
         cpu[pid] = sum(int(v) for v in fields[11:15]) / _TICK
     total = 0.0
@@ -110,12 +120,8 @@ def summary(folder: Path, top: int = 40) -> str:
 
 def _stat(pid: str) -> tuple[int, int] | None:
     """(CPU ticks, start time) of a process; None once it is gone."""
-    try:
-        stat = (Path("/proc") / pid / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12]), int(fields[19])
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12]), int(fields[19]))
 
 
 def _started_under(pid: str) -> dict[str, str] | None:
@@ -142,7 +148,7 @@ def watch(out: Path) -> None:
 
     signal.signal(signal.SIGTERM, stop)
     while True:
-        for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+        for pid in _pids():
             stat = _stat(pid)
             if stat is None:
                 continue
