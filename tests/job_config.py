@@ -21,7 +21,12 @@ TEST_SPARK = SparkSettings(
         "spark.buffer.pageSize": "2m",
         # Nor need the suite's hundreds of queries stay in the status store.
         "spark.sql.ui.retainedExecutions": "20",
-        "spark.sql.adaptive.enabled": "true",
+        # Adaptive execution re-plans the rest of a query each time one of its stages ends:
+        # on rows in the thousands that is a quarter of a job run (the incremental tests' new
+        # days take 0.77× the time without it, benchmarks/README.md).
+        # The profiles keep it on, and the runs from them run with it (the demo's,
+        # spark-submit's with spark_conf/cpu.conf, the installed wheel's).
+        "spark.sql.adaptive.enabled": "false",
     },
 )
 
