@@ -61,8 +61,40 @@ def spark():
         os.environ.pop("SPARK_SUBMIT_OPTS", None)
         if first_tier is not None:
             os.environ["SPARK_SUBMIT_OPTS"] = first_tier
+    _SHARED_SETTINGS.update(session=session, settings=dict(session.conf.getAll))
     yield session
+    _SHARED_SETTINGS.clear()
     session.stop()
+
+
+# The shared session and its settings as it was built (set by :func:`spark`).
+_SHARED_SETTINGS: dict = {}
+
+
+@pytest.fixture(autouse=True)
+def _shared_session_settings():
+    """After each test, the shared session's settings as :func:`spark` built them. A command
+    run in this process (``featureline etl run`` or ``demo`` through click's runner) builds
+    its session from a profile: Spark hands it the shared one and sets the profile's
+    settings on it — ``spark_conf/cpu.conf``'s shuffle partitions and adaptive execution —
+    for every test the worker runs after it."""
+    yield
+    restore_shared_settings()
+
+
+def restore_shared_settings() -> None:
+    """The shared session's settings back to those it was built with (where it runs in this
+    process): each one set since put back, each one added unset."""
+    if not _SHARED_SETTINGS:
+        return
+    conf, built = _SHARED_SETTINGS["session"].conf, _SHARED_SETTINGS["settings"]
+    now = dict(conf.getAll)
+    for key in now.keys() - built.keys():
+        if conf.isModifiable(key):
+            conf.unset(key)
+    for key, value in built.items():
+        if now.get(key) != value and conf.isModifiable(key):
+            conf.set(key, value)
 
 
 @contextmanager

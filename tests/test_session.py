@@ -55,3 +55,23 @@ def test_every_profile_file_parses():
         properties = read_properties(spark_conf_dir() / f"{name}.conf")
         assert properties["spark.sql.session.timeZone"] == "UTC"
         assert all(key.startswith("spark.") for key in properties)
+
+
+def test_a_profile_built_in_the_suite_leaves_the_shared_session_as_it_was(spark):
+    """An in-process ``featureline`` command builds its session from a profile and Spark
+    sets the profile's settings on the shared one; the suite puts them back after the test
+    (tests/conftest.py), so a test's settings do not depend on what its worker ran before."""
+    from featureline.etl.session import build_session
+    from tests.conftest import restore_shared_settings
+    from tests.job_config import TEST_SPARK
+
+    built = {key: spark.conf.get(key) for key in TEST_SPARK.properties
+             if spark.conf.isModifiable(key)}
+    assert built["spark.sql.shuffle.partitions"] == "2"
+    assert build_session(SparkSettings(profile="cpu")) is spark
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "8"
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"
+    spark.conf.set("spark.sql.caseSensitive", "true")  # a setting the shared one lacked
+    restore_shared_settings()
+    assert {key: spark.conf.get(key) for key in built} == built
+    assert spark.conf.get("spark.sql.caseSensitive") == "false"  # unset: Spark's default
