@@ -23,7 +23,7 @@ TEST_SPARK = SparkSettings(
         "spark.sql.ui.retainedExecutions": "20",
         # Adaptive execution re-plans the rest of a query each time one of its stages ends:
         # on rows in the thousands that is a quarter of a job run (the incremental tests' new
-        # days take 0.77× the time without it, benchmarks/README.md).
+        # days take 0.75× the time without it, benchmarks/README.md).
         # The profiles keep it on, and the runs from them run with it (the demo's,
         # spark-submit's with spark_conf/cpu.conf, the installed wheel's).
         "spark.sql.adaptive.enabled": "false",
