@@ -1,4 +1,5 @@
-"""The command line: flags that retarget the job, clear errors, and the spark-submit path."""
+"""The command line: flags that retarget the job, clear errors, and the spark-submit path (the
+demo command: tests/test_demo.py)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,14 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from featureline.cli import main
 from featureline.feature_store.redis_server import free_port
-from featureline.hps.config import load_hps_config
-from featureline.hps.formats import read_hugectr
 from tests.feast_data import write_handmade_output
 
 BIN = Path(sys.executable).parent
@@ -131,76 +127,6 @@ def test_spark_submit_runs_the_same_job(small_log, tmp_path):
     assert "rows: read 6,000" in result.stdout
     metadata = json.loads((tmp_path / "out" / "metadata.json").read_text())
     assert metadata["rows"]["read"] == 6000
-
-
-def test_demo_command_runs_end_to_end(demo_run):
-    out, result, url = demo_run
-    assert result.exit_code == 0, result.output
-    assert "rows: read 4,000 = accepted" in result.output
-    assert "tfrecord:" in result.output and "demo finished" in result.output
-    metadata = json.loads((out / "output" / "metadata.json").read_text())
-    assert sum(metadata["rows"]["quarantined"].values()) == 40 - metadata["rows"]["duplicates"]
-    # Published: the sample rows it prints are what Redis now serves.
-    assert f"online store {url}" in result.output
-    users = pq.read_table(out / "output" / "entities" / "user").column("user_id")
-    first = users.unique()[0].as_py()
-    assert any(line.split()[:1] == [first] for line in result.output.splitlines())
-    # Served: every endpoint answered (the demo stops at the first error) and says how.
-    answers = [line for line in result.output.splitlines() if line.startswith("  → ")]
-    assert len(answers) == 9 and all(a.startswith("  → 200") for a in answers[:8])
-    # Then three events pushed (202) and served: the user's count grew by exactly three.
-    assert answers[8] == '  → 202 {"accepted":3,"rejected":[]}'
-    (fresh,) = [line for line in result.output.splitlines() if line.startswith("fresh features")]
-    before, after = (int(n) for n in fresh.split("user_events ")[1].split(",")[0].split(" → "))
-    assert after == before + 3
-    # The demo's aggregations (defined by the demo: featureline.yaml has none) follow the
-    # push at the request time, each saying when the pushed events leave its window.
-    lines = result.output.splitlines()
-    shown = lines[lines.index(next(line for line in lines if line.startswith(
-        "aggregations of"))) + 1:]
-    values = {line.split()[0]: line.split()[1:4] for line in shown[:5]}
-    assert list(values) == [f"user_activity:{name}" for name in (
-        "count_1h", "count_1d", "count_7d", "purchases_7d", "value_sum_7d")]
-    # Three events pushed (values 1.0), one a purchase.
-    for name, added in [("count_1h", 3), ("count_1d", 3), ("count_7d", 3),
-                        ("purchases_7d", 1), ("value_sum_7d", 3)]:
-        old, arrow, new = values[f"user_activity:{name}"]
-        assert (arrow, float(new)) == ("→", float(old) + added), name
-    assert all("(the pushed events count until " in line for line in shown[:5])
-    # The 5 latest items: the pushed item three times, then the 2 latest before the push.
-    name, old, arrow, new = shown[5].split()
-    old, new = json.loads(old), json.loads(new)
-    assert (name, arrow, len(old), len(new)) == ("user_activity:item_id_last_k", "→", 5, 5)
-    assert new[:3] == [new[0]] * 3 and new[3:] == old[:2]
-    assert metadata["tiles"]["groups"][0]["name"] == "user_activity"
-    assert "authentication OFF" in result.output
-
-
-def test_the_demo_serves_the_embeddings_it_trained(demo_run):
-    """The ranking call returns the exported tables' rows, trained on this very output."""
-    out, result, _ = demo_run
-    assert result.exit_code == 0, result.output
-    report = json.loads((out / "hps" / "training.json").read_text())
-    metadata = json.loads((out / "output" / "metadata.json").read_text())
-    assert report["dataset_version"] == metadata["dataset"]["version"]
-    assert f"AUC {report['validation']['model']['auc']:.4f}" in result.output
-    settings = yaml.safe_load((out / "featureline.yaml").read_text())["api"]
-    user = pq.read_table(out / "output" / "entities" / "user").column("user_id")[0].as_py()
-    items = pq.read_table(out / "output" / "entities" / "item").column("item_id")
-    body = json.dumps({"user_id": user, "item_ids": items.unique()[:5].to_pylist()}).encode()
-    request = urllib.request.Request(
-        f"http://{settings['host']}:{settings['port']}/v1/ranking-inputs", data=body,
-        headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        served = json.load(answer)
-    hps = load_hps_config(report["hps_config"])
-    sources = {t.name: (t.source, t.dim) for t in hps.models[0].tables}
-    for feature, table, side in (("user_id_cat", "user", "user"), ("item_id_cat", "item", "items")):
-        keys, vectors = read_hugectr(*sources[table])
-        rows = dict(zip(keys.tolist(), vectors, strict=True))
-        expected = np.stack([rows[k] for k in served[side]["encoded_ids"]])
-        np.testing.assert_array_equal(
-            np.array(served["embeddings"][feature]["vectors"], dtype=np.float32), expected)
 
 
 @pytest.mark.slow
