@@ -163,5 +163,6 @@ def watch(out: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "watch":
-        watch(Path(sys.argv[2]))
-    print(summary(Path(sys.argv[1])))
+        watch(Path(sys.argv[2]))  # until SIGTERM, which exits
+    else:
+        print(summary(Path(sys.argv[1])))
