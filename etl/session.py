@@ -20,6 +20,8 @@ from featureline.etl.config import SparkSettings
 from featureline.etl.errors import RapidsJarNotFoundError
 from featureline.etl.rapids import JAR_NAME, MAVEN_PACKAGE, RAPIDS_PLUGIN
 
+PYTHON_DAEMON = "featureline.etl.python_daemon"
+
 _PROPERTY = re.compile(r"^([^\s=:#]+)\s*[=:\s]\s*(.*)$")
 
 
@@ -78,6 +80,8 @@ def spark_properties(settings: SparkSettings, *, from_profile: bool = True) -> d
             properties["spark.jars.packages"] = jar
     properties.setdefault("spark.sql.session.timeZone", "UTC")
     properties.setdefault("spark.app.name", settings.app_name)
+    # PySpark's daemon, the zip archives on the workers' path read once (etl/python_daemon.py).
+    properties.setdefault("spark.python.daemon.module", PYTHON_DAEMON)
     return properties
 
 
