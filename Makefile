@@ -70,12 +70,12 @@ test: venv java
 	fetching=$$!; \
 	$(BIN)/ruff check . && $(MAKE) --no-print-directory typecheck; linted=$$?; \
 	wait $$fetching; cat $(VENV)/fetch.log; exit $$linted
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The suite without the end-to-end runs marked slow (each a Spark job or a benchmark in a
 # process of its own): for a quick check while developing; `make test` runs them all.
 test-fast: venv java
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 # The user guide into site/ (docs/ARCHITECTURE.md, "The user guide"); strict: a broken link
 # or a page left out of the navigation fails, as in `make test`.
