@@ -80,7 +80,7 @@ def spark_properties(settings: SparkSettings, *, from_profile: bool = True) -> d
             properties["spark.jars.packages"] = jar
     properties.setdefault("spark.sql.session.timeZone", "UTC")
     properties.setdefault("spark.app.name", settings.app_name)
-    # PySpark's daemon, the zip archives on the workers' path read once (etl/python_daemon.py).
+    # PySpark's daemon without two fixed costs of every Python task (etl/python_daemon.py).
     properties.setdefault("spark.python.daemon.module", PYTHON_DAEMON)
     return properties
 
