@@ -15,12 +15,13 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from featureline.core.errors import ConfigError
+from featureline.etl import python_daemon
 from featureline.etl.class_archive import driver_java_options
 from featureline.etl.config import SparkSettings
 from featureline.etl.errors import RapidsJarNotFoundError
 from featureline.etl.rapids import JAR_NAME, MAVEN_PACKAGE, RAPIDS_PLUGIN
 
-PYTHON_DAEMON = "featureline.etl.python_daemon"
+PYTHON_DAEMON = python_daemon.__name__
 
 _PROPERTY = re.compile(r"^([^\s=:#]+)\s*[=:\s]\s*(.*)$")
 

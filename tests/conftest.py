@@ -155,7 +155,7 @@ def _has_gpu() -> bool:
 
 
 # The costliest modules, costliest first (wall seconds of each in a cold run on the 2-core VM,
-# benchmarks/README.md "The suite's order"): `make test` runs them first (xdist's
+# benchmarks/README.md, "the costliest modules first"): `make test` runs them first (xdist's
 # --no-loadscope-reorder keeps this order, --dist loadfile hands each worker the next module
 # as it frees up), so the long ones start early and the short ones even out the end.
 COSTLIEST_FIRST = (

@@ -97,7 +97,6 @@ def test_the_demo_serves_the_embeddings_it_trained(demo_run):
             np.array(served["embeddings"][feature]["vectors"], dtype=np.float32), expected)
 
 
-
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
 def test_notebook_runs_and_plots(path, demo_run, monkeypatch):
     out, result, url = demo_run
