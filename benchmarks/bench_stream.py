@@ -17,10 +17,12 @@ the same updates straight into Redis.
 - **In process** (``--in-process``): the processor of ``featureline stream`` applying bursts
   (records of 500 events, read 5,000 at a time, as ``stream.read_batch``) in this process,
   without and with ``gc.freeze()`` after it started (as the command does), rounds
-  alternated: seconds, this process's CPU and Redis's CPU per burst.
+  alternated: seconds, this process's CPU and Redis's CPU per burst. With ``--cluster``: on
+  one server and on a 3-node Redis Cluster (``redis_type: redis_cluster``), alternated.
 
     python benchmarks/bench_stream.py --rate 2000 --seconds 20
     python benchmarks/bench_stream.py --in-process --rounds 4
+    python benchmarks/bench_stream.py --in-process --cluster --rounds 3
     python benchmarks/bench_stream.py --smoke
 """
 
@@ -322,74 +324,95 @@ def aggregations_cost(rounds: int = 1, **sizes: Any) -> dict[str, Any]:
     return {"runs": runs, "summary": summary, "throughput_with_vs_without": round(ratio, 3)}
 
 
-def in_process(entities: int = 10_000, burst: int = 20_000, rounds: int = 4) -> dict[str, Any]:
+def _burst_records(index: int, burst: int, validate: Any) -> list[Any]:
+    """Burst ``index``'s events as the log delivers them (records of 500): the benchmark's 997
+    users and 499 items, renamed for the burst, an hour apart from the burst before."""
+    from featureline.core.events import event_line
+    from featureline.stream.log import Delivered
+
+    day = SNAPSHOT + timedelta(hours=2 + index)
+    records = []
+    for first in range(0, burst, 500):
+        lines = []
+        for n in range(first, min(first + 500, burst)):
+            event, _ = validate(_event(f"r{index}u{n % 997}", f"r{index}i{n % 499}",
+                                       day + timedelta(microseconds=n),
+                                       "click" if n % 5 == 0 else "view"))
+            assert event is not None
+            lines.append(event_line(event))
+        records.append(Delivered(None, b"\n".join(lines), time.time()))
+    return records
+
+
+def in_process(entities: int = 10_000, burst: int = 20_000, rounds: int = 4,
+               cluster: bool = False) -> dict[str, Any]:
     """The processor applying ``burst`` events in this process, ``rounds`` times each without
-    and with the collector frozen after startup, alternated; each burst's users and items
-    are new (the benchmark's 997 and 499 keys, renamed)."""
+    and with the collector frozen after startup — with ``cluster``: with it frozen, on one
+    server and on a 3-node Redis Cluster (``redis_type: redis_cluster``) — alternated; each
+    burst's users and items are new (the benchmark's 997 and 499 keys, renamed)."""
     import gc
 
-    from featureline.core.events import EventValidator, event_line
-    from featureline.stream.log import Delivered
+    from featureline.core.events import EventValidator
+    from featureline.feature_store.redis_server import EmbeddedRedisCluster
     from featureline.stream.processor import open_processor
 
-    measured: dict[str, list[dict[str, float]]] = {"collected": [], "frozen": []}
-    with tempfile.TemporaryDirectory() as folder:
+    sides = ("one_server", "cluster") if cluster else ("collected", "frozen")
+    measured: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    with tempfile.TemporaryDirectory() as folder, contextlib.ExitStack() as servers:
         root = Path(folder)
-        server = EmbeddedRedis(root / "redis").start()
-        try:
-            output = _output(root, entities)
-            config = _project(root)
-            publish(open_repo(config.feature_store, output, url=server.url),
-                    progress=lambda _: None)
-            stream = config.stream.model_copy(update={"archive": str(root / "archive")})
-            processor = open_processor(stream, config.feature_store, output, url=server.url)
+        output = _output(root, entities)
+        processors, nodes = {}, {}
+        for side in sides:
+            on_cluster = side == "cluster"
+            if on_cluster:
+                server: Any = servers.enter_context(EmbeddedRedisCluster(root / side))
+                nodes[side] = [redis.Redis(port=port) for port in server.ports]
+            else:
+                server = EmbeddedRedis(root / side).start()
+                servers.callback(server.stop)
+                nodes[side] = [redis.Redis.from_url(server.url)]
+            config = _project(root / side)
+            feature_store = config.feature_store.model_copy(
+                update={"redis_type": "redis_cluster" if on_cluster else "redis"})
+            publish(open_repo(feature_store, output, url=server.url), progress=lambda _: None)
+            stream = config.stream.model_copy(update={"archive": str(root / side / "archive")})
+            processor = open_processor(stream, feature_store, output, url=server.url)
             processor.refresh_base()
             processor.log.commit = lambda delivered: None  # type: ignore[method-assign]
+            processors[side] = processor
+
+        def redis_cpu(side: str) -> float:
+            infos = [node.info("cpu") for node in nodes[side]]
+            return sum(float(i["used_cpu_sys"]) + float(i["used_cpu_user"]) for i in infos)
+
+        for index in range(2 * rounds):
+            side = sides[index % 2]
+            processor = processors[side]
             validate = EventValidator(processor.contract, datetime.now().astimezone())
-            client = redis.Redis.from_url(server.url)
-
-            def redis_cpu() -> float:
-                info = client.info("cpu")
-                return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
-
-            for index in range(2 * rounds):
-                side = ("collected", "frozen")[index % 2]
-                day = SNAPSHOT + timedelta(hours=2 + index)
-                records = []
-                for first in range(0, burst, 500):
-                    lines = []
-                    for n in range(first, min(first + 500, burst)):
-                        event, _ = validate(_event(f"r{index}u{n % 997}", f"r{index}i{n % 499}",
-                                                   day + timedelta(microseconds=n),
-                                                   "click" if n % 5 == 0 else "view"))
-                        assert event is not None
-                        lines.append(event_line(event))
-                    records.append(Delivered(None, b"\n".join(lines), time.time()))
-                gc.collect()
-                if side == "frozen":
-                    gc.freeze()
-                redis_before, cpu_before = redis_cpu(), time.process_time()
-                started = time.perf_counter()
-                for low in range(0, len(records), 10):
-                    processor.process(records[low:low + 10])
-                seconds = time.perf_counter() - started
-                measured[side].append({"seconds": round(seconds, 3),
-                                       "process_cpu_s": round(time.process_time()
-                                                              - cpu_before, 3),
-                                       "redis_cpu_s": round(redis_cpu() - redis_before, 3)})
-                gc.unfreeze()
-            processed = processor.processed
-        finally:
-            server.stop()
+            records = _burst_records(index, burst, validate)
+            gc.collect()
+            if side != "collected":
+                gc.freeze()
+            redis_before, cpu_before = redis_cpu(side), time.process_time()
+            started = time.perf_counter()
+            for low in range(0, len(records), 10):
+                processor.process(records[low:low + 10])
+            seconds = time.perf_counter() - started
+            measured[side].append({"seconds": round(seconds, 3),
+                                   "process_cpu_s": round(time.process_time() - cpu_before, 3),
+                                   "redis_cpu_s": round(redis_cpu(side) - redis_before, 3)})
+            gc.unfreeze()
+        processed = {side: processor.processed for side, processor in processors.items()}
 
     def mean(side: str, field: str) -> float:
         return float(np.mean([m[field] for m in measured[side]]))
 
     return {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "events": burst,
             "processed": processed, "runs": measured,
-            "frozen_vs_collected": {field: round(mean("frozen", field)
-                                                 / mean("collected", field), 3)
-                                    for field in ("seconds", "process_cpu_s", "redis_cpu_s")}}
+            f"{sides[1]}_vs_{sides[0]}": {field: round(mean(sides[1], field)
+                                                      / mean(sides[0], field), 3)
+                                           for field in ("seconds", "process_cpu_s",
+                                                         "redis_cpu_s")}}
 
 
 def main() -> None:
@@ -406,10 +429,13 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true",
                         help="the processor's bursts in this process, without and with "
                              "gc.freeze(), alternated")
+    parser.add_argument("--cluster", action="store_true",
+                        help="with --in-process: on one server and on a 3-node Redis "
+                             "Cluster, alternated")
     args = parser.parse_args()
     if args.in_process:
-        report = (in_process(200, 1000, 1) if args.smoke else
-                  in_process(args.entities, args.burst, args.rounds))
+        report = (in_process(200, 1000, 1, args.cluster) if args.smoke else
+                  in_process(args.entities, args.burst, args.rounds, args.cluster))
     elif args.aggregations:
         sizes = ({"entities": 200, "rate": 100, "seconds": 1, "batch": 10, "track": 5,
                   "burst": 500} if args.smoke else

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from featureline.core.aggregations import (
@@ -62,7 +63,6 @@ from featureline.feature_store.feature_log import (
     quoted,
 )
 from featureline.feature_store.settings import FeatureStoreConfig
-from featureline.feature_store.tiles import tile_key
 
 RELATIVE_TOLERANCE = 1e-9
 METRIC_PREFIX = "featureline_consistency"
@@ -295,7 +295,8 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
                     None if unsettled or (entity and not events)
                     else value_at(feature, events, t, keeps[feature.output]))
         # A row's key as the report names it: the one value, or the values as a JSON list.
-        named = [own[0] if len(own) == 1 else tile_key(own).decode() for own in row_keys]
+        named = [own[0] if len(own) == 1 else orjson.dumps(list(own)).decode()
+                 for own in row_keys]
         table = logged.append_column("__key", pa.array(named, pa.string())).append_column(
             "__settled", pa.array(settled)).append_column(
             "__streamed", pa.array(streamed)).append_column(

@@ -3,7 +3,7 @@
 request time merged from them (docs/ARCHITECTURE.md, "Features as definitions").
 
 In the online store, a key's tiles of every output of its group are one value,
-``featureline:tiles:<project>:<generation>:<group>:<the key's values as a JSON list>``,
+``featureline:tiles:<project>:<generation>:<group>:{<the key's values as a JSON list>}``,
 holding ``{output: [[tile start, partial], …]}`` (:func:`encode_key_tiles`): a read of a
 group is one GET per key, in the round trip of the entity vectors, and belongs to the
 generation that the publication stamp serves, as they do.
@@ -106,8 +106,16 @@ def tiles_prefix(project: str, generation: int | None = None, group: str | None 
 
 
 def tile_key(values: Sequence[Any]) -> bytes:
-    """The part of a tile key after its group's prefix: the key's values as a JSON list."""
-    return orjson.dumps(list(values))
+    """The part of a tile key after its group's prefix: the key's values as a JSON list, in
+    braces — Redis Cluster's hash tag, so that a key's tiles of every generation and the
+    stream's record of its events (``stream/tiles.py``) lie in one hash slot, which a
+    transaction over them needs. No prefix holds a brace (project and group names cannot)."""
+    return b"{" + orjson.dumps(list(values)) + b"}"
+
+
+def tile_key_values(part: bytes) -> list[Any]:
+    """The key's values a :func:`tile_key` names."""
+    return list(orjson.loads(part[1:-1]))
 
 
 def encode_key_tiles(features: Mapping[str, AggregateFeature],

@@ -58,8 +58,12 @@ EVENT_LOGS: dict[str, Callable[[StreamConfig, str], EventLog]] = {
 }
 
 
-def open_event_log(config: StreamConfig, online_store_url: str) -> EventLog:
-    """The configured log; a Redis Stream defaults to the online store's Redis."""
+def open_event_log(config: StreamConfig, online_store_url: str, cluster: bool = False
+                   ) -> EventLog:
+    """The configured log; a Redis Stream defaults to the online store's Redis (``cluster``:
+    the online store is a Redis Cluster — the stream is then one key on one of its nodes)."""
+    if config.log == "redis_stream" and not config.url:
+        return RedisStreamLog(config, online_store_url, cluster=cluster)
     return EVENT_LOGS[config.log](config, config.url or online_store_url)
 
 

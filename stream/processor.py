@@ -123,9 +123,10 @@ class StreamProcessor:
     def __init__(self, log: EventLog, store: OnlineStore, state_url: str, project: str,
                  metadata: Metadata, contract: EventContract, layouts: dict[str, Layout],
                  archive: Path, consumer: str | None = None, read_batch: int = 500,
-                 metrics: StreamMetrics | None = None) -> None:
+                 metrics: StreamMetrics | None = None, cluster: bool = False) -> None:
         self.log, self.store, self.project = log, store, project
-        self.client = redis.client(state_url)
+        self.client = redis.client(state_url, cluster=cluster)
+        self.cluster = cluster
         self.label = labeler(contract)
         self.metadata, self.contract, self.layouts = metadata, contract, layouts
         self.archive = archive
@@ -138,7 +139,7 @@ class StreamProcessor:
         self.encoded: dict[str, dict[str, int]] = {}
         self.processed = 0
         self.metrics = metrics or StreamMetrics()
-        self.tiles = StreamTiles(self.client, project, contract)
+        self.tiles = StreamTiles(self.client, project, contract, cluster)
         self._stop = threading.Event()
 
     def refresh_base(self) -> bool:
@@ -224,7 +225,9 @@ class StreamProcessor:
                                       generation=self.generation)
                 self.store.announce(written_topic(self.project), orjson.dumps(
                     [[layout.view, value] for value in columns[key]]))
-            now = self.client.mget([prefix + tile_key([value]) for value, _ in pending])
+            names = [prefix + tile_key([value]) for value, _ in pending]
+            # A cluster's MGET takes one slot: redis-py's splits it by slot.
+            now = self.client.mget_nonatomic(names) if self.cluster else self.client.mget(names)
             pending = [(value, KeyState(after, None, False))
                        for (value, state), after in zip(pending, now, strict=True)
                        if state.stored != after]
@@ -294,7 +297,8 @@ def open_processor(stream: StreamConfig, feature_store: FeatureStoreConfig, outp
                                  store.config.entity_key_serialization_version,
                                  getattr(store.config.online_store, "key_ttl_seconds", None))
                for entity, view in repo.definitions.views.items()}
-    return StreamProcessor(open_event_log(stream, repo.redis_url),
+    cluster = feature_store.redis_type == "redis_cluster"
+    return StreamProcessor(open_event_log(stream, repo.redis_url, cluster),
                            open_online_store(feature_store.redis_type, repo.redis_url),
                            repo.redis_url, store.project, metadata, contract, layouts,
-                           Path(stream.archive), consumer, stream.read_batch)
+                           Path(stream.archive), consumer, stream.read_batch, cluster=cluster)

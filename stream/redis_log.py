@@ -27,11 +27,11 @@ CLAIM_IDLE_MS = 30_000
 
 
 class RedisStreamLog:
-    def __init__(self, config: StreamConfig, url: str) -> None:
+    def __init__(self, config: StreamConfig, url: str, cluster: bool = False) -> None:
         self.url = url
         self.stream = config.topic
         self.group = config.group
-        self.client = redis.client(url)
+        self.client = redis.client(url, cluster=cluster)
         self._pending_done: set[str] = set()
 
     @contextmanager

@@ -3,7 +3,7 @@ the served generation of the online store, once — of every group the output ha
 the entity tables' included (docs/ARCHITECTURE.md, "Features as definitions").
 
 Beside a key's tiles (``feature_store/tiles.py``) the processor keeps the key's *streamed
-events* — a hash, ``featureline:stream:<project>:agg:<group>:<key as JSON>``: the generation
+events* — a hash, ``featureline:stream:<project>:agg:<group>:{<key as JSON>}``: the generation
 whose tiles hold them, and per event digest what the group reads of the event (its time in
 µs, its label, the columns) — every event at or after the published output's cut. A batch of
 events is applied in one optimistic transaction (up to :data:`TRANSACTION_KEYS` keys, of
@@ -15,6 +15,12 @@ batch, not the events streamed before it. Each key's tiles come back to the call
 transaction left them (the processor's entity rows are computed from them). Tiles and
 digests move together, so an event delivered again — after a kill between the write and
 the log's commit, or pushed twice — adds nothing.
+
+On a Redis Cluster a transaction's keys must share a hash slot: the braces in both names
+(the tile key's hash tag, ``feature_store.tiles.tile_key``) put a key's tiles of every
+generation and its streamed events in one slot, and a batch is one transaction per slot
+(up to :data:`TRANSACTION_KEYS` keys of it) — a round trip or three per key instead of per
+500 keys; the scripts are loaded on every primary and sent by digest.
 
 A publish serves a new generation whose tiles are the batch's, up to a new cut: at its next
 look at the publication the processor moves every streamed key to it — the events before
@@ -32,6 +38,7 @@ from typing import Any, NamedTuple
 
 import orjson
 import redis as redis_py
+from redis.crc import key_slot
 
 from featureline.core.aggregations import (
     LABEL,
@@ -47,6 +54,7 @@ from featureline.feature_store.tiles import (
     decode_key_tiles,
     encode_key_tiles,
     tile_key,
+    tile_key_values,
     tiles_prefix,
 )
 
@@ -120,8 +128,10 @@ class KeyState(NamedTuple):
 class StreamTiles:
     """Adds streamed events to the tiles of every group of the served output's spec."""
 
-    def __init__(self, client: redis_py.Redis, project: str, contract: EventContract) -> None:
+    def __init__(self, client: redis_py.Redis, project: str, contract: EventContract,
+                 cluster: bool = False) -> None:
         self.client = client
+        self.cluster = cluster
         self.project = project
         self.contract = contract
         self.groups: dict[str, GroupSpec] = {}
@@ -149,10 +159,11 @@ class StreamTiles:
         moved: dict[str, dict[tuple[str, ...], KeyState]] = {}
         if not generation:  # nothing served: nothing to write into
             return moved
+        self._load_scripts()  # on every primary of a cluster
         for group in groups:
             prefix = self._streamed_prefix(group.name)
             keys: dict[GroupKey, dict[str, Any]] = {
-                (group.name, tuple(orjson.loads(key[len(prefix):]))): {}
+                (group.name, tuple(tile_key_values(key[len(prefix):]))): {}
                 for key in self.client.scan_iter(match=prefix + "*", count=1000)}
             for (name, key), state in self._transactions(keys).items():
                 if state.added:
@@ -185,12 +196,23 @@ class StreamTiles:
         return f"featureline:stream:{self.project}:agg:{group}:"
 
     def _transactions(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
-        """:meth:`_apply` over ``new``, :data:`TRANSACTION_KEYS` keys at a time."""
-        items = list(new.items())
+        """:meth:`_apply` over ``new``, :data:`TRANSACTION_KEYS` keys at a time — on a
+        Redis Cluster, of one hash slot at a time (a transaction's keys share one)."""
+        parts: list[list[tuple[GroupKey, dict[str, Any]]]] = [list(new.items())]
+        if self.cluster:
+            by_slot: dict[int, list[tuple[GroupKey, dict[str, Any]]]] = {}
+            for item in parts[0]:
+                by_slot.setdefault(key_slot(tile_key(item[0][1])), []).append(item)
+            parts = list(by_slot.values())
         states: dict[GroupKey, KeyState] = {}
-        for low in range(0, len(items), TRANSACTION_KEYS):
-            states.update(self._apply(dict(items[low:low + TRANSACTION_KEYS])))
+        for items in parts:
+            for low in range(0, len(items), TRANSACTION_KEYS):
+                states.update(self._apply(dict(items[low:low + TRANSACTION_KEYS])))
         return states
+
+    def _load_scripts(self) -> None:
+        for script in (self.read, self.write):
+            self.client.script_load(script.script)
 
     def _apply(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
         """One transaction over ``new``'s keys (of any groups) and their new events (by
@@ -206,7 +228,7 @@ class StreamTiles:
         for events in new.values():
             asked += [len(events), *events]
         generation = str(self.generation).encode()
-        with self.client.pipeline() as watching:
+        with self.client.pipeline(transaction=True) as watching:
             while True:
                 try:
                     watching.watch(*streamed_keys, *tile_keys)
@@ -256,12 +278,15 @@ class StreamTiles:
                             args += [digest, orjson.dumps(event)]
                         args += [len(stale), *stale]
                     watching.multi()
-                    if written:
-                        self.write(keys=written, args=args, client=watching)
+                    if written:  # by digest: a cluster's pipeline cannot load a script
+                        watching.execute_command("EVALSHA", self.write.sha, len(written),
+                                                 *written, *args)
                     watching.execute()
                     return states
                 except redis_py.WatchError:
                     continue
+                except redis_py.exceptions.NoScriptError:  # the server lost its scripts
+                    self._load_scripts()
 
     def _tiles_with(self, group: str, stored: bytes | None, events: list[Any]
                     ) -> dict[str, KeyTiles]:

@@ -275,18 +275,23 @@ def test_bench_stream_smoke(aggregations):
     assert burst["stream_vs_raw"] > 0
 
 
-def test_bench_stream_in_process_smoke():
-    """The processor's bursts in the test's process: every event of both sides applied, the
-    collector left unfrozen, the ratios of the sides' means."""
+@pytest.mark.parametrize("cluster", [False, True])
+def test_bench_stream_in_process_smoke(cluster):
+    """The processor's bursts in the test's process: every event of both sides applied (with
+    ``cluster``: on one server and on a 3-node Redis Cluster), the collector left unfrozen,
+    the ratios of the sides' means."""
     import gc
 
-    report = _load("bench_stream").in_process(entities=200, burst=1000, rounds=1)
+    report = _load("bench_stream").in_process(entities=200, burst=1000, rounds=1,
+                                              cluster=cluster)
     json.dumps(report)
-    assert report["processed"] == 2000 and gc.get_freeze_count() == 0
-    collected, frozen = report["runs"]["collected"][0], report["runs"]["frozen"][0]
-    assert collected["process_cpu_s"] > 0 and frozen["redis_cpu_s"] > 0
-    assert report["frozen_vs_collected"]["seconds"] == round(
-        frozen["seconds"] / collected["seconds"], 3)
+    first, second = ("one_server", "cluster") if cluster else ("collected", "frozen")
+    assert report["processed"] == {first: 1000, second: 1000}
+    assert gc.get_freeze_count() == 0
+    runs = report["runs"]
+    assert runs[first][0]["process_cpu_s"] > 0 and runs[second][0]["redis_cpu_s"] > 0
+    assert report[f"{second}_vs_{first}"]["seconds"] == round(
+        runs[second][0]["seconds"] / runs[first][0]["seconds"], 3)
 
 
 def test_bench_tiles_publish_smoke():

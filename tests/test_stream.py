@@ -135,6 +135,35 @@ def test_pushed_events_are_served_exactly_with_duplicates_once(tmp_path, redis_s
         _check_pushed_events(client, processor, output)
 
 
+def test_the_stream_runs_on_a_redis_cluster(tmp_path, redis_cluster, job_output):
+    """``feature_store.redis_type: redis_cluster``: the log on the cluster, each key's tiles
+    and streamed events in one slot, the same exact values and duplicates once."""
+    from redis.cluster import RedisCluster
+
+    RedisCluster.from_url(redis_cluster.url).flushall()
+    output = job_output.output
+    keys = tmp_path / "api-keys"
+    keys.write_text("reader-key read\nwriter-key write\n")
+    config = copy_project(tmp_path, ttl="3650d", redis_type="redis_cluster",
+                          api={"auth": {"keys_file": str(keys)}, "data": str(output),
+                               "feature_cache": {"ttl_s": 0}},
+                          stream={"archive": str(tmp_path / "archive")})
+    url = redis_cluster.url
+    repo = open_repo(config.feature_store, output, url=url)
+    publish(repo, progress=lambda _: None)
+    processor = open_processor(config.stream, config.feature_store, output, url=url,
+                               consumer="cluster")
+    with TestClient(create_app(config.serving(), output=output, redis_url=url)) as client:
+        _check_pushed_events(client, processor, output)
+        # A new generation of the same output: the streamed keys move to its tiles, each in
+        # its slot's transaction, and are served as before.
+        served = processor.tiles.generation
+        publish(repo, full=True, progress=lambda _: None)
+        assert processor.refresh_base()
+        assert processor.tiles.generation != served
+        assert _features(client, "new-user", "i1")["user_events"] == 3
+
+
 def _check_pushed_events(client, processor, output: Path) -> None:
     item = _latest(output, "item", "item_id", "i1")  # its totals: every event before the cut
     day = _cut(output) + timedelta(hours=3)
