@@ -10,6 +10,7 @@ connection, so a failover costs the commands in flight during the switch, not a 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -108,3 +109,13 @@ def client(url: str, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT
     client_class = RedisCluster if cluster else redis_py.Redis
     return client_class.from_url(url, socket_timeout=timeout_s,
                                  socket_connect_timeout=connect_timeout_s)
+
+
+def queue_script(pipe: Any, sha: str, keys: Sequence[Any], args: Sequence[Any],
+                 cluster: Any = None) -> None:
+    """Queue a call of the script of digest ``sha`` on ``pipe``. ``cluster``: the client of a
+    Redis Cluster whose pipeline it is — the call is routed to the node of its keys' slot
+    (one slot: a script's keys share one); unnamed, redis-py's cluster pipeline asks a server
+    for the keys of each call (``COMMAND GETKEYS``, a round trip per call)."""
+    options = {} if cluster is None else {"target_nodes": cluster.get_node_from_key(keys[0])}
+    pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, **options)

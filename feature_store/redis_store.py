@@ -224,9 +224,10 @@ class RedisOnlineStore:
                     batch = chunks[low:low + per_batch]
                     for chunk in batch:
                         indices = chunk.tolist()
-                        pipe.execute_command("EVALSHA", digest, len(indices),
-                                             *[keys[i] for i in indices], *head,
-                                             *[value for i in indices for value in by_row[i]])
+                        redis.queue_script(pipe, digest, [keys[i] for i in indices],
+                                           [*head, *(value for i in indices
+                                                     for value in by_row[i])],
+                                           self.client if self.cluster else None)
                         written += len(indices)
                     if prefix is not None:  # after the scripts, whose replies count changes
                         for chunk in batch:

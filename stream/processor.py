@@ -194,7 +194,7 @@ class StreamProcessor:
 
     def _write(self, entity: str, values: dict[str, KeyState]) -> None:
         """Compute and write the rows of the entities ``values`` (ids as text) from their
-        tiles, as the transaction that wrote them left them; again for those whose tiles
+        tiles, as the write that added their events left them; again for those whose tiles
         moved meanwhile (another processor of the group added events of theirs)."""
         if not self.generation:
             return

@@ -4,28 +4,29 @@ the entity tables' included (docs/ARCHITECTURE.md, "Features as definitions").
 
 Beside a key's tiles (``feature_store/tiles.py``) the processor keeps the key's *streamed
 events* — a hash, ``featureline:stream:<project>:agg:<group>:{<key as JSON>}``: the generation
-whose tiles hold them, and per event digest what the group reads of the event (its time in
-µs, its label, the columns) — every event at or after the published output's cut. A batch of
-events is applied in one optimistic transaction (up to :data:`TRANSACTION_KEYS` keys, of
-all groups together): WATCH both keys of every key touched, read in one round trip which
-of the batch's digests each key holds and its tiles, add the new events with the engine's
-``add`` (``core/aggregations.py``), write the tiles and the new digests (MULTI/EXEC; a
-write by another processor in between starts it again) — the cost of a batch follows the
-batch, not the events streamed before it. Each key's tiles come back to the caller as the
-transaction left them (the processor's entity rows are computed from them). Tiles and
-digests move together, so an event delivered again — after a kill between the write and
-the log's commit, or pushed twice — adds nothing.
+whose tiles hold them, a version (the count of its writes), and per event digest what the
+group reads of the event (its time in µs, its label, the columns) — every event at or after
+the published output's cut. A batch of events is applied optimistically, in two pipelined
+rounds of Lua scripts (up to :data:`SCRIPT_KEYS` keys per call, of all groups together):
+the first reads which of the batch's digests each key holds, its version and its tiles; the
+engine's ``add`` (``core/aggregations.py``) folds in the new events; the second writes each
+key's tiles and new digests and bumps its version — only where the version is still the one
+read. A key another processor wrote in between is left unwritten and read again — the cost
+of a batch follows the batch, not the events streamed before it. Each key's tiles come back
+to the caller as the write left them (the processor's entity rows are computed from them).
+Tiles and digests move together in one script, so an event delivered again — after a kill
+between the write and the log's commit, or pushed twice — adds nothing.
 
-On a Redis Cluster a transaction's keys must share a hash slot: the braces in both names
-(the tile key's hash tag, ``feature_store.tiles.tile_key``) put a key's tiles of every
-generation and its streamed events in one slot, and a batch is one transaction per slot
-(up to :data:`TRANSACTION_KEYS` keys of it) — a round trip or three per key instead of per
-500 keys; the scripts are loaded on every primary and sent by digest.
+On a Redis Cluster a script's keys must share a hash slot: the braces in both names (the
+tile key's hash tag, ``feature_store.tiles.tile_key``) put a key's tiles of every generation
+and its streamed events in one slot, and each call holds one slot's keys (mostly one key);
+the pipelines send each call to its slot's node (``core.redis.queue_script``), the scripts
+loaded on every primary and sent by digest.
 
 A publish serves a new generation whose tiles are the batch's, up to a new cut: at its next
 look at the publication the processor moves every streamed key to it — the events before
 the new cut are dropped (the batch holds them), the others added to the new tiles — in the
-same transaction, so a kill mid-way leaves each key wholly moved or not. Events older than
+same script as its tiles, so a kill mid-way leaves each key wholly moved or not. Events older than
 the served cut when they arrive (later than the batch's read of the archive) are left to
 the next batch run.
 """
@@ -40,6 +41,7 @@ import orjson
 import redis as redis_py
 from redis.crc import key_slot
 
+from featureline.core import redis
 from featureline.core.aggregations import (
     LABEL,
     AggregateFeature,
@@ -58,49 +60,56 @@ from featureline.feature_store.tiles import (
     tiles_prefix,
 )
 
-# Keys per WATCH transaction.
-TRANSACTION_KEYS = 500
-# The field of a key's streamed events naming the generation whose tiles hold them.
+# Keys per script call (on a Redis Cluster, of one hash slot).
+SCRIPT_KEYS = 500
+# The fields of a key's streamed events naming the generation whose tiles hold them, and
+# counting the writes of its tiles (a write expects the count its read saw).
 GENERATION = "generation"
+VERSION = "version"
 # Per key (KEYS: the streamed events' hashes, then the tiles; ARGV: the number of keys, then
-# per key its count of digests and the digests): its generation (empty: none), a flag per
-# digest (1: held), its tiles (empty: none).
+# per key its count of digests and the digests): its generation and version (empty: none), a
+# flag per digest (1: held), its tiles (empty: none).
 READ = """
 local n = tonumber(ARGV[1])
 local at, result = 2, {}
 for i = 1, n do
   local count = tonumber(ARGV[at])
-  local fields = {'generation'}
-  for j = 1, count do fields[j + 1] = ARGV[at + j] end
+  local fields = {'generation', 'version'}
+  for j = 1, count do fields[j + 2] = ARGV[at + j] end
   at = at + count + 1
   local found = redis.call('HMGET', KEYS[i], unpack(fields))
   local flags = {}
-  for j = 2, #fields do flags[j - 1] = found[j] and 1 or 0 end
-  result[i] = {found[1] or '', flags, redis.call('GET', KEYS[n + i]) or ''}
+  for j = 3, #fields do flags[j - 2] = found[j] and 1 or 0 end
+  result[i] = {found[1] or '', found[2] or '', flags, redis.call('GET', KEYS[n + i]) or ''}
 end
 return result
 """
-# Per key (KEYS: its streamed events' hash, its tiles; ARGV: the generation, then per key its
-# tiles (empty: unchanged), the count of new events, their digest and event, the count of
-# stale digests, the stale digests): writes them.
+# Per key (KEYS: its streamed events' hash, its tiles; ARGV: the generation, then per key the
+# version its read saw, its tiles (empty: unchanged), the count of new events, their digest
+# and event, the count of stale digests, the stale digests): writes them where the key's
+# version is still the one read; returns the keys (1-based) where it is not.
 WRITE = """
-local at = 2
+local at, conflicts = 2, {}
 for i = 1, #KEYS, 2 do
-  if ARGV[at] ~= '' then redis.call('SET', KEYS[i + 1], ARGV[at]) end
-  local fresh = tonumber(ARGV[at + 1])
-  local args = {'generation', ARGV[1]}
-  for j = 1, 2 * fresh do args[2 + j] = ARGV[at + 1 + j] end
-  redis.call('HSET', KEYS[i], unpack(args))
-  at = at + 2 + 2 * fresh
-  local stale = tonumber(ARGV[at])
-  if stale > 0 then
-    local fields = {}
-    for j = 1, stale do fields[j] = ARGV[at + j] end
-    redis.call('HDEL', KEYS[i], unpack(fields))
+  local fresh = tonumber(ARGV[at + 2])
+  local stale = tonumber(ARGV[at + 3 + 2 * fresh])
+  if (redis.call('HGET', KEYS[i], 'version') or '') == ARGV[at] then
+    if ARGV[at + 1] ~= '' then redis.call('SET', KEYS[i + 1], ARGV[at + 1]) end
+    local args = {'generation', ARGV[1]}
+    for j = 1, 2 * fresh do args[2 + j] = ARGV[at + 2 + j] end
+    redis.call('HSET', KEYS[i], unpack(args))
+    redis.call('HINCRBY', KEYS[i], 'version', 1)
+    if stale > 0 then
+      local fields = {}
+      for j = 1, stale do fields[j] = ARGV[at + 3 + 2 * fresh + j] end
+      redis.call('HDEL', KEYS[i], unpack(fields))
+    end
+  else
+    conflicts[#conflicts + 1] = (i + 1) / 2
   end
-  at = at + stale + 1
+  at = at + 4 + 2 * fresh + stale
 end
-return #KEYS / 2
+return conflicts
 """
 
 
@@ -117,8 +126,8 @@ GroupKey = tuple[str, tuple[str, ...]]
 
 
 class KeyState(NamedTuple):
-    """A key's tiles after a transaction: as stored (None: none), decoded where the
-    transaction wrote them (else None), and whether it added events."""
+    """A key's tiles after a batch: as stored (None: none), decoded where the batch wrote
+    them (else None), and whether it added events."""
 
     stored: bytes | None
     tiles: dict[str, KeyTiles] | None
@@ -165,7 +174,7 @@ class StreamTiles:
             keys: dict[GroupKey, dict[str, Any]] = {
                 (group.name, tuple(tile_key_values(key[len(prefix):]))): {}
                 for key in self.client.scan_iter(match=prefix + "*", count=1000)}
-            for (name, key), state in self._transactions(keys).items():
+            for (name, key), state in self._apply_all(keys).items():
                 if state.added:
                     moved.setdefault(name, {})[key] = state
         return moved
@@ -188,105 +197,135 @@ class StreamTiles:
                     kept = {c: event.get(c) for c in columns} if columns else {}
                     by_key.setdefault((group_name, key), {})[name] = [ts, label, kept]
         states: dict[str, dict[tuple[str, ...], KeyState]] = {}
-        for (group_name, key), state in self._transactions(by_key).items():
+        for (group_name, key), state in self._apply_all(by_key).items():
             states.setdefault(group_name, {})[key] = state
         return states
 
     def _streamed_prefix(self, group: str) -> str:
         return f"featureline:stream:{self.project}:agg:{group}:"
 
-    def _transactions(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
-        """:meth:`_apply` over ``new``, :data:`TRANSACTION_KEYS` keys at a time — on a
-        Redis Cluster, of one hash slot at a time (a transaction's keys share one)."""
-        parts: list[list[tuple[GroupKey, dict[str, Any]]]] = [list(new.items())]
-        if self.cluster:
-            by_slot: dict[int, list[tuple[GroupKey, dict[str, Any]]]] = {}
-            for item in parts[0]:
-                by_slot.setdefault(key_slot(tile_key(item[0][1])), []).append(item)
-            parts = list(by_slot.values())
+    def _apply_all(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
+        """:meth:`_apply` over ``new`` until no key is left that another processor wrote
+        between the read and the write."""
         states: dict[GroupKey, KeyState] = {}
-        for items in parts:
-            for low in range(0, len(items), TRANSACTION_KEYS):
-                states.update(self._apply(dict(items[low:low + TRANSACTION_KEYS])))
+        while new:
+            applied = self._apply(new)
+            states.update(applied)
+            new = {key: events for key, events in new.items() if key not in applied}
         return states
 
     def _load_scripts(self) -> None:
         for script in (self.read, self.write):
             self.client.script_load(script.script)
 
+    def _parts(self, keys: list[GroupKey]) -> list[list[int]]:
+        """``keys``' indices, :data:`SCRIPT_KEYS` at most per script call — on a Redis
+        Cluster, each call's of one hash slot (a script's keys share one)."""
+        groups: list[list[int]] = [list(range(len(keys)))]
+        if self.cluster:
+            by_slot: dict[int, list[int]] = {}
+            for at, (_, key) in enumerate(keys):
+                by_slot.setdefault(key_slot(tile_key(key)), []).append(at)
+            groups = list(by_slot.values())
+        return [group[low:low + SCRIPT_KEYS] for group in groups
+                for low in range(0, len(group), SCRIPT_KEYS)]
+
+    def _scripts(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        """The replies of ``script`` called with each ``(keys, args)``, in one pipeline (a
+        cluster's routes each call to its slot's node), by digest; loaded first where a
+        server lost it."""
+        while True:
+            pipe = self.client.pipeline(transaction=False)
+            for keys, args in calls:
+                redis.queue_script(pipe, script.sha, keys, args,
+                                   self.client if self.cluster else None)
+            try:
+                return list(pipe.execute())
+            except redis_py.exceptions.NoScriptError:
+                self._load_scripts()
+
     def _apply(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
-        """One transaction over ``new``'s keys (of any groups) and their new events (by
-        digest): their streamed events moved to the served generation if they are of
-        another, and the new events added; each key's tiles after it."""
+        """``new``'s keys (of any groups) with their new events (by digest): their streamed
+        events moved to the served generation if they are of another, and the new events
+        added; each key's tiles after it — except the keys another processor wrote after
+        they were read here (their version moved), which are left out, unwritten."""
         keys = list(new)
         streamed_keys = [self._streamed_prefix(group) + tile_key(key).decode()
                          for group, key in keys]
         prefixes = {group: tiles_prefix(self.project, self.generation, group).decode()
                     for group in {group for group, _ in keys}}
         tile_keys = [prefixes[group] + tile_key(key).decode() for group, key in keys]
-        asked: list[Any] = [len(keys)]
-        for events in new.values():
-            asked += [len(events), *events]
+        parts = self._parts(keys)
+        asked: list[list[Any]] = []
+        for part in parts:
+            args: list[Any] = [len(part)]
+            for at in part:
+                events = new[keys[at]]
+                args += [len(events), *events]
+            asked.append(args)
+        held: list[Any] = [None] * len(keys)
+        for part, replies in zip(parts, self._scripts(self.read, [
+                ([*(streamed_keys[at] for at in part), *(tile_keys[at] for at in part)], args)
+                for part, args in zip(parts, asked, strict=True)]), strict=True):
+            for at, reply in zip(part, replies, strict=True):
+                held[at] = reply
         generation = str(self.generation).encode()
-        with self.client.pipeline(transaction=True) as watching:
-            while True:
-                try:
-                    watching.watch(*streamed_keys, *tile_keys)
-                    # Read on another connection: the WATCH still fails the EXEC on any
-                    # write by another client after it.
-                    held = self.read(keys=[*streamed_keys, *tile_keys], args=asked)
-                    moved = [at for at, (held_generation, _, _) in enumerate(held)
-                             if held_generation != generation]
-                    reads = self.client.pipeline(transaction=False)
-                    for at in moved:
-                        reads.hgetall(streamed_keys[at])
-                    streamed = dict(zip(moved, reads.execute() if moved else [], strict=True))
-                    written: list[str] = []
-                    states: dict[GroupKey, KeyState] = {}
-                    args: list[Any] = [self.generation]
-                    for at, (group, key) in enumerate(keys):
-                        events = new[(group, key)]
-                        fresh = {digest: event for (digest, event), found
-                                 in zip(events.items(), held[at][1], strict=True)
-                                 if not found}
-                        stale: list[str] = []
-                        adding = dict(fresh)
-                        if at in streamed:  # the served tiles hold none of them: all again
-                            for field, value in streamed[at].items():
-                                name = field.decode()
-                                if name == GENERATION or name in fresh:
-                                    continue
-                                event = orjson.loads(value)
-                                if event[0] >= self.cut_us:
-                                    adding[name] = event
-                                else:  # the batch of the new cut holds it
-                                    stale.append(name)
-                        stored = held[at][2] or None
-                        if not fresh and at not in streamed:
-                            states[(group, key)] = KeyState(stored, None, False)
+        moved = [at for at, (held_generation, *_) in enumerate(held)
+                 if held_generation != generation]
+        reads = self.client.pipeline(transaction=False)
+        for at in moved:
+            reads.hgetall(streamed_keys[at])
+        streamed = dict(zip(moved, reads.execute() if moved else [], strict=True))
+        states: dict[GroupKey, KeyState] = {}
+        calls: list[tuple[list[str], list[Any]]] = []
+        written: list[list[int]] = []  # per call, its keys' indices
+        for part in parts:
+            call_keys: list[str] = []
+            args = [self.generation]
+            written.append([])
+            for at in part:
+                group, key = keys[at]
+                _, version, flags, stored_tiles = held[at]
+                events = new[(group, key)]
+                fresh = {digest: event for (digest, event), found
+                         in zip(events.items(), flags, strict=True) if not found}
+                stale: list[str] = []
+                adding = dict(fresh)
+                if at in streamed:  # the served tiles hold none of them: all again
+                    for field, value in streamed[at].items():
+                        name = field.decode()
+                        if name in (GENERATION, VERSION) or name in fresh:
                             continue
-                        written += [streamed_keys[at], tile_keys[at]]
-                        if adding:
-                            tiles = self._tiles_with(group, stored, list(adding.values()))
-                            encoded = encode_key_tiles(self.features[group], tiles)
-                            states[(group, key)] = KeyState(encoded, tiles, True)
-                        else:
-                            encoded = b""
-                            states[(group, key)] = KeyState(stored, None, False)
-                        args += [encoded, len(fresh)]
-                        for digest, event in fresh.items():
-                            args += [digest, orjson.dumps(event)]
-                        args += [len(stale), *stale]
-                    watching.multi()
-                    if written:  # by digest: a cluster's pipeline cannot load a script
-                        watching.execute_command("EVALSHA", self.write.sha, len(written),
-                                                 *written, *args)
-                    watching.execute()
-                    return states
-                except redis_py.WatchError:
+                        event = orjson.loads(value)
+                        if event[0] >= self.cut_us:
+                            adding[name] = event
+                        else:  # the batch of the new cut holds it
+                            stale.append(name)
+                stored = stored_tiles or None
+                if not fresh and at not in streamed:
+                    states[(group, key)] = KeyState(stored, None, False)
                     continue
-                except redis_py.exceptions.NoScriptError:  # the server lost its scripts
-                    self._load_scripts()
+                written[-1].append(at)
+                call_keys += [streamed_keys[at], tile_keys[at]]
+                if adding:
+                    tiles = self._tiles_with(group, stored, list(adding.values()))
+                    encoded = encode_key_tiles(self.features[group], tiles)
+                    states[(group, key)] = KeyState(encoded, tiles, True)
+                else:
+                    encoded = b""
+                    states[(group, key)] = KeyState(stored, None, False)
+                args += [version, encoded, len(fresh)]
+                for digest, event in fresh.items():
+                    args += [digest, orjson.dumps(event)]
+                args += [len(stale), *stale]
+            if call_keys:
+                calls.append((call_keys, args))
+        written = [indices for indices in written if indices]
+        for indices, conflicts in zip(written, self._scripts(self.write, calls) if calls
+                                      else [], strict=True):
+            for conflict in conflicts:
+                del states[keys[indices[int(conflict) - 1]]]
+        return states
 
     def _tiles_with(self, group: str, stored: bytes | None, events: list[Any]
                     ) -> dict[str, KeyTiles]:

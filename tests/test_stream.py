@@ -30,7 +30,7 @@ from featureline.stream.expected import ArchivedStream
 from featureline.stream.log import open_event_log
 from featureline.stream.processor import open_processor
 from featureline.stream.push import Pusher
-from featureline.stream.tiles import TRANSACTION_KEYS
+from featureline.stream.tiles import SCRIPT_KEYS
 from tests.feast_data import copy_project, fresh_db
 
 READ = {"Authorization": "Bearer reader-key"}
@@ -269,12 +269,12 @@ def test_a_processor_dying_between_the_tiles_and_the_row_writes_the_row_again(st
     assert row() == (2, 1)
 
 
-def test_a_batch_of_many_transactions_counts_each_event_once(stream_app):
-    """One read holding more keys than one Redis transaction takes, with duplicates of the
-    first events at the end, and -0.0 and 0.0 (one value to Spark)."""
+def test_a_batch_of_many_script_calls_counts_each_event_once(stream_app):
+    """One read holding more keys than one script call takes, with duplicates of the first
+    events at the end, and -0.0 and 0.0 (one value to Spark)."""
     client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
     start = _cut(output) + timedelta(hours=1)
-    users = TRANSACTION_KEYS + 20
+    users = SCRIPT_KEYS + 20
     events = [_event(f"bulk-{n % users}", "i1", "click" if n % 4 == 0 else "view",
                      start + timedelta(days=n % 9, seconds=n)) for n in range(3 * users)]
     events += [dict(event) for event in events[:300]]
@@ -288,7 +288,7 @@ def test_a_batch_of_many_transactions_counts_each_event_once(stream_app):
     while done < len(events):
         done += processor.process(processor.log.read(processor.consumer, 5000, 0.2))
     assert done == len(events)
-    for user in ("bulk-0", "bulk-1", f"bulk-{users - 1}"):  # the last in another transaction
+    for user in ("bulk-0", "bulk-1", f"bulk-{users - 1}"):  # the last in another call
         distinct = {(e["ts"], e["event_type"], e["value"]) for e in events
                     if e["user_id"] == user}
         days = [datetime.fromisoformat(ts).timestamp() // 86_400 for ts, _, _ in distinct]

@@ -131,3 +131,39 @@ def test_streamed_tiles_serve_the_definition(client, logged, cut_offset, batch, 
                            for output, feature in features.items()
                            if not _same(feature, values[output], reference(feature, own, at))]
     assert differ == [], differ[:5]
+
+
+def test_a_key_another_processor_wrote_after_the_read_is_read_again(client):
+    """Two processors add events of one user at once: the one whose read came before the
+    other's write finds the key's version moved, leaves it unwritten and reads it again —
+    both events counted, each once."""
+    client.flushdb()
+    _publish(client, [], ORIGIN)
+    first, second = (StreamTiles(client, "p", CONTRACT) for _ in range(2))
+    for stream in (first, second):
+        stream.serve(GROUPS, GENERATION, ORIGIN)
+    mine, theirs = ({"ts": ORIGIN + offset, "user_id": "u1", "item_id": "i1",
+                     "event_type": kind, "value": 1.0, "price": None, "category": "c1"}
+                    for offset, kind in ((MICROS, "view"), (2 * MICROS, "click")))
+    scripts, reads = first._scripts, []
+
+    def interleaved(script, calls):
+        replies = scripts(script, calls)
+        if script is first.read:
+            reads.append(len(calls))
+            if len(reads) == 1:  # between this read and its write
+                second.add([(_digest(theirs), theirs["ts"], 1, theirs)])
+        return replies
+
+    first._scripts = interleaved
+    added = first.add([(_digest(mine), mine["ts"], 0, mine)])
+    assert reads == [1, 1]  # read again after the conflict
+    group = entity_group("user", 7)
+    features = {f.output: f for f in group.outputs()}
+    stored = client.get(tiles_prefix("p", GENERATION, "user") + tile_key(["u1"]))
+    assert added["user"][("u1",)].stored == stored
+    values, _ = entity_values(features, stored)
+    assert (values["user_events"], values["user_positives"]) == (2, 1)
+    # Delivered again to either: nothing moves.
+    second.add([(_digest(mine), mine["ts"], 0, mine)])
+    assert client.get(tiles_prefix("p", GENERATION, "user") + tile_key(["u1"])) == stored
