@@ -137,7 +137,9 @@ def test_pushed_events_are_served_exactly_with_duplicates_once(tmp_path, redis_s
 
 def test_the_stream_runs_on_a_redis_cluster(tmp_path, redis_cluster, job_output):
     """``feature_store.redis_type: redis_cluster``: the log on the cluster, each key's tiles
-    and streamed events in one slot, the same exact values and duplicates once."""
+    and streamed events in one slot, the same exact values and duplicates once; a new
+    generation's move; the API's feature cache told of rewritten entities through the
+    cluster."""
     from redis.cluster import RedisCluster
 
     RedisCluster.from_url(redis_cluster.url).flushall()
@@ -146,7 +148,7 @@ def test_the_stream_runs_on_a_redis_cluster(tmp_path, redis_cluster, job_output)
     keys.write_text("reader-key read\nwriter-key write\n")
     config = copy_project(tmp_path, ttl="3650d", redis_type="redis_cluster",
                           api={"auth": {"keys_file": str(keys)}, "data": str(output),
-                               "feature_cache": {"ttl_s": 0}},
+                               "feature_cache": {"ttl_s": 3600, "max_entities": 1000}},
                           stream={"archive": str(tmp_path / "archive")})
     url = redis_cluster.url
     repo = open_repo(config.feature_store, output, url=url)
@@ -162,6 +164,18 @@ def test_the_stream_runs_on_a_redis_cluster(tmp_path, redis_cluster, job_output)
         assert processor.refresh_base()
         assert processor.tiles.generation != served
         assert _features(client, "new-user", "i1")["user_events"] == 3
+        cache = client.app.state.services.reader.cache
+        hits = cache.hits
+        assert _features(client, "new-user", "i1")["user_events"] == 3
+        assert cache.hits == hits + 2  # the user and the item, from memory
+        later = _event("new-user", "i1", "view", _cut(output) + timedelta(hours=4))
+        assert client.post("/v1/push", headers=WRITE, json={"events": [later]}).status_code == 202
+        assert _drain(processor) == 1
+        deadline = time.monotonic() + 5
+        while _features(client, "new-user", "i1")["user_events"] == 3:
+            assert time.monotonic() < deadline, "the cached value was never forgotten"
+            time.sleep(0.05)
+        assert _features(client, "new-user", "i1")["user_events"] == 4
 
 
 def _check_pushed_events(client, processor, output: Path) -> None:
