@@ -15,6 +15,10 @@ from typing import Any
 from featureline.core.metadata import Metadata
 
 KEY_PREFIX = "featureline:publication:"
+# How a generation's keys are named. 2: tile keys end in a Redis Cluster hash tag
+# (``feature_store.tiles.tile_key``). A stamp of another layout (one without the field: 1)
+# makes the next publish a replace, which writes every key under the names read now.
+STORE_LAYOUT = 2
 
 
 def publication_key(project: str) -> str:
@@ -37,6 +41,8 @@ class Publication:
     # The entity vectors served: a replace writes the next generation beside this one, then
     # moves this number (0: a store without vectors).
     generation: int = 0
+    # The key layout the generation was written in (:data:`STORE_LAYOUT`).
+    layout: int = STORE_LAYOUT
 
     @classmethod
     def of(cls, metadata: Metadata, output: str, published_at: str,

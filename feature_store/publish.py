@@ -39,7 +39,7 @@ from featureline.core.metadata import Metadata
 from featureline.core.redis import redact
 from featureline.feature_store.errors import DriftRefusedError, online_store_errors
 from featureline.feature_store.online_store import OnlineStore, open_online_store
-from featureline.feature_store.publication import Publication
+from featureline.feature_store.publication import STORE_LAYOUT, Publication
 from featureline.feature_store.repo import FeatureRepo
 from featureline.feature_store.tiles import stored_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import VECTOR_PREFIX, Layout, latest_snapshots
@@ -172,7 +172,7 @@ def publish(repo: FeatureRepo, *, full: bool = False, end: datetime | None = Non
     with online_store_errors(repo.redis_url), contextlib.closing(online_store):
         online = online_store.publication(store.project)
         replace = (full or online is None or online.dataset_version != version
-                   or not online.generation)
+                   or not online.generation or online.layout != STORE_LAYOUT)
         served = online.generation if online else 0
         generation = online_store.next_generation(store.project, served) if replace else served
         summary = PublishSummary(redact(repo.redis_url), version, mode="replace" if replace

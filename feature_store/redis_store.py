@@ -188,7 +188,8 @@ class RedisOnlineStore:
         return Publication(dataset_version=text["dataset_version"], output=text["output"],
                            published_at=text["published_at"],
                            vocabularies=json.loads(text.get("vocabularies", "{}")),
-                           generation=int(text.get("generation", 0)))
+                           generation=int(text.get("generation", 0)),
+                           layout=int(text.get("layout", 1)))
 
     def ping(self) -> bool:
         try:
@@ -274,6 +275,7 @@ class RedisOnlineStore:
             self.client.hset(publication_key(project), mapping={
                 "dataset_version": publication.dataset_version, "output": publication.output,
                 "published_at": publication.published_at, "generation": publication.generation,
+                "layout": publication.layout,
                 "vocabularies": json.dumps(publication.vocabularies)})
 
     # Notifications: Redis channels, shared by every database of a server, so each is named

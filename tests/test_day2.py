@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import redis
 import yaml
 from fastapi.testclient import TestClient
 
@@ -18,6 +19,7 @@ from featureline.api.app import create_app
 from featureline.core.metadata import compatible
 from featureline.etl import job
 from featureline.feature_store.online import OnlineReader
+from featureline.feature_store.publication import STORE_LAYOUT, publication_key
 from featureline.feature_store.publish import publish
 from featureline.feature_store.repo import open_repo
 from featureline.hps.formats import write_hugectr
@@ -253,6 +255,14 @@ def test_a_value_changed_under_the_same_snapshot_time_is_republished(tmp_path, r
     # The same dataset again: incremental, nothing rewritten.
     again = publish(repo, progress=lambda _: None)
     assert again.mode == "incremental" and again.replaced is None
+    # A stamp of an older key layout (written before the field existed): the same dataset is
+    # written again whole, under the names read now, in a new generation.
+    stamp = redis.Redis.from_url(url)
+    stamp.hdel(publication_key(repo.store.project), "layout")
+    rewritten = publish(repo, progress=lambda _: None)
+    assert rewritten.mode == "replace" and rewritten.generation > again.generation
+    assert int(stamp.hget(publication_key(repo.store.project), "layout")) == STORE_LAYOUT
+    assert publish(repo, progress=lambda _: None).mode == "incremental"
 
 
 def test_tables_trained_on_another_fit_are_not_ready_until_trained_again(day2, served,
