@@ -162,9 +162,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     services = Services(config, reader, dataset.vocabularies, hps, metrics, keys,
                         dataset.version, dataset.lineages, dataset.fit_version,
                         output=Path(output), contract=dataset.contract,
-                        event_log=open_event_log(
-                            config.stream, reader.url,
-                            config.feature_store.redis_type == "redis_cluster"))
+                        event_log=open_event_log(config.stream, reader.url,
+                                                 config.feature_store.cluster))
     metrics.watch_store(reader.ping, lambda: check(services))
     # The newest ETL run's validation gate (written whether or not it was published).
     metrics.watch_report(Path(output) / CHECKS_METRICS)

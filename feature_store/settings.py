@@ -22,3 +22,8 @@ class FeatureStoreConfig(Settings):
     redis_dir: str = "data/redis"
     # duckdb (embedded, in-process) | spark (Feast's Spark offline store, for scale).
     offline_store: Literal["duckdb", "spark"] = "duckdb"
+
+    @property
+    def cluster(self) -> bool:
+        """The online store is a Redis Cluster (its clients route each key to its node)."""
+        return self.redis_type == "redis_cluster"

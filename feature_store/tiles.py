@@ -109,7 +109,7 @@ def tile_key(values: Sequence[Any]) -> bytes:
     """The part of a tile key after its group's prefix: the key's values as a JSON list, in
     braces — Redis Cluster's hash tag, so that a key's tiles of every generation and the
     stream's record of its events (``stream/tiles.py``) lie in one hash slot, which a
-    transaction over them needs. No prefix holds a brace (project and group names cannot)."""
+    script over them needs. No prefix holds a brace (project and group names cannot)."""
     return b"{" + orjson.dumps(list(values)) + b"}"
 
 

@@ -297,7 +297,7 @@ def open_processor(stream: StreamConfig, feature_store: FeatureStoreConfig, outp
                                  store.config.entity_key_serialization_version,
                                  getattr(store.config.online_store, "key_ttl_seconds", None))
                for entity, view in repo.definitions.views.items()}
-    cluster = feature_store.redis_type == "redis_cluster"
+    cluster = feature_store.cluster
     return StreamProcessor(open_event_log(stream, repo.redis_url, cluster),
                            open_online_store(feature_store.redis_type, repo.redis_url),
                            repo.redis_url, store.project, metadata, contract, layouts,
