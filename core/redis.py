@@ -16,7 +16,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis as redis_py
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterPipeline, RedisCluster
 from redis.sentinel import Sentinel
 
 from featureline.core.errors import ConfigError
@@ -111,11 +111,11 @@ def client(url: str, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT
                                  socket_connect_timeout=connect_timeout_s)
 
 
-def queue_script(pipe: Any, sha: str, keys: Sequence[Any], args: Sequence[Any],
-                 cluster: Any = None) -> None:
-    """Queue a call of the script of digest ``sha`` on ``pipe``. ``cluster``: the client of a
-    Redis Cluster whose pipeline it is — the call is routed to the node of its keys' slot
-    (one slot: a script's keys share one); unnamed, redis-py's cluster pipeline asks a server
-    for the keys of each call (``COMMAND GETKEYS``, a round trip per call)."""
-    options = {} if cluster is None else {"target_nodes": cluster.get_node_from_key(keys[0])}
+def queue_script(pipe: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue a call of the script of digest ``sha`` on ``pipe``. A Redis Cluster's pipeline
+    is told the node of the keys' slot (one slot: a script's keys share one); untold,
+    redis-py's cluster pipeline asks a server for the keys of each call (``COMMAND
+    GETKEYS``, a round trip per call)."""
+    options = ({"target_nodes": pipe.get_node_from_key(keys[0])}
+               if isinstance(pipe, ClusterPipeline) else {})
     pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, **options)

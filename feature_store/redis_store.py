@@ -227,8 +227,7 @@ class RedisOnlineStore:
                         indices = chunk.tolist()
                         redis.queue_script(pipe, digest, [keys[i] for i in indices],
                                            [*head, *(value for i in indices
-                                                     for value in by_row[i])],
-                                           self.client if self.cluster else None)
+                                                     for value in by_row[i])])
                         written += len(indices)
                     if prefix is not None:  # after the scripts, whose replies count changes
                         for chunk in batch:

@@ -237,8 +237,7 @@ class StreamTiles:
         while True:
             pipe = self.client.pipeline(transaction=False)
             for keys, args in calls:
-                redis.queue_script(pipe, script.sha, keys, args,
-                                   self.client if self.cluster else None)
+                redis.queue_script(pipe, script.sha, keys, args)
             try:
                 return list(pipe.execute())
             except redis_py.exceptions.NoScriptError:
@@ -281,8 +280,8 @@ class StreamTiles:
         written: list[list[int]] = []  # per call, its keys' indices
         for part in parts:
             call_keys: list[str] = []
+            indices: list[int] = []
             args = [self.generation]
-            written.append([])
             for at in part:
                 group, key = keys[at]
                 _, version, flags, stored_tiles = held[at]
@@ -305,7 +304,7 @@ class StreamTiles:
                 if not fresh and at not in streamed:
                     states[(group, key)] = KeyState(stored, None, False)
                     continue
-                written[-1].append(at)
+                indices.append(at)
                 call_keys += [streamed_keys[at], tile_keys[at]]
                 if adding:
                     tiles = self._tiles_with(group, stored, list(adding.values()))
@@ -318,9 +317,9 @@ class StreamTiles:
                 for digest, event in fresh.items():
                     args += [digest, orjson.dumps(event)]
                 args += [len(stale), *stale]
-            if call_keys:
+            if indices:
                 calls.append((call_keys, args))
-        written = [indices for indices in written if indices]
+                written.append(indices)
         for indices, conflicts in zip(written, self._scripts(self.write, calls) if calls
                                       else [], strict=True):
             for conflict in conflicts:
