@@ -111,6 +111,17 @@ class RedisOnlineStore:
     def __init__(self, url: str, timeout_s: float = redis.SOCKET_TIMEOUT_S) -> None:
         self.url = url
         self.client = redis.client(url, cluster=self.cluster, timeout_s=timeout_s)
+        # The scripts loaded (text → digest), once per store, not per write.
+        self._loaded: dict[str, str] = {}
+
+    def _digest(self, script: str) -> str:
+        """The digest of ``script``, loaded first where this store has not loaded it — on
+        every primary of a cluster (pipelines send scripts by digest: a cluster's cannot
+        load them)."""
+        digest = self._loaded.get(script)
+        if digest is None:
+            digest = self._loaded[script] = self.client.script_load(script)
+        return digest
 
     # Reads
 
@@ -211,30 +222,37 @@ class RedisOnlineStore:
         prefix = None if generation is None else vector_prefix(layout.project, generation,
                                                                layout.view)
         written_keys: set[bytes] = set()
+        script = COMPARE_AND_SET if compare else SET_ONLY
         with online_store_errors(self.url):
-            # Loaded on every primary of a cluster; sent by digest (cluster pipelines cannot
-            # load).
-            digest = self.client.script_load(COMPARE_AND_SET if compare else SET_ONLY)
             for part, keys, fields, by_row in encoded_slices(rows, layout):
                 vectors = [] if prefix is None else encode_vectors(part, layout)
                 head = [layout.key_ttl_seconds or 0, len(fields) - 1, *fields]
                 chunks = self._chunks(keys)
                 per_batch = max(1, BATCH // CHUNK)
                 for low in range(0, len(chunks), per_batch):
-                    pipe = self.client.pipeline(transaction=False)
-                    batch = chunks[low:low + per_batch]
-                    for chunk in batch:
-                        indices = chunk.tolist()
-                        redis.queue_script(pipe, digest, [keys[i] for i in indices],
-                                           [*head, *(value for i in indices
-                                                     for value in by_row[i])])
-                        written += len(indices)
-                    if prefix is not None:  # after the scripts, whose replies count changes
-                        for chunk in batch:
-                            indices = chunk.tolist()
-                            self._set(pipe, vector_keys(prefix, [keys[i] for i in indices]),
-                                      [vectors[i] for i in indices], layout.key_ttl_seconds)
-                    changed += int(sum(pipe.execute()[:len(batch)]))
+                    batch = [chunk.tolist() for chunk in chunks[low:low + per_batch]]
+                    while True:
+                        pipe = self.client.pipeline(transaction=False)
+                        for indices in batch:
+                            redis.queue_script(pipe, self._digest(script),
+                                               [keys[i] for i in indices],
+                                               [*head, *(value for i in indices
+                                                         for value in by_row[i])])
+                        if prefix is not None:  # after the scripts, whose replies count
+                            for indices in batch:
+                                self._set(pipe, vector_keys(prefix, [keys[i] for i in indices]),
+                                          [vectors[i] for i in indices],
+                                          layout.key_ttl_seconds)
+                        try:
+                            replies = pipe.execute()
+                            break
+                        except redis_py.exceptions.NoScriptError:
+                            # The server lost it (a restart): loaded again, the batch sent
+                            # again (its writes are the same; a count of changes may miss
+                            # those a node that kept the script made the first time).
+                            self._loaded.clear()
+                    changed += int(sum(replies[:len(batch)]))
+                    written += sum(map(len, batch))
                     if progress is not None:
                         progress(written)
                 if keep_keys:

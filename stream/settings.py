@@ -32,7 +32,7 @@ class StreamConfig(Settings):
     # At most this many events a processor reads from the log at a time: under a backlog,
     # big batches write each entity once for many of its events; otherwise a read returns
     # what has arrived.
-    read_batch: int = Field(default=5000, ge=1)
+    read_batch: int = Field(default=20_000, ge=1)
 
     @model_validator(mode="after")
     def _kafka_needs_brokers(self) -> StreamConfig:

@@ -46,6 +46,7 @@ from featureline.core.aggregations import (
     LABEL,
     AggregateFeature,
     GroupSpec,
+    Operation,
     event_filter,
     event_value,
     tile_start,
@@ -60,8 +61,10 @@ from featureline.feature_store.tiles import (
     tiles_prefix,
 )
 
-# Keys per script call (on a Redis Cluster, of one hash slot).
+# Per script call, at most this many keys (on a Redis Cluster, of one hash slot) and, unless
+# one key has more, of their events: a call holds the server for ~1 ms.
 SCRIPT_KEYS = 500
+SCRIPT_EVENTS = 1000
 # The fields of a key's streamed events naming the generation whose tiles hold them, and
 # counting the writes of its tiles (a write expects the count its read saw).
 GENERATION = "generation"
@@ -95,10 +98,9 @@ for i = 1, #KEYS, 2 do
   local stale = tonumber(ARGV[at + 3 + 2 * fresh])
   if (redis.call('HGET', KEYS[i], 'version') or '') == ARGV[at] then
     if ARGV[at + 1] ~= '' then redis.call('SET', KEYS[i + 1], ARGV[at + 1]) end
-    local args = {'generation', ARGV[1]}
-    for j = 1, 2 * fresh do args[2 + j] = ARGV[at + 2 + j] end
+    local args = {'generation', ARGV[1], 'version', (tonumber(ARGV[at]) or 0) + 1}
+    for j = 1, 2 * fresh do args[4 + j] = ARGV[at + 2 + j] end
     redis.call('HSET', KEYS[i], unpack(args))
-    redis.call('HINCRBY', KEYS[i], 'version', 1)
     if stale > 0 then
       local fields = {}
       for j = 1, stale do fields[j] = ARGV[at + 3 + 2 * fresh + j] end
@@ -115,10 +117,18 @@ return conflicts
 
 @dataclass(frozen=True)
 class _Output:
-    """One output of a group, ready for the stream: its feature and which events count."""
+    """One output of a group, ready for the stream: its feature, which events count, and
+    what ``_add`` reads per event, looked up once."""
 
     feature: AggregateFeature
     filter: Callable[[Mapping[str, Any]], bool] | None  # None: every event counts
+    operation: Operation
+    hop: int | None  # seconds; None: the lifetime's one tile
+
+    @classmethod
+    def of(cls, feature: AggregateFeature, contract: EventContract) -> _Output:
+        return cls(feature, event_filter(feature.spec, contract), feature.operation(),
+                   feature.window.hop)
 
 
 # A streamed key: its group's name and its values.
@@ -158,7 +168,7 @@ class StreamTiles:
         of another generation is moved to this one. Per group, the keys moved with events
         from the cut on (their tiles hold more than the batch's) and their tiles now."""
         self.groups = {group.name: group for group in groups}
-        self.outputs = {group.name: {f.output: _Output(f, event_filter(f.spec, self.contract))
+        self.outputs = {group.name: {f.output: _Output.of(f, self.contract)
                                      for f in group.outputs()} for group in groups}
         self.features = {name: {output: o.feature for output, o in outputs.items()}
                          for name, outputs in self.outputs.items()}
@@ -218,17 +228,28 @@ class StreamTiles:
         for script in (self.read, self.write):
             self.client.script_load(script.script)
 
-    def _parts(self, keys: list[GroupKey]) -> list[list[int]]:
-        """``keys``' indices, :data:`SCRIPT_KEYS` at most per script call — on a Redis
-        Cluster, each call's of one hash slot (a script's keys share one)."""
+    def _parts(self, keys: list[GroupKey], events: list[int]) -> list[list[int]]:
+        """``keys``' indices, per script call up to :data:`SCRIPT_KEYS` keys and, unless one
+        key holds more alone, :data:`SCRIPT_EVENTS` of their ``events`` (each key's count) —
+        on a Redis Cluster, each call's keys of one hash slot (a script's keys share one)."""
         groups: list[list[int]] = [list(range(len(keys)))]
         if self.cluster:
             by_slot: dict[int, list[int]] = {}
             for at, (_, key) in enumerate(keys):
                 by_slot.setdefault(key_slot(tile_key(key)), []).append(at)
             groups = list(by_slot.values())
-        return [group[low:low + SCRIPT_KEYS] for group in groups
-                for low in range(0, len(group), SCRIPT_KEYS)]
+        parts: list[list[int]] = []
+        for group in groups:
+            part: list[int] = []
+            held = 0
+            for at in group:
+                if part and (len(part) == SCRIPT_KEYS or held + events[at] > SCRIPT_EVENTS):
+                    parts.append(part)
+                    part, held = [], 0
+                part.append(at)
+                held += events[at]
+            parts.append(part)
+        return [part for part in parts if part]
 
     def _scripts(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """The replies of ``script`` called with each ``(keys, args)``, in one pipeline (a
@@ -254,7 +275,7 @@ class StreamTiles:
         prefixes = {group: tiles_prefix(self.project, self.generation, group).decode()
                     for group in {group for group, _ in keys}}
         tile_keys = [prefixes[group] + tile_key(key).decode() for group, key in keys]
-        parts = self._parts(keys)
+        parts = self._parts(keys, [len(new[key]) for key in keys])
         asked: list[list[Any]] = []
         for part in parts:
             args: list[Any] = [len(part)]
@@ -269,8 +290,9 @@ class StreamTiles:
             for at, reply in zip(part, replies, strict=True):
                 held[at] = reply
         generation = str(self.generation).encode()
+        # Keys with streamed events of another generation (none: nothing to move).
         moved = [at for at, (held_generation, *_) in enumerate(held)
-                 if held_generation != generation]
+                 if held_generation not in (generation, b"")]
         reads = self.client.pipeline(transaction=False)
         for at in moved:
             reads.hgetall(streamed_keys[at])
@@ -340,18 +362,20 @@ class StreamTiles:
              latest: int) -> KeyTiles:
         """``tiles`` with ``events`` (µs, columns) added, less the tiles no window at
         ``latest`` covers."""
-        feature = output.feature
-        operation, window, spec = feature.operation(), feature.window, feature.spec
+        operation, hop, keeps, spec = output.operation, output.hop, output.filter, \
+            output.feature.spec
         tiles = dict(tiles)
         for ts, event in events:
-            if output.filter is not None and not output.filter(event):
+            if keeps is not None and not keeps(event):
                 continue
             value = event_value(spec, event)
             if value is None:
                 continue
-            start = 0 if window.hop is None else tile_start(ts, window.hop)
-            tiles[start] = operation.add(tiles.get(start, operation.init()), ts, value)
-        oldest = window.start(latest)
-        if oldest is not None:
+            start = 0 if hop is None else tile_start(ts, hop)
+            partial = tiles.get(start)
+            tiles[start] = operation.add(operation.init() if partial is None else partial,
+                                         ts, value)
+        oldest = output.feature.window.start(latest)
+        if oldest is not None and tiles and min(tiles) < oldest:
             tiles = {start: partial for start, partial in tiles.items() if start >= oldest}
         return tiles

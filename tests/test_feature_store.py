@@ -34,7 +34,7 @@ from featureline.feature_store.redis_server import free_port
 from featureline.feature_store.repo import feast_connection_string, open_repo
 from featureline.feature_store.tiles import TILES_PREFIX
 from featureline.feature_store.training_set import training_set
-from featureline.feature_store.writer import VECTOR_PREFIX
+from featureline.feature_store.writer import VECTOR_PREFIX, latest_snapshots
 from tests.feast_data import REPO, copy_project, fresh_db, write_handmade_output
 
 BIN = Path(sys.executable).parent
@@ -505,6 +505,35 @@ def test_publish_counts_changed_and_removed_entities(tmp_path, handmade_output, 
     client.hset(key, field, b"stale")
     assert publish(repo, full=True, progress=lambda _: None).keys_changed == 1
     assert client.hget(key, field) != b"stale"
+
+
+def test_a_store_loads_its_script_again_when_the_server_lost_it(tmp_path, handmade_output,
+                                                               online_url):
+    """A store loads its write script once, not per write; a server that lost it (restarted,
+    flushed) is given it again and the write lands, as counted."""
+    import pyarrow.dataset as ds
+
+    from featureline.feature_store.online_store import open_online_store
+    from featureline.feature_store.writer import Layout
+
+    repo = open_repo(copy_project(tmp_path).feature_store, handmade_output, url=online_url)
+    publish(repo, progress=lambda _: None)
+    store = open_online_store("redis", online_url)
+    view = repo.definitions.views["user"]
+    layout = Layout.of(view, "user_id", repo.definitions.entities["user"].value_type,
+                       repo.store.project, 3)
+    rows = latest_snapshots(ds.dataset(repo.definitions.snapshot_path("user")), "user_id",
+                            layout.timestamp_field, datetime(2000, 1, 1), datetime(2100, 1, 1))
+    assert store.write_view(rows, layout).changed == 0  # as published
+    client = redis.Redis.from_url(online_url)
+    key = next(k for k in client.scan_iter() if client.type(k) == b"hash"
+               and client.hexists(k, "_ts:user_features"))
+    field = next(f for f in client.hkeys(key) if not f.startswith(b"_ts:"))
+    client.hset(key, field, b"stale")
+    client.script_flush()
+    assert store.write_view(rows, layout).changed == 1
+    assert client.hget(key, field) != b"stale"
+    store.close()
 
 
 def test_the_writer_encodes_values_and_keys_as_feast_does():

@@ -30,7 +30,7 @@ from featureline.stream.expected import ArchivedStream
 from featureline.stream.log import open_event_log
 from featureline.stream.processor import open_processor
 from featureline.stream.push import Pusher
-from featureline.stream.tiles import SCRIPT_KEYS
+from featureline.stream.tiles import SCRIPT_EVENTS, SCRIPT_KEYS
 from tests.feast_data import copy_project, fresh_db
 
 READ = {"Authorization": "Bearer reader-key"}
@@ -284,16 +284,17 @@ def test_a_processor_dying_between_the_tiles_and_the_row_writes_the_row_again(st
 
 
 def test_a_batch_of_many_script_calls_counts_each_event_once(stream_app):
-    """One read holding more keys than one script call takes, with duplicates of the first
-    events at the end, and -0.0 and 0.0 (one value to Spark)."""
+    """One read holding more keys than one script call takes — and one key (the item) with
+    more events than a call takes —, with duplicates of the first events at the end, and
+    -0.0 and 0.0 (one value to Spark)."""
     client, processor, output = (stream_app[k] for k in ("client", "processor", "output"))
     start = _cut(output) + timedelta(hours=1)
     users = SCRIPT_KEYS + 20
-    events = [_event(f"bulk-{n % users}", "i1", "click" if n % 4 == 0 else "view",
+    events = [_event(f"bulk-{n % users}", "bulk-i", "click" if n % 4 == 0 else "view",
                      start + timedelta(days=n % 9, seconds=n)) for n in range(3 * users)]
     events += [dict(event) for event in events[:300]]
-    events += [_event("bulk-0", "i1", "view", start, value=0.0),
-               _event("bulk-0", "i1", "view", start, value=-0.0)]
+    events += [_event("bulk-0", "bulk-i", "view", start, value=0.0),
+               _event("bulk-0", "bulk-i", "view", start, value=-0.0)]
     metadata = read_metadata(output)
     pusher = Pusher(present(metadata.events, metadata, "events"), processor.log)
     assert pusher.push(events) == (len(events), [])
@@ -306,11 +307,14 @@ def test_a_batch_of_many_script_calls_counts_each_event_once(stream_app):
         distinct = {(e["ts"], e["event_type"], e["value"]) for e in events
                     if e["user_id"] == user}
         days = [datetime.fromisoformat(ts).timestamp() // 86_400 for ts, _, _ in distinct]
-        served = _features(client, user, "i1", at=_midnight_after(
+        served = _features(client, user, "bulk-i", at=_midnight_after(
             datetime.fromtimestamp(max(days) * 86_400, timezone.utc)))
         assert served["user_events"] == len(distinct)
         assert served["user_positives"] == sum(kind == "click" for _, kind, _ in distinct)
         assert served["user_events_7d"] == sum(day > max(days) - 7 for day in days)
+    assert len(events) > SCRIPT_EVENTS
+    assert served["item_events"] == len({(e["user_id"], e["ts"], e["event_type"], e["value"])
+                                         for e in events})
 
 
 def test_push_needs_the_write_scope_and_answers_bad_bodies(stream_app):

@@ -9,6 +9,7 @@ midnight after the entity's latest event, as the processor writes its row."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -24,7 +25,7 @@ from featureline.feature_store.tiles import (
     tiles_prefix,
 )
 from featureline.stream.processor import DAY_US, entity_values
-from featureline.stream.tiles import StreamTiles
+from featureline.stream.tiles import SCRIPT_EVENTS, SCRIPT_KEYS, StreamTiles
 from tests.aggregation_reference import (
     CONTRACT,
     LABEL,
@@ -167,3 +168,17 @@ def test_a_key_another_processor_wrote_after_the_read_is_read_again(client):
     # Delivered again to either: nothing moves.
     second.add([(_digest(mine), mine["ts"], 0, mine)])
     assert client.get(tiles_prefix("p", GENERATION, "user") + tile_key(["u1"])) == stored
+
+
+def test_script_calls_hold_at_most_their_keys_and_events():
+    """A batch's keys split into script calls of at most SCRIPT_KEYS keys and SCRIPT_EVENTS
+    events, each key in one call — a key with more events than a call takes, alone."""
+    keys = [("g", (str(n),)) for n in range(1200)]
+    events = [1] * 600 + [SCRIPT_EVENTS + 1] + [3] * 599
+    parts = StreamTiles._parts(SimpleNamespace(cluster=False), keys, events)  # type: ignore[arg-type]
+    assert sorted(at for part in parts for at in part) == list(range(1200))
+    assert [600] in parts
+    for part in parts:
+        assert len(part) <= SCRIPT_KEYS
+        assert part == [600] or sum(events[at] for at in part) <= SCRIPT_EVENTS
+    assert len(parts) == 5  # 500 + 100 single events, the big key, 333 + 266 of three
