@@ -131,6 +131,14 @@ class _Output:
                    feature.window.hop)
 
 
+class Streamed(NamedTuple):
+    """An event as a group keeps it — its time (µs), its label, the group's columns — and
+    that as its record of streamed events stores it (JSON)."""
+
+    event: list[Any]
+    line: bytes
+
+
 # A streamed key: its group's name and its values.
 GroupKey = tuple[str, tuple[str, ...]]
 
@@ -156,7 +164,7 @@ class StreamTiles:
         self.groups: dict[str, GroupSpec] = {}
         self.outputs: dict[str, dict[str, _Output]] = {}
         self.features: dict[str, dict[str, AggregateFeature]] = {}
-        self.columns: dict[str, set[str]] = {}
+        self.columns: dict[str, frozenset[str]] = {}
         self.generation: int | None = None
         self.cut_us = 0
         self.read = client.register_script(READ)
@@ -172,8 +180,8 @@ class StreamTiles:
                                      for f in group.outputs()} for group in groups}
         self.features = {name: {output: o.feature for output, o in outputs.items()}
                          for name, outputs in self.outputs.items()}
-        self.columns = {group.name: {c for f in group.features for c in f.columns()} - {LABEL}
-                        for group in groups}
+        self.columns = {group.name: frozenset({c for f in group.features for c in f.columns()}
+                                              - {LABEL}) for group in groups}
         self.generation, self.cut_us = generation, cut_us
         moved: dict[str, dict[tuple[str, ...], KeyState]] = {}
         if not generation:  # nothing served: nothing to write into
@@ -181,7 +189,7 @@ class StreamTiles:
         self._load_scripts()  # on every primary of a cluster
         for group in groups:
             prefix = self._streamed_prefix(group.name)
-            keys: dict[GroupKey, dict[str, Any]] = {
+            keys: dict[GroupKey, dict[str, Streamed]] = {
                 (group.name, tuple(tile_key_values(key[len(prefix):]))): {}
                 for key in self.client.scan_iter(match=prefix + "*", count=1000)}
             for (name, key), state in self._apply_all(keys).items():
@@ -195,17 +203,22 @@ class StreamTiles:
         group, every key of the events (at or after the cut) and its tiles now."""
         if not self.generation or not self.groups:
             return {}
-        by_key: dict[GroupKey, dict[str, Any]] = {}
+        by_key: dict[GroupKey, dict[str, Streamed]] = {}
         for digest, ts, label, event in events:
             if ts < self.cut_us:
                 continue
             name = digest.hex()
+            # What groups reading the same columns keep of the event: one record, encoded once.
+            shared: dict[frozenset[str], Streamed] = {}
             for group_name, group in self.groups.items():
                 key = group.key_of(event)
                 if key is not None:
                     columns = self.columns[group_name]
-                    kept = {c: event.get(c) for c in columns} if columns else {}
-                    by_key.setdefault((group_name, key), {})[name] = [ts, label, kept]
+                    streamed = shared.get(columns)
+                    if streamed is None:
+                        kept = [ts, label, {c: event.get(c) for c in columns}]
+                        streamed = shared[columns] = Streamed(kept, orjson.dumps(kept))
+                    by_key.setdefault((group_name, key), {})[name] = streamed
         states: dict[str, dict[tuple[str, ...], KeyState]] = {}
         for (group_name, key), state in self._apply_all(by_key).items():
             states.setdefault(group_name, {})[key] = state
@@ -214,7 +227,7 @@ class StreamTiles:
     def _streamed_prefix(self, group: str) -> str:
         return f"featureline:stream:{self.project}:agg:{group}:"
 
-    def _apply_all(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
+    def _apply_all(self, new: dict[GroupKey, dict[str, Streamed]]) -> dict[GroupKey, KeyState]:
         """:meth:`_apply` over ``new`` until no key is left that another processor wrote
         between the read and the write."""
         states: dict[GroupKey, KeyState] = {}
@@ -264,7 +277,7 @@ class StreamTiles:
             except redis_py.exceptions.NoScriptError:
                 self._load_scripts()
 
-    def _apply(self, new: dict[GroupKey, dict[str, Any]]) -> dict[GroupKey, KeyState]:
+    def _apply(self, new: dict[GroupKey, dict[str, Streamed]]) -> dict[GroupKey, KeyState]:
         """``new``'s keys (of any groups) with their new events (by digest): their streamed
         events moved to the served generation if they are of another, and the new events
         added; each key's tiles after it — except the keys another processor wrote after
@@ -319,7 +332,7 @@ class StreamTiles:
                             continue
                         event = orjson.loads(value)
                         if event[0] >= self.cut_us:
-                            adding[name] = event
+                            adding[name] = Streamed(event, value)
                         else:  # the batch of the new cut holds it
                             stale.append(name)
                 stored = stored_tiles or None
@@ -329,15 +342,16 @@ class StreamTiles:
                 indices.append(at)
                 call_keys += [streamed_keys[at], tile_keys[at]]
                 if adding:
-                    tiles = self._tiles_with(group, stored, list(adding.values()))
+                    tiles = self._tiles_with(group, stored,
+                                             [record.event for record in adding.values()])
                     encoded = encode_key_tiles(self.features[group], tiles)
                     states[(group, key)] = KeyState(encoded, tiles, True)
                 else:
                     encoded = b""
                     states[(group, key)] = KeyState(stored, None, False)
                 args += [version, encoded, len(fresh)]
-                for digest, event in fresh.items():
-                    args += [digest, orjson.dumps(event)]
+                for digest, record in fresh.items():
+                    args += [digest, record.line]
                 args += [len(stale), *stale]
             if indices:
                 calls.append((call_keys, args))
