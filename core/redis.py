@@ -10,7 +10,7 @@ connection, so a failover costs the commands in flight during the switch, not a 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -119,3 +119,20 @@ def queue_script(pipe: Any, sha: str, keys: Sequence[Any], args: Sequence[Any]) 
     options = ({"target_nodes": pipe.get_node_from_key(keys[0])}
                if isinstance(pipe, ClusterPipeline) else {})
     pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, **options)
+
+
+def execute_with_scripts(client: Any, scripts: Sequence[Any],
+                         queue: Callable[[Any], None]) -> list[Any]:
+    """The replies of a pipeline (not a transaction) that ``queue`` fills, calling
+    ``scripts`` (``register_script``'s, sent by digest with :func:`queue_script`); where a
+    server does not hold one (never loaded, restarted, flushed), they are loaded — on every
+    primary of a cluster — and the pipeline is filled and sent again, so its commands must
+    be safe to repeat."""
+    while True:
+        pipe = client.pipeline(transaction=False)
+        queue(pipe)
+        try:
+            return list(pipe.execute())
+        except redis_py.exceptions.NoScriptError:
+            for script in scripts:
+                client.script_load(script.script)

@@ -13,6 +13,7 @@ pipelined, so a replace learns how many entities changed without reading the sto
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -111,17 +112,11 @@ class RedisOnlineStore:
     def __init__(self, url: str, timeout_s: float = redis.SOCKET_TIMEOUT_S) -> None:
         self.url = url
         self.client = redis.client(url, cluster=self.cluster, timeout_s=timeout_s)
-        # The scripts loaded (text → digest), once per store, not per write.
-        self._loaded: dict[str, str] = {}
-
-    def _digest(self, script: str) -> str:
-        """The digest of ``script``, loaded first where this store has not loaded it — on
-        every primary of a cluster (pipelines send scripts by digest: a cluster's cannot
-        load them)."""
-        digest = self._loaded.get(script)
-        if digest is None:
-            digest = self._loaded[script] = self.client.script_load(script)
-        return digest
+        # Sent by digest (a cluster's pipeline cannot load a script), loaded where a server
+        # lacks one (``redis.execute_with_scripts``).
+        self.scripts = {compare: self.client.register_script(COMPARE_AND_SET if compare
+                                                             else SET_ONLY)
+                        for compare in (True, False)}
 
     # Reads
 
@@ -222,7 +217,7 @@ class RedisOnlineStore:
         prefix = None if generation is None else vector_prefix(layout.project, generation,
                                                                layout.view)
         written_keys: set[bytes] = set()
-        script = COMPARE_AND_SET if compare else SET_ONLY
+        script = self.scripts[compare]
         with online_store_errors(self.url):
             for part, keys, fields, by_row in encoded_slices(rows, layout):
                 vectors = [] if prefix is None else encode_vectors(part, layout)
@@ -231,26 +226,18 @@ class RedisOnlineStore:
                 per_batch = max(1, BATCH // CHUNK)
                 for low in range(0, len(chunks), per_batch):
                     batch = [chunk.tolist() for chunk in chunks[low:low + per_batch]]
-                    while True:
-                        pipe = self.client.pipeline(transaction=False)
-                        for indices in batch:
-                            redis.queue_script(pipe, self._digest(script),
-                                               [keys[i] for i in indices],
-                                               [*head, *(value for i in indices
-                                                         for value in by_row[i])])
-                        if prefix is not None:  # after the scripts, whose replies count
-                            for indices in batch:
-                                self._set(pipe, vector_keys(prefix, [keys[i] for i in indices]),
-                                          [vectors[i] for i in indices],
-                                          layout.key_ttl_seconds)
-                        try:
-                            replies = pipe.execute()
-                            break
-                        except redis_py.exceptions.NoScriptError:
-                            # The server lost it (a restart): loaded again, the batch sent
-                            # again (its writes are the same; a count of changes may miss
-                            # those a node that kept the script made the first time).
-                            self._loaded.clear()
+                    calls = [([keys[i] for i in indices],
+                              [*head, *(value for i in indices for value in by_row[i])])
+                             for indices in batch]
+                    sets = [] if prefix is None else [
+                        (vector_keys(prefix, [keys[i] for i in indices]),
+                         [vectors[i] for i in indices]) for indices in batch]
+                    # Sent again where a server lacked the script: the same writes (a count
+                    # of changes may miss those a cluster node that held it made the first
+                    # time).
+                    replies = redis.execute_with_scripts(self.client, [script], functools.partial(
+                        self._queue_writes, script=script, calls=calls, sets=sets,
+                        ttl=layout.key_ttl_seconds))
                     changed += int(sum(replies[:len(batch)]))
                     written += sum(map(len, batch))
                     if progress is not None:
@@ -258,6 +245,15 @@ class RedisOnlineStore:
                 if keep_keys:
                     written_keys.update(keys)
         return Written(written, changed, written_keys)
+
+    def _queue_writes(self, pipe: Any, *, script: Any, calls: list[tuple[list[bytes], list[Any]]],
+                      sets: list[tuple[list[bytes], list[bytes]]], ttl: int | None) -> None:
+        """Queue ``script`` with each ``(keys, args)`` of ``calls``, then each ``(keys,
+        values)`` of ``sets`` (after the scripts, whose replies count changes)."""
+        for keys, args in calls:
+            redis.queue_script(pipe, script.sha, keys, args)
+        for keys, values in sets:
+            self._set(pipe, keys, values, ttl)
 
     def _set(self, pipe: Any, keys: list[bytes], values: list[bytes], ttl: int | None) -> None:
         """Queue the string ``values`` at ``keys`` on ``pipe``: one MSET, or one SET each with

@@ -123,12 +123,10 @@ class _Output:
     feature: AggregateFeature
     filter: Callable[[Mapping[str, Any]], bool] | None  # None: every event counts
     operation: Operation
-    hop: int | None  # seconds; None: the lifetime's one tile
 
     @classmethod
     def of(cls, feature: AggregateFeature, contract: EventContract) -> _Output:
-        return cls(feature, event_filter(feature.spec, contract), feature.operation(),
-                   feature.window.hop)
+        return cls(feature, event_filter(feature.spec, contract), feature.operation())
 
 
 class Streamed(NamedTuple):
@@ -186,7 +184,6 @@ class StreamTiles:
         moved: dict[str, dict[tuple[str, ...], KeyState]] = {}
         if not generation:  # nothing served: nothing to write into
             return moved
-        self._load_scripts()  # on every primary of a cluster
         for group in groups:
             prefix = self._streamed_prefix(group.name)
             keys: dict[GroupKey, dict[str, Streamed]] = {
@@ -237,10 +234,6 @@ class StreamTiles:
             new = {key: events for key, events in new.items() if key not in applied}
         return states
 
-    def _load_scripts(self) -> None:
-        for script in (self.read, self.write):
-            self.client.script_load(script.script)
-
     def _parts(self, keys: list[GroupKey], events: list[int]) -> list[list[int]]:
         """``keys``' indices, per script call up to :data:`SCRIPT_KEYS` keys and, unless one
         key holds more alone, :data:`SCRIPT_EVENTS` of their ``events`` (each key's count) —
@@ -261,21 +254,19 @@ class StreamTiles:
                     part, held = [], 0
                 part.append(at)
                 held += events[at]
-            parts.append(part)
-        return [part for part in parts if part]
+            if part:
+                parts.append(part)
+        return parts
 
     def _scripts(self, script: Any, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         """The replies of ``script`` called with each ``(keys, args)``, in one pipeline (a
         cluster's routes each call to its slot's node), by digest; loaded first where a
         server lost it."""
-        while True:
-            pipe = self.client.pipeline(transaction=False)
+        def queue(pipe: Any) -> None:
             for keys, args in calls:
                 redis.queue_script(pipe, script.sha, keys, args)
-            try:
-                return list(pipe.execute())
-            except redis_py.exceptions.NoScriptError:
-                self._load_scripts()
+
+        return redis.execute_with_scripts(self.client, [self.read, self.write], queue)
 
     def _apply(self, new: dict[GroupKey, dict[str, Streamed]]) -> dict[GroupKey, KeyState]:
         """``new``'s keys (of any groups) with their new events (by digest): their streamed
@@ -376,8 +367,8 @@ class StreamTiles:
              latest: int) -> KeyTiles:
         """``tiles`` with ``events`` (µs, columns) added, less the tiles no window at
         ``latest`` covers."""
-        operation, hop, keeps, spec = output.operation, output.hop, output.filter, \
-            output.feature.spec
+        operation, keeps, feature = output.operation, output.filter, output.feature
+        hop, spec = feature.window.hop, feature.spec
         tiles = dict(tiles)
         for ts, event in events:
             if keeps is not None and not keeps(event):
@@ -389,7 +380,7 @@ class StreamTiles:
             partial = tiles.get(start)
             tiles[start] = operation.add(operation.init() if partial is None else partial,
                                          ts, value)
-        oldest = output.feature.window.start(latest)
+        oldest = feature.window.start(latest)
         if oldest is not None and tiles and min(tiles) < oldest:
             tiles = {start: partial for start, partial in tiles.items() if start >= oldest}
         return tiles
