@@ -21,7 +21,7 @@ On a Redis Cluster a script's keys must share a hash slot: the braces in both na
 tile key's hash tag, ``feature_store.tiles.tile_key``) put a key's tiles of every generation
 and its streamed events in one slot, and each call holds one slot's keys (mostly one key);
 the pipelines send each call to its slot's node (``core.redis.queue_script``), the scripts
-loaded on every primary and sent by digest.
+sent by digest and loaded on every primary where a node lacks them.
 
 A publish serves a new generation whose tiles are the batch's, up to a new cut: at its next
 look at the publication the processor moves every streamed key to it — the events before
