@@ -139,6 +139,7 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
             yield
         finally:
             services.close()
+            await services.reader.store.close_async()
             app.state.services = None
 
     # /docs and /redoc load their JavaScript and CSS from this process (FastAPI's way of

@@ -16,6 +16,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis as redis_py
+import redis.asyncio as redis_asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.sentinel import Sentinel
 
@@ -92,21 +95,25 @@ def redact(url: str) -> str:
 
 
 def client(url: str, *, cluster: bool = False, timeout_s: float = SOCKET_TIMEOUT_S,
-           connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+           connect_timeout_s: float = CONNECT_TIMEOUT_S, asynchronous: bool = False) -> Any:
     """A client of ``url`` (``redis://[user:password@]host:port/db``); ``cluster``: the URL
     names any one node of a Redis Cluster, the client discovers the rest; a
-    ``redis+sentinel://`` URL: a client of the primary its sentinels name now."""
+    ``redis+sentinel://`` URL: a client of the primary its sentinels name now.
+    ``asynchronous``: redis-py's asyncio client of the same (its connections belong to the
+    event loop that opens them)."""
     sentinel = sentinel_url(url)
     if sentinel is not None:
         if cluster:
             raise ConfigError("feature_store.redis_type", "a Redis Cluster is not reached "
                               f"through sentinels: {redact(url)!r}")
-        return Sentinel(sentinel.sentinels, socket_timeout=timeout_s,
-                        socket_connect_timeout=connect_timeout_s).master_for(
+        sentinel_class = AsyncSentinel if asynchronous else Sentinel
+        return sentinel_class(sentinel.sentinels, socket_timeout=timeout_s,
+                              socket_connect_timeout=connect_timeout_s).master_for(
             sentinel.primary, db=sentinel.db, username=sentinel.username,
             password=sentinel.password, socket_timeout=timeout_s,
             socket_connect_timeout=connect_timeout_s)
-    client_class = RedisCluster if cluster else redis_py.Redis
+    client_class: Any = ((AsyncRedisCluster if cluster else redis_asyncio.Redis) if asynchronous
+                         else (RedisCluster if cluster else redis_py.Redis))
     return client_class.from_url(url, socket_timeout=timeout_s,
                                  socket_connect_timeout=connect_timeout_s)
 

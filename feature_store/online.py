@@ -31,7 +31,7 @@ versioning) stops it at start, naming the setting, instead of reading the wrong 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -60,6 +60,9 @@ from featureline.feature_store.writer import entity_keys, vector_prefix
 # Reads in a row that may find a new generation served (each a publish that replaced the
 # dataset during the read before) before the reader gives up.
 GENERATION_SWITCHES = 5
+# The store's answer to a read: the publication stamp (published_at, generation), and the
+# value at each key (``OnlineStore.read_vectors``).
+Read = tuple[list[Any], list[Any]]
 # Entity keys kept serialized (Feast's serializer costs ~12 µs a key); cleared when full.
 KEY_CACHE_SIZE = 200_000
 # Entity ids whose keys the publisher's writer assembles from their parts: their Python type,
@@ -295,6 +298,31 @@ class OnlineReader:
     def read(self, references: list[tuple[str, str]],
              entities: Mapping[str, Sequence[Any]]) -> OnlineFeatures:
         """Values of ``references`` for each row of ``entities`` (join key → ids, by row)."""
+        steps = self._reading(references, entities)
+        try:
+            keys = next(steps)
+            while True:
+                keys = steps.send(self.store.read_vectors(keys, self.project))
+        except StopIteration as done:
+            return done.value
+
+    async def read_async(self, references: list[tuple[str, str]],
+                         entities: Mapping[str, Sequence[Any]]) -> OnlineFeatures:
+        """:meth:`read` for a caller on an event loop: the store's round trips are awaited,
+        so the loop serves other requests meanwhile and the caller needs no worker thread."""
+        steps = self._reading(references, entities)
+        try:
+            keys = next(steps)
+            while True:
+                keys = steps.send(await self.store.read_vectors_async(keys, self.project))
+        except StopIteration as done:
+            return done.value
+
+    def _reading(self, references: list[tuple[str, str]], entities: Mapping[str, Sequence[Any]]
+                 ) -> Generator[list[bytes], Read, OnlineFeatures]:
+        """:meth:`read` without its I/O: yields the keys of each round trip, is sent the
+        store's answer (the stamp and the values: ``read_vectors``), returns the features.
+        One implementation of the read for both drivers, blocking and asynchronous."""
         wanted: dict[str, list[str]] = {}
         aggregations: dict[str, list[str]] = {}
         for view, name in references:
@@ -336,13 +364,13 @@ class OnlineReader:
             distinct = list(dict.fromkeys(by_row))
             rows.extend((True, name, tile_key(key)) for key in distinct)
             group_plan.append((group, by_row, distinct))
-        current, answers = self._vectors(rows)
+        current, answers = yield from self._vectors(rows)
         if cache is not None:
             if current != stamp:  # a publish since these entries were read: none of them
                 entries = {}
                 cache.state = (current, entries)
                 if any(found for _, _, found, _ in plan):
-                    return self.read(references, entities)
+                    return (yield from self._reading(references, entities))
             cache.hits += sum(len(found) for _, _, found, _ in plan)
             cache.misses += sum(len(fetched) for _, fetched, _, _ in plan)
             if len(entries) >= cache.max_entities:
@@ -424,16 +452,16 @@ class OnlineReader:
                 result.status[feature.qualified] = [values[key][1] for key in by_row]
 
     def _vectors(self, rows: list[tuple[bool, str, bytes]]
-                 ) -> tuple[tuple[bytes, bytes], list[bytes | None]]:
+                 ) -> Generator[list[bytes], Read, tuple[tuple[bytes, bytes], list[bytes | None]]]:
         """The publication stamp, and the vector of each ``(False, view, Feast key)`` (the
         tiles of each ``(True, group, key)``) in the generation it serves: read in the
         generation last seen, again in the new one when the stamp (read after the values)
-        names another."""
+        names another. Yields each read's keys, is sent the store's answer."""
         for _ in range(GENERATION_SWITCHES):
             generation = self.generation
             keys = ([self._prefix(generation, tiles, name) + key for tiles, name, key in rows]
                     if generation else [])
-            (published_at, served), vectors = self.store.read_vectors(keys, self.project)
+            (published_at, served), vectors = yield keys
             # Without a stamp the store lost its data (or never had it): every entity would
             # read as not found. A stamp without a generation: published without vectors.
             if published_at is None or not served:

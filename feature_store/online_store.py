@@ -39,6 +39,11 @@ class OnlineStore(Protocol):
         one round trip on one server; the stamp is read after the values."""
         ...
 
+    async def read_vectors_async(self, keys: Sequence[bytes], project: str
+                                 ) -> tuple[list[bytes | None], list[bytes | None]]:
+        """:meth:`read_vectors` for a caller on an event loop, which it never blocks."""
+        ...
+
     def write_view(self, rows: pa.Table, layout: Layout,
                    progress: Callable[[int], None] | None = None, *,
                    keep_keys: bool = True, compare: bool = True,
@@ -98,6 +103,10 @@ class OnlineStore(Protocol):
         ...
 
     def close(self) -> None:
+        ...
+
+    async def close_async(self) -> None:
+        """Close what :meth:`read_vectors_async` opened on the running event loop."""
         ...
 
 

@@ -5,7 +5,9 @@ Reads are one round trip of ``HMGET``s: redis-py's pipeline spends ~10 µs of Py
 command (its command stack, response callbacks, error bookkeeping), 2 ms for a 200-entity
 read, so on one server hiredis packs the commands in C and the replies are read off one
 pooled connection, retried as the client's pipeline retries (a dropped connection is
-reopened). On a cluster the pipeline stays: it routes each key to its node.
+reopened). On a cluster the pipeline stays: it routes each key to its node. The API reads
+with redis-py's asyncio client (``read_vectors_async``): its event loop never waits on Redis,
+and a request makes no hop to a worker thread (docs/ARCHITECTURE.md, "Processes that serve").
 
 Writes go through a Lua script that compares and sets a few hundred entities per call,
 pipelined, so a replace learns how many entities changed without reading the store back.
@@ -13,6 +15,7 @@ pipelined, so a replace learns how many entities changed without reading the sto
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -111,7 +114,10 @@ class RedisOnlineStore:
 
     def __init__(self, url: str, timeout_s: float = redis.SOCKET_TIMEOUT_S) -> None:
         self.url = url
+        self.timeout_s = timeout_s
         self.client = redis.client(url, cluster=self.cluster, timeout_s=timeout_s)
+        # The asyncio client, and the event loop its connections belong to.
+        self._async: tuple[asyncio.AbstractEventLoop, Any] | None = None
         # Sent by digest (a cluster's pipeline cannot load a script), loaded where a server
         # lacks one (``redis.execute_with_scripts``).
         self.scripts = {compare: self.client.register_script(COMPARE_AND_SET if compare
@@ -124,11 +130,51 @@ class RedisOnlineStore:
                      ) -> tuple[list[bytes | None], list[bytes | None]]:
         # The stamp after the values: if it still names their generation, they were all
         # read while it was the served one (docs/ARCHITECTURE.md, "Atomic publication").
+        with online_store_errors(self.url):
+            answers = self._execute(self._read_commands(keys, project))
+        return answers[-1], answers[0] if keys else []
+
+    async def read_vectors_async(self, keys: Sequence[bytes], project: str
+                                 ) -> tuple[list[bytes | None], list[bytes | None]]:
+        with online_store_errors(self.url):
+            answers = await self._execute_async(self._read_commands(keys, project))
+        return answers[-1], answers[0] if keys else []
+
+    @staticmethod
+    def _read_commands(keys: Sequence[bytes], project: str) -> list[tuple[Any, ...]]:
         commands: list[tuple[Any, ...]] = [("MGET", *keys)] if keys else []
         commands.append(("HMGET", publication_key(project), *STAMP_FIELDS))
-        with online_store_errors(self.url):
-            answers = self._execute(commands)
-        return answers[-1], answers[0] if keys else []
+        return commands
+
+    def _async_client(self) -> Any:
+        """The asyncio client of the running event loop (a client's connections serve the
+        loop that opened them: a new loop, as a test harness may start, gets its own)."""
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async[0] is not loop:
+            self._async = (loop, redis.client(self.url, cluster=self.cluster,
+                                              timeout_s=self.timeout_s, asynchronous=True))
+        return self._async[1]
+
+    async def _execute_async(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """:meth:`_execute` on the asyncio client."""
+        pool = self._async_client().connection_pool
+        connection = await pool.get_connection()
+        packed = b"".join(map(hiredis.pack_command, commands))
+
+        async def round_trip() -> list[Any]:
+            await connection.send_packed_command([packed])
+            return [await connection.read_response() for _ in commands]
+
+        async def dropped(_: BaseException) -> None:
+            await connection.disconnect()
+
+        try:
+            return await connection.retry.call_with_retry(round_trip, dropped)
+        except BaseException:
+            await connection.disconnect()  # replies may be left unread on it
+            raise
+        finally:
+            await pool.release(connection)
 
     def _execute(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """The replies to ``commands``, sent packed in one round trip."""
@@ -323,6 +369,18 @@ class RedisOnlineStore:
     def close(self) -> None:
         self.client.close()
 
+    async def close_async(self) -> None:
+        """Close the asyncio client's connections, on the event loop they belong to."""
+        if self._async is not None and self._async[0] is asyncio.get_running_loop():
+            client = self._async[1]
+            await client.aclose()
+            # A sentinel-watched primary's client also holds clients of the sentinels.
+            manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager",
+                              None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                await sentinel.aclose()
+        self._async = None
+
 
 class RedisClusterOnlineStore(RedisOnlineStore):
     """The online store on a Redis Cluster (the URL names any one node)."""
@@ -342,6 +400,19 @@ class RedisClusterOnlineStore(RedisOnlineStore):
         with online_store_errors(self.url):
             values = self._execute([("GET", key) for key in keys]) if keys else []
             stamp = self.client.hmget(publication_key(project), STAMP_FIELDS)
+        return stamp, values
+
+    async def read_vectors_async(self, keys: Sequence[bytes], project: str
+                                 ) -> tuple[list[bytes | None], list[bytes | None]]:
+        client = self._async_client()
+        with online_store_errors(self.url):
+            values = []
+            if keys:
+                pipe = client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.get(key)
+                values = await pipe.execute()
+            stamp = await client.hmget(publication_key(project), STAMP_FIELDS)
         return stamp, values
 
     def _set(self, pipe: Any, keys: list[bytes], values: list[bytes], ttl: int | None) -> None:

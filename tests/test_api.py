@@ -72,16 +72,18 @@ cache_device: cpu
 
 
 @pytest.fixture(scope="module")
-def app(api_setup):
+def client(api_setup):
     application = create_app(api_setup["config"].serving(), output=api_setup["output"],
                              redis_url=api_setup["url"])
-    with TestClient(application):  # runs the lifespan: services open
-        yield application
+    # Runs the lifespan (services open), and every request on one event loop, as a server
+    # does (the online store's asyncio connections belong to it).
+    with TestClient(application) as test_client:
+        yield test_client
 
 
 @pytest.fixture(scope="module")
-def client(app):
-    return TestClient(app)
+def app(client):
+    return client.app
 
 
 def test_features_equal_what_feasts_sdk_returns(client, api_setup):

@@ -99,10 +99,10 @@ def fragile_client(tmp_path_factory, redis_server):
 def test_an_error_that_is_not_ours_is_json_without_internals(fragile_client, monkeypatch):
     client, app = fragile_client
 
-    def broken(*_args, **_kwargs):
+    async def broken(*_args, **_kwargs):
         raise OSError("IO error: /var/lib/rocksdb/000123.sst: checksum mismatch")
 
-    monkeypatch.setattr(app.state.services.reader, "read", broken)
+    monkeypatch.setattr(app.state.services.reader, "read_async", broken)
     response = client.post("/v1/features", json={"features": ["user_features:user_events"],
                                                  "entities": {"user_id": ["u1"]}})
     assert response.status_code == 500

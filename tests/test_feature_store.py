@@ -3,6 +3,7 @@ store): apply, materialize, online reads, point-in-time training sets, Feast's o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -311,7 +312,7 @@ def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
     """feature_store.redis_type: redis_cluster — publish and read through a real cluster."""
     from redis.cluster import RedisCluster
 
-    from featureline.feature_store.online import OnlineReader
+    from featureline.feature_store.online import OnlineFeatures, OnlineReader
 
     RedisCluster.from_url(redis_cluster.url).flushall()
     config = copy_project(tmp_path)
@@ -328,6 +329,15 @@ def test_redis_cluster_online_store(tmp_path, handmade_output, redis_cluster):
     result = reader.read(reader.references("ranking"), rows)
     for name in result.names:
         assert result.values[name] == values[name], name
+    # The API's reads: the asyncio client, the same answer.
+
+    async def read_async() -> OnlineFeatures:
+        try:
+            return await reader.read_async(reader.references("ranking"), rows)
+        finally:
+            await reader.store.close_async()
+
+    assert asyncio.run(read_async()) == result
 
 
 def test_the_online_reader_refuses_feast_settings_it_does_not_implement(tmp_path,
@@ -387,7 +397,8 @@ def test_readers_never_see_two_datasets_in_one_answer(tmp_path, handmade_output,
                                                        monkeypatch):
     """Publishes replacing dataset A with B and back, while a reader reads every entity of
     both views: each answer is wholly A's or wholly B's (a replace writes Feast's layout in
-    place, view after view: read that way, answers mix)."""
+    place, view after view: read that way, answers mix) — read in turns blocking and on an
+    event loop (the API's ``read_async``)."""
     from featureline.feature_store import redis_store
     from featureline.feature_store.online import OnlineReader
 
@@ -404,16 +415,25 @@ def test_readers_never_see_two_datasets_in_one_answer(tmp_path, handmade_output,
     stop = threading.Event()
     errors: list[BaseException] = []
 
-    def read() -> None:
-        try:
-            while not stop.is_set():
-                values = reader.read(references, rows).values
-                answer = (*values["user_events"], *values["item_events"])
+    by_driver: dict[str, set[str]] = {"read": set(), "read_async": set()}
+
+    async def read() -> None:
+        while not stop.is_set():
+            for driver in by_driver:
+                result = (reader.read(references, rows) if driver == "read"
+                          else await reader.read_async(references, rows))
+                answer = (*result.values["user_events"], *result.values["item_events"])
                 seen.append(datasets.get(answer, f"mixed: {answer}"))
+                by_driver[driver].add(seen[-1])
+        await reader.store.close_async()
+
+    def reading() -> None:
+        try:
+            asyncio.run(read())
         except BaseException as error:  # reported by the test's thread
             errors.append(error)
 
-    thread = threading.Thread(target=read)
+    thread = threading.Thread(target=reading)
     thread.start()
     try:
         for round_ in range(8):
@@ -426,6 +446,7 @@ def test_readers_never_see_two_datasets_in_one_answer(tmp_path, handmade_output,
     assert not errors, errors
     assert [answer for answer in seen if answer.startswith("mixed")] == []
     assert {"A", "B"} <= set(seen) and len(seen) > 100
+    assert by_driver == {"read": {"A", "B"}, "read_async": {"A", "B"}}
     # A read after the last publish serves its generation (the thread may have stopped
     # before reading it), wholly A's.
     values = reader.read(references, rows).values

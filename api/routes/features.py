@@ -14,14 +14,18 @@ ERRORS = error_responses(401, 403, 404, 413, 422, 503)
 
 
 @router.post("/features", response_model=FeaturesResponse, responses=ERRORS)
-def read_features(body: FeaturesRequest,
-                  services: Services = Depends(get_services)) -> FastJSONResponse:
-    """Each feature's value and status (present / not_found / outside_ttl) per row."""
+async def read_features(body: FeaturesRequest,
+                        services: Services = Depends(get_services)) -> FastJSONResponse:
+    """Each feature's value and status (present / not_found / outside_ttl) per row.
+
+    ``async``: the online store is read with an asyncio client, so the request stays on the
+    event loop (a plain def would hop to a worker thread, the larger part of its CPU time:
+    docs/ARCHITECTURE.md, "Processes that serve")."""
     rows = len(next(iter(body.entities.values())))
     services.check_limit("entities", rows, services.config.api.limits.max_entities)
     references = services.reader.references(body.service, body.features)
     entities = services.raw_entities(body.entities)
-    result = services.reader.read(references, entities)
+    result = await services.reader.read_async(references, entities)
     if services.feature_log is not None:
         services.feature_log.log(body.service, entities, result)
     # Built as FeaturesResponse describes it, without re-validating every value.
