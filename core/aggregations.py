@@ -361,6 +361,19 @@ class Window:
     seconds: int | None
     hop: int | None
 
+    def constant_until(self, t: int) -> int | None:
+        """The first time after ``t`` (µs) at which the window's value from unchanged tiles may
+        differ from its value at ``t``: its start moves a hop on, or ``t`` reaches the start
+        of a tile (a tile counts once it has started); None: never (the lifetime window)."""
+        if self.hop is None:
+            return None
+        hop = self.hop * MICROS
+        until = t // hop * hop + hop
+        if self.seconds is not None:
+            length = self.seconds * MICROS
+            until = min(until, (t - length) // hop * hop + hop + length)
+        return until
+
     def start(self, t: int) -> int | None:
         """The first microsecond of the window's events at ``t`` (µs); None: no start."""
         if self.seconds is None or self.hop is None:

@@ -54,7 +54,7 @@ from featureline.feature_store.errors import (
 )
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.publication import Publication
-from featureline.feature_store.tiles import KeyTiles, decode_key_tiles, tile_key, tiles_prefix
+from featureline.feature_store.tiles import decode_key_tiles, tile_key, tiles_prefix
 from featureline.feature_store.writer import entity_keys, vector_prefix
 
 # Reads in a row that may find a new generation served (each a publish that replaced the
@@ -101,13 +101,15 @@ class MissingEntityError(FeatureStoreError, UnprocessableError):
 
 # A cached entity: (expires, its values, the view's timestamp in seconds, its entity group's
 # tiles decoded: None without).
-Entry = tuple[float, tuple[Any, ...], int | None, dict[str, KeyTiles] | None]
+Entry = tuple[float, tuple[Any, ...], int | None, bytes | None]
+# Keys whose outputs :class:`MergedTiles` keeps; emptied when full.
+MERGED_KEYS = 50_000
 
 
 class ValueCache:
     """Decoded values of the entities read lately: ``(view, id)`` → ``(expires, values, the
-    view's timestamp in seconds, its entity group's tiles)``, for ``ttl_s`` seconds at most,
-    while the publication they were read under is the store's (cleared when the store's
+    view's timestamp in seconds, its entity group's tiles as stored)``, for ``ttl_s`` seconds
+    at most, while the publication they were read under is the store's (cleared when the store's
     stamp changes, or when full)."""
 
     def __init__(self, ttl_s: float, max_entities: int) -> None:
@@ -123,6 +125,42 @@ class ValueCache:
         cached = self.state[1]
         for entry in entries:
             cached.pop(entry, None)
+
+
+class MergedTiles:
+    """Each key's outputs merged from its tiles at a request time, kept while they cannot
+    change: for the same bytes of tiles and until the first time a window's start or the
+    tiles it takes move (``Window.constant_until``: the end of the shortest hop at most). A
+    key read again meanwhile costs a comparison of its bytes instead of decoding them and
+    merging each output — the same values (docs/ARCHITECTURE.md, "Features as
+    definitions")."""
+
+    def __init__(self, max_keys: int = MERGED_KEYS) -> None:
+        self.max_keys = max_keys
+        # (group, key) → (its tiles' bytes, the time merged at, the time the values hold
+        # until, each output's value, the outputs its tiles hold).
+        self.entries: dict[tuple[str, Any],
+                           tuple[bytes, int, int | None, dict[str, Any], frozenset[str]]] = {}
+
+    def at(self, group: GroupLayout, key: Any, stored: bytes, t: int
+           ) -> tuple[dict[str, Any], frozenset[str]]:
+        """Each output of ``group`` at ``t`` (µs) from the key's ``stored`` tiles, and the
+        outputs they hold."""
+        entry = self.entries.get((group.name, key))
+        if (entry is not None and entry[0] == stored and entry[1] <= t
+                and (entry[2] is None or t < entry[2])):
+            return entry[3], entry[4]
+        tiles = decode_key_tiles(group.features, stored)
+        values = {name: value_from_tiles(feature.operation(), feature.window,
+                                         tiles.get(name, {}), t)
+                  for name, feature in group.features.items()}
+        untils = [until for feature in group.features.values()
+                  if (until := feature.window.constant_until(t)) is not None]
+        held = frozenset(tiles)
+        if len(self.entries) >= self.max_keys:
+            self.entries.clear()
+        self.entries[(group.name, key)] = (stored, t, min(untils, default=None), values, held)
+        return values, held
 
 
 @dataclass(frozen=True)
@@ -203,6 +241,7 @@ class OnlineReader:
         self.generation = 0  # of the entity vectors last read; 0: none yet
         self.groups: dict[str, GroupLayout] = {}
         self.entity_groups: dict[str, GroupLayout] = {}
+        self.merged = MergedTiles()
         self.set_groups(groups, entity_groups)
         # The request time of aggregation values (µs since the epoch).
         self.clock = clock
@@ -216,6 +255,7 @@ class OnlineReader:
         self.entity_groups = {view: GroupLayout.of(group) for group in entity_groups
                               for view, layout in self.views.items()
                               if (layout.join_key,) == tuple(group.keys)}
+        self.merged = MergedTiles()  # merged by the groups' former spec
 
     @classmethod
     def from_store(cls, store: FeatureStore, url: str, cache: ValueCache | None = None,
@@ -390,9 +430,7 @@ class OnlineReader:
                 tiles_at += len(fetched)
             for value, vector, blob in zip(fetched, stored, held, strict=True):
                 found[value] = (clock + cache.ttl_s if cache else 0.0,
-                                *self._decode(layout, vector),
-                                None if blob is None or entity_group is None
-                                else decode_key_tiles(entity_group.features, blob))
+                                *self._decode(layout, vector), blob)
                 if cache is not None:
                     entries[(layout.name, value)] = found[value]
             # Once per entity, not per feature: its stored values, and their status.
@@ -400,12 +438,20 @@ class OnlineReader:
             rows = [found[value][1] for value in ids]
             row_status = [status[value] for value in ids]
             result.timestamps[layout.name] = [found[value][2] for value in ids]
+            # Each row's entity group outputs at t, where it has tiles; merged once a row.
+            at_t: list[dict[str, Any] | None] | None = None
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
                 column = [values[index] for values in rows]
                 if entity_group is not None and name in entity_group.features:
-                    column = self._at(entity_group.features[name],
-                                      [found[value][3] for value in ids], column, t)
+                    if at_t is None:
+                        blobs = [found[value][3] for value in ids]
+                        at_t = [None if blob is None
+                                else self.merged.at(entity_group, value, blob, t)[0]
+                                for value, blob in zip(ids, blobs, strict=True)]
+                    # The stored value where the entity has no tiles.
+                    column = [value if merged is None else merged[name]
+                              for merged, value in zip(at_t, column, strict=True)]
                     result.at_us = t
                 state = [Status.NOT_FOUND if value is None else present
                          for value, present in zip(column, row_status, strict=True)]
@@ -414,16 +460,6 @@ class OnlineReader:
                 result.status[name] = state
         self._aggregate(result, group_plan, aggregations, answers[vectors:], t)
         return result
-
-    @staticmethod
-    def _at(feature: AggregateFeature, tiles: list[dict[str, KeyTiles] | None],
-            stored: list[Any], t: int) -> list[Any]:
-        """An entity group's output per row at ``t`` from the row's tiles; the stored value
-        where the entity has none (the output's tiles lack it)."""
-        operation = feature.operation()
-        return [value if held is None else value_from_tiles(
-                    operation, feature.window, held.get(feature.output, {}), t)
-                for held, value in zip(tiles, stored, strict=True)]
 
     def _aggregate(self, result: OnlineFeatures,
                    plan: list[tuple[GroupLayout, list[tuple[str, ...]], list[tuple[str, ...]]]],
@@ -437,16 +473,20 @@ class OnlineReader:
         for group, by_row, distinct in plan:
             stored = answers[start:start + len(distinct)]
             start += len(distinct)
-            tiles = {key: None if blob is None else decode_key_tiles(group.features, blob)
-                     for key, blob in zip(distinct, stored, strict=True)}
+            merged = {key: None if blob is None else self.merged.at(group, key, blob, t)
+                      for key, blob in zip(distinct, stored, strict=True)}
             for name in wanted[group.name]:
                 feature = group.features[name]
-                operation = feature.operation()
+                empty = None  # the value of no events, merged once a request
                 values = {}
-                for key, held in tiles.items():
-                    mine = None if held is None else held.get(name)
-                    values[key] = (value_from_tiles(operation, feature.window, mine or {}, t),
-                                   Status.NOT_FOUND if mine is None else Status.PRESENT)
+                for key, at in merged.items():
+                    if at is not None and name in at[1]:
+                        values[key] = (at[0][name], Status.PRESENT)
+                        continue
+                    if empty is None:
+                        empty = (value_from_tiles(feature.operation(), feature.window, {}, t),
+                                 Status.NOT_FOUND)
+                    values[key] = empty
                 result.names.append(feature.qualified)
                 result.values[feature.qualified] = [values[key][0] for key in by_row]
                 result.status[feature.qualified] = [values[key][1] for key in by_row]

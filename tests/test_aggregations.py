@@ -31,6 +31,7 @@ from tests.aggregation_reference import (
     OFFSETS,
     ORIGIN,
     OUTPUTS,
+    SPEC,
     kept,
     reference,
 )
@@ -107,6 +108,46 @@ def test_tiles_merged_at_any_time_equal_the_definition(events, at, seed):
                 served = value_from_tiles(operation, feature.window,
                                           tiles(operation, feature.window, pairs), t)
                 assert _same(feature, served, expected), (feature.output, t - ORIGIN)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events=_events, at=OFFSETS,
+       later=st.lists(st.one_of(OFFSETS, st.integers(0, 400 * MICROS)), min_size=1, max_size=6))
+def test_merged_outputs_are_kept_only_while_they_cannot_change(events, at, later):
+    """The API's outputs of a key merged at one request time (``MergedTiles``) answer later
+    requests exactly as merging again would — for the same tiles, until
+    ``Window.constant_until`` — and are merged again for new tiles."""
+    from featureline.feature_store.online import GroupLayout, MergedTiles
+    from featureline.feature_store.tiles import decode_key_tiles, encode_key_tiles
+
+    group = GroupLayout.of(SPEC)
+
+    def stored(events):
+        return encode_key_tiles(group.features, {
+            f.output: tiles(f.operation(), f.window,
+                            [(e["ts"], event_value(f.spec, e)) for e in events if kept(f, e)])
+            for f in OUTPUTS})
+
+    merged = MergedTiles()
+    times = sorted(ORIGIN + offset for offset in [at, *later])
+    blobs = [stored(events), stored(events[: len(events) // 2])]
+    for n, t in enumerate(times):
+        blob = blobs[n % 3 == 2]  # now and then other tiles of the same key
+        got, held = merged.at(group, ("u1",), blob, t)
+        decoded = decode_key_tiles(group.features, blob)
+        assert held == set(decoded)
+        for feature in OUTPUTS:
+            operation, window = feature.operation(), feature.window
+            expected = value_from_tiles(operation, window, decoded[feature.output], t)
+            assert _same(feature, got[feature.output], expected), (feature.output, t - ORIGIN)
+            until = window.constant_until(t)
+            if until is not None:
+                assert until > t
+                last = value_from_tiles(operation, window, decoded[feature.output], until - 1)
+                assert _same(feature, last, expected), (feature.output, t - ORIGIN, until - t)
+    # Kept: the same request time and tiles are not merged again.
+    assert merged.at(group, ("u1",), blobs[0], times[0])[0] is merged.at(
+        group, ("u1",), blobs[0], times[0])[0]
 
 
 def test_an_idle_key_decays():
