@@ -68,6 +68,9 @@ PRECOMPUTED = "user_vector"
 TARGETS = {("features", "1_entities"): (500, 2.0, 0.5),
            ("features", "100_entities"): (100, 5.0, 0.5)}
 RANKING_TARGET = (300, 10.0)
+# With the aggregations (``aggregations_cost``): the issue's rates for 100 users and for a
+# ranking request.
+LARGER_RATES = {"features": 100, "ranking": 300}
 LOGGING_RATE = 200
 
 
@@ -552,9 +555,13 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
     windows, merged from tiles at the request time), steps of A and B interleaved (A B B A
     per round) at ``rate`` on one server (its feature cache on, as deployed). Per step p50,
     p99, and the CPU per request of the API process and of Redis, the fair comparison on a
-    machine whose speed moves from day to day. Without ``output``, a log of ``events`` over
-    ``days`` ending now is generated and run through the ETL with the spec (the tiles' windows
-    then hold events at the request time)."""
+    machine whose speed moves from day to day. Then the issue's other two loads with the
+    aggregations, two steps each (``larger``): ``/v1/features`` for 100 users (the user view
+    and the user groups' aggregations) at 100 req/s, and ``/v1/ranking-inputs`` for 1 user
+    and 100 candidates (Zipf-popular, as retrieval returns them; every user and item group
+    added) at 300 req/s. Without ``output``, a log of ``events`` over ``days`` ending now is
+    generated and run through the ETL with the spec (the tiles' windows then hold events at
+    the request time)."""
     import pyarrow.parquet as pq
     import redis as redis_py
 
@@ -615,6 +622,12 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         base = f"http://127.0.0.1:{port}"
         client = redis_py.Redis.from_url(redis.url)
         steps: dict[str, list[dict[str, Any]]] = {"views": [], "views + aggregations": []}
+        larger: dict[str, list[dict[str, Any]]] = {}
+        # The user's view and the groups keyed by the user alone.
+        user_sources = {p.name for p in service.feature_view_projections
+                        if "user_id" in {e.name for e in repo.store.get_feature_view(
+                            p.name).entity_columns}}
+        user_sources |= {g.name for g in groups.values() if tuple(g.keys) == ("user_id",)}
         try:
             _wait_ready(f"{base}/readyz", process)
 
@@ -639,9 +652,35 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                     step["redis_cpu_ms_per_request"] = round(
                         (_redis_cpu_s(client) - redis_cpu) * 1000 / count, 3)
                     steps[name].append(step)
+            user_features = [name for name in views + aggregations
+                             if name.split(":")[0] in user_sources]
+            popularity = 1.0 / np.arange(1, len(ids["item"]) + 1)
+            loads = {
+                "features, 100 users": ("/v1/features", LARGER_RATES["features"], lambda: {
+                    "features": user_features,
+                    "entities": {"user_id": [str(u) for u in rng.choice(ids["user"], 100)]}}),
+                "ranking-inputs, 1 + 100": ("/v1/ranking-inputs", LARGER_RATES["ranking"],
+                                            lambda: {
+                    "user_id": str(rng.choice(ids["user"])),
+                    "item_ids": [str(i) for i in rng.choice(
+                        ids["item"], min(CANDIDATES, len(ids["item"])), replace=False,
+                        p=popularity / popularity.sum())]})}
+            for name, (path, load_rate, body) in loads.items():
+                load_rate = min(load_rate, rate)
+                load_count = max(1, int(load_rate * seconds))
+                for _ in range(2):
+                    api_cpu, redis_cpu = _tree_cpu_s(process.pid), _redis_cpu_s(client)
+                    step = measure(f"{base}{path}", [body() for _ in range(load_count)],
+                                   [load_rate], seconds, f"{base}/healthz")["steps"][0]
+                    step["api_cpu_ms_per_request"] = round(
+                        (_tree_cpu_s(process.pid) - api_cpu) * 1000 / load_count, 3)
+                    step["redis_cpu_ms_per_request"] = round(
+                        (_redis_cpu_s(client) - redis_cpu) * 1000 / load_count, 3)
+                    larger.setdefault(name, []).append(step)
         finally:
             process.terminate()
             process.wait(timeout=30)
+    report["larger"] = larger
     report["values"] = {"views": len(views), "aggregations": len(aggregations)}
     report["steps"] = steps
     summary = {}

@@ -421,7 +421,8 @@ def _plain(value):
 def test_bench_api_aggregations_smoke(aggregated):
     """bench_api --aggregations on the job's output (no ETL run of its own): both request
     kinds answered without an error, the user group's 10 values in each aggregation answer,
-    each step's CPU per request read for the API process and Redis."""
+    each step's CPU per request read for the API process and Redis; 100 users' features
+    and ranking inputs with the aggregations answered too."""
     from tests.test_benchmarks import _load
 
     result, _ = aggregated
@@ -442,6 +443,10 @@ def test_bench_api_aggregations_smoke(aggregated):
         assert sum(step["api_cpu_ms_per_request"] for step in steps) > 0
     assert set(report["summary"]["aggregations_vs_views"]) == {
         "p99_ms", "api_cpu_ms_per_request", "redis_cpu_ms_per_request"}
+    # 100 users' features and a ranking request with the aggregations, two steps each.
+    assert {name: [step["errors"] for step in steps]
+            for name, steps in report["larger"].items()} == {
+        "features, 100 users": [0, 0], "ranking-inputs, 1 + 100": [0, 0]}
 
 
 def test_pushed_events_reach_the_served_aggregations_once(aggregated, tmp_path, redis_server):
