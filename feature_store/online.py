@@ -30,6 +30,7 @@ versioning) stops it at start, naming the setting, instead of reading the wrong 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,25 +139,27 @@ class MergedTiles:
     def __init__(self, max_keys: int = MERGED_KEYS) -> None:
         self.max_keys = max_keys
         # (group, key) → (its tiles' bytes, the time merged at, the time the values hold
-        # until, each output's value, the outputs its tiles hold).
-        self.entries: dict[tuple[str, Any],
-                           tuple[bytes, int, int | None, dict[str, Any], frozenset[str]]] = {}
+        # until, each output's value and whether its tiles hold the output, in the group's
+        # order). Tuples of scalars: the garbage collector stops tracking them, so a full
+        # memo does not lengthen its full passes (a pause on a busy server's requests).
+        self.entries: dict[tuple[str, Any], tuple[bytes, int, int | None, tuple[Any, ...],
+                                                  tuple[bool, ...]]] = {}
 
     def at(self, group: GroupLayout, key: Any, stored: bytes, t: int
-           ) -> tuple[dict[str, Any], frozenset[str]]:
-        """Each output of ``group`` at ``t`` (µs) from the key's ``stored`` tiles, and the
-        outputs they hold."""
+           ) -> tuple[tuple[Any, ...], tuple[bool, ...]]:
+        """Each output of ``group`` at ``t`` (µs) from the key's ``stored`` tiles, and whether
+        they hold it, in the order of ``group.features`` (``GroupLayout.positions``)."""
         entry = self.entries.get((group.name, key))
         if (entry is not None and entry[0] == stored and entry[1] <= t
                 and (entry[2] is None or t < entry[2])):
             return entry[3], entry[4]
         tiles = decode_key_tiles(group.features, stored)
-        values = {name: value_from_tiles(feature.operation(), feature.window,
-                                         tiles.get(name, {}), t)
-                  for name, feature in group.features.items()}
+        values = tuple(value_from_tiles(feature.operation(), feature.window,
+                                        tiles.get(name, {}), t)
+                       for name, feature in group.features.items())
+        held = tuple(name in tiles for name in group.features)
         untils = [until for feature in group.features.values()
                   if (until := feature.window.constant_until(t)) is not None]
-        held = frozenset(tiles)
         if len(self.entries) >= self.max_keys:
             self.entries.clear()
         self.entries[(group.name, key)] = (stored, t, min(untils, default=None), values, held)
@@ -213,6 +216,11 @@ class GroupLayout:
     name: str
     keys: tuple[str, ...]
     features: dict[str, AggregateFeature]
+
+    @functools.cached_property
+    def positions(self) -> dict[str, int]:
+        """Each output's place in ``features`` (and in :class:`MergedTiles`' tuples)."""
+        return {name: index for index, name in enumerate(self.features)}
 
     @classmethod
     def of(cls, group: GroupSpec) -> GroupLayout:
@@ -439,7 +447,7 @@ class OnlineReader:
             row_status = [status[value] for value in ids]
             result.timestamps[layout.name] = [found[value][2] for value in ids]
             # Each row's entity group outputs at t, where it has tiles; merged once a row.
-            at_t: list[dict[str, Any] | None] | None = None
+            at_t: list[tuple[Any, ...] | None] | None = None
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
                 column = [values[index] for values in rows]
@@ -450,7 +458,8 @@ class OnlineReader:
                                 else self.merged.at(entity_group, value, blob, t)[0]
                                 for value, blob in zip(ids, blobs, strict=True)]
                     # The stored value where the entity has no tiles.
-                    column = [value if merged is None else merged[name]
+                    position = entity_group.positions[name]
+                    column = [value if merged is None else merged[position]
                               for merged, value in zip(at_t, column, strict=True)]
                     result.at_us = t
                 state = [Status.NOT_FOUND if value is None else present
@@ -477,11 +486,12 @@ class OnlineReader:
                       for key, blob in zip(distinct, stored, strict=True)}
             for name in wanted[group.name]:
                 feature = group.features[name]
+                position = group.positions[name]
                 empty = None  # the value of no events, merged once a request
                 values = {}
                 for key, at in merged.items():
-                    if at is not None and name in at[1]:
-                        values[key] = (at[0][name], Status.PRESENT)
+                    if at is not None and at[1][position]:
+                        values[key] = (at[0][position], Status.PRESENT)
                         continue
                     if empty is None:
                         empty = (value_from_tiles(feature.operation(), feature.window, {}, t),
