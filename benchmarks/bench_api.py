@@ -709,7 +709,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="leave out the feature logging's cost")
     parser.add_argument("--aggregations", action="store_true",
                         help="only /v1/features with and without the aggregations of "
-                             "benchmarks/aggregations.yaml (an ETL run of its own first)")
+                             "benchmarks/aggregations.yaml (an ETL run of its own first), "
+                             "then 100 users' features and ranking inputs with them")
     parser.add_argument("--users", type=int, default=20_000, help="with --aggregations")
     parser.add_argument("--events", type=int, default=400_000, help="with --aggregations")
     parser.add_argument("--rate", type=float, default=500, help="with --aggregations")
