@@ -101,9 +101,11 @@ class MissingEntityError(FeatureStoreError, UnprocessableError):
 
 
 # A cached entity: (expires, its values, the view's timestamp in seconds, its entity group's
-# tiles decoded: None without).
+# tiles as stored: None without).
 Entry = tuple[float, tuple[Any, ...], int | None, bytes | None]
-# Keys whose outputs :class:`MergedTiles` keeps; emptied when full.
+# Keys whose outputs :class:`MergedTiles` keeps (a key's tiles as stored and its values: ~1 KB
+# for the user group of benchmarks/aggregations.yaml, so ~50 MB a process at most); emptied
+# when full.
 MERGED_KEYS = 50_000
 
 
