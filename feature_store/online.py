@@ -448,17 +448,18 @@ class OnlineReader:
             rows = [found[value][1] for value in ids]
             row_status = [status[value] for value in ids]
             result.timestamps[layout.name] = [found[value][2] for value in ids]
-            # Each row's entity group outputs at t, where it has tiles; merged once a row.
+            # Each row's entity group outputs at t (None: no tiles), merged once per entity when
+            # a feature of the group is wanted.
             at_t: list[tuple[Any, ...] | None] | None = None
             for name in wanted[layout.name]:
                 index = layout.features.index(name)
                 column = [values[index] for values in rows]
                 if entity_group is not None and name in entity_group.features:
                     if at_t is None:
-                        blobs = [found[value][3] for value in ids]
-                        at_t = [None if blob is None
-                                else self.merged.at(entity_group, value, blob, t)[0]
-                                for value, blob in zip(ids, blobs, strict=True)]
+                        by_entity = {value: None if (blob := entry[3]) is None
+                                     else self.merged.at(entity_group, value, blob, t)[0]
+                                     for value, entry in found.items()}
+                        at_t = [by_entity[value] for value in ids]
                     # The stored value where the entity has no tiles.
                     position = entity_group.positions[name]
                     column = [value if merged is None else merged[position]
