@@ -47,6 +47,8 @@ from featureline.etl.features.base import TS_MICROS, hop_start
 # Row kinds in the union the frames run over.
 _KIND = "_agg_kind"
 _EVENT, _TILE, _ANCHOR = 0, 1, 2
+# A key's whole hops before an anchor's own hop, merged: kind ``_WHOLE + hop`` (µs).
+_WHOLE = 3
 # A row's partial leaving its windows (negated): at the exit time less 1 µs.
 _EXIT = -1
 # The start of the hop a row belongs to (µs), one column per hop ("_agg_hop<µs>"); for a
@@ -289,6 +291,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
             "*", (F.col(TS_MICROS) - F.when(anchor, 1).otherwise(0)).alias(_AT),
             *(c.alias(n) for n, c in hop_columns.items()))
         rows = union.where(~anchor)
+        queried = union.where(anchor)
     else:
         rows = events.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
                              F.lit(_EVENT).alias(_KIND),
@@ -297,6 +300,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
         union = rows.unionByName(anchors.select(
             *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND),
             *(c.alias(n) for n, c in hop_columns.items())), allowMissingColumns=True)
+        queried = anchors
     # First the outputs of frames ordered by time per key: the lifetime's, the direct ones,
     # and the windows summed less their rows' exits (one row per key and exit time, its
     # partial negated); the exit rows are gone before the other frames run.
@@ -322,15 +326,17 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
             else _merged(operations[i], _partial(i), _before(keys), f"b{i}_"))
         )).where(F.col(_KIND) != _EXIT)
     for hop in hops:
-        # The tiles of the outputs of this hop: one row per key and hop.
+        # The whole hops of the outputs of this hop: one row per key and hop an anchor is in.
         members = [i for i, f in enumerate(features)
                    if (f.window.hop or 0) * MICROS == hop and not (direct[i] or exits[i])]
-        merged = [column for i in members
-                  for column in _merged(operations[i], _partial(i), prefix=f"{i}_")]
-        tiles = rows.groupBy(*keys, f"{_HOP}{hop}").agg(*merged).select(
-            "*", F.col(f"{_HOP}{hop}").alias(TS_MICROS), F.col(f"{_HOP}{hop}").alias(_AT),
-            F.lit(_TILE + hop).alias(_KIND))
-        union = union.unionByName(tiles, allowMissingColumns=True)
+        tiles = rows.groupBy(*keys, f"{_HOP}{hop}").agg(*(
+            c for i in members for c in _merged(operations[i], _partial(i), prefix=f"{i}_")))
+        union = union.unionByName(_whole_hop_rows(
+            tiles, queried.select(*keys, hop_start(hop).alias(f"{_HOP}{hop}")).distinct(),
+            keys, hop, [((features[i].window.seconds or 0) * MICROS,
+                         lambda frame, i=i: _merged(operations[i], _partial(i, _TILE), frame,
+                                                    f"a{i}_")) for i in members]),
+            allowMissingColumns=True)
     columns = [F.col(f"b{i}_{name}") for i in running for name in operations[i].merge(F.col)]
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
         hop = (feature.window.hop or 0) * MICROS
@@ -338,9 +344,8 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
             continue
         columns += _merged(operation, _partial(index, _EVENT),
                            _before(keys, f"{_HOP}{hop}"), f"b{index}_")
-        columns += _merged(operation, _partial(index, _TILE + hop),
-                           _whole_hops(keys, hop, (feature.window.seconds or 0) * MICROS),
-                           f"a{index}_")
+        columns += _merged(operation, _partial(index, _WHOLE + hop, "a"),
+                           _before(keys, f"{_HOP}{hop}"), f"a{index}_")
     framed = union.select(*keys, TS_MICROS, _KIND, *columns).where(F.col(_KIND) == _ANCHOR)
     outputs = []
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
@@ -349,6 +354,30 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
         outputs.append(operation.finish(combined.__getitem__, feature.spec.k)
                        .alias(feature.column_name))
     return framed.select(*keys, TS_MICROS, *outputs)
+
+
+def _whole_hop_rows(tiles: DataFrame, queried: DataFrame, keys: Sequence[str], hop: int,
+                    merges: Sequence[tuple[int, Callable[[WindowSpec], list[Column]]]]
+                    ) -> DataFrame:
+    """Per key and hop start ``h`` that ``queried`` names (its keys and ``_HOP<hop>``), the
+    ``tiles`` (a row per key and ``_HOP<hop>``) of ``[h − span, h)`` merged — each of
+    ``merges`` a span (µs) and the merge over a frame of it (the tile rows' kind ``_TILE``) —
+    as a row of kind ``_WHOLE + hop`` ordered at ``h − 1``: before every event of its hop and
+    at or before its anchors, so the frame of the events before an anchor in its hop carries
+    it. These frames run over the tiles and the queried hops only: one over every row of the
+    key would hold its events and anchors of a whole window, merged again each time it moves
+    (per key, its active hops × its rows in a window)."""
+    column = f"{_HOP}{hop}"
+    union = (tiles.withColumn(_KIND, F.lit(_TILE))
+             .unionByName(queried.withColumn(_KIND, F.lit(_ANCHOR)), allowMissingColumns=True))
+    # A tile at its start, a hop's query just before it: its frame is [h − span, h).
+    order = F.col(column) - F.when(F.col(_KIND) == _ANCHOR, 1).otherwise(0)
+    merged = [c for span, merge in merges for c in merge(
+        Window.partitionBy(*keys).orderBy(order).rangeBetween(-(span - 1), 0))]
+    queries = union.select(*keys, column, _KIND, *merged).where(F.col(_KIND) == _ANCHOR)
+    return queries.drop(_KIND).select(
+        "*", F.col(column).alias(TS_MICROS), (F.col(column) - 1).alias(_AT),
+        F.lit(_WHOLE + hop).alias(_KIND))
 
 
 def _by_exits(feature: AggregateFeature, schema: StructType) -> bool:
@@ -432,17 +461,6 @@ def _recent(keys: Sequence[str], span: int) -> WindowSpec:
     return Window.partitionBy(*keys).orderBy(_AT).rangeBetween(-(span - 1), 0)
 
 
-def _whole_hops(keys: Sequence[str], hop: int, span: int) -> WindowSpec:
-    """The tiles of the whole hops [own − window, own) of an anchor: ordered by the start of
-    a tile's hop, and an anchor's own hop's start less 1 µs."""
-    return Window.partitionBy(*keys).orderBy(_hop_at(hop)).rangeBetween(-(span - 1), 0)
-
-
-def _hop_at(hop: int) -> Column:
-    column = F.col(f"{_HOP}{hop}")
-    return F.when(F.col(_KIND) == _ANCHOR, column - 1).otherwise(column)
-
-
 def hll_columns(text: Column) -> tuple[Column, Column]:
     """A value's HyperLogLog register and rank, as ``core.aggregations.hll_register`` computes
     them: xxhash64 (seed 42) of its text; the low bits pick the register, 1 + the trailing
@@ -489,11 +507,9 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         hop, span = window.hop * MICROS, (window.seconds or 0) * MICROS
         hop_column = f"{_HOP}{hop}"
         rows = rows.withColumn(hop_column, hop_start(hop))
-        tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK)).select(
-            *keys, F.col(hop_column).alias(TS_MICROS), F.col(hop_column).alias(_AT), _REGISTER,
-            _RANK, F.lit(_TILE).alias(_KIND), hop_column)
+        tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK))
         changes = changes.unionByName(tiles.select(
-            *by_register, _leaves(F.col(TS_MICROS), hop, span).alias(TS_MICROS)))
+            *by_register, _leaves(F.col(hop_column), hop, span).alias(TS_MICROS)))
     change_rows = changes.distinct().select(
         *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
         F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))
@@ -501,14 +517,16 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         ranked = rows.unionByName(change_rows).select(
             *by_register, TS_MICROS, _KIND, F.max(_RANK).over(_before(by_register)).alias(_RANK))
     else:
-        union = (rows.unionByName(tiles)
-                 .unionByName(change_rows.withColumn(hop_column, hop_start(hop))))
-        of_tiles = F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK))).over(
-            _whole_hops(by_register, hop, span))
-        of_events = F.max(F.when(F.col(_KIND) == _EVENT, F.col(_RANK))).over(
-            _before(by_register, hop_column))
-        ranked = union.select(*by_register, TS_MICROS, _KIND,
-                              F.greatest(of_tiles, of_events).alias(_RANK))
+        change_rows = change_rows.withColumn(hop_column, hop_start(hop))
+        # The register's greatest rank of the whole hops before a change's hop, then of the
+        # hop's events before it (a change row holds none).
+        whole = _whole_hop_rows(
+            tiles, change_rows.select(*by_register, hop_column).distinct(), by_register, hop,
+            [(span, lambda frame: [F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK)))
+                                   .over(frame).alias(_RANK)])])
+        ranked = rows.unionByName(whole).unionByName(change_rows).select(
+            *by_register, TS_MICROS, _KIND,
+            F.max(_RANK).over(_before(by_register, hop_column)).alias(_RANK))
     # What the register adds to the two sums from each change on, less what it added before.
     present = F.col(_RANK).isNotNull()
     zero = F.lit(0).cast("long")
