@@ -108,8 +108,10 @@ ABBA = ("without", "with", "with", "without")
 
 
 def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: Path,
-                         order: tuple[str, ...] = ABBA) -> dict[str, Any]:
-    """The job's time without (A) and with (B) the spec's groups on one log, in ``order``."""
+                         order: tuple[str, ...] = ABBA, event_log: Path | None = None
+                         ) -> dict[str, Any]:
+    """The job's time without (A) and with (B) the spec's groups on one log, in ``order``;
+    with ``event_log`` (the session's), each run's stage times and slowest Spark stages."""
     groups = [GroupSpec.model_validate(g)
               for g in yaml.safe_load(spec.read_text())["aggregations"]]
     raw = workdir / f"events-{events}.jsonl"
@@ -117,16 +119,24 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
               days=28, seed=1, bad_fraction=0.001)
     base = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
     times: dict[str, list[float]] = {"without": [], "with": []}
+    profiles: list[dict[str, Any]] = []
+    seen: set[int] = set()
     for side in order:
         config = base.model_copy(update={"aggregations": groups if side == "with" else []})
         shutil.rmtree(workdir / "out", ignore_errors=True)
         start = time.perf_counter()
-        job.run(config, spark, progress=lambda _: None)
+        result = job.run(config, spark, progress=lambda _: None)
         times[side].append(round(time.perf_counter() - start, 2))
+        if event_log is not None:
+            stages = [s for s in stage_times(event_log) if s["stage_id"] not in seen]
+            seen.update(s["stage_id"] for s in stages)
+            profiles.append({"side": side, "stages_s": result.metadata["timings_s"],
+                             "spark_stages": stages[:PROFILE_TOP]})
     values = sum(len(g.outputs()) for g in groups)
     means = {side: sum(runs) / len(runs) for side, runs in times.items()}
-    return {"events": events, "spec": spec.name, "groups": len(groups), "values": values,
-            "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
+    report = {"events": events, "spec": spec.name, "groups": len(groups), "values": values,
+              "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
+    return report | ({"profiles": profiles} if event_log is not None else {})
 
 
 def _skip_profile(spark: SparkSession, events: DataFrame, specs: Any, rows: Any,
@@ -178,10 +188,11 @@ def run_checks(sizes: list[int], spark: SparkSession | None = None,
 
 
 def run_aggregations(sizes: list[int], spec: Path, spark: SparkSession | None = None,
-                     order: tuple[str, ...] = ABBA) -> dict[str, Any]:
+                     order: tuple[str, ...] = ABBA, event_log: Path | None = None
+                     ) -> dict[str, Any]:
     spark = spark or build_session(BENCH_SPARK)
     with tempfile.TemporaryDirectory(prefix="bench-etl-aggregations-") as tmp:
-        runs = [measure_aggregations(spark, events, Path(tmp), spec, order)
+        runs = [measure_aggregations(spark, events, Path(tmp), spec, order, event_log)
                 for events in sizes]
     return {"benchmark": "etl_aggregations",
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
@@ -368,8 +379,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="with --incremental: the new day holds this many lines of the "
                              "last day at every size (the same day on a longer history)")
     parser.add_argument("--profile", action="store_true",
-                        help=f"list each size's {PROFILE_TOP} slowest Spark stages, with the "
-                             "stage of the job that ran each (from an event log)")
+                        help=f"list each size's (with --aggregations: each run's) "
+                             f"{PROFILE_TOP} slowest Spark stages, with the stage of the job "
+                             "that ran each (from an event log)")
     parser.add_argument("--aggregations", nargs="?", const=str(AGGREGATIONS), default=None,
                         metavar="SPEC", help="the job without and with an aggregations spec "
                                              "(default benchmarks/aggregations.yaml)")
@@ -381,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.checks:
         print(json.dumps(run_checks(sizes), indent=2))
         return
-    if args.aggregations:
+    if args.aggregations and not args.profile:
         print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))
         return
     if not args.profile:
@@ -392,9 +404,15 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-etl-events-") as event_log:
         spark = build_session(_profiled(BENCH_SPARK, Path(event_log)))
         try:
-            print(json.dumps(run_incremental(sizes, spark, args.keep_fit, args.day_lines,
-                                             Path(event_log)) if args.incremental
-                             else run(sizes, spark, Path(event_log)), indent=2))
+            if args.aggregations:
+                report = run_aggregations(sizes, Path(args.aggregations), spark,
+                                          event_log=Path(event_log))
+            elif args.incremental:
+                report = run_incremental(sizes, spark, args.keep_fit, args.day_lines,
+                                         Path(event_log))
+            else:
+                report = run(sizes, spark, Path(event_log))
+            print(json.dumps(report, indent=2))
         finally:
             spark.stop()  # closes the log before its folder goes
 
