@@ -334,8 +334,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
         union = union.unionByName(_whole_hop_rows(
             tiles, queried.select(*keys, hop_start(hop).alias(f"{_HOP}{hop}")).distinct(),
             keys, hop, [((features[i].window.seconds or 0) * MICROS,
-                         lambda frame, i=i: _merged(operations[i], _partial(i, _TILE), frame,
-                                                    f"a{i}_")) for i in members]),
+                         _tiles_merged(operations[i], i)) for i in members]),
             allowMissingColumns=True)
     columns = [F.col(f"b{i}_{name}") for i in running for name in operations[i].merge(F.col)]
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
@@ -378,6 +377,12 @@ def _whole_hop_rows(tiles: DataFrame, queried: DataFrame, keys: Sequence[str], h
     return queries.drop(_KIND).select(
         "*", F.col(column).alias(TS_MICROS), (F.col(column) - 1).alias(_AT),
         F.lit(_WHOLE + hop).alias(_KIND))
+
+
+def _tiles_merged(operation: SparkOperation, index: int
+                  ) -> Callable[[WindowSpec], list[Column]]:
+    """Output ``index``'s merge of the tile rows over a frame, as ``a<index>_<name>``."""
+    return lambda frame: _merged(operation, _partial(index, _TILE), frame, f"a{index}_")
 
 
 def _by_exits(feature: AggregateFeature, schema: StructType) -> bool:
