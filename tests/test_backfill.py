@@ -209,3 +209,40 @@ def test_tiles_at_the_cut_give_the_definition_at_any_later_time(spark):
     assert decayed["count_1h"] == 0 and decayed["positives_all"] > 0
     with pytest.raises(ValueError, match="before the tiles' cut"):
         served.values_at("user_activity", ["u1"], cut - 1)
+
+
+def test_the_job_joins_every_groups_values_onto_its_events(spark):
+    """The job's op (``etl/features/aggregate.py``) puts each group's values beside every
+    event — several events at one (user, item, instant) included — from one join on the
+    user, the item and every group's keys: a user group's values on every event, a
+    [user_id, category] group's where the event has a category and none (missing) where
+    it has not, while the user group's values of those events stay."""
+    from featureline.etl.features.aggregate import Aggregations
+
+    user = GroupSpec.model_validate({
+        "name": "user_activity", "keys": ["user_id"],
+        "features": [{"op": "count", "windows": ["1d"]}, {"op": "sum", "column": "value"}]})
+    pair = GroupSpec.model_validate({
+        "name": "user_category", "keys": ["user_id", "category"],
+        "features": [{"op": "count", "windows": ["1d"]}]})
+    log = _log(4)
+    log += [dict(e, value=7.0) for e in log[::40]]  # another event at one (user, item, ts)
+    assert any(e["category"] is None for e in log)
+    assert len({(e["user_id"], e["item_id"], e[TS_MICROS]) for e in log}) < len(log)
+    op = Aggregations([user, pair], NUMERIC, [])
+    rows = op.transform(spark.createDataFrame(log, EVENT_SCHEMA)).collect()
+    op.release()
+    assert sorted((r["user_id"], r["item_id"], r[TS_MICROS]) for r in rows) == sorted(
+        (e["user_id"], e["item_id"], e[TS_MICROS]) for e in log)
+    differ = []
+    for row in rows:
+        for group in (user, pair):
+            key = tuple(row[k] for k in group.keys)
+            own = [_as_reference(e) for e in log if tuple(e[k] for k in group.keys) == key]
+            for feature in group.outputs():
+                expected = None if None in key else reference(feature, own, row[TS_MICROS])
+                got = row[feature.column_name]
+                if not (got is None if expected is None else _same(feature, got, expected)):
+                    differ.append((feature.qualified, key, row[TS_MICROS] - ORIGIN, got,
+                                   expected))
+    assert differ == [], differ[:10]

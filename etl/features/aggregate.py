@@ -37,6 +37,8 @@ from featureline.etl.features.base import (
     plans_for_gpu,
 )
 
+# The events' user and item: never missing (validation quarantines an event without them).
+USER, ITEM = "user_id", "item_id"
 # Operations whose value is a count.
 _COUNTS = ("count", "approx_distinct")
 # Operations that have no value without events.
@@ -77,13 +79,18 @@ class Aggregations(FeatureOp):
         # Cached: each hop's tiles, the frames and the anchors read these rows.
         narrow = self.keep(events.select(*sorted(needed & set(events.columns))))
         self.cut = events_cut(narrow)
+        # Every group's values go onto the events' distinct keys and times first, and onto
+        # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill").
+        keys = list(dict.fromkeys([USER, *(key for group in self.groups for key in group.keys)]))
+        values = narrow.select(*keys, TS_MICROS).distinct()
         for group in self.groups:
             days = snapshot_anchors(narrow, group, self.cut)
             anchors = narrow.select(*group.keys, TS_MICROS).unionByName(days).distinct()
             at = self._cut(group_values(narrow, anchors, group, self.numeric, reads))
             self.values[group.name] = (at, days)
-            events = events.join(at, on=[*group.keys, TS_MICROS], how="left")
-        return events.withColumns({f.column_name: self._column(f) for f in self.outputs})
+            values = values.join(at, on=[*group.keys, TS_MICROS], how="left")
+        return _joined(events, values, keys).withColumns(
+            {f.column_name: self._column(f) for f in self.outputs})
 
     def snapshots(self, group: GroupSpec) -> DataFrame:
         """The group's daily snapshots as of the last transform's events, for Feast
@@ -127,6 +134,20 @@ class Aggregations(FeatureOp):
             feature.column_name, "continuous", "float32",
             transform_hint=LOG1P_STANDARDIZE if spec.op in _COUNTS else STANDARDIZE,
             missing=spec.op in _MAYBE_MISSING, aggregation=described)
+
+
+def _joined(events: DataFrame, values: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """``events`` with ``values`` (a row per distinct ``keys`` and ``TS_MICROS`` of theirs)
+    beside them. A key other than the events' user and item may be missing (a context
+    column): matched null to null, as its distinct rows hold it. On the user as the events
+    are partitioned (by the session's ``spark.sql.requireAllClusterKeysForCoPartition``,
+    spark_conf/), only ``values`` is shuffled."""
+    right = {key: f"_agg_key_{key}" for key in [*keys, TS_MICROS]}
+    values = values.select(*(F.col(key).alias(name) for key, name in right.items()),
+                           *(c for c in values.columns if c not in right))
+    condition = [events[key] == values[name] if key in (USER, ITEM, TS_MICROS)
+                 else events[key].eqNullSafe(values[name]) for key, name in right.items()]
+    return events.join(values, condition, "left").drop(*right.values())
 
 
 def _description(feature: AggregateFeature) -> dict[str, Any]:
