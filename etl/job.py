@@ -572,7 +572,7 @@ def _write_group_tiles(tiles: list[tuple[AggregateFeature, DataFrame]], staging:
                        tables: dict[str, str]) -> None:
     for feature, frame in tiles:
         relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
-        write_parquet(frame, staging / relative)
+        write_parquet(frame, staging / relative, keep_order=False)
         tables[feature.qualified] = relative
 
 

@@ -31,12 +31,16 @@ def local_path(path: str) -> Path:
 
 
 def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,
-                  partition_by: str | list[str] | None = None, mode: str = "errorifexists"
-                  ) -> None:
+                  partition_by: str | list[str] | None = None, mode: str = "errorifexists",
+                  keep_order: bool = True) -> None:
     """Write ``frame`` as Parquet; ``files=1`` makes a table small readers open in one go;
-    ``mode="append"`` adds files (and partitions) to a table."""
+    ``mode="append"`` adds files (and partitions) to a table. ``files`` are made keeping the
+    frame's order (a coalesce: its last stage runs in that many tasks), or, without
+    ``keep_order``, by a shuffle after the frame is computed in its own tasks — an
+    aggregation of events already partitioned by its key has no shuffle of its own, and a
+    coalesce into one file would run all of it in one task."""
     if files is not None:
-        frame = frame.coalesce(files)
+        frame = frame.coalesce(files) if keep_order else frame.repartition(files)
     writer = frame.write.mode(mode)
     if partition_by:
         writer = writer.partitionBy(partition_by)
@@ -68,8 +72,9 @@ def write_parquet_days(frame: DataFrame, path: Path, stamp: str, key: str) -> No
 def reread(frame: DataFrame, path: Path, *, files: int | None = 1) -> DataFrame:
     """``frame`` written as Parquet at ``path`` and read back (``read_as_written``): what is
     built on the result plans from the files, not from ``frame``'s whole lineage again (each
-    use of a deep lineage multiplies the plan Spark analyses and optimises)."""
-    write_parquet(frame, path, files=files)
+    use of a deep lineage multiplies the plan Spark analyses and optimises). Rows in no
+    particular order (``write_parquet``'s ``keep_order`` off)."""
+    write_parquet(frame, path, files=files, keep_order=False)
     return read_as_written(frame.sparkSession, path)
 
 
