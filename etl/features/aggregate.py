@@ -67,7 +67,16 @@ class Aggregations(FeatureOp):
     def _as_ids(self, feature: AggregateFeature) -> bool:
         return feature.spec.op in ORDERED and feature.spec.column in self.encoded
 
-    def transform(self, events: DataFrame) -> DataFrame:
+    @property
+    def reads_ids(self) -> bool:
+        """Whether an output reads categorify's ids (last or last_k of an encoded column)."""
+        return any(self._as_ids(feature) for feature in self.outputs)
+
+    def transform(self, events: DataFrame, source: DataFrame | None = None) -> DataFrame:
+        """``events`` with every output; the groups read ``source`` where given: the same
+        events before the other ops (with categorify's ids where :attr:`reads_ids`) — the
+        columns they read of ``events`` would compute its whole plan again, its windows and
+        joins included, for the cached copy below."""
         # The columns the groups read, computed once: every output's plan starts from them.
         reads = {column: F.struct(F.col(column).alias("raw"),
                                   F.col(encoded_name(column)).alias("id"))
@@ -77,7 +86,8 @@ class Aggregations(FeatureOp):
                   *(column for group in self.groups for feature in group.features
                     for column in feature.columns())}
         # Cached: each hop's tiles, the frames and the anchors read these rows.
-        narrow = self.keep(events.select(*sorted(needed & set(events.columns))))
+        rows = events if source is None else source
+        narrow = self.keep(rows.select(*sorted(needed & set(rows.columns))))
         self.cut = events_cut(narrow)
         # Every group's values go onto the events' distinct keys and times first, and onto
         # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill").

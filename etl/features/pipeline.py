@@ -75,9 +75,18 @@ class FeaturePipeline:
         are computed once and cached for the writes after it.
         """
         events = self.fit(events, trained_until)
+        source = events
         for op in self.ops:
-            events = op.transform(events)
+            if isinstance(op, Aggregations):
+                events = op.transform(events, self._with_ids(source) if op.reads_ids else source)
+            else:
+                events = op.transform(events)
         return self._model_ready(events)
+
+    def _with_ids(self, events: DataFrame) -> DataFrame:
+        """``events`` with categorify's ids (none without categorify)."""
+        categorify = self.op(Categorify)
+        return events if categorify is None else categorify.transform(events)
 
     def kept_features(self) -> list[str]:
         """The outputs of the ops without fitted statistics: an event's values never move
