@@ -19,7 +19,7 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.aggregations import AggregateFeature, GroupSpec
+from featureline.core.aggregations import ENTITIES, AggregateFeature, GroupSpec
 from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.aggregations import (
@@ -37,8 +37,6 @@ from featureline.etl.features.base import (
     plans_for_gpu,
 )
 
-# The events' user and item: never missing (validation quarantines an event without them).
-USER, ITEM = "user_id", "item_id"
 # Operations whose value is a count.
 _COUNTS = ("count", "approx_distinct")
 # Operations that have no value without events.
@@ -91,7 +89,8 @@ class Aggregations(FeatureOp):
         self.cut = events_cut(narrow)
         # Every group's values go onto the events' distinct keys and times first, and onto
         # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill").
-        keys = list(dict.fromkeys([USER, *(key for group in self.groups for key in group.keys)]))
+        keys = list(dict.fromkeys([ENTITIES["user"],
+                                   *(key for group in self.groups for key in group.keys)]))
         values = narrow.select(*keys, TS_MICROS).distinct()
         for group in self.groups:
             days = snapshot_anchors(narrow, group, self.cut)
@@ -148,14 +147,16 @@ class Aggregations(FeatureOp):
 
 def _joined(events: DataFrame, values: DataFrame, keys: Sequence[str]) -> DataFrame:
     """``events`` with ``values`` (a row per distinct ``keys`` and ``TS_MICROS`` of theirs)
-    beside them. A key other than the events' user and item may be missing (a context
-    column): matched null to null, as its distinct rows hold it. On the user as the events
-    are partitioned (by the session's ``spark.sql.requireAllClusterKeysForCoPartition``,
-    spark_conf/), only ``values`` is shuffled."""
+    beside them. A key other than the entities' (the user and the item, which validation
+    requires) may be missing (a context column): matched null to null, as its distinct rows
+    hold it. On the user as the events are partitioned (by the session's
+    ``spark.sql.requireAllClusterKeysForCoPartition``, spark_conf/), only ``values`` is
+    shuffled."""
     right = {key: f"_agg_key_{key}" for key in [*keys, TS_MICROS]}
     values = values.select(*(F.col(key).alias(name) for key, name in right.items()),
                            *(c for c in values.columns if c not in right))
-    condition = [events[key] == values[name] if key in (USER, ITEM, TS_MICROS)
+    present = {*ENTITIES.values(), TS_MICROS}
+    condition = [events[key] == values[name] if key in present
                  else events[key].eqNullSafe(values[name]) for key, name in right.items()]
     return events.join(values, condition, "left").drop(*right.values())
 
