@@ -345,12 +345,33 @@ def _split(events: DataFrame, config: EtlConfig) -> tuple[DataFrame, dict[str, A
     events = events.withColumn(SPLIT, split_column(valid_from))
     split_rows = {TRAIN: 0, VALID: 0} | {
         row[SPLIT]: row["count"] for row in events.groupBy(SPLIT).count().collect()}
+    return events, _split_entry(valid_from, split_rows, config)
+
+
+def _split_incremental(events: DataFrame, state: State, newest: DataFrame, new: DataFrame,
+                       rows: dict[str, Any], config: EtlConfig
+                       ) -> tuple[DataFrame, dict[str, Any]]:
+    """``_split`` of an incremental run without reading every event: the latest is among the
+    ``newest`` (the state's last day and the new events), the validation split's rows are
+    the stored ones from its start (only those days are read) and the new ones, and the
+    training split holds the others of the ``rows["accepted"]`` events the state will hold."""
+    valid_from = _valid_from(newest, config.split.valid_days)
+    valid = (stored_events(events.sparkSession, state, ["ts"], since=valid_from).count()
+             + new.where(F.col("ts") >= F.lit(valid_from)).count())
+    split_rows = {TRAIN: rows["accepted"] - valid, VALID: valid}
+    return events.withColumn(SPLIT, split_column(valid_from)), _split_entry(
+        valid_from, split_rows, config)
+
+
+def _split_entry(valid_from: datetime, split_rows: dict[str, int], config: EtlConfig
+                 ) -> dict[str, Any]:
+    """metadata.json's ``split``; a clear error where no training row is left."""
     if split_rows[TRAIN] == 0:
         raise ConfigError("etl.split.valid_days",
                           f"all events fall in the last {config.split.valid_days} day(s) "
                           f"(from {valid_from:%Y-%m-%d}); no training split is left")
-    return events, {"column": SPLIT, "valid_days": config.split.valid_days,
-                    "valid_from": valid_from.isoformat(), "rows": split_rows}
+    return {"column": SPLIT, "valid_days": config.split.valid_days,
+            "valid_from": valid_from.isoformat(), "rows": split_rows}
 
 
 def split_column(valid_from: datetime) -> Column:
@@ -757,20 +778,29 @@ def run(config: EtlConfig, spark: SparkSession,
                                                     output)
                     columns = [*ingest.event_columns(config), LABEL]
                     stored = stored_events(spark, state, [*columns, *pipeline.kept_features()])
-                    # Cached as a full run's events are: every op's fit reads them.
-                    events = (stored.select(*columns).unionByName(new.select(*columns))
-                              .persist(StorageLevel.MEMORY_AND_DISK))
-                    cached.append(events)
+                    events = stored.select(*columns).unionByName(new.select(*columns))
+                    # The state's last day and the new events: the latest event is among them.
+                    newest = stored_events(spark, state, columns,
+                                           since=_midnight(micros_of(state.latest))
+                                           ).unionByName(new.select(*columns))
                 stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
                                  f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
                                  f"{rows['duplicates']:,} duplicates removed")
             with timer(stages.SPLIT) as stage:
-                events, split = _split(events, config)
+                if state is None:
+                    events, split = _split(events, config)
+                else:
+                    events, split = _split_incremental(events, state, newest, new, rows,
+                                                       config)
                 stage.summary = ", ".join(f"{name} {count:,}"
                                           for name, count in split["rows"].items())
                 if scheduled is not None:
                     stage.summary += _keep_or_refit(pipeline, scheduled, config,
                                                     split["valid_from"])
+                if state is not None and pipeline.frozen is None:
+                    # A new fit: every op's fit reads every event, cached as a full run's.
+                    events = events.persist(StorageLevel.MEMORY_AND_DISK)
+                    cached.append(events)
             with timer(stages.FEATURES) as stage:
                 since = None
                 if state is None:
@@ -798,7 +828,7 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.ENTITIES) as stage:
                 aggregations = pipeline.op(Aggregations)
                 cut = (aggregations.cut if isinstance(aggregations, Aggregations)
-                       else events_cut(with_time_key(events)))
+                       else events_cut(with_time_key(events if state is None else newest)))
                 resumed = (None if state is None or since is None else
                            _resumed(spark, state, output, since, cut, config, new))
                 entities, lifetimes = _write_entities(events, pipeline, config, staging, cut,

@@ -294,6 +294,8 @@ def test_a_kept_fit_writes_only_the_days_it_changes(kept):
     split they are in now."""
     ours, theirs = kept["incremental"], kept["full"]
     assert ours.metadata["fit"]["version"] == theirs.metadata["fit"]["version"]
+    # The split from the state and the new events: a full run's, from every event.
+    assert ours.metadata["split"] == theirs.metadata["split"]
     for table in ("examples", "entities/user", "artifacts/categorify/user_id",
                   "artifacts/target_encode/item_id"):
         assert _table(ours.output / table).to_pylist() == _table(theirs.output / table
