@@ -74,14 +74,20 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
              rows: dict[str, Any], keys: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The profiles of the ``last`` days of ``events`` that have events, oldest first: each
     the one a run whose newest events are of its day writes (:func:`profile`), all of them
-    from one aggregation per kind of frame, grouped by day."""
-    # The events' moments of every day in one aggregation: the days' counts come with them.
-    by_day = {str(row[_DAY]): row for row in _aggregated(
-        events.groupBy(F.to_date("ts").alias(_DAY)), raw_numeric, raw_categorical,
-        [F.avg(F.col(LABEL).cast("double")).alias("label")])}
-    every = sorted(by_day)
+    from one aggregation per kind of frame, grouped by day, after a count of every day."""
+    # Every day's count (the time column alone is read), then the chosen days' moments in
+    # one aggregation (the earlier days' files are skipped by their time range).
+    counts = {str(row[_DAY]): row["count"]
+              for row in events.groupBy(F.to_date("ts").alias(_DAY)).count().collect()}
+    every = sorted(counts)
     chosen = every[-last:]
-    on_chosen = F.to_date("ts").isin([F.lit(day).cast("date") for day in chosen])
+    if not chosen:
+        return []
+    on_chosen = ((F.col("ts") >= F.lit(chosen[0]).cast("timestamp"))
+                 & F.to_date("ts").isin([F.lit(day).cast("date") for day in chosen]))
+    by_day = {str(row[_DAY]): row for row in _aggregated(
+        events.where(on_chosen).groupBy(F.to_date("ts").alias(_DAY)), raw_numeric,
+        raw_categorical, [F.avg(F.col(LABEL).cast("double")).alias("label")])}
     feature_moments = {str(row[_DAY]): row for row in _aggregated(
         examples.where(on_chosen).groupBy(F.to_date("ts").alias(_DAY)),
         feature_numeric, feature_categorical)}
@@ -96,7 +102,7 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
     _distributions(columns, [(events.where(on_chosen), raw_numeric, raw_categorical),
                              (examples.where(on_chosen), feature_numeric, feature_categorical)])
     return [{"day": day, "day_events": int(by_day[day]["rows"]),
-             "events_per_day": {d: int(by_day[d]["rows"]) for d in every if d <= day},
+             "events_per_day": {d: int(counts[d]) for d in every if d <= day},
              "label_rate": float(by_day[day]["label"] or 0.0),
              "rows": {"read": rows["read"], "quarantined": dict(rows["quarantined"])},
              "columns": columns[day]} for day in chosen]
