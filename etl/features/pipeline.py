@@ -100,10 +100,8 @@ class FeaturePipeline:
     def transform_kept(self, rows: DataFrame) -> DataFrame:
         """``rows`` (with the time key) and the kept features: categorify's ids are added
         for the window ops to read, then dropped again."""
-        categorify = self.op(Categorify)
         given = rows.columns
-        if categorify is not None:
-            rows = categorify.transform(rows)
+        rows = self._with_ids(rows)
         for op in self.ops:
             if not op.fitted:
                 rows = op.transform(rows)
