@@ -11,10 +11,10 @@ validates only ``NEW``, counts an event the state already holds as a duplicate (
 run twice changes nothing), quarantines new events older than the state's latest
 (``late_event``) unless ``etl.incremental.allow_late``, computes the kept features of the
 new events (and of the stored ones they move) over the stored events they look back to
-(``window_rows``), writes the state's days that changed (``extend_state_events``), and fits
-and applies the fitted ops over every stored event — so every table equals a full run's
-that extends the same vocabularies (tested table by table). Raw logs of earlier days are
-never read again.
+(``window_context``, ``window_rows``), writes the state's days that changed
+(``extend_state_events``), and fits and applies the fitted ops over every stored event — so
+every table equals a full run's that extends the same vocabularies (tested table by table).
+Raw logs of earlier days are never read again.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.features.base import (
     EARLIER_EVENTS,
     EARLIER_POSITIVES,
+    EVENTS,
     LABEL,
     SPLIT,
     TRAIN,
@@ -66,6 +67,13 @@ START = "_start"
 # Per user of an incremental run: the time key from which its kept rows' features read its
 # stored events before its ``START``.
 CUT = "_cut"
+# Per user of an incremental run: the time key from which its stored events before its
+# ``START`` are the rows the kept features read one by one (the latest instant, the rows
+# before it); ``CUT`` and the span may reach further back.
+ROWS_FROM = "_rows_from"
+# Per user of an incremental run: its stored events, and positives, before its ``START``.
+_BEFORE_EVENTS = "_before_events"
+_BEFORE_POSITIVES = "_before_positives"
 # Before any event (microseconds since the epoch).
 _EARLIEST = -(2**62)
 
@@ -231,7 +239,7 @@ def dated(path: str, now: datetime | None = None) -> str:
 
 def users_events(stored: DataFrame, starts: DataFrame) -> DataFrame:
     """The ``stored`` events of the users ``starts`` names (a day's users: a small share of
-    the history's, whose events ``cuts``, ``kept_rows`` and ``window_rows`` read)."""
+    the history's, whose events ``cuts`` and ``window_context`` read)."""
     # Not forced to a broadcast: on a day of most users, the planner's choice from the
     # starts' size.
     return stored.join(starts.select("user_id"), "user_id", "left_semi")
@@ -241,66 +249,121 @@ def cuts(stored: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
     """Per user ``starts`` names, beside its ``START``: ``CUT``, the time key from which the
     features of the user's kept rows read its stored events before the start
     (docs/ARCHITECTURE.md, "Incremental runs"): those within ``lookback`` of the start, the
-    rows of the latest instant before it, and the ``lookback.rows`` before those. A user
-    without stored events before its start has no ``CUT``. ``stored`` holds the time key."""
-    earlier = (stored.select("user_id", TS_MICROS).join(starts, "user_id")
+    rows of the latest instant before it, and the ``lookback.rows`` before those; and
+    ``ROWS_FROM``, where those rows start; and how many events and positives it has before
+    its start (``_BEFORE_EVENTS``, ``_BEFORE_POSITIVES``). A user without stored events
+    before its start has none of these. ``stored`` holds the time key and the label."""
+    earlier = (stored.select("user_id", TS_MICROS, LABEL).join(starts, "user_id")
                .where(F.col(TS_MICROS) < F.col(START)))
     times = F.sort_array(F.collect_list(TS_MICROS), asc=False)
-    summary = earlier.groupBy("user_id").agg(times.alias("_times"))
+    summary = earlier.groupBy("user_id").agg(times.alias("_times"),
+                                             F.count(F.lit(1)).alias(_BEFORE_EVENTS),
+                                             F.sum(LABEL).alias(_BEFORE_POSITIVES))
     # The rows before the start: the 2K before it may start before the rows of the user's
     # latest earlier instant, which can sort after it.
     at_latest = F.size(F.filter("_times", lambda t: t == F.col("_times")[0]))
     by_rows = F.coalesce(F.try_element_at("_times", F.lit(lookback.rows) + at_latest),
                          F.lit(_EARLIEST))
-    cut = F.least(F.col("_times")[0], F.col(START) - F.lit(lookback.span_us), by_rows)
+    rows_from = F.least(F.col("_times")[0], by_rows)
+    cut = F.least(rows_from, F.col(START) - F.lit(lookback.span_us))
+    found = F.size("_times") > 0
     return (starts.join(summary, "user_id", "left")
-            .select("user_id", START, F.when(F.size("_times") > 0, cut).alias(CUT)))
+            .select("user_id", START, F.when(found, cut).alias(CUT),
+                    F.when(found, rows_from).alias(ROWS_FROM), _BEFORE_EVENTS,
+                    _BEFORE_POSITIVES))
 
 
 def kept_rows(stored: DataFrame, new: DataFrame, cut: DataFrame) -> DataFrame:
     """The events whose kept features an incremental run computes: the new ones and each
-    user's stored ones from its ``START`` on. ``stored`` and ``new`` hold the event columns,
-    the label and the time key; ``cut`` is ``cuts``'."""
+    user's stored ones from its ``START`` on. ``stored`` (the stored events, those from the
+    day of the earliest start on suffice) and ``new`` hold the event columns, the label and
+    the time key; ``cut`` is ``cuts``'."""
     again = (stored.join(cut.select("user_id", START), "user_id")
              .where(F.col(TS_MICROS) >= F.col(START)).drop(START))
     return new.unionByName(again)
 
 
-def window_rows(stored: DataFrame, kept: DataFrame, cut: DataFrame, *,
-                broadcast: bool) -> DataFrame:
-    """The rows an incremental run computes the kept features over: the ``kept_rows``
-    (``KEEP`` true: their results are the output's); beside them the stored events they read
-    (from the user's ``CUT`` to its ``START``) and the latest earlier event of each (user,
-    item) pair the kept rows hold; with, per user, the events and positives before those
-    (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``). The kept rows' pairs are broadcast where
-    ``broadcast``: no shuffle of the events before the cut."""
-    theirs = (stored.join(cut.where(F.col(CUT).isNotNull()), "user_id")
+def window_context(stored: DataFrame, kept: DataFrame, cut: DataFrame, lookback: Lookback, *,
+                   broadcast: bool) -> DataFrame:
+    """The stored rows an incremental run computes the ``kept_rows``' features with: the
+    events they read (from the user's ``CUT`` to its ``START``) and the latest earlier event
+    of each (user, item) pair the kept rows hold, each with ``EVENTS`` (the events it stands
+    for). ``stored``: the users' stored events, of them the user, the time key, the item, the
+    label and what else the ops read of earlier events (``Lookback.columns``). Where the ops
+    allow it (``lookback.fold_us``), the events they read only as counts are folded
+    (``folded``). The kept rows' pairs are broadcast where ``broadcast``: no shuffle of the
+    events before the cut."""
+    found = cut.where(F.col(CUT).isNotNull())
+    theirs = (stored.join(found.select("user_id", START, CUT, ROWS_FROM), "user_id")
               .where(F.col(TS_MICROS) < F.col(START)))
-    context = theirs.where(F.col(TS_MICROS) >= F.col(CUT)).drop(START, CUT)
-    before = theirs.where(F.col(TS_MICROS) < F.col(CUT)).drop(START, CUT)
+    context = theirs.where(F.col(TS_MICROS) >= F.col(CUT)).drop(CUT)
+    before = theirs.where(F.col(TS_MICROS) < F.col(CUT)).drop(START, CUT, ROWS_FROM)
     pairs = kept.select("user_id", "item_id").distinct()
-    pair_latest = (before.join(F.broadcast(pairs) if broadcast else pairs,
-                               ["user_id", "item_id"], "left_semi")
+    if broadcast:
+        pairs = F.broadcast(pairs)
+    one = F.lit(1).cast("long").alias(EVENTS)
+    context = (folded(context, pairs, lookback) if lookback.fold_us
+               else context.select(*before.columns, one))
+    pair_latest = (before.join(pairs, ["user_id", "item_id"], "left_semi")
                    .groupBy("user_id", "item_id").agg(F.max(TS_MICROS).alias(TS_MICROS)))
     latest_rows = before.join(F.broadcast(pair_latest) if broadcast else pair_latest,
                               ["user_id", "item_id", TS_MICROS], "left_semi")
-    # The events before the cut less the pairs' latest ones, which the rows hold.
-    read = _tally(latest_rows, "_read_events", "_read_positives")
-    earlier = _tally(before, EARLIER_EVENTS, EARLIER_POSITIVES).join(read, "user_id", "left")
-    earlier = earlier.select("user_id", *(
-        (F.col(total) - F.coalesce(F.col(part), F.lit(0))).alias(total)
-        for total, part in ((EARLIER_EVENTS, "_read_events"),
-                            (EARLIER_POSITIVES, "_read_positives"))))
-    rows = (context.unionByName(latest_rows).withColumn(KEEP, F.lit(False))
-            .unionByName(kept.withColumn(KEEP, F.lit(True))))
-    return (rows.join(earlier, "user_id", "left")
-            .fillna({EARLIER_EVENTS: 0, EARLIER_POSITIVES: 0}))
+    return context.unionByName(latest_rows.select(*before.columns, one))
 
 
-def _tally(rows: DataFrame, events: str, positives: str) -> DataFrame:
-    """Per user of ``rows``: how many (``events``) and how many positive (``positives``)."""
-    return rows.groupBy("user_id").agg(F.count(F.lit(1)).alias(events),
-                                       F.sum(LABEL).alias(positives))
+def window_rows(context: DataFrame, kept: DataFrame, cut: DataFrame,
+                lookback: Lookback) -> DataFrame:
+    """The rows an incremental run computes the kept features over: the ``kept_rows``
+    (``KEEP`` true: their results are the output's) and the stored rows they read
+    (``window_context``'s ``context``: their other columns null), with, per user, the events
+    and positives before those (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``); ``EVENTS`` where
+    some were folded (``lookback.fold_us``)."""
+    # The events before the start less those the rows stand for.
+    read = context.groupBy("user_id").agg(F.sum(EVENTS).alias("_read_events"),
+                                          F.sum(LABEL).alias("_read_positives"))
+    earlier = cut.where(F.col(CUT).isNotNull()).join(read, "user_id", "left").select(
+        "user_id", *((F.col(total) - F.coalesce(F.col(part), F.lit(0))).alias(name)
+                     for name, total, part in (
+                         (EARLIER_EVENTS, _BEFORE_EVENTS, "_read_events"),
+                         (EARLIER_POSITIVES, _BEFORE_POSITIVES, "_read_positives"))))
+    rows = (context.withColumn(KEEP, F.lit(False))
+            .unionByName(kept.withColumn(KEEP, F.lit(True)), allowMissingColumns=True))
+    rows = rows.join(earlier, "user_id", "left").fillna({EARLIER_EVENTS: 0, EARLIER_POSITIVES: 0})
+    # Every row one event where nothing was folded: the ops count rows.
+    return rows.fillna({EVENTS: 1}) if lookback.fold_us else rows.drop(EVENTS)
+
+
+def folded(context: DataFrame, pairs: DataFrame, lookback: Lookback) -> DataFrame:
+    """``context`` (stored events with their user's ``START`` and ``ROWS_FROM``) with the
+    events the ops read only as counts folded into a row per user and ``lookback.fold_us``
+    span — per user, item and span for the (user, item) pairs of ``pairs``, which the
+    user–item scope counts, and no item for the others — (``EVENTS``, their number; the
+    label, their positives; the time key, their latest; no other column): those before the
+    user's rows (``ROWS_FROM``) and more than ``lookback.exact_us`` before its start (down to
+    a span's start). The rows that stay have ``EVENTS`` 1. On a long history a day's heavy
+    users hold most of the window's rows, and most of theirs are of the items they come back
+    to. One aggregation: a row that stays is its own group (equal rows, one group and as
+    many rows again)."""
+    fold = lookback.fold_us
+    exact = F.col(START) - F.lit(lookback.exact_us)
+    single = F.col(TS_MICROS) >= F.least(F.col(ROWS_FROM), exact - F.pmod(exact, F.lit(fold)))
+    columns = [c for c in context.columns if c not in ("user_id", START, ROWS_FROM)]
+    marked = context.join(pairs.withColumn("_pair", F.lit(True)), ["user_id", "item_id"], "left")
+    keys = [F.when(single | (F.col("_pair") if c == "item_id" else F.lit(False)), F.col(c))
+            .alias(c) for c in columns]
+    groups = marked.groupBy("user_id", *keys, F.when(~single, F.floor(
+        F.col(TS_MICROS) / fold)).alias("_span")).agg(
+        F.max(TS_MICROS).alias("_latest"), F.count(F.lit(1)).alias("_events"),
+        F.sum(LABEL).alias("_positives"))
+    stays = F.col("_span").isNull()
+    label = context.schema[LABEL].dataType
+    values = {TS_MICROS: F.col("_latest"), LABEL: F.col("_positives").cast(label)}
+    return groups.select(
+        "user_id", *(F.when(stays, F.col(c)).otherwise(values[c]).alias(c) if c in values
+                     else F.col(c) for c in columns),
+        F.when(stays, F.lit(1)).otherwise(F.col("_events")).cast("long").alias(EVENTS),
+        F.explode(F.when(stays, F.array_repeat(F.lit(0), F.col("_events").cast("int")))
+                  .otherwise(F.array(F.lit(0)))).alias("_copy")).drop("_copy")
 
 
 def unchanged(stored: DataFrame, starts: DataFrame) -> DataFrame:

@@ -98,6 +98,7 @@ from featureline.etl.incremental import (
     unchanged,
     users_events,
     values_hash,
+    window_context,
     window_rows,
     write_state,
     write_state_events,
@@ -403,9 +404,9 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     then the fitted ops and the model-ready step run over every state row — over the rows
     from the earliest start's day on where the fit is kept, that day coming back third (None:
     every day's rows moved) (docs/ARCHITECTURE.md, "Incremental runs").
-    The new events, the starts, their users' stored events, the cuts, the kept rows and the
-    window's rows are written under ``staging`` while the stage runs and read back: plans on
-    them start from files."""
+    The new events, the starts, their users' stored events, the cuts, the kept rows, the
+    window's stored rows and its rows are written under ``staging`` while the stage runs and
+    read back: plans on them start from files."""
     valid_from = datetime.fromisoformat(split["valid_from"])
     columns = [*ingest.event_columns(config), LABEL]
     counted_until = _count_from_output(pipeline, previous, state, new.select(*columns),
@@ -418,21 +419,26 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     numbered_anew = stored if counted_until is None else with_time_key(
         stored_events(stored.sparkSession, state, columns, since=counted_until))
     begins = reread(starts(pipeline, numbered_anew, new), work / "starts")
-    # The stored events of the users with a start, read from the history once: the cuts,
-    # the kept rows and the window's rows each read them several times.
-    theirs = reread(users_events(stored.select(*columns, TS_MICROS), begins), work / "theirs",
-                    files=None)
-    cut = reread(cuts(theirs, begins, pipeline.lookback()), work / "cuts")
-    kept_events = reread(kept_rows(theirs, new, cut), work / "kept", files=None)
-    rows = reread(window_rows(theirs, kept_events, cut,
-                              broadcast=kept_events.count() <= BROADCAST_KEPT),
-                  work / "rows", files=None)
-    kept = state_columns(pipeline, config)
-    computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
     # The stored days before the earliest start keep their files (all of them without one).
     first = begins.agg(F.min(START)).collect()[0][0]
     since = _midnight(first if first is not None
                       else micros_of(state.latest + timedelta(days=1)))
+    # The stored events of the users with a start, read from the history once (the cuts
+    # and the window's rows each read them several times), and of them only what the ops
+    # read of earlier events and the window's tallies count: the user, the time key, the
+    # item and the label. The rows computed again are read whole from the start's days.
+    lookback = pipeline.lookback()
+    narrow = ["user_id", TS_MICROS, *sorted(lookback.columns | {"item_id", LABEL})]
+    theirs = reread(users_events(stored.select(*narrow), begins), work / "theirs", files=None)
+    cut = reread(cuts(theirs, begins, lookback), work / "cuts")
+    from_start = with_time_key(stored_events(stored.sparkSession, state, columns, since=since))
+    kept_events = reread(kept_rows(from_start, new, cut), work / "kept", files=None)
+    context = reread(window_context(theirs, kept_events, cut, lookback,
+                                    broadcast=kept_events.count() <= BROADCAST_KEPT),
+                     work / "context", files=None)
+    rows = reread(window_rows(context, kept_events, cut, lookback), work / "rows", files=None)
+    kept = state_columns(pipeline, config)
+    computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
     recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
     state_rows = extend_state_events(
         state, unchanged(recent, begins).select(*kept).unionByName(computed), since.date(),

@@ -288,6 +288,60 @@ def test_lag_features_cpu_and_gpu_frames_agree_on_every_row(spark, monkeypatch):
     assert results[True].where(F.col("user_events_7d") > 0).count() > 100
 
 
+def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
+    """An incremental run hands lag_features and history the stored rows its events read —
+    the older ones folded into counts per user (and per item of the run's pairs) and hour —
+    and the kept rows get the values a run over every event gives them, in both
+    formulations of the frames."""
+    from featureline.etl.features.base import EVENTS, LABEL
+    from featureline.etl.features.lag_features import PRIOR_POSITIVE_RATE, PRIOR_POSITIVES
+    from featureline.etl.incremental import CUT, KEEP, START, cuts, window_context, window_rows
+
+    rng = np.random.default_rng(11)
+    # Three users over nine days, several events an hour, few items (pairs come back), and
+    # instants several events share; u2 has a handful only (its cut reaches its first one).
+    instants = rng.choice(np.arange(0, 9 * 86400, 60), size=700, replace=False)
+    rows = [(f"u{rng.integers(2)}", str(rng.integers(1, 5)), int(rng.choice(instants)),
+             int(rng.integers(2)), "train") for _ in range(1500)]
+    rows += [("u2", str(i % 2 + 1), 86400 * i + 7, i % 2, "train") for i in range(1, 9)]
+    events = frame(spark, rows).select("user_id", "item_id", "ts", LABEL, TS_MICROS)
+    # Where each user's kept rows start: day 8 at these hours (µs since the epoch, UTC).
+    epoch = datetime(1970, 1, 1)
+    starts = spark.createDataFrame(
+        [(user, (T0 + timedelta(days=8, hours=hours) - epoch) // timedelta(microseconds=1))
+         for user, hours in (("u0", 3.5), ("u1", 9.25), ("u2", 0))],
+        f"user_id string, {START} long")
+    ops = [LagFeatures(["1h", "24h", "7d"]), History(3)]
+    lookback = ops[0].lookback() | ops[1].lookback()
+
+    def featured(rows):
+        rows = rows.withColumn("item_id_cat", F.coalesce(F.col("item_id").cast("long"), F.lit(1)))
+        for op in ops:
+            rows = op.transform(rows)
+        return rows
+
+    outputs = ["user_secs_since_prev", "user_events_1h", "user_events_24h", "user_events_7d",
+               "user_prev_item", "ui_secs_since_prev", "ui_events_1h", "ui_events_24h",
+               "ui_events_7d", PRIOR_POSITIVES, PRIOR_POSITIVE_RATE, "user_hist_items"]
+    marked = events.join(starts, "user_id")
+    kept = marked.where(F.col(TS_MICROS) >= F.col(START)).drop(START)
+    stored = marked.where(F.col(TS_MICROS) < F.col(START)).drop(START).select(
+        "user_id", TS_MICROS, "item_id", LABEL)
+    cut = cuts(stored, starts, lookback).cache()
+    context = window_context(stored, kept, cut, lookback, broadcast=True).cache()
+    got = featured(window_rows(context, kept, cut, lookback)).where(F.col(KEEP))
+    want = featured(events).join(kept.select("user_id", TS_MICROS, "item_id"),
+                                 ["user_id", TS_MICROS, "item_id"], "left_semi")
+    columns = ["user_id", TS_MICROS, "item_id", LABEL, *outputs]
+    assert got.count() == want.count() == kept.count() > 100
+    assert got.select(*columns).exceptAll(want.select(*columns)).count() == 0
+    assert want.select(*columns).exceptAll(got.select(*columns)).count() == 0
+    # The older stored events were folded: fewer rows than events, some standing for several.
+    handed = context.agg(F.count(F.lit(1)), F.sum(EVENTS), F.max(EVENTS)).first()
+    read = stored.join(cut, "user_id").where(F.col(TS_MICROS) >= F.col(CUT)).count()
+    assert handed[0] < 0.8 * read and handed[1] >= read and handed[2] >= 3
+
+
 @pytest.fixture(params=["offset lookups", "sliding frame"])
 def history_path(request, monkeypatch):
     """Each of history's two ways to read the earlier items (by K)."""

@@ -8,6 +8,7 @@ UDFs), so the RAPIDS Accelerator can run it on the GPU.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -35,6 +36,10 @@ MICROS = 1_000_000
 # every row.
 EARLIER_EVENTS = "_earlier_events"
 EARLIER_POSITIVES = "_earlier_positives"
+# Per row of an incremental run's window: the events it stands for — 1, or the count of a
+# user's earlier events folded into one row, its label their positives (``Lookback.fold_us``);
+# absent in a full run, whose every row is one event.
+EVENTS = "_events"
 CATEGORICAL_SELECTOR = "@categorical"
 CONTINUOUS_SELECTOR = "@continuous"
 
@@ -141,13 +146,27 @@ class OpSettings(Settings):
 @dataclass(frozen=True)
 class Lookback:
     """The earlier events of its user an op reads for an event: those in the ``span_us``
-    microseconds before it, and the ``rows`` rows before it (in (time, item) order)."""
+    microseconds before it, and the ``rows`` rows before it (in (time, item) order); of
+    them, the ``columns`` beside the user and the time key (an incremental run hands the
+    op no other column of an earlier event). ``fold_us`` (0: never): the op reads the span's
+    events more than ``exact_us`` before the earliest event it computes, and not among those
+    rows, only as counts per ``fold_us`` — an incremental run may fold them into a row per
+    user and ``fold_us`` (``EVENTS``; the rows of the items the run's events hold stay)."""
 
     span_us: int = 0
     rows: int = 0
+    columns: frozenset[str] = frozenset()
+    fold_us: int = 0
+    exact_us: int = 0
 
     def __or__(self, other: Lookback) -> Lookback:
-        return Lookback(max(self.span_us, other.span_us), max(self.rows, other.rows))
+        # Folds that every op reading a span allows: per a span each folds by.
+        spans = [lookback for lookback in (self, other) if lookback.span_us]
+        fold = (math.gcd(*(lookback.fold_us for lookback in spans))
+                if spans and all(lookback.fold_us for lookback in spans) else 0)
+        return Lookback(max(self.span_us, other.span_us), max(self.rows, other.rows),
+                        self.columns | other.columns, fold,
+                        max(self.exact_us, other.exact_us) if fold else 0)
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,8 @@ class History(FeatureOp):
         return events.withColumn(HISTORY, items)
 
     def lookback(self) -> Lookback:
-        # The 2K rows before the event's, whichever formulation reads them.
-        return Lookback(rows=2 * self.k)
+        # The 2K rows before the event's, whichever formulation reads them: their items.
+        return Lookback(rows=2 * self.k, columns=frozenset({"item_id"}))
 
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(HISTORY, "multi_hot", "int64", width=self.k, shares=self.item_column)]

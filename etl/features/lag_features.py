@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 
 from featureline.core.aggregations import FeatureSpec as AggregateSpec
@@ -33,6 +33,7 @@ from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.features.base import (
     EARLIER_EVENTS,
     EARLIER_POSITIVES,
+    EVENTS,
     LABEL,
     MICROS,
     TS_MICROS,
@@ -54,6 +55,14 @@ _PREVIOUS_ITEM = "_previous_item"
 # A user's label history before each event (named apart from the entity tables' features).
 PRIOR_POSITIVES = "user_prior_positives"
 PRIOR_POSITIVE_RATE = "user_prior_positive_rate"
+
+
+def _count(frame: DataFrame, window: WindowSpec) -> Column:
+    """The events of a frame: its rows, or where an incremental run folded some, the events
+    each stands for (``EVENTS``)."""
+    if EVENTS in frame.columns:
+        return F.coalesce(F.sum(EVENTS).over(window), F.lit(0).cast("long"))
+    return F.count(F.lit(1)).over(window)
 
 
 def _label_history(frame: DataFrame, positives: Column, events: Column) -> dict[str, Column]:
@@ -136,10 +145,10 @@ class LagFeatures(FeatureOp):
         columns = {f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS}
         # Events in [start, t) = events before t less those of the hops before start's
         # (start = t's hop's start less the window: a bound over the hops' starts).
-        earlier = F.count(F.lit(1)).over(before)
+        earlier = _count(events, before)
         for output in self.activity_group(scope).outputs():
             hop, span = _hops(output.window)
-            older = F.count(F.lit(1)).over(Window.partitionBy(*keys).orderBy(hop).rangeBetween(
+            older = _count(events, Window.partitionBy(*keys).orderBy(hop).rangeBetween(
                 Window.unboundedPreceding, -span - 1))
             columns[output.output] = (earlier - older).cast("double")
         if scope == "user":
@@ -165,17 +174,17 @@ class LagFeatures(FeatureOp):
         instant = Window.partitionBy(*keys, TS_MICROS)
         previous_ts = F.max(F.when(opens_instant, F.col(_PREVIOUS_TS))).over(instant)
         columns = {f"{scope}_secs_since_prev": (F.col(TS_MICROS) - previous_ts) / MICROS}
-        at_instant = F.count(F.lit(1)).over(by_time.rangeBetween(0, 0))
+        at_instant = _count(events, by_time.rangeBetween(0, 0))
         for output in self.activity_group(scope).outputs():
             # Events in [start, t): those of the hops from start's to t's, less those of t's
             # hop, plus those of t's hop before t.
             hop, span = _hops(output.window)
-            through_own = F.count(F.lit(1)).over(
-                Window.partitionBy(*keys).orderBy(hop).rangeBetween(-span, 0))
+            through_own = _count(events, Window.partitionBy(*keys).orderBy(hop).rangeBetween(
+                -span, 0))
             own_hop = Window.partitionBy(*keys, hop)
-            own_before = F.count(F.lit(1)).over(own_hop.orderBy(TS_MICROS).rangeBetween(
+            own_before = _count(events, own_hop.orderBy(TS_MICROS).rangeBetween(
                 Window.unboundedPreceding, 0)) - at_instant
-            columns[output.output] = (through_own - F.count(F.lit(1)).over(own_hop)
+            columns[output.output] = (through_own - _count(events, own_hop)
                                       + own_before).cast("double")
         if scope == "user":
             previous_item = F.max(F.when(opens_instant, F.col(_PREVIOUS_ITEM))).over(instant)
@@ -185,16 +194,24 @@ class LagFeatures(FeatureOp):
             now = by_time.rangeBetween(0, 0)
             columns.update(_label_history(
                 events, F.sum(LABEL).over(so_far) - F.sum(LABEL).over(now),
-                F.count(F.lit(1)).over(so_far) - at_instant))
+                _count(events, so_far) - at_instant))
         return events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
 
     def lookback(self) -> Lookback:
-        """The windows' reach (a window and its hop: the start is rounded down to a hop);
-        the latest earlier event (the seconds since it, its item) and the label history
-        before the rows given come with every row an incremental run gives
-        (``_label_history``)."""
-        widest = max((w.seconds or 0) + (w.hop or 0) for w in map(parse_window, self.windows))
-        return Lookback(span_us=widest * MICROS)
+        """The windows' reach (a window and its hop: the start is rounded down to a hop),
+        of which the items and labels are read; the latest earlier event (the seconds since
+        it, its item) and the label history before the rows given come with every row an
+        incremental run gives (``_label_history``)."""
+        windows = [parse_window(window) for window in self.windows]
+        widest = max((w.seconds or 0) + (w.hop or 0) for w in windows)
+        # Counted per the longest hop, which the hops it holds a multiple of all hold (a
+        # span of it lies in one hop of theirs); the others reach their window and a hop
+        # back from the earliest row computed, and no further.
+        fold = max(w.hop or 0 for w in windows)
+        exact = max(((w.seconds or 0) + (w.hop or 0) for w in windows if (w.hop or 0) % fold),
+                    default=0)
+        return Lookback(span_us=widest * MICROS, columns=frozenset({"item_id", LABEL}),
+                        fold_us=fold * MICROS, exact_us=exact * MICROS)
 
     def features(self) -> list[FeatureSpec]:
         specs = []
