@@ -151,7 +151,8 @@ class Lookback:
     op no other column of an earlier event). ``fold_us`` (0: never): the op reads the span's
     events more than ``exact_us`` before the earliest event it computes, and not among those
     rows, only as counts per ``fold_us`` — an incremental run may fold them into a row per
-    user and ``fold_us`` (``EVENTS``; the rows of the items the run's events hold stay)."""
+    user and ``fold_us`` span (``EVENTS``; per user, item and span for the (user, item) pairs
+    its events hold)."""
 
     span_us: int = 0
     rows: int = 0
