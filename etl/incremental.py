@@ -349,8 +349,8 @@ def folded(context: DataFrame, pairs: DataFrame, lookback: Lookback) -> DataFram
     single = F.col(TS_MICROS) >= F.least(F.col(ROWS_FROM), exact - F.pmod(exact, F.lit(fold)))
     columns = [c for c in context.columns if c not in ("user_id", START, ROWS_FROM)]
     marked = context.join(pairs.withColumn("_pair", F.lit(True)), ["user_id", "item_id"], "left")
-    keys = [F.when(single | (F.col("_pair") if c == "item_id" else F.lit(False)), F.col(c))
-            .alias(c) for c in columns]
+    keys = [F.when(single | F.col("_pair") if c == "item_id" else single, F.col(c)).alias(c)
+            for c in columns]
     groups = marked.groupBy("user_id", *keys, F.when(~single, F.floor(
         F.col(TS_MICROS) / fold)).alias("_span")).agg(
         F.max(TS_MICROS).alias("_latest"), F.count(F.lit(1)).alias("_events"),

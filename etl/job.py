@@ -431,15 +431,15 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     narrow = ["user_id", TS_MICROS, *sorted(lookback.columns | {"item_id", LABEL})]
     theirs = reread(users_events(stored.select(*narrow), begins), work / "theirs", files=None)
     cut = reread(cuts(theirs, begins, lookback), work / "cuts")
-    from_start = with_time_key(stored_events(stored.sparkSession, state, columns, since=since))
-    kept_events = reread(kept_rows(from_start, new, cut), work / "kept", files=None)
+    kept = state_columns(pipeline, config)
+    recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
+    kept_events = reread(kept_rows(recent.select(*columns, TS_MICROS), new, cut), work / "kept",
+                         files=None)
     context = reread(window_context(theirs, kept_events, cut, lookback,
                                     broadcast=kept_events.count() <= BROADCAST_KEPT),
                      work / "context", files=None)
     rows = reread(window_rows(context, kept_events, cut, lookback), work / "rows", files=None)
-    kept = state_columns(pipeline, config)
     computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
-    recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
     state_rows = extend_state_events(
         state, unchanged(recent, begins).select(*kept).unionByName(computed), since.date(),
         staging)
