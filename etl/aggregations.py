@@ -70,6 +70,11 @@ LAGGED_UP_TO_K = 32
 
 # The operations that keep values in (ts, value) order: what they read may carry more.
 ORDERED = ("last", "last_k")
+# A row standing for this many equal events (the same keys, time key and columns read), where
+# a frame has the column: the operations that add up their events count it that many times;
+# an extreme, or the latest of equal events, is any one of them's.
+WEIGHT = "_agg_weight"
+_ADDITIVE = ("count", "sum", "mean")
 
 Columns = dict[str, Column]
 Getter = Callable[[str], Column]
@@ -148,6 +153,22 @@ OPERATIONS: dict[str, SparkOperation] = {
 }
 
 
+def _state(feature: AggregateFeature, value: Column, frame: DataFrame) -> Columns:
+    """The partial of one of ``frame``'s rows: an event's, or where the frame has ``WEIGHT``,
+    that of the equal events the row stands for. ValueError for last_k over such rows (its k
+    latest would hold each of them)."""
+    op = feature.spec.op
+    state = OPERATIONS[op].state(value)
+    if WEIGHT not in frame.columns:
+        return state
+    if op == "last_k":
+        raise ValueError(f"{feature.qualified}: last_k reads every event, not rows that "
+                         "stand for several")
+    if op not in _ADDITIVE:
+        return state
+    return {name: column * F.col(WEIGHT) for name, column in state.items()}
+
+
 def _merged(operation: SparkOperation, getter: Getter, window: WindowSpec | None = None,
             prefix: str = "") -> list[Column]:
     """The merge's columns, aggregated in a group (no ``window``) or over a frame."""
@@ -206,6 +227,9 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
                               or len(framed) < len(outputs)):
         raise ValueError("group_values: a prior needs anchors, aligned spans it starts one "
                          "of, and framed outputs only")
+    if WEIGHT in events.columns and any(f.spec.op == "last_k" for f in outputs):
+        raise ValueError(f"{group.name}: last_k reads every event, not rows that stand for "
+                         "several")
     if framed:
         at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned,
                             prior)
@@ -254,10 +278,10 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     exits = [_by_exits(f, events.schema) and not d for f, d in zip(features, direct, strict=True)]
     # Output i's partial in columns "<i>_<name>": null on the rows it does not count.
     state: dict[str, Column] = {}
-    for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
+    for index, feature in enumerate(features):
         keeps = _keeps(feature, numeric)
         state.update({f"{index}_{name}": F.when(keeps, column) for name, column
-                      in operation.state(_read(feature, values)).items()})
+                      in _state(feature, _read(feature, values), events).items()})
     hops = sorted({f.window.hop * MICROS for f, d, x in zip(features, direct, exits, strict=True)
                    if f.window.hop and not (d or x)})
     hop_columns = {f"{_HOP}{hop}": hop_start(hop) for hop in hops}
@@ -661,7 +685,7 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
         else:
             operation = OPERATIONS[feature.spec.op]
             state = kept.select(*keys, TILE, TS_MICROS, *(
-                column.alias(name) for name, column in operation.state(value).items()))
+                column.alias(name) for name, column in _state(feature, value, kept).items()))
             if prior is not None and start is None:
                 state = state.unionByName(prior.frame.select(
                     *keys, F.lit(0).cast("long").alias(TILE),
@@ -704,7 +728,7 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
     earlier = F.col(TS_MICROS) < before
     state = [F.when(earlier & _keeps(f, numeric), column).alias(f"{f.column_name}__{name}")
              for f in features
-             for name, column in OPERATIONS[f.spec.op].state(_read(f, {})).items()]
+             for name, column in _state(f, _read(f, {}), rows).items()]
     rows = rows.select(*keys, earlier.cast("int").alias(_EARLIER), *state)
     if prior is not None:
         rows = rows.unionByName(prior.frame.withColumn(_EARLIER, F.lit(1)))

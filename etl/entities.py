@@ -10,7 +10,9 @@ in between, its latest snapshot stands (a point-in-time join picks it up).
 
 A table is written a file per day; an incremental run keeping its fit computes only the days
 after the ones it keeps (``Resume``), from the recent events and the lifetime partials the
-previous run left (docs/ARCHITECTURE.md, "Incremental runs").
+previous run left (docs/ARCHITECTURE.md, "Incremental runs"). Every window of the group
+starts and ends on a midnight at a snapshot and in a tile: the table reads its events as a
+row per key, day and label (``entity_rows``).
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.aggregations import ENTITIES, LABEL, GroupSpec, entity_group
+from featureline.core.aggregations import ENTITIES, LABEL, MICROS, GroupSpec, entity_group
 from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
 from featureline.etl.aggregations import (
     DAY,
+    WEIGHT,
     Lifetime,
     decay_days,
     group_values,
@@ -73,16 +76,32 @@ def resume_from(group: GroupSpec, after: int, cut: int) -> int:
     return min(after - decay_days(group) * DAY, lifetime_before(group, cut))
 
 
-def entity_snapshots(events: DataFrame, entity: str, recent_days: int,
-                     vocabulary: DataFrame | None, cut: int,
-                     resume: Resume | None = None) -> EntityTable:
-    """Daily snapshots of one entity from the accepted events (all splits; ``cut``: µs, just
-    after the latest), with its encoded id where the run has a ``vocabulary`` of its key.
-    With ``resume``: only the snapshots after ``resume.after``, ``events`` those from
-    ``resume.lifetime.before`` on (ValueError where that is after ``resume_from``)."""
-    group = entity_group(entity, recent_days)
+def entity_rows(events: DataFrame, entity: str, recent_days: int) -> DataFrame:
+    """What the entity's table reads of ``events``: its key, the time key and the label —
+    folded into a row per key, UTC day and label at the day's start, with ``WEIGHT`` (the
+    events it stands for), where every window of its group moves by whole days (a day's
+    events then count the same at each snapshot and in each tile; a day at 10M events holds
+    ~6 events per user and day)."""
     key = ENTITIES[entity]
     rows = with_time_key(events.select(key, "ts", LABEL))
+    windows = [f.window for f in entity_group(entity, recent_days).outputs()
+               if f.window.seconds is not None]
+    if any(w.hop is None or w.hop * MICROS % DAY for w in windows):
+        return rows.select(key, TS_MICROS, LABEL)
+    day = (F.floor(F.col(TS_MICROS) / DAY) * DAY).cast("long")
+    return rows.groupBy(key, day.alias(TS_MICROS), LABEL).agg(F.count(F.lit(1)).alias(WEIGHT))
+
+
+def entity_snapshots(rows: DataFrame, entity: str, recent_days: int,
+                     vocabulary: DataFrame | None, cut: int,
+                     resume: Resume | None = None) -> EntityTable:
+    """Daily snapshots of one entity from ``entity_rows`` of the accepted events (all splits;
+    ``cut``: µs, just after the latest), with its encoded id where the run has a
+    ``vocabulary`` of its key. With ``resume``: only the snapshots after ``resume.after``,
+    ``rows`` those from ``resume.lifetime.before`` on (ValueError where that is after
+    ``resume_from``)."""
+    group = entity_group(entity, recent_days)
+    key = ENTITIES[entity]
     before = lifetime_before(group, cut)
     if resume is None:
         values = group_values(rows, snapshot_anchors(rows, group, cut), group, numeric=(),

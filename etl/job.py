@@ -60,7 +60,7 @@ from featureline.etl.aggregations import (
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
 from featureline.etl.embedding_plan import embedding_plan
-from featureline.etl.entities import Resume, entity_snapshots, resume_from
+from featureline.etl.entities import Resume, entity_rows, entity_snapshots, resume_from
 from featureline.etl.errors import NoInputError
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
@@ -482,15 +482,11 @@ def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies
     return counted_until
 
 
-def _events_from(events: DataFrame) -> Callable[[int], DataFrame]:
-    """``events`` from a time on (µs)."""
-    return lambda before: with_time_key(events).where(F.col(TS_MICROS) >= before)
-
-
 def _midnight(micros: int) -> datetime:
     """The UTC midnight starting the day of a time key (µs since the epoch)."""
     return datetime.fromtimestamp(micros // MICROS, timezone.utc).replace(
         hour=0, minute=0, second=0, microsecond=0)
+
 
 def _renumbered(pipeline: FeaturePipeline, stored: DataFrame) -> int | None:
     """The time key of the earliest stored event holding a value this run's vocabularies
@@ -575,13 +571,13 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
 
 
 def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
-                 lifetimes: dict[str, Lifetime], events_from: Callable[[int], DataFrame]
+                 lifetimes: dict[str, Lifetime], entity_rows: dict[str, DataFrame]
                  ) -> dict[str, Any]:
     """The tiles as of ``cut`` (µs, after the last event) of the
     aggregations' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
-    definitions"). An entity table's come from its ``lifetimes`` and ``events_from`` their
-    end."""
+    definitions"). An entity table's come from its ``lifetimes`` and the ``entity_rows`` it
+    was computed from, those from their end on."""
     events = with_time_key(events)
     tables: dict[str, str] = {}
     numeric = config.event_contract().numeric
@@ -589,8 +585,8 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
         _write_group_tiles(output_tiles(events, group, numeric, cut), staging, tables)
     for entity, prior in lifetimes.items():
         group = entity_group(entity, config.entities.recent_days)
-        _write_group_tiles(output_tiles(with_time_key(events_from(prior.before)), group, (),
-                                        cut, prior), staging, tables)
+        rows = entity_rows[entity].where(F.col(TS_MICROS) >= prior.before)
+        _write_group_tiles(output_tiles(rows, group, (), cut, prior), staging, tables)
     return {"cut_us": cut, "tables": tables,
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
 
@@ -655,24 +651,27 @@ def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: 
 
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
                     staging: Path, cut: int, resumed: Resumed | None
-                    ) -> tuple[dict[str, Any], dict[str, Lifetime]]:
+                    ) -> tuple[dict[str, Any], dict[str, Lifetime], dict[str, DataFrame]]:
     """The entity tables, a file per day (``entities/<entity>``); those ``resumed`` takes up
     link the earlier days' files of the output extended. Their lifetime partials, written
-    into the state, come back second."""
+    into the state, come back second; third, the rows each was computed from
+    (``entity_rows``, written under the staging's work folder once: every part of the table
+    and its tiles reads them)."""
     categorify = pipeline.op(Categorify)
-    entities, lifetimes = {}, {}
+    entities, lifetimes, read = {}, {}, {}
     for entity, key in ENTITIES.items():
         vocabulary = (categorify.vocabularies.get(key)
                       if isinstance(categorify, Categorify) else None)
         resume = resumed.resumes.get(entity) if resumed is not None else None
         path = staging / "entities" / entity
-        if resume is None:
-            table = entity_snapshots(events, entity, config.entities.recent_days, vocabulary,
-                                     cut)
-        else:
-            assert resumed is not None
-            table = entity_snapshots(resumed.events_from(resume.lifetime.before), entity,
-                                     config.entities.recent_days, vocabulary, cut, resume)
+        source = (events if resume is None or resumed is None
+                  else resumed.events_from(resume.lifetime.before))
+        rows = read[entity] = reread(
+            entity_rows(source, entity, config.entities.recent_days),
+            staging / WORK_DIR / "entities" / entity, files=None)
+        table = entity_snapshots(rows, entity, config.entities.recent_days, vocabulary, cut,
+                                 resume)
+        if resume is not None and resumed is not None:
             link_table_days(resumed.previous / "entities" / entity, path,
                             _midnight(resume.after).date())
         write_parquet_days(table.frame, path, EVENT_TIMESTAMP, key)
@@ -685,7 +684,7 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
             "features": _schema(table.frame, table.feature_columns),
             "group": table.group.model_dump(mode="json"),
         }
-    return entities, lifetimes
+    return entities, lifetimes, read
 
 
 @dataclass(frozen=True)
@@ -837,14 +836,13 @@ def run(config: EtlConfig, spark: SparkSession,
                        else events_cut(with_time_key(events if state is None else newest)))
                 resumed = (None if state is None or since is None else
                            _resumed(spark, state, output, since, cut, config, new))
-                entities, lifetimes = _write_entities(events, pipeline, config, staging, cut,
-                                                      resumed)
+                entities, lifetimes, rows_read = _write_entities(events, pipeline, config,
+                                                                 staging, cut, resumed)
                 snapshots = {}
                 if isinstance(aggregations, Aggregations):
                     snapshots = _write_group_snapshots(aggregations, staging)
-                tiles = _write_tiles(events, config, staging, cut, lifetimes,
-                                     resumed.events_from if resumed is not None
-                                     else _events_from(events))
+                tiles = _write_tiles(events, config, staging, cut, lifetimes, rows_read)
+                shutil.rmtree(staging / WORK_DIR)
                 stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} outputs")
             with timer(stages.ARTIFACTS):

@@ -246,3 +246,38 @@ def test_the_job_joins_every_groups_values_onto_its_events(spark):
                     differ.append((feature.qualified, key, row[TS_MICROS] - ORIGIN, got,
                                    expected))
     assert differ == [], differ[:10]
+
+
+def test_rows_standing_for_equal_events_give_the_events_values(spark):
+    """A row with ``WEIGHT`` n stands for n equal events (the entity tables read a day's
+    events so): every operation but last_k gives the events' values from it — at events'
+    times, at aligned anchors, in the tiles and the lifetime partials; last_k refuses it."""
+    from featureline.etl.aggregations import WEIGHT, lifetime, output_tiles
+
+    rng = random.Random(11)
+    log = [event for event in _log(11, events=200) for _ in range(rng.choice([1, 1, 2, 3]))]
+    events = spark.createDataFrame(log, EVENT_SCHEMA)
+    weighted = events.groupBy(*events.columns).agg(F.count(F.lit(1)).alias(WEIGHT))
+    assert weighted.count() < len(log)
+    group = SPEC.model_copy(update={"features": [f for f in SPEC.features if f.op != "last_k"]})
+    anchors = spark.createDataFrame(
+        sorted({(e["user_id"], e[TS_MICROS] + d) for e in log[::3] for d in (0, 1, DAY)}),
+        "user_id string, _ts_us long")
+    _check(group_values(weighted, anchors, group, NUMERIC).collect(), log, group)
+    _check(group_values(weighted, None, ALIGNED, NUMERIC, aligned=DAY).collect(), log, ALIGNED)
+    cut = max(e[TS_MICROS] for e in log) + 1
+    for (feature, tiles), (_, expected) in zip(output_tiles(weighted, group, NUMERIC, cut),
+                                               output_tiles(events, group, NUMERIC, cut),
+                                               strict=True):
+        assert sorted(map(str, tiles.collect())) == sorted(map(str, expected.collect())), \
+            feature.output
+    additive = GroupSpec.model_validate({"name": "g", "keys": ["user_id"], "features": [
+        {"op": "count"}, {"op": "sum", "column": "value"}, {"op": "mean", "column": "price"},
+        {"op": "max", "column": "value"}]})
+    before = ORIGIN + 5 * DAY
+    assert sorted(map(str, lifetime(weighted, additive, NUMERIC, before).frame.collect())) == \
+        sorted(map(str, lifetime(events, additive, NUMERIC, before).frame.collect()))
+    with pytest.raises(ValueError, match="last_k reads every event"):
+        group_values(weighted, anchors, SPEC, NUMERIC)
+    with pytest.raises(ValueError, match="last_k reads every event"):
+        output_tiles(weighted, SPEC, NUMERIC, cut)
