@@ -79,9 +79,8 @@ def resume_from(group: GroupSpec, after: int, cut: int) -> int:
 def entity_rows(events: DataFrame, entity: str, recent_days: int) -> DataFrame:
     """What the entity's table reads of ``events``: its key, the time key and the label —
     folded into a row per key, UTC day and label at the day's start, with ``WEIGHT`` (the
-    events it stands for), where every window of its group moves by whole days (a day's
-    events then count the same at each snapshot and in each tile; a day at 10M events holds
-    ~6 events per user and day)."""
+    events it stands for), where every window of its group moves by whole days: a day's
+    events then count the same at each snapshot and in each tile."""
     key = ENTITIES[entity]
     rows = with_time_key(events.select(key, "ts", LABEL))
     windows = [f.window for f in entity_group(entity, recent_days).outputs()
