@@ -159,14 +159,18 @@ def _state(feature: AggregateFeature, value: Column, frame: DataFrame) -> Column
     latest would hold each of them)."""
     op = feature.spec.op
     state = OPERATIONS[op].state(value)
-    if WEIGHT not in frame.columns:
-        return state
-    if op == "last_k":
-        raise ValueError(f"{feature.qualified}: last_k reads every event, not rows that "
-                         "stand for several")
-    if op not in _ADDITIVE:
+    _reads_rows_as_events(feature, frame)
+    if WEIGHT not in frame.columns or op not in _ADDITIVE:
         return state
     return {name: column * F.col(WEIGHT) for name, column in state.items()}
+
+
+def _reads_rows_as_events(feature: AggregateFeature, frame: DataFrame) -> None:
+    """ValueError for last_k over ``frame``'s rows where they stand for several events
+    (``WEIGHT``): its k latest would hold each of them."""
+    if feature.spec.op == "last_k" and WEIGHT in frame.columns:
+        raise ValueError(f"{feature.qualified}: last_k reads every event, not rows that "
+                         "stand for several")
 
 
 def _merged(operation: SparkOperation, getter: Getter, window: WindowSpec | None = None,
@@ -227,9 +231,8 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
                               or len(framed) < len(outputs)):
         raise ValueError("group_values: a prior needs anchors, aligned spans it starts one "
                          "of, and framed outputs only")
-    if WEIGHT in events.columns and any(f.spec.op == "last_k" for f in outputs):
-        raise ValueError(f"{group.name}: last_k reads every event, not rows that stand for "
-                         "several")
+    for feature in outputs:
+        _reads_rows_as_events(feature, events)
     if framed:
         at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned,
                             prior)

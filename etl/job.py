@@ -571,13 +571,13 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
 
 
 def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
-                 lifetimes: dict[str, Lifetime], entity_rows: dict[str, DataFrame]
+                 lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame]
                  ) -> dict[str, Any]:
     """The tiles as of ``cut`` (µs, after the last event) of the
     aggregations' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
-    definitions"). An entity table's come from its ``lifetimes`` and the ``entity_rows`` it
-    was computed from, those from their end on."""
+    definitions"). An entity table's come from its ``lifetimes`` and the rows it was
+    computed from (``table_rows``: its ``entity_rows``), those from their end on."""
     events = with_time_key(events)
     tables: dict[str, str] = {}
     numeric = config.event_contract().numeric
@@ -585,7 +585,7 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
         _write_group_tiles(output_tiles(events, group, numeric, cut), staging, tables)
     for entity, prior in lifetimes.items():
         group = entity_group(entity, config.entities.recent_days)
-        rows = entity_rows[entity].where(F.col(TS_MICROS) >= prior.before)
+        rows = table_rows[entity].where(F.col(TS_MICROS) >= prior.before)
         _write_group_tiles(output_tiles(rows, group, (), cut, prior), staging, tables)
     return {"cut_us": cut, "tables": tables,
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
