@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from pyspark.sql import Column, DataFrame, GroupedData, Row, Window
 from pyspark.sql import functions as F
@@ -35,8 +35,18 @@ def histogram_bin(value: Column) -> Column:
     return (F.signum(value) * F.floor(F.log10(F.abs(value) + 1) * BINS_PER_DECADE)).cast("long")
 
 
+class ProfileColumns(TypedDict):
+    """``profile_columns``: ``profile``'s and ``profiles``' keyword arguments by name."""
+
+    raw_numeric: list[str]
+    raw_categorical: list[str]
+    feature_numeric: list[str]
+    feature_categorical: list[str]
+    keys: list[str]
+
+
 def profile_columns(config: EtlConfig, features: Sequence[Mapping[str, Any]]
-                    ) -> dict[str, list[str]]:
+                    ) -> ProfileColumns:
     """Which columns a run profiles, and how (``profile``'s keyword arguments): the raw
     log's, and the features of ``features`` (metadata.json's entries) but the day-of-week
     ones (one value all day); the ids of users and items, and the features that encode them,
@@ -58,27 +68,33 @@ def profile_columns(config: EtlConfig, features: Sequence[Mapping[str, Any]]
 def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str],
             raw_categorical: Sequence[str], feature_numeric: Sequence[str],
             feature_categorical: Sequence[str], rows: dict[str, Any],
-            keys: Sequence[str] = ()) -> dict[str, Any]:
+            keys: Sequence[str] = (), day_counts: Mapping[str, int] | None = None
+            ) -> dict[str, Any]:
     """The profile of the newest day of ``events`` (accepted, labelled) and ``examples``
     (their feature rows, with ``ts``); ``rows``: the run's row accounting; ``keys``: the
-    columns that hold the ids of users and items (marked ``key``)."""
+    columns that hold the ids of users and items (marked ``key``); ``day_counts``: every
+    day's count of events where known (``events`` may then hold the newest days only)."""
     [newest] = profiles(events, examples, 1, raw_numeric=raw_numeric,
                         raw_categorical=raw_categorical, feature_numeric=feature_numeric,
-                        feature_categorical=feature_categorical, rows=rows, keys=keys)
+                        feature_categorical=feature_categorical, rows=rows, keys=keys,
+                        day_counts=day_counts)
     return newest
 
 
 def profiles(events: DataFrame, examples: DataFrame, last: int, *,
              raw_numeric: Sequence[str], raw_categorical: Sequence[str],
              feature_numeric: Sequence[str], feature_categorical: Sequence[str],
-             rows: dict[str, Any], keys: Sequence[str] = ()) -> list[dict[str, Any]]:
+             rows: dict[str, Any], keys: Sequence[str] = (),
+             day_counts: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """The profiles of the ``last`` days of ``events`` that have events, oldest first: each
     the one a run whose newest events are of its day writes (:func:`profile`), all of them
-    from one aggregation per kind of frame, grouped by day, after a count of every day."""
+    from one aggregation per kind of frame, grouped by day, after a count of every day
+    (``day_counts`` where given)."""
     # Every day's count (the time column alone is read), then the chosen days' moments in
     # one aggregation (the earlier days' files are skipped by their time range).
-    counts = {str(row[_DAY]): row["count"]
-              for row in events.groupBy(F.to_date("ts").alias(_DAY)).count().collect()}
+    counts = dict(day_counts) if day_counts is not None else {
+        str(row[_DAY]): row["count"]
+        for row in events.groupBy(F.to_date("ts").alias(_DAY)).count().collect()}
     every = sorted(counts)
     chosen = every[-last:]
     if not chosen:

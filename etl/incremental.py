@@ -27,7 +27,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, STATE_DIR
@@ -156,9 +156,23 @@ def stored_events(spark: SparkSession, state: State, columns: list[str],
     ``since`` on where given (the days before are not read)."""
     events = read_as_written(spark, state.events)
     if since is not None:
-        events = events.where((F.col(DAY) >= F.lit(since.date()))
-                              & (F.col("ts") >= F.lit(since)))
+        events = events.where(from_day(since))
     return events.select(*columns)
+
+
+def day_counts(state: State, new: DataFrame) -> dict[str, int]:
+    """Every UTC day's count of events once ``new`` joins the state: the state's from the
+    rows of each day's files (no column of theirs read), plus the new ones'."""
+    stored = read_as_written(new.sparkSession, state.events).groupBy(
+        F.col(DAY).cast("string").alias(DAY)).count()
+    fresh = with_day(new).groupBy(F.col(DAY).cast("string").alias(DAY)).count()
+    return {row[DAY]: int(row["count"]) for row in stored.unionByName(fresh).groupBy(DAY).agg(
+        F.sum("count").alias("count")).collect()}
+
+
+def from_day(since: datetime) -> Column:
+    """The state's events from ``since`` on: the days' folders before it are not read."""
+    return (F.col(DAY) >= F.lit(since.date())) & (F.col("ts") >= F.lit(since))
 
 
 def cumulative(previous: dict[str, Any], this_run: dict[str, Any]) -> dict[str, Any]:

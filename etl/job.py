@@ -87,7 +87,9 @@ from featureline.etl.incremental import (
     check_compatible,
     cumulative,
     cuts,
+    day_counts,
     extend_state_events,
+    from_day,
     kept_rows,
     lifetime_folder,
     link_example_days,
@@ -454,9 +456,10 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     renumbered = _renumbered(pipeline, numbered_anew)
     if renumbered is not None:
         since = min(since, _midnight(renumbered))
-    moved = F.col("ts") >= F.lit(since)
     if pipeline.op(Aggregations) is None:
-        return pipeline.transform_fitted(split_rows.where(moved)), state_rows, since.date()
+        return (pipeline.transform_fitted(split_rows.where(from_day(since))), state_rows,
+                since.date())
+    moved = F.col("ts") >= F.lit(since)
     return pipeline.transform_fitted(split_rows).where(moved), state_rows, since.date()
 
 
@@ -714,16 +717,17 @@ class Checked:
 
 def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
                        rows: dict[str, Any], config: EtlConfig, staging: Path,
-                       output: Path) -> Checked:
+                       output: Path, counts: dict[str, int] | None = None) -> Checked:
     """The run's profile, written beside metadata.json, checked against the reference's
     (``checks.reference``, else the output this run replaces), a copy of which is kept beside
     it so that ``featureline validate`` can check again later; the report and the checks'
-    metrics beside them."""
+    metrics beside them. ``counts``: every day's count of events, where ``events`` holds the
+    newest days only (``data_profile.profile``'s ``day_counts``)."""
     this_run = rows.get("this_run", rows)
     # The newest day lies in the validation split (the last valid_days days, at least one):
     # only that partition of the examples is read.
     examples = read_as_written(spark, staging / "examples").where(F.col(SPLIT) == VALID)
-    run_profile = profile(events, examples, rows=this_run,
+    run_profile = profile(events, examples, rows=this_run, day_counts=counts,
                           **profile_columns(config, [s.to_json() for s in specs]))
     write_json(run_profile, staging / PROFILE_FILE)
     if config.checks.reference:
@@ -848,8 +852,11 @@ def run(config: EtlConfig, spark: SparkSession,
             with timer(stages.ARTIFACTS):
                 stats = _write_artifacts(pipeline, staging / "artifacts")
             with timer(stages.PROFILE) as stage:
-                checked = _profile_and_check(spark, events, specs, rows, config, staging,
-                                             output)
+                # An incremental run reads the newest days' events only, and counts every
+                # day's from the state's day folders.
+                checked = _profile_and_check(
+                    spark, events if state is None else newest, specs, rows, config, staging,
+                    output, None if state is None else day_counts(state, new))
                 stage.summary = checked.summary()
             with timer(stages.STATE) as stage:
                 if state is None:

@@ -17,7 +17,7 @@ from featureline.etl import job
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.incremental import LATE_EVENT, STATE_DIR
-from tests.job_config import make_config
+from tests.job_config import make_config, run_profile
 
 NEW_DAYS = ("2026-01-09", "2026-01-10")
 # Aggregations keyed by the user and by the item (an item's value reads other users'
@@ -168,6 +168,7 @@ def test_tfrecords_and_metadata_equal_the_full_runs(runs):
             relative = path.relative_to(theirs.output)
             assert (ours.output / relative).read_bytes() == path.read_bytes(), relative
     _same(_comparable(ours.metadata), _comparable(theirs.metadata))
+    assert run_profile(ours.output) == run_profile(theirs.output)
 
 
 def test_rows_add_up_across_runs_and_this_runs_own(runs):
@@ -304,6 +305,8 @@ def test_a_kept_fit_writes_only_the_days_it_changes(kept):
     assert files == {f["path"] for f in ours.metadata["tfrecord"]["files"]}
     for path in files:
         assert (ours.output / path).read_bytes() == (theirs.output / path).read_bytes(), path
+    # Its profile read the newest day's events alone and every day's count from the state.
+    assert run_profile(ours.output) == run_profile(theirs.output)
     after = _inodes(kept["output"])
     same = {day for key, inode in kept["inodes"].items() if after.get(key) == inode
             for day in [key[0]]}
