@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from featureline.core.drift import PROFILE_FILE
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 
 TEST_SPARK = SparkSettings(
@@ -41,20 +39,3 @@ def make_config(tmp_path: Path, source: Path, **overrides: Any) -> EtlConfig:
     for key, value in overrides.items():
         data[key] = value
     return EtlConfig.model_validate(data)
-
-
-def run_profile(output: Path) -> dict[str, Any]:
-    """The profile a run wrote (profile.json) less its own row accounting (an incremental
-    run's is its own), numbers to 12 significant digits: the moments of the same rows summed
-    in another order agree to the last bits."""
-    def rounded(value: Any) -> Any:
-        if isinstance(value, float):
-            return float(f"{value:.12g}")
-        if isinstance(value, dict):
-            return {key: rounded(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [rounded(item) for item in value]
-        return value
-
-    written = json.loads((output / PROFILE_FILE).read_text())
-    return rounded({key: value for key, value in written.items() if key != "rows"})

@@ -15,8 +15,8 @@ import pytest
 
 from featureline.etl import job
 from featureline.etl.incremental import read_state
-from tests.job_config import make_config, run_profile
-from tests.test_incremental import _table
+from tests.job_config import make_config
+from tests.test_incremental import _profile, _same, _table
 
 # The entity tables' window: 2 days (hourly hops), so a day's run reads 4 days of events
 # and starts from the lifetime partials of the days before them.
@@ -120,7 +120,7 @@ def test_a_kept_day_equals_the_full_run_with_its_fit(chain, full, day):
     files = {f["path"] for f in full[day].metadata["tfrecord"]["files"]}
     for path in files:
         assert (ours / path).read_bytes() == (theirs / path).read_bytes(), path
-    assert run_profile(ours) == run_profile(theirs)
+    _same(_profile(ours), _profile(theirs))
 
 
 @pytest.mark.slow
