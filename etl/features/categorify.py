@@ -12,11 +12,12 @@ can tell whether they encode alike.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
-from pyspark.sql import DataFrame, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
@@ -92,21 +93,26 @@ class Categorify(FeatureOp):
                 .agg(F.coalesce(F.sum("count"), F.lit(0)).cast("long").alias("count")))
 
     def fit(self, train: DataFrame) -> None:
+        # Every column's largest id, then every vocabulary's size and version, in one query
+        # each: a query per column costs more than its rows on a day's run.
+        known_ids = {column: known.select(F.col("value").cast("string"),
+                                          F.col("id").cast("long"))
+                     for column, known in self.previous.items()}
+        last_ids = _per_table(known_ids, F.max("id").alias("last_id"))
         for column in self.columns:
             counts = self.keep(self._counts(train, column))
-            known = self.previous.get(column)
+            known = known_ids.get(column)
             if known is None:
                 vocabulary = self._ranked(counts, column, FIRST_ID - 1)
             else:
-                known = known.select(F.col("value").cast("string"), F.col("id").cast("long"))
-                last_id = known.agg(F.max("id")).collect()[0][0] or FIRST_ID - 1
+                last_id = last_ids.get(column, {}).get("last_id") or FIRST_ID - 1
                 kept = known.join(counts.withColumnRenamed(column, "value"), on="value",
                                   how="left").fillna({"count": 0})
                 unseen = counts.join(known, counts[column] == known["value"], how="left_anti")
                 vocabulary = kept.unionByName(self._ranked(unseen, column, last_id))
-            vocabulary = self.keep(vocabulary)
-            self.sizes[column], self.versions[column] = summarize(vocabulary)
-            self.vocabularies[column] = vocabulary
+            self.vocabularies[column] = self.keep(vocabulary)
+        for column, (size, version) in summaries(self.vocabularies).items():
+            self.sizes[column], self.versions[column] = size, version
 
     def added(self, column: str) -> DataFrame:
         """The values of ``column`` this fit numbered that the vocabulary it extends had not
@@ -128,8 +134,9 @@ class Categorify(FeatureOp):
             F.col("count"),
         )
 
-    def transform(self, events: DataFrame) -> DataFrame:
-        for column in self.columns:
+    def transform(self, events: DataFrame, columns: list[str] | None = None) -> DataFrame:
+        """``events`` with the ids of ``columns`` (every encoded column without)."""
+        for column in self.columns if columns is None else columns:
             vocabulary = self.vocabularies[column].select(
                 F.col("value").alias(column), F.col("id").alias(encoded_name(column)))
             events = (events.join(vocabulary, on=column, how="left")
@@ -158,8 +165,30 @@ class Categorify(FeatureOp):
 def summarize(vocabulary: DataFrame) -> tuple[int, str]:
     """A vocabulary's size and version: a digest of the size and the XOR of its (value, id)
     hashes, so the same pairs give the same version in any order."""
-    row = vocabulary.agg(F.count(F.lit(1)).alias("n"),
-                         F.bit_xor(F.xxhash64(F.col("value").cast("string"),
-                                              F.col("id").cast("long"))).alias("digest")).collect()[0]
-    size = int(row["n"])
-    return size, hashlib.sha256(f"{size}:{row['digest'] or 0}".encode()).hexdigest()[:16]
+    return summaries({"": vocabulary})[""]
+
+
+def summaries(vocabularies: dict[str, DataFrame]) -> dict[str, tuple[int, str]]:
+    """``summarize`` of each vocabulary (column → (value, id, …)), in one query."""
+    rows = _per_table(vocabularies, F.count(F.lit(1)).alias("n"),
+                      F.bit_xor(F.xxhash64(F.col("value").cast("string"),
+                                           F.col("id").cast("long"))).alias("digest"))
+    summarized = {}
+    for column in vocabularies:
+        row = rows.get(column, {})
+        size = int(row.get("n") or 0)
+        digest = hashlib.sha256(f"{size}:{row.get('digest') or 0}".encode()).hexdigest()[:16]
+        summarized[column] = size, digest
+    return summarized
+
+
+def _per_table(tables: dict[str, DataFrame], *aggregates: Column) -> dict[str, dict[str, Any]]:
+    """``aggregates`` of each table's (value, id) rows in one query: per table name, the
+    aggregates by name (a table without rows has none)."""
+    if not tables:
+        return {}
+    tagged = [frame.select(F.lit(name).alias("_table"), F.col("value"), F.col("id"))
+              for name, frame in tables.items()]
+    union = functools.reduce(DataFrame.unionByName, tagged)
+    return {row["_table"]: row.asDict() for row in
+            union.groupBy("_table").agg(*aggregates).collect()}

@@ -41,6 +41,10 @@ class FeaturePipeline:
         self.frozen = frozen
         roles = config.column_roles()
         self.ops = [op.build(roles) for op in config.features]
+        # The ids the ops without fitted statistics read (their transforms' inputs).
+        self._kept_ids = sorted({column for settings, op in zip(config.features, self.ops,
+                                                                 strict=True)
+                                 if not op.fitted for column in settings.needs_encoded})
         if config.aggregations:
             self.ops.append(Aggregations(config.aggregations, config.event_contract().numeric,
                                          encoded_columns(config)))
@@ -83,10 +87,13 @@ class FeaturePipeline:
                 events = op.transform(events)
         return self._model_ready(events)
 
-    def _with_ids(self, events: DataFrame) -> DataFrame:
-        """``events`` with categorify's ids (none without categorify)."""
+    def _with_ids(self, events: DataFrame, columns: list[str] | None = None) -> DataFrame:
+        """``events`` with categorify's ids (none without categorify): of ``columns``, or
+        of every column it encodes."""
         categorify = self.op(Categorify)
-        return events if categorify is None else categorify.transform(events)
+        if not isinstance(categorify, Categorify):
+            return events
+        return categorify.transform(events, columns)
 
     def kept_features(self) -> list[str]:
         """The outputs of the ops without fitted statistics: an event's values never move
@@ -98,10 +105,10 @@ class FeaturePipeline:
         return functools.reduce(operator.or_, (op.lookback() for op in self.ops), Lookback())
 
     def transform_kept(self, rows: DataFrame) -> DataFrame:
-        """``rows`` (with the time key) and the kept features: categorify's ids are added
-        for the window ops to read, then dropped again."""
+        """``rows`` (with the time key) and the kept features: the categorify ids the window
+        ops read are added, then dropped again (a join per id: only those read)."""
         given = rows.columns
-        rows = self._with_ids(rows)
+        rows = self._with_ids(rows, self._kept_ids)
         for op in self.ops:
             if not op.fitted:
                 rows = op.transform(rows)
