@@ -14,10 +14,11 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py --aggregations --sizes 1000000  # the cost of a spec
 
 ``--incremental``: a log of 31 days at each size (the history, then one new day); the full
-job over the history first (not timed), then, timed, the incremental run of the new day's
-file against a full recompute over both files extending the same vocabularies, the outputs
-compared by the benchmark itself (examples, entity tables, vocabularies: equal row for row);
-the incremental cost per new event at each size relative to the smallest size.
+job over each size's history first (not timed), then, timed, the incremental run of the new
+day's file (twice: A B, the full runs, B A over the sizes; its time the mean) against a full
+recompute over both files extending the same vocabularies, the outputs compared by the
+benchmark itself (examples, entity tables, vocabularies: equal row for row); the
+incremental cost per new event at each size relative to the smallest size.
 ``--keep-fit`` with it: every run keeps the history's fit (``etl.fit.refit_every``), so the
 incremental run writes only the days it changes, against a full run with ``--fit-from`` the
 history's output. ``--day-lines N``: the new day holds the last day's first N lines at every
@@ -36,6 +37,7 @@ import platform
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -269,11 +271,20 @@ def _compare(ours: Path, theirs: Path) -> dict[str, Any]:
     return columns
 
 
-def measure_incremental(spark: SparkSession, events: int, workdir: Path,
-                        keep_fit: bool = False, day_lines: int | None = None,
-                        event_log: Path | None = None) -> dict[str, Any]:
-    """``event_log``: the session's, whose slowest Spark stages of the incremental run are
-    listed (``--profile``)."""
+@dataclass(frozen=True)
+class _History:
+    """A size's history, run once (not timed): its output, kept as the start of every timed
+    run, the config the runs derive from, the new day's file and its lines."""
+
+    events: int
+    base: EtlConfig
+    output: Path
+    new: Path
+    new_lines: int
+
+
+def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
+             day_lines: int | None) -> _History:
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     write_log(raw, events=events, users=users, items=items, days=31, seed=1,
@@ -281,50 +292,86 @@ def measure_incremental(spark: SparkSession, events: int, workdir: Path,
     history, new, new_lines = _split_days(raw, workdir / f"raw-{events}", day_lines)
     raw.unlink()
     base = with_overrides(EtlConfig(), input_path=str(history),
-                          output=str(workdir / f"incremental-{events}"))
+                          output=str(workdir / f"history-{events}"))
     base = base.model_copy(update={"incremental": base.incremental.model_copy(
         update={"allow_late": True})})
     if keep_fit:
         base = base.model_copy(update={"fit": base.fit.model_copy(
             update={"refit_every": "30d"})})
     job.run(base, spark, progress=lambda _: None)
-    extended = workdir / f"history-{events}"
-    shutil.copytree(base.output.path, extended)
+    return _History(events, base, base.output.path, new, new_lines)
+
+
+def _incremental(spark: SparkSession, history: _History, workdir: Path, run: int
+                 ) -> tuple[float, job.JobResult, tuple[float, float]]:
+    """The new day's incremental run on a copy of the history's output (the copy not
+    timed): its seconds, its result, and when it ran (ms since the epoch)."""
+    output = workdir / f"incremental-{history.events}-{run}"
+    shutil.copytree(history.output, output)
+    config = with_overrides(history.base, input_path=str(history.new), output=str(output),
+                            incremental=True)
     start, submitted = time.perf_counter(), time.time() * 1e3
-    incremental = job.run(with_overrides(base, input_path=str(new), incremental=True), spark,
-                          progress=lambda _: None)
-    incremental_s = time.perf_counter() - start
-    ended = time.time() * 1e3
-    full_config = with_overrides(
-        base, input_path=str(new.parent), output=str(workdir / f"full-{events}"),
-        **({"fit_from": str(extended)} if keep_fit else {"vocabulary_from": str(extended)}))
+    result = job.run(config, spark, progress=lambda _: None)
+    return time.perf_counter() - start, result, (submitted, time.time() * 1e3)
+
+
+def _full(spark: SparkSession, history: _History, workdir: Path, keep_fit: bool
+          ) -> tuple[float, job.JobResult]:
+    """The full recompute over the history's file and the new day's, extending the
+    history's vocabularies (with ``keep_fit``: transforming with its fit)."""
+    config = with_overrides(
+        history.base, input_path=str(history.new.parent),
+        output=str(workdir / f"full-{history.events}"),
+        **({"fit_from": str(history.output)} if keep_fit
+           else {"vocabulary_from": str(history.output)}))
     start = time.perf_counter()
-    full = job.run(full_config, spark, progress=lambda _: None)
-    full_s = time.perf_counter() - start
-    tables = ("examples", "entities/user", "entities/item", "artifacts/categorify/user_id",
-              "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
-    compared = {table: _compare(incremental.output / table, full.output / table)
-                for table in tables}
-    profiled = {}
-    if event_log is not None:
-        profiled["spark_stages"] = [s for s in stage_times(event_log)
-                                    if submitted <= s["submitted_ms"] <= ended][:PROFILE_TOP]
-    return {"events": events, "new_day_rows": new_lines, "incremental_s": round(incremental_s, 2),
-            "full_recompute_s": round(full_s, 2),
-            "incremental_vs_full": round(incremental_s / full_s, 3),
-            "incremental_s_per_new_event": incremental_s / new_lines,
-            "outputs_equal": {table: not found for table, found in compared.items()},
-            "outputs_differences": {table: found for table, found in compared.items() if found},
-            "stages_s": incremental.metadata["timings_s"], **profiled}
+    result = job.run(config, spark, progress=lambda _: None)
+    return time.perf_counter() - start, result
 
 
 def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                     keep_fit: bool = False, day_lines: int | None = None,
                     event_log: Path | None = None) -> dict[str, Any]:
+    """Every size's history first (not timed); then, timed, each size's incremental run in
+    the sizes' order, each size's full recompute, and each size's incremental run again in
+    the reverse order (A B, the full runs, B A): each ratio is of means over runs on either
+    side of the others, so this machine's drift between them cancels (the same new day on
+    1M and 10M of history was 1.24x in one run and 1.82x in another when the sizes ran one
+    after the other, benchmarks/README.md). ``event_log``: the session's, whose slowest Spark
+    stages of each size's first incremental run are listed (``--profile``)."""
     spark = spark or build_session(BENCH_SPARK)
+    tables = ("examples", "entities/user", "entities/item", "artifacts/categorify/user_id",
+              "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
-        runs = [measure_incremental(spark, events, Path(tmp), keep_fit, day_lines, event_log)
-                for events in sizes]
+        workdir = Path(tmp)
+        histories = [_history(spark, events, workdir, keep_fit, day_lines) for events in sizes]
+        first = {h.events: _incremental(spark, h, workdir, 1) for h in histories}
+        full = {h.events: _full(spark, h, workdir, keep_fit) for h in histories}
+        second = {h.events: _incremental(spark, h, workdir, 2) for h in reversed(histories)}
+        runs = []
+        for history in histories:
+            (seconds, result, window), again = first[history.events], second[history.events]
+            full_s, recomputed = full[history.events]
+            compared = {table: [_compare(done.output / table, recomputed.output / table)
+                                for done in (result, again[1])] for table in tables}
+            incremental_s = (seconds + again[0]) / 2
+            profiled = {}
+            if event_log is not None:
+                profiled["spark_stages"] = [
+                    s for s in stage_times(event_log)
+                    if window[0] <= s["submitted_ms"] <= window[1]][:PROFILE_TOP]
+            runs.append({
+                "events": history.events, "new_day_rows": history.new_lines,
+                "incremental_s": round(incremental_s, 2),
+                "incremental_runs_s": [round(seconds, 2), round(again[0], 2)],
+                "full_recompute_s": round(full_s, 2),
+                "incremental_vs_full": round(incremental_s / full_s, 3),
+                "incremental_s_per_new_event": incremental_s / history.new_lines,
+                "outputs_equal": {table: not any(found) for table, found in compared.items()},
+                "outputs_differences": {table: found for table, found in compared.items()
+                                        if any(found)},
+                "stages_s": [result.metadata["timings_s"], again[1].metadata["timings_s"]],
+                **profiled})
     smallest = runs[0]
     for entry in runs:
         entry["cost_per_new_event_vs_smallest"] = round(
@@ -336,6 +383,7 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                          + (f" --day-lines {day_lines}" if day_lines else ""),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
+            "order": "A B, full runs, B A",
             "runs": runs}
 
 
