@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from datetime import datetime, timedelta
 
@@ -14,7 +15,7 @@ from featureline.core.errors import ConfigError
 from featureline.core.transforms import apply as apply_transform
 from featureline.etl.config import EtlConfig
 from featureline.etl.features.base import TS_MICROS, FeatureSpec, epoch_micros
-from featureline.etl.features.categorify import Categorify
+from featureline.etl.features.categorify import Categorify, summaries, summarize
 from featureline.etl.features.count_encode import CountEncode
 from featureline.etl.features.cyclic_time import CyclicTime
 from featureline.etl.features.hashed_cross import HashedCross
@@ -83,6 +84,23 @@ def test_categorify_counting_from_its_vocabulary_gives_the_counts_of_every_row(s
     assert counted.vocabularies["item_id"].schema == whole.vocabularies["item_id"].schema
     assert not Categorify(["item_id"], freq_threshold=2).count_from(counts, later)
     assert not Categorify(["item_id", "category"]).count_from(counts, later)
+
+
+def test_vocabularies_summarized_in_one_query_each_get_their_own_size_and_version(spark):
+    """Several vocabularies' sizes and versions from one query are each one's own: the same
+    pairs in another order, the same version; other pairs, another; none, size 0."""
+    schema = "value string, id long, count long"
+    tables = {"a": spark.createDataFrame([("x", 2, 5), ("y", 3, 1)], schema),
+              "b": spark.createDataFrame([("y", 3, 1), ("x", 2, 9)], schema),
+              "c": spark.createDataFrame([("x", 3, 5), ("y", 2, 1)], schema)}
+    tables["empty"] = tables["a"].limit(0)
+    together = summaries(tables)
+    digest = tables["a"].agg(F.bit_xor(F.xxhash64("value", "id"))).collect()[0][0]
+    assert together["a"] == together["b"] == (
+        2, hashlib.sha256(f"2:{digest}".encode()).hexdigest()[:16])
+    assert together["c"][0] == 2 and together["c"][1] != together["a"][1]
+    assert together["empty"] == (0, hashlib.sha256(b"0:0").hexdigest()[:16])
+    assert together == {name: summarize(table) for name, table in tables.items()}
 
 
 def test_count_encode_uses_training_counts(spark):
