@@ -331,46 +331,50 @@ def _full(spark: SparkSession, history: _History, workdir: Path, keep_fit: bool
 
 def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                     keep_fit: bool = False, day_lines: int | None = None,
-                    event_log: Path | None = None) -> dict[str, Any]:
+                    event_log: Path | None = None, passes: int = 2) -> dict[str, Any]:
     """Every size's history first (not timed); then, timed, each size's incremental run in
-    the sizes' order, each size's full recompute, and each size's incremental run again in
-    the reverse order (A B, the full runs, B A): each ratio is of means over runs on either
-    side of the others, so this machine's drift between them cancels (the same new day on
-    1M and 10M of history was 1.24x in one run and 1.82x in another when the sizes ran one
-    after the other, benchmarks/README.md). ``event_log``: the session's, whose slowest Spark
-    stages of each size's first incremental run are listed (``--profile``)."""
+    the sizes' order, each size's full recompute, and (``passes`` 2) each size's incremental
+    run again in the reverse order (A B, the full runs, B A): each ratio is of means over
+    runs on either side of the others, so this machine's drift between them cancels (the
+    same new day on 1M and 10M of history was 1.24x in one run and 1.82x in another when the
+    sizes ran one after the other, benchmarks/README.md). ``event_log``: the session's, whose
+    slowest Spark stages of each size's first incremental run are listed (``--profile``)."""
+    if passes not in (1, 2):
+        raise ValueError(f"passes: 1 or 2, not {passes}")
     spark = spark or build_session(BENCH_SPARK)
     tables = ("examples", "entities/user", "entities/item", "artifacts/categorify/user_id",
               "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
         workdir = Path(tmp)
         histories = [_history(spark, events, workdir, keep_fit, day_lines) for events in sizes]
-        first = {h.events: _incremental(spark, h, workdir, 1) for h in histories}
+        timed = {h.events: [_incremental(spark, h, workdir, 1)] for h in histories}
         full = {h.events: _full(spark, h, workdir, keep_fit) for h in histories}
-        second = {h.events: _incremental(spark, h, workdir, 2) for h in reversed(histories)}
+        for history in reversed(histories) if passes == 2 else ():
+            timed[history.events].append(_incremental(spark, history, workdir, 2))
         runs = []
         for history in histories:
-            (seconds, result, window), again = first[history.events], second[history.events]
+            done = timed[history.events]
             full_s, recomputed = full[history.events]
-            compared = {table: [_compare(done.output / table, recomputed.output / table)
-                                for done in (result, again[1])] for table in tables}
-            incremental_s = (seconds + again[0]) / 2
+            compared = {table: [_compare(result.output / table, recomputed.output / table)
+                                for _, result, _ in done] for table in tables}
+            incremental_s = sum(seconds for seconds, _, _ in done) / len(done)
             profiled = {}
             if event_log is not None:
+                window = done[0][2]
                 profiled["spark_stages"] = [
                     s for s in stage_times(event_log)
                     if window[0] <= s["submitted_ms"] <= window[1]][:PROFILE_TOP]
             runs.append({
                 "events": history.events, "new_day_rows": history.new_lines,
                 "incremental_s": round(incremental_s, 2),
-                "incremental_runs_s": [round(seconds, 2), round(again[0], 2)],
+                "incremental_runs_s": [round(seconds, 2) for seconds, _, _ in done],
                 "full_recompute_s": round(full_s, 2),
                 "incremental_vs_full": round(incremental_s / full_s, 3),
                 "incremental_s_per_new_event": incremental_s / history.new_lines,
                 "outputs_equal": {table: not any(found) for table, found in compared.items()},
                 "outputs_differences": {table: found for table, found in compared.items()
                                         if any(found)},
-                "stages_s": [result.metadata["timings_s"], again[1].metadata["timings_s"]],
+                "stages_s": [result.metadata["timings_s"] for _, result, _ in done],
                 **profiled})
     smallest = runs[0]
     for entry in runs:
@@ -383,7 +387,7 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                          + (f" --day-lines {day_lines}" if day_lines else ""),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
-            "order": "A B, full runs, B A",
+            "order": "A B, full runs, B A" if passes == 2 else "A B, full runs",
             "runs": runs}
 
 
