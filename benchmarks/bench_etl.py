@@ -273,14 +273,17 @@ def _compare(ours: Path, theirs: Path) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _History:
-    """A size's history, run once (not timed): its output, kept as the start of every timed
-    run, the config the runs derive from, the new day's file and its lines."""
+    """A size's history, run once (not timed): the config the runs derive from (its output,
+    kept as the start of every timed run), the new day's file and its lines."""
 
     events: int
     base: EtlConfig
-    output: Path
     new: Path
     new_lines: int
+
+    @property
+    def output(self) -> Path:
+        return Path(self.base.output.path)
 
 
 def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
@@ -299,7 +302,7 @@ def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
         base = base.model_copy(update={"fit": base.fit.model_copy(
             update={"refit_every": "30d"})})
     job.run(base, spark, progress=lambda _: None)
-    return _History(events, base, base.output.path, new, new_lines)
+    return _History(events, base, new, new_lines)
 
 
 def _incremental(spark: SparkSession, history: _History, workdir: Path, run: int
@@ -351,7 +354,7 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
         full = {h.events: _full(spark, h, workdir, keep_fit) for h in histories}
         for history in reversed(histories) if passes == 2 else ():
             timed[history.events].append(_incremental(spark, history, workdir, 2))
-        runs = []
+        runs: list[dict[str, Any]] = []
         for history in histories:
             done = timed[history.events]
             full_s, recomputed = full[history.events]
