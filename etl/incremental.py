@@ -27,6 +27,7 @@ from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -160,14 +161,22 @@ def stored_events(spark: SparkSession, state: State, columns: list[str],
     return events.select(*columns)
 
 
+def day_folders(events: Path) -> dict[date, Path]:
+    """The state's events' folders (``events``: its events folder), by their UTC day."""
+    return {date.fromisoformat(folder.name.partition("=")[2]): folder
+            for folder in sorted(events.glob(f"{DAY}=*"))}
+
+
 def day_counts(state: State, new: DataFrame) -> dict[str, int]:
     """Every UTC day's count of events once ``new`` joins the state: the state's from the
-    rows of each day's files (no column of theirs read), plus the new ones'."""
-    stored = read_as_written(new.sparkSession, state.events).groupBy(
-        F.col(DAY).cast("string").alias(DAY)).count()
-    fresh = with_day(new).groupBy(F.col(DAY).cast("string").alias(DAY)).count()
-    return {row[DAY]: int(row["count"]) for row in stored.unionByName(fresh).groupBy(DAY).agg(
-        F.sum("count").alias("count")).collect()}
+    row counts its day files' footers hold (no Spark job: no file of the history read past
+    its footer), plus the new ones'."""
+    counts = {f"{day:%Y-%m-%d}": sum(pq.ParquetFile(file).metadata.num_rows
+                                     for file in folder.glob("*.parquet"))
+              for day, folder in day_folders(state.events).items()}
+    for row in with_day(new).groupBy(F.col(DAY).cast("string").alias(DAY)).count().collect():
+        counts[row[DAY]] = counts.get(row[DAY], 0) + int(row["count"])
+    return counts
 
 
 def from_day(since: datetime) -> Column:
@@ -208,9 +217,9 @@ def extend_state_events(state: State, events: DataFrame, since: date,
     filesystem links none), and ``events``, every event from ``since`` on, written; the
     whole read back."""
     folder = staging / STATE_DIR / EVENTS_DIR
-    for day in sorted(state.events.glob(f"{DAY}=*")):
-        if date.fromisoformat(day.name.partition("=")[2]) < since:
-            link_folder(day, folder / day.name)
+    for day, stored in day_folders(state.events).items():
+        if day < since:
+            link_folder(stored, folder / stored.name)
     return write_state_events(events, staging, append=True)
 
 
@@ -235,6 +244,10 @@ def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,
     """``state.json`` beside the state's ``events`` (``write_state_events``) and the entity
     tables' lifetime partials (``lifetimes``: where each ends)."""
     folder = staging / STATE_DIR
+    # The latest event is in the newest day's folder: the others are not read.
+    newest = max(day_folders(folder / EVENTS_DIR), default=None)
+    if newest is not None:
+        events = events.where(F.col(DAY) == F.lit(newest))
     latest = events.agg(F.max("ts").cast("double").alias("latest")).collect()[0]["latest"]
     write_json({"version": STATE_VERSION, "values_hash": values_hash(config),
                 "latest": datetime.fromtimestamp(latest, tz=timezone.utc).isoformat(),
