@@ -53,10 +53,10 @@ STATE_FILE = "state.json"
 WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
 DAY = "state_day"
-# Raised when what the state holds, or how, changes: an older state is refused. 5: the
-# entity tables a file per day, which a run keeping its fit links rather than rewrites, and
-# their lifetime partials (``LIFETIME_DIR``).
-STATE_VERSION = 5
+# Raised when what the state holds, or how, changes: an older state is refused. 6: an
+# output that kept its fit numbered (and counted) the values of every event it holds, the
+# validation split's too (``FeaturePipeline.fit``).
+STATE_VERSION = 6
 # Per entity table, its lifetime partials: what the next run's snapshots start from.
 LIFETIME_DIR = "lifetime"
 LATE_EVENT = "late_event"

@@ -465,22 +465,32 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
 
 def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies | None,
                        state: State, new: DataFrame, valid_from: datetime) -> datetime | None:
-    """Where the vocabularies extended are the output's own, categorify counts the
-    training rows as their counts (of that output's training split) plus the training rows
-    they left out: the stored events from where that split ended, and the new ones
-    (``Categorify.count_from``): not every stored event again. Where that split ended comes
-    back: the stored events before it hold only values those vocabularies number (None: any
-    stored event may hold a value numbered anew)."""
+    """Where the vocabularies extended are the output's own, categorify counts the rows it
+    numbers values from (a new fit's training rows, every row with a kept fit:
+    ``FeaturePipeline.fit``) as those vocabularies' counts plus the rows they left out: the
+    stored events from where the output's counting ended, and the new ones
+    (``Categorify.count_from``): not every stored event again. An output that kept its fit
+    counted every event it holds; one that fitted anew, its training split. Where that
+    counting ended comes back: the stored events before it hold only values those
+    vocabularies number (None: any stored event may hold a value numbered anew)."""
     categorify = pipeline.op(Categorify)
     output = state.folder.parent
     if (not isinstance(categorify, Categorify) or previous is None
             or previous.output != output.resolve()):
         return None
     metadata = read_metadata(output)
-    counted_until = datetime.fromisoformat(present(metadata.split, metadata, "split").valid_from)
-    later = stored_events(new.sparkSession, state, new.columns, since=counted_until)
-    if not categorify.count_from(previous.counts, later.unionByName(new).where(
-            F.col("ts") < F.lit(valid_from))):
+    if metadata.fit is not None and metadata.fit.source is not None:
+        if pipeline.frozen is None and valid_from <= state.latest:
+            return None  # its counts hold rows this new fit's training split leaves out
+        counted_until = _midnight(micros_of(state.latest)) + timedelta(days=1)
+    else:
+        counted_until = datetime.fromisoformat(
+            present(metadata.split, metadata, "split").valid_from)
+    rows = stored_events(new.sparkSession, state, new.columns,
+                         since=counted_until).unionByName(new)
+    if pipeline.frozen is None:
+        rows = rows.where(F.col("ts") < F.lit(valid_from))
+    if not categorify.count_from(previous.counts, rows):
         return None
     return counted_until
 

@@ -13,10 +13,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from featureline.core.metadata import OOV_ID
 from featureline.etl import job
 from featureline.etl.incremental import read_state
 from tests.job_config import make_config
-from tests.test_incremental import _profile, _same, _table
+from tests.test_incremental import _inodes, _profile, _same, _table
 
 # The entity tables' window: 2 days (hourly hops), so a day's run reads 4 days of events
 # and starts from the lifetime partials of the days before them.
@@ -65,26 +66,27 @@ def _entity_inodes(output: Path) -> dict[str, int]:
 def chain(spark, small_log, tmp_path_factory):
     """Days 1–2 by a full run (the first fit), then a run per day keeping that fit (day 5
     refits: its fit is 3 days old); the outputs after days 3, 4 and 5 copied, the entity
-    tables' inodes before and after each day."""
+    tables' inodes and the examples' and TFRecords' before and after each day."""
     root = tmp_path_factory.mktemp("chain")
     days = _days(small_log, root / "raw")
     first = _run(root, "out", days[:2], spark, fit=FIT)
     config = make_config(root / "out", days[0], entities=ENTITIES, fit=FIT)
     output = first.output
     copies: dict[int, Path] = {}
-    results, inodes = {2: first}, {}
+    results, inodes, example_inodes = {2: first}, {}, {}
     for number in range(3, len(days) + 1):
-        before = _entity_inodes(output)
+        before, examples_before = _entity_inodes(output), _inodes(output)
         results[number] = job.run(config.model_copy(update={
             "mode": "incremental",
             "source": config.source.model_copy(update={"path": str(days[number - 1])})}),
             spark, progress=lambda _: None)
         inodes[number] = (before, _entity_inodes(output))
+        example_inodes[number] = (examples_before, _inodes(output))
         if number in (3, 4, 5):
             copies[number] = root / f"after-{number}"
             shutil.copytree(output, copies[number])
     return {"root": root, "days": days, "results": results, "copies": copies,
-            "inodes": inodes, "output": output}
+            "inodes": inodes, "example_inodes": example_inodes, "output": output}
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +149,23 @@ def test_a_kept_day_writes_only_the_entity_days_it_changes(chain):
         lifetime = pq.read_table(output / "state" / "lifetime" / entity).to_pylist()
         assert counts and {row[key]: row[f"{entity}__{entity}_events__n"]
                            for row in lifetime} == counts
+
+
+@pytest.mark.slow
+def test_a_kept_fit_numbers_a_value_when_it_first_sees_it(chain):
+    """Day 3 kept the fit and numbered every value it held, its validation day's too (day 2
+    was a new fit's validation day: its new values are numbered then, and its files written
+    again), so day 4 writes its own day's examples and TFRecords only: day 3's, training
+    rows now, keep their files (the same inodes). No user or item of the output is OOV."""
+    day = {number: path.name.removeprefix("events-").removesuffix(".jsonl")
+           for number, path in enumerate(chain["days"], start=1)}
+    for number, days in ((3, {day[2], day[3]}), (4, {day[4]})):
+        before, after = chain["example_inodes"][number]
+        written = {key[0] for key, inode in after.items() if before.get(key) != inode}
+        assert written == days, number
+    examples = pq.read_table(chain["copies"][4] / "examples",
+                             columns=["user_id_cat", "item_id_cat"]).to_pydict()
+    assert all(ids and OOV_ID not in ids for ids in examples.values())
 
 
 def _files(output: Path) -> dict[str, tuple[int, bytes]]:

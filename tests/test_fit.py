@@ -14,9 +14,11 @@ import pyarrow.dataset as ds
 import pytest
 
 from featureline.core.errors import ConfigError
+from featureline.core.metadata import OOV_ID, encoded_name
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, with_overrides
 from featureline.etl.datagen import DEFAULT_START, write_log
+from featureline.etl.features.base import SPLIT, TRAIN
 from featureline.etl.fit import load_fit, scheduled_fit
 from tests.job_config import make_config
 
@@ -43,12 +45,23 @@ def _stats(output: Path) -> dict:
 def test_a_run_with_its_own_fit_writes_the_same_examples(spark, small_log, tmp_path,
                                                          job_output):
     """Every fitted statistic read back from the output is the one fitted: the out-of-fold
-    target encodings of the training rows too."""
+    target encodings of the training rows too. The validation split's values first seen
+    there, OOV for the fitting run, the run keeping the fit numbers after the fit's ids."""
     config = make_config(tmp_path, small_log, fit={"from_output": str(job_output.output)})
     again = job.run(config, spark, progress=lambda _: None)
     first, second = (_table(o / "examples") for o in (job_output.output, again.output))
-    assert len(first) == job_output.metadata["rows"]["accepted"]
-    pd.testing.assert_frame_equal(first, second, check_exact=True)
+    assert len(first) == len(second) == job_output.metadata["rows"]["accepted"]
+    train = first[SPLIT] == TRAIN
+    pd.testing.assert_frame_equal(first[train], second[train], check_exact=True)
+    numbered = 0
+    for column in ("user_id", "item_id"):
+        largest = _table(job_output.output / "artifacts" / "categorify" / column)["id"].max()
+        fitted, kept = (frame.loc[~train, encoded_name(column)] for frame in (first, second))
+        known = fitted != OOV_ID
+        assert (fitted[known] == kept[known]).all(), column
+        assert (kept[~known] > largest).all(), column
+        numbered += int((~known).sum())
+    assert numbered > 0
     fit, fitted = again.metadata["fit"], job_output.metadata["fit"]
     assert fitted["from"] is None and fitted["version"] == job_output.metadata["dataset"][
         "version"]

@@ -6,8 +6,9 @@ in order of descending count, ties by value.
 
 A run that extends a previous vocabulary (:meth:`Categorify.extend`) keeps every id it had;
 values it has not seen get the next ids, by descending count (``freq_threshold`` applies to
-them only). Each vocabulary has a version, a digest of its (value, id) pairs, so two outputs
-can tell whether they encode alike.
+them only). A run that keeps its fit counts, and numbers, the values of every row it is given
+(the validation split's too: ``FeaturePipeline.fit``). Each vocabulary has a version, a
+digest of its (value, id) pairs, so two outputs can tell whether they encode alike.
 """
 
 from __future__ import annotations

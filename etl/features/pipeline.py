@@ -57,7 +57,10 @@ class FeaturePipeline:
     def fit(self, events: DataFrame, trained_until: datetime | None = None) -> DataFrame:
         """Fit every op on the training rows of ``events`` (those before ``trained_until``,
         where the validation split starts); ``events`` come back with the time key the
-        windows order by. Statistics come from the raw columns only."""
+        windows order by. Statistics come from the raw columns only. With a kept fit,
+        categorify numbers the values of every row, the validation split's too: a value gets
+        its id in the run that first sees it, so a row's ids never change when the split
+        moves past it (docs/ARCHITECTURE.md, "Fits")."""
         events = with_time_key(events)
         train = events.where(F.col(SPLIT) == TRAIN)
         for op in self.ops:
@@ -66,7 +69,7 @@ class FeaturePipeline:
                     op.trained_until = trained_until
                 op.fit(train)
             else:
-                op.restore(self.frozen, train)
+                op.restore(self.frozen, events if isinstance(op, Categorify) else train)
         return events
 
     def fit_transform(self, events: DataFrame, trained_until: datetime | None = None
