@@ -171,7 +171,7 @@ def day_counts(state: State, new: DataFrame) -> dict[str, int]:
     """Every UTC day's count of events once ``new`` joins the state: the state's from the
     row counts its day files' footers hold (no Spark job: no file of the history read past
     its footer), plus the new ones'."""
-    counts = {f"{day:%Y-%m-%d}": sum(pq.ParquetFile(file).metadata.num_rows
+    counts = {f"{day:%Y-%m-%d}": sum(pq.read_metadata(file).num_rows
                                      for file in folder.glob("*.parquet"))
               for day, folder in day_folders(state.events).items()}
     for row in with_day(new).groupBy(F.col(DAY).cast("string").alias(DAY)).count().collect():
