@@ -293,7 +293,7 @@ class _History:
 
 
 def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
-             day_lines: int | None) -> _History:
+             day_lines: int | None, day_before: bool = True) -> _History:
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     write_log(raw, events=events, users=users, items=items, days=31, seed=1,
@@ -309,10 +309,15 @@ def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
             update={"refit_every": "30d"})})
     # The days but the last two by a full run, the day before by an incremental one: the new
     # day follows a day's run, as in the daily chain (with a kept fit: every value of the
-    # output numbered, the day before's validation split's too).
-    job.run(base, spark, progress=lambda _: None)
-    job.run(with_overrides(base, input_path=str(before), incremental=True), spark,
-            progress=lambda _: None)
+    # output numbered, the day before's validation split's too). Without ``day_before``, the
+    # full run takes both: the new day follows a new fit.
+    if day_before:
+        job.run(base, spark, progress=lambda _: None)
+        job.run(with_overrides(base, input_path=str(before), incremental=True), spark,
+                progress=lambda _: None)
+    else:
+        both = history.parent / "events-{history,before}.jsonl"
+        job.run(with_overrides(base, input_path=str(both)), spark, progress=lambda _: None)
     return _History(events, base, new, new_lines)
 
 
@@ -345,7 +350,8 @@ def _full(spark: SparkSession, history: _History, workdir: Path, keep_fit: bool
 
 def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                     keep_fit: bool = False, day_lines: int | None = None,
-                    event_log: Path | None = None, passes: int = 2) -> dict[str, Any]:
+                    event_log: Path | None = None, passes: int = 2,
+                    day_before: bool = True) -> dict[str, Any]:
     """Every size's history first (not timed); then, timed, each size's incremental run in
     the sizes' order, each size's full recompute, and (``passes`` 2) each size's incremental
     run again in the reverse order (A B, the full runs, B A): each ratio is of means over
@@ -360,7 +366,8 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
               "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
         workdir = Path(tmp)
-        histories = [_history(spark, events, workdir, keep_fit, day_lines) for events in sizes]
+        histories = [_history(spark, events, workdir, keep_fit, day_lines, day_before)
+                     for events in sizes]
         timed = {h.events: [_incremental(spark, h, workdir, 1)] for h in histories}
         full = {h.events: _full(spark, h, workdir, keep_fit) for h in histories}
         for history in reversed(histories) if passes == 2 else ():
