@@ -13,12 +13,11 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py --incremental --keep-fit --day-lines 30000  # same day, 1M/10M
     python benchmarks/bench_etl.py --aggregations --sizes 1000000  # the cost of a spec
 
-``--incremental``: a log of 31 days at each size (the history, then one new day); the full
-job over each size's first 29 days and an incremental run of the 30th (so the new day
-follows a day's run, as in the daily chain) first (not timed), then, timed, the incremental
-run of the new
-day's file (twice: A B, the full runs, B A over the sizes; its time the mean) against a full
-recompute over both files extending the same vocabularies, the outputs compared by the
+``--incremental``: a log of 31 days at each size (the history, then one new day); first (not
+timed) the full job over each size's first 29 days and an incremental run of the 30th (the
+new day follows a day's run, as in the daily chain), then, timed, the incremental run of the
+new day's file (twice: A B, the full runs, B A over the sizes; its time the mean) against a full
+recompute over every file extending the same vocabularies, the outputs compared by the
 benchmark itself (examples, entity tables, vocabularies: equal row for row); the
 incremental cost per new event at each size relative to the smallest size.
 ``--keep-fit`` with it: every run keeps the history's fit (``etl.fit.refit_every``), so the
@@ -358,7 +357,8 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
     runs on either side of the others, so this machine's drift between them cancels (the
     same new day on 1M and 10M of history was 1.24x in one run and 1.82x in another when the
     sizes ran one after the other, benchmarks/README.md). ``event_log``: the session's, whose
-    slowest Spark stages of each size's first incremental run are listed (``--profile``)."""
+    slowest Spark stages of each size's first incremental run are listed (``--profile``).
+    ``day_before`` off: each history is one full run (the new day follows a new fit)."""
     if passes not in (1, 2):
         raise ValueError(f"passes: 1 or 2, not {passes}")
     spark = spark or build_session(BENCH_SPARK)
