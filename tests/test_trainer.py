@@ -11,10 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from featureline.core.metadata import encoded_name, read_metadata
+from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name, read_metadata
+from featureline.etl.tfrecord.reader import read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.hps.server import ParameterServer
-from featureline.trainer.model import table_weights
+from featureline.trainer.model import embedding_tables, table_weights
 
 EPOCHS = 4
 PATIENCE = 1
@@ -149,6 +150,32 @@ def test_exported_tables_load_through_the_parameter_server(job_output, trained, 
     report = json.loads((trained.out / "training.json").read_text())
     assert report["fit"]["version"] == fit["version"]
     assert f"fit {fit['version']}" in trained.summary()
+
+
+def test_rows_no_training_example_read_hold_the_oov_rows_vector(job_output, trained, model):
+    """A value the training split never holds (an unused hash bucket here; a value a kept
+    fit numbered after the training days) is scored as the out-of-vocabulary id is, not by a
+    random initial vector of its own; every other row keeps what training made of it."""
+    metadata = read_metadata(job_output.output)
+    train = read_numpy(metadata, "train")
+    kinds = {f.name: f.kind for f in metadata.features}
+    settled = 0
+    for owner, spec in embedding_tables(metadata).items():
+        weights = table_weights(model, owner)
+        seen = np.zeros(len(weights), dtype=bool)
+        for name in spec.features:
+            ids = train[name].reshape(-1)
+            seen[ids[ids != PADDING_ID] if kinds[name] == "multi_hot" else ids] = True
+        unread = np.flatnonzero(~seen[FIRST_ID:]) + FIRST_ID
+        assert trained.unreached_rows[owner] == len(unread), owner
+        np.testing.assert_array_equal(weights[unread], np.broadcast_to(
+            weights[OOV_ID], (len(unread), weights.shape[1])))
+        read = np.flatnonzero(seen[FIRST_ID:]) + FIRST_ID
+        assert not (weights[read] == weights[OOV_ID]).all(axis=1).any(), owner
+        settled += len(unread)
+    assert settled > 0  # the test can fail
+    report = json.loads((trained.out / "training.json").read_text())
+    assert report["unreached_rows"] == trained.unreached_rows
 
 
 def test_without_tensorflow_the_demo_serves_a_factorisation_of_the_interactions(

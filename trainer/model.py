@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from featureline.core.metadata import PADDING_ID, Metadata, TfrecordGroup, present
+import numpy as np
+
+from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, Metadata, TfrecordGroup, present
 
 LABEL_KIND = "label"
 
@@ -98,3 +100,39 @@ def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
 def table_weights(model: Any, owner: str) -> Any:
     """The trained rows of ``owner``'s table, [rows, width] float32."""
     return model.get_layer(f"emb_{owner}").embeddings.value.numpy()
+
+
+def reached_rows(metadata: Metadata, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Owner feature → which rows of its table ``columns`` (long name → ids, as
+    ``read_numpy`` gives a split) read: the rows that training on them moves. A multi-hot
+    list's padding is masked out: it reads nothing."""
+    kinds = {f.name: f.kind for f in metadata.features}
+    reached = {}
+    for owner, spec in embedding_tables(metadata).items():
+        seen = np.zeros(spec.rows, dtype=bool)
+        for name in spec.features:
+            ids = np.asarray(columns[name], dtype=np.int64).reshape(-1)
+            if kinds[name] == "multi_hot":
+                ids = ids[ids != PADDING_ID]
+            seen[ids] = True
+        reached[owner] = seen
+    return reached
+
+
+def settle_unreached(model: Any, reached: dict[str, np.ndarray]) -> dict[str, int]:
+    """Give every row of ``model``'s tables that no training example read (ids from
+    ``FIRST_ID`` on: a value a kept fit numbered after the training days, an unused hash
+    bucket) the out-of-vocabulary row's vector: the model scores a value it never trained on
+    as out of vocabulary, as a new fit's ids give it, not by a random initial vector of its
+    own (docs/ARCHITECTURE.md, "Fits"). Owner → rows set."""
+    settled = {}
+    for owner, seen in reached.items():
+        layer = model.get_layer(f"emb_{owner}")
+        unreached = ~seen
+        unreached[:FIRST_ID] = False
+        settled[owner] = int(unreached.sum())
+        if settled[owner]:
+            weights = np.array(layer.embeddings.value.numpy())
+            weights[unreached] = weights[OOV_ID]
+            layer.embeddings.assign(weights)
+    return settled

@@ -2,7 +2,10 @@
 against a popularity baseline, export its tables (``featureline train``).
 
 Training stops when the validation AUC has not improved for ``patience`` epochs, and the
-weights of the best epoch are restored before anything is scored, saved or exported."""
+weights of the best epoch are restored before anything is scored, saved or exported. Before
+each validation pass, every table row that no training example reads gets the
+out-of-vocabulary row's vector (``model.settle_unreached``): a value the training days never
+held is scored as out of vocabulary, whichever fit numbered it."""
 
 from __future__ import annotations
 
@@ -23,7 +26,13 @@ from featureline.etl.tfrecord.reader import dataset, read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
 from featureline.trainer.gbdt import gbdt_baseline
-from featureline.trainer.model import build_model, label_group, tfrecord_groups
+from featureline.trainer.model import (
+    build_model,
+    label_group,
+    reached_rows,
+    settle_unreached,
+    tfrecord_groups,
+)
 
 MODEL_FILE = "model.keras"
 REPORT_FILE = "training.json"
@@ -44,6 +53,9 @@ class TrainResult:
     # The fit the examples were transformed with: its version, where its training split
     # ended and its age at this dataset (docs/ARCHITECTURE.md, "Fits"); None: not recorded.
     fit: dict[str, Any] | None = None
+    # Per table (its owner feature): the rows no training example read, given the
+    # out-of-vocabulary row's vector.
+    unreached_rows: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "out": str(self.out), "hps_config": str(self.hps_config)}
@@ -75,11 +87,14 @@ def _inputs(batches: Any, label: str) -> Any:
                                        blocks[label]))
 
 
-def popularity(metadata: Metadata) -> tuple[np.ndarray, float]:
+def popularity(metadata: Metadata, train: dict[str, np.ndarray] | None = None
+               ) -> tuple[np.ndarray, float]:
     """The baseline: each item's training click rate, smoothed toward the overall rate
-    (item id → score), from the training TFRecords."""
+    (item id → score), from the training TFRecords (``train``: their columns, already
+    read)."""
     item = encoded_name("item_id")
-    train = read_numpy(metadata, "train")
+    if train is None:
+        train = read_numpy(metadata, "train")
     label = present(metadata.label, metadata, "label").name
     items, labels = train[item], train[label].astype(np.float64)
     rows = present(metadata.embedding_plan, metadata, "embedding_plan").features[item].cardinality
@@ -151,6 +166,16 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
             progress(f"epoch {epoch + 1}/{epochs}: " + ", ".join(
                 f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"))
 
+    train_columns = read_numpy(metadata, "train")
+    reached = reached_rows(metadata, train_columns)
+    unreached: dict[str, int] = {}
+
+    class Settle(keras.callbacks.Callback):
+        # Before each validation pass: what it scores (and early stopping keeps) is the
+        # model as it is exported (the OOV row moves only where training reads it).
+        def on_test_begin(self, logs: dict[str, float] | None = None) -> None:
+            unreached.update(settle_unreached(model, reached))
+
     train_rows = _inputs(dataset(metadata, batch_size, "train", grouped=True, shuffle=64,
                                  seed=seed), label)
     valid_rows = _inputs(dataset(metadata, batch_size, "valid", grouped=True), label)
@@ -160,7 +185,7 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
         # Keras learns the epoch's length from the first one and says so; nothing is wrong.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
         model.fit(train_rows, validation_data=valid_rows, epochs=epochs, verbose=0,
-                  shuffle=False, callbacks=[Report(), stopping])
+                  shuffle=False, callbacks=[Settle(), Report(), stopping])
     best_epoch = stopping.best_epoch + 1
     if len(history) < epochs:
         progress(f"stopped after epoch {len(history)}: no better validation AUC for "
@@ -169,7 +194,7 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
              f"{history[best_epoch - 1].get('val_auc', float('nan')):.4f})")
 
     labels, predicted, items = scores(model, metadata, batch_size)
-    item_rate, prior = popularity(metadata)
+    item_rate, prior = popularity(metadata, train_columns)
     validation = {"rows": len(labels), "positive_rate": float(labels.mean()),
                   "model": evaluate(labels, predicted),
                   "baseline": {"name": "item popularity (smoothed training click rate)",
@@ -196,6 +221,6 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
     vocabularies = {c: v.version for c, v in metadata.vocabularies.items()}
     result = TrainResult(out, hps_config, history, best_epoch, validation,
                          metadata.dataset.version if metadata.dataset else "", vocabularies,
-                         round(time.perf_counter() - started, 3), fit)
+                         round(time.perf_counter() - started, 3), fit, unreached)
     (out / REPORT_FILE).write_text(json.dumps(result.to_json(), indent=2))
     return result
