@@ -19,7 +19,9 @@ Raw logs of earlier days are never read again.
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import shutil
 from dataclasses import dataclass
@@ -72,6 +74,11 @@ CUT = "_cut"
 # ``START`` are the rows the kept features read one by one (the latest instant, the rows
 # before it); ``CUT`` and the span may reach further back.
 ROWS_FROM = "_rows_from"
+# Per user of an incremental run: the time key of its latest kept row (its windows' last).
+_END = "_end"
+# Windows beyond this many, an incremental run folds events per the finest hop of them all
+# (not per the finest of those that hold each).
+_MASKED_WINDOWS_UP_TO = 6
 # Per user of an incremental run: its stored events, and positives, before its ``START``.
 _BEFORE_EVENTS = "_before_events"
 _BEFORE_POSITIVES = "_before_positives"
@@ -317,7 +324,7 @@ def window_context(stored: DataFrame, kept: DataFrame, cut: DataFrame, lookback:
     of each (user, item) pair the kept rows hold, each with ``EVENTS`` (the events it stands
     for). ``stored``: the users' stored events, of them the user, the time key, the item, the
     label and what else the ops read of earlier events (``Lookback.columns``). Where the ops
-    allow it (``lookback.fold_us``), the events they read only as counts are folded
+    allow it (``lookback.windows``), the events they read only as counts are folded
     (``folded``). The kept rows' pairs are broadcast where ``broadcast``: no shuffle of the
     events before the cut."""
     found = cut.where(F.col(CUT).isNotNull())
@@ -329,8 +336,12 @@ def window_context(stored: DataFrame, kept: DataFrame, cut: DataFrame, lookback:
     if broadcast:
         pairs = F.broadcast(pairs)
     one = F.lit(1).cast("long").alias(EVENTS)
-    context = (folded(context, pairs, lookback) if lookback.fold_us
-               else context.select(*before.columns, one))
+    if lookback.windows:
+        ends = kept.groupBy("user_id").agg(F.max(TS_MICROS).alias(_END))
+        context = folded(context.join(F.broadcast(ends) if broadcast else ends, "user_id"),
+                         pairs, lookback)
+    else:
+        context = context.select(*before.columns, one)
     pair_latest = (before.join(pairs, ["user_id", "item_id"], "left_semi")
                    .groupBy("user_id", "item_id").agg(F.max(TS_MICROS).alias(TS_MICROS)))
     latest_rows = before.join(F.broadcast(pair_latest) if broadcast else pair_latest,
@@ -344,7 +355,7 @@ def window_rows(context: DataFrame, kept: DataFrame, cut: DataFrame,
     (``KEEP`` true: their results are the output's) and the stored rows they read
     (``window_context``'s ``context``: their other columns null), with, per user, the events
     and positives before those (``EARLIER_EVENTS``, ``EARLIER_POSITIVES``); ``EVENTS`` where
-    some were folded (``lookback.fold_us``)."""
+    some were folded (``lookback.windows``)."""
     # The events before the start less those the rows stand for.
     read = context.groupBy("user_id").agg(F.sum(EVENTS).alias("_read_events"),
                                           F.sum(LABEL).alias("_read_positives"))
@@ -357,29 +368,53 @@ def window_rows(context: DataFrame, kept: DataFrame, cut: DataFrame,
             .unionByName(kept.withColumn(KEEP, F.lit(True)), allowMissingColumns=True))
     rows = rows.join(earlier, "user_id", "left").fillna({EARLIER_EVENTS: 0, EARLIER_POSITIVES: 0})
     # Every row one event where nothing was folded: the ops count rows.
-    return rows.fillna({EVENTS: 1}) if lookback.fold_us else rows.drop(EVENTS)
+    return rows.fillna({EVENTS: 1}) if lookback.windows else rows.drop(EVENTS)
 
 
 def folded(context: DataFrame, pairs: DataFrame, lookback: Lookback) -> DataFrame:
-    """``context`` (stored events with their user's ``START`` and ``ROWS_FROM``) with the
-    events the ops read only as counts folded into a row per user and ``lookback.fold_us``
-    span — per user, item and span for the (user, item) pairs of ``pairs``, which the
-    user–item scope counts, and no item for the others — (``EVENTS``, their number; the
-    label, their positives; the time key, their latest; no other column): those before the
-    user's rows (``ROWS_FROM``) and more than ``lookback.exact_us`` before its start (down to
-    a span's start). The rows that stay have ``EVENTS`` 1. On a long history a day's heavy
-    users hold most of the window's rows, and most of theirs are of the items they come back
-    to. One aggregation: a row that stays is its own group (equal rows, one group and as
-    many rows again)."""
-    fold = lookback.fold_us
-    exact = F.col(START) - F.lit(lookback.exact_us)
-    single = F.col(TS_MICROS) >= F.least(F.col(ROWS_FROM), exact - F.pmod(exact, F.lit(fold)))
-    columns = [c for c in context.columns if c not in ("user_id", START, ROWS_FROM)]
+    """``context`` (stored events with their user's ``START``, ``ROWS_FROM`` and ``_END``)
+    with the events the ops read only as counts in ``lookback.windows`` — those before the
+    user's rows (``ROWS_FROM``) — folded: per user, and per user and item for the (user,
+    item) pairs of ``pairs``, which the user–item scope counts (no item for the others),
+    into a row per set of events that no window of a kept row (from ``START`` to ``_END``)
+    tells apart. An event every kept row's windows hold or leave alike (a window holds it
+    for every kept row, or for none) folds with all the user's events that share its set of
+    windows; any other, per the finest hop among the windows that hold it for some kept row
+    (its boundaries are multiples of their hops). A row stands for its events: ``EVENTS``
+    their number, the label their positives, the time key their latest, no other column.
+    The rows that stay have ``EVENTS`` 1. On a long history a day's heavy users hold most of
+    the window's rows, and most of theirs are of the items they come back to. One
+    aggregation: a row that stays is its own group (equal rows, one group and as many rows
+    again)."""
+    ts = F.col(TS_MICROS)
+    windows = lookback.windows
+
+    def window_start(at: str, length: int, hop: int) -> Column:
+        return F.col(at) - F.pmod(F.col(at), F.lit(hop)) - F.lit(length)
+
+    # Per window: whether it holds the event for some kept row (the first one's start is the
+    # earliest), and for every one (the last one's is the latest).
+    some = [ts >= window_start(START, length, hop) for length, hop in windows]
+    every = [ts >= window_start(_END, length, hop) for length, hop in windows]
+    alike = functools.reduce(Column.__and__, (~a | b for a, b in zip(some, every, strict=True)))
+    mask = functools.reduce(Column.__add__, (F.when(a, 1 << i).otherwise(0)
+                                             for i, a in enumerate(some)))
+    finest = math.gcd(*(hop for _, hop in windows))
+    size: Column = F.lit(finest)
+    if len(windows) <= _MASKED_WINDOWS_UP_TO:
+        for bits in range(1, 1 << len(windows)):
+            hops = [hop for i, (_, hop) in enumerate(windows) if bits >> i & 1]
+            size = F.when(mask == bits, F.lit(math.gcd(*hops))).otherwise(size)
+    single = ts >= F.col(ROWS_FROM)
+    # The group of an event folded: its set of windows where alike, else its span.
+    group = (F.when(single, F.lit(None)).when(alike, -1 - mask)
+             .otherwise(F.floor(ts / size)).cast("long"))
+    length = F.when(single | alike, F.lit(None)).otherwise(size).cast("long")
+    columns = [c for c in context.columns if c not in ("user_id", START, ROWS_FROM, _END)]
     marked = context.join(pairs.withColumn("_pair", F.lit(True)), ["user_id", "item_id"], "left")
     keys = [F.when(single | F.col("_pair") if c == "item_id" else single, F.col(c)).alias(c)
             for c in columns]
-    groups = marked.groupBy("user_id", *keys, F.when(~single, F.floor(
-        F.col(TS_MICROS) / fold)).alias("_span")).agg(
+    groups = marked.groupBy("user_id", *keys, group.alias("_span"), length.alias("_size")).agg(
         F.max(TS_MICROS).alias("_latest"), F.count(F.lit(1)).alias("_events"),
         F.sum(LABEL).alias("_positives"))
     stays = F.col("_span").isNull()

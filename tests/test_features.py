@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from featureline.core.errors import ConfigError
 from featureline.core.transforms import apply as apply_transform
 from featureline.etl.config import EtlConfig
-from featureline.etl.features.base import TS_MICROS, FeatureSpec, epoch_micros
+from featureline.etl.features.base import MICROS, TS_MICROS, FeatureSpec, epoch_micros
 from featureline.etl.features.categorify import Categorify, summaries, summarize
 from featureline.etl.features.count_encode import CountEncode
 from featureline.etl.features.cyclic_time import CyclicTime
@@ -308,12 +308,20 @@ def test_lag_features_cpu_and_gpu_frames_agree_on_every_row(spark, monkeypatch):
 
 def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
     """An incremental run hands lag_features and history the stored rows its events read —
-    the older ones folded into counts per user (and per item of the run's pairs) and hour —
-    and the kept rows get the values a run over every event gives them, in both
-    formulations of the frames."""
+    the older ones folded into counts per user (and per item of the run's pairs), a row per
+    set of events no window of a kept row tells apart — and the kept rows get the values a
+    run over every event gives them, in both formulations of the frames."""
     from featureline.etl.features.base import EVENTS, LABEL
     from featureline.etl.features.lag_features import PRIOR_POSITIVE_RATE, PRIOR_POSITIVES
-    from featureline.etl.incremental import CUT, KEEP, START, cuts, window_context, window_rows
+    from featureline.etl.incremental import (
+        CUT,
+        KEEP,
+        ROWS_FROM,
+        START,
+        cuts,
+        window_context,
+        window_rows,
+    )
 
     rng = np.random.default_rng(11)
     # Three users over nine days, several events an hour, few items (pairs come back), and
@@ -358,6 +366,17 @@ def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
     handed = context.agg(F.count(F.lit(1)), F.sum(EVENTS), F.max(EVENTS)).first()
     read = stored.join(cut, "user_id").where(F.col(TS_MICROS) >= F.col(CUT)).count()
     assert handed[0] < 0.8 * read and handed[1] >= read and handed[2] >= 3
+    # Fewer rows than hours: the events every kept row's windows hold or leave alike (the
+    # 7 d window's days before the day's 24 h windows start) are one row per user and pair.
+    pairs = kept.select("user_id", "item_id").distinct().withColumn("_pair", F.lit(True))
+    hourly = (stored.join(cut, "user_id").where(F.col(TS_MICROS) >= F.col(CUT))
+              .join(pairs, ["user_id", "item_id"], "left")
+              .select("user_id", F.when(F.col("_pair"), F.col("item_id")).alias("_item"),
+                      F.when(F.col(TS_MICROS) < F.col(ROWS_FROM), F.floor(
+                          F.col(TS_MICROS) / (3600 * MICROS))).alias("_hour"),
+                      F.when(F.col(TS_MICROS) >= F.col(ROWS_FROM), F.col(TS_MICROS)))
+              .distinct().count())
+    assert handed[0] < 0.7 * hourly
 
 
 @pytest.fixture(params=["offset lookups", "sliding frame"])

@@ -8,7 +8,6 @@ UDFs), so the RAPIDS Accelerator can run it on the GPU.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -37,7 +36,7 @@ MICROS = 1_000_000
 EARLIER_EVENTS = "_earlier_events"
 EARLIER_POSITIVES = "_earlier_positives"
 # Per row of an incremental run's window: the events it stands for — 1, or the count of a
-# user's earlier events folded into one row, its label their positives (``Lookback.fold_us``);
+# user's earlier events folded into one row, its label their positives (``Lookback.windows``);
 # absent in a full run, whose every row is one event.
 EVENTS = "_events"
 CATEGORICAL_SELECTOR = "@categorical"
@@ -148,26 +147,27 @@ class Lookback:
     """The earlier events of its user an op reads for an event: those in the ``span_us``
     microseconds before it, and the ``rows`` rows before it (in (time, item) order); of
     them, the ``columns`` beside the user and the time key (an incremental run hands the
-    op no other column of an earlier event). ``fold_us`` (0: never): the op reads the span's
-    events more than ``exact_us`` before the earliest event it computes, and not among those
-    rows, only as counts per ``fold_us`` — an incremental run may fold them into a row per
-    user and ``fold_us`` span (``EVENTS``; per user, item and span for the (user, item) pairs
-    its events hold)."""
+    op no other column of an earlier event). ``windows`` (none: one by one): the op reads
+    the span's events, but for those rows, only as counts in these windows — ``(length_us,
+    hop_us)``, each covering ``[t − length, t)`` with ``t`` rounded down to a multiple of
+    its hop — so an incremental run may fold them into rows that each stand for events no
+    window boundary separates (``EVENTS``; per user, item and span for the (user, item)
+    pairs its events hold: ``incremental.folded``)."""
 
     span_us: int = 0
     rows: int = 0
     columns: frozenset[str] = frozenset()
-    fold_us: int = 0
-    exact_us: int = 0
+    windows: tuple[tuple[int, int], ...] = ()
 
     def __or__(self, other: Lookback) -> Lookback:
-        # Folds that every op reading a span allows: per a span each folds by.
+        # Folds that every op reading a span allows: their windows together (none where
+        # one reads its events one by one).
         spans = [lookback for lookback in (self, other) if lookback.span_us]
-        fold = (math.gcd(*(lookback.fold_us for lookback in spans))
-                if spans and all(lookback.fold_us for lookback in spans) else 0)
+        windows: tuple[tuple[int, int], ...] = ()
+        if spans and all(lookback.windows for lookback in spans):
+            windows = tuple(sorted({w for lookback in spans for w in lookback.windows}))
         return Lookback(max(self.span_us, other.span_us), max(self.rows, other.rows),
-                        self.columns | other.columns, fold,
-                        max(self.exact_us, other.exact_us) if fold else 0)
+                        self.columns | other.columns, windows)
 
 
 @dataclass(frozen=True)

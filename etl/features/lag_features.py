@@ -199,19 +199,15 @@ class LagFeatures(FeatureOp):
 
     def lookback(self) -> Lookback:
         """The windows' reach (a window and its hop: the start is rounded down to a hop),
-        of which the items and labels are read; the latest earlier event (the seconds since
-        it, its item) and the label history before the rows given come with every row an
-        incremental run gives (``_label_history``)."""
+        of which the items and labels are read, and beyond the latest earlier event (the
+        seconds since it, its item) only as counts in the windows; the label history before
+        the rows given comes with every row an incremental run gives (``_label_history``)."""
         windows = [parse_window(window) for window in self.windows]
         widest = max((w.seconds or 0) + (w.hop or 0) for w in windows)
-        # Counted per the longest hop, which the hops it holds a multiple of all hold (a
-        # span of it lies in one hop of theirs); the others reach their window and a hop
-        # back from the earliest row computed, and no further.
-        fold = max(w.hop or 0 for w in windows)
-        exact = max(((w.seconds or 0) + (w.hop or 0) for w in windows if (w.hop or 0) % fold),
-                    default=0)
+        counted = tuple((w.seconds * MICROS, w.hop * MICROS) for w in windows
+                        if w.seconds is not None and w.hop is not None)
         return Lookback(span_us=widest * MICROS, columns=frozenset({"item_id", LABEL}),
-                        fold_us=fold * MICROS, exact_us=exact * MICROS)
+                        windows=counted if len(counted) == len(windows) else ())
 
     def features(self) -> list[FeatureSpec]:
         specs = []
