@@ -55,12 +55,14 @@ STATE_FILE = "state.json"
 WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
 DAY = "state_day"
-# Raised when what the state holds, or how, changes: an older state is refused. 6: an
-# output that kept its fit numbered (and counted) the values of every event it holds, the
-# validation split's too (``FeaturePipeline.fit``).
-STATE_VERSION = 6
+# Raised when what the state holds, or how, changes: an older state is refused. 7: the
+# entity tables' rows kept per day (``ENTITY_ROWS_DIR``).
+STATE_VERSION = 7
 # Per entity table, its lifetime partials: what the next run's snapshots start from.
 LIFETIME_DIR = "lifetime"
+# Per entity table, the events as it reads them (``entities.entity_rows``: a row per key, day
+# and label), a folder per UTC day (``DAY``): a later run reads the days it keeps from there.
+ENTITY_ROWS_DIR = "entity_rows"
 LATE_EVENT = "late_event"
 # Beside the rows the kept features are computed over: whether the result is the output's.
 KEEP = "_keep"
@@ -119,6 +121,11 @@ class State:
 def lifetime_folder(output: Path, entity: str) -> Path:
     """Where an output keeps an entity table's lifetime partials (``entities.Resume``)."""
     return output / STATE_DIR / LIFETIME_DIR / entity
+
+
+def entity_rows_folder(output: Path, entity: str) -> Path:
+    """Where an output keeps an entity table's rows, a folder per day (``ENTITY_ROWS_DIR``)."""
+    return output / STATE_DIR / ENTITY_ROWS_DIR / entity
 
 
 def read_state(output: Path) -> State:

@@ -77,6 +77,7 @@ from featureline.etl.features.categorify import Categorify
 from featureline.etl.features.pipeline import LABEL_SHORT_NAME, FeaturePipeline
 from featureline.etl.fit import Fit, keeps, load_fit, new_fit, scheduled_fit
 from featureline.etl.incremental import (
+    DAY,
     EVENTS_DIR,
     KEEP,
     LATE_EVENT,
@@ -88,11 +89,14 @@ from featureline.etl.incremental import (
     cumulative,
     cuts,
     day_counts,
+    day_folders,
+    entity_rows_folder,
     extend_state_events,
     from_day,
     kept_rows,
     lifetime_folder,
     link_example_days,
+    link_folder,
     link_table_days,
     link_tfrecord_days,
     read_state,
@@ -631,11 +635,13 @@ def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[st
 @dataclass(frozen=True)
 class Resumed:
     """What an incremental run keeping its fit takes the entity tables up from: the output
-    it extends, each table's ``Resume`` (those it has), and the events from a time on."""
+    it extends, each table's ``Resume`` (those it has), the events from a time on, and the
+    day from which the state's events changed (the earlier days' are the output's)."""
 
     previous: Path
     resumes: dict[str, Resume]
     events_from: Callable[[int], DataFrame]
+    since: date
 
 
 def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: int,
@@ -659,7 +665,7 @@ def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: 
         group = entity_group(entity, config.entities.recent_days)
         if lifetime is not None and lifetime.before <= resume_from(group, after, cut):
             resumes[entity] = Resume(after, lifetime)
-    return Resumed(output, resumes, events_from)
+    return Resumed(output, resumes, events_from, since)
 
 
 def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlConfig,
@@ -667,9 +673,8 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
                     ) -> tuple[dict[str, Any], dict[str, Lifetime], dict[str, DataFrame]]:
     """The entity tables, a file per day (``entities/<entity>``); those ``resumed`` takes up
     link the earlier days' files of the output extended. Their lifetime partials, written
-    into the state, come back second; third, the rows each was computed from
-    (``entity_rows``, written under the staging's work folder once: every part of the table
-    and its tiles reads them)."""
+    into the state, come back second; third, the rows each was computed from (of its
+    ``_entity_rows``: every part of the table and its tiles reads them)."""
     categorify = pipeline.op(Categorify)
     entities, lifetimes, read = {}, {}, {}
     for entity, key in ENTITIES.items():
@@ -677,11 +682,12 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
                       if isinstance(categorify, Categorify) else None)
         resume = resumed.resumes.get(entity) if resumed is not None else None
         path = staging / "entities" / entity
-        source = (events if resume is None or resumed is None
-                  else resumed.events_from(resume.lifetime.before))
-        rows = read[entity] = reread(
-            entity_rows(source, entity, config.entities.recent_days),
-            staging / WORK_DIR / "entities" / entity, files=None)
+        rows = _entity_rows(events, entity, config, staging, resumed)
+        if resume is not None:
+            before = resume.lifetime.before
+            rows = rows.where((F.col(DAY) >= F.lit(_midnight(before).date()))
+                              & (F.col(TS_MICROS) >= F.lit(before)))
+        rows = read[entity] = rows.drop(DAY)
         table = entity_snapshots(rows, entity, config.entities.recent_days, vocabulary, cut,
                                  resume)
         if resume is not None and resumed is not None:
@@ -698,6 +704,30 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
             "group": table.group.model_dump(mode="json"),
         }
     return entities, lifetimes, read
+
+
+def _entity_rows(events: DataFrame, entity: str, config: EtlConfig, staging: Path,
+                 resumed: Resumed | None) -> DataFrame:
+    """The entity table's ``entity_rows`` of every event, written into the state being
+    written a folder per UTC day (``DAY``) and read back from there; where ``resumed``, the
+    state's days before the one its events changed from are the output's (their files
+    linked) and only the events from that day on are read (docs/ARCHITECTURE.md,
+    "Incremental runs")."""
+    folder = entity_rows_folder(staging, entity)
+    source = events
+    if resumed is not None:
+        for stored_day, stored in day_folders(entity_rows_folder(resumed.previous,
+                                                                 entity)).items():
+            if stored_day < resumed.since:
+                link_folder(stored, folder / stored.name)
+        source = resumed.events_from(micros_of(datetime.combine(
+            resumed.since, datetime.min.time(), timezone.utc)))
+    rows = entity_rows(source, entity, config.entities.recent_days)
+    # The session's time zone is UTC (``with_day``).
+    day = F.to_date(F.timestamp_micros(TS_MICROS))
+    write_parquet(rows.withColumn(DAY, day).repartition(DAY), folder, files=None,
+                  partition_by=DAY, mode="append")
+    return read_as_written(events.sparkSession, folder)
 
 
 @dataclass(frozen=True)
@@ -856,7 +886,6 @@ def run(config: EtlConfig, spark: SparkSession,
                 if isinstance(aggregations, Aggregations):
                     snapshots = _write_group_snapshots(aggregations, staging)
                 tiles = _write_tiles(events, config, staging, cut, lifetimes, rows_read)
-                shutil.rmtree(staging / WORK_DIR)
                 stage.summary = ", ".join([*entities, *snapshots]) + (
                     f"; tiles of {len(tiles['tables'])} outputs")
             with timer(stages.ARTIFACTS):

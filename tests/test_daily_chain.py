@@ -117,7 +117,8 @@ def test_a_kept_day_equals_the_full_run_with_its_fit(chain, full, day):
     ours = chain["copies"].get(day, chain["output"])
     theirs = full[day].output
     for table in ("examples", "entities/user", "entities/item", "tiles/user/user_events",
-                  "tiles/user/user_positive_rate", "tiles/item/item_events_2d"):
+                  "tiles/user/user_positive_rate", "tiles/item/item_events_2d",
+                  "state/entity_rows/user", "state/entity_rows/item"):
         assert _table(ours / table).to_pylist() == _table(theirs / table).to_pylist(), table
     files = {f["path"] for f in full[day].metadata["tfrecord"]["files"]}
     for path in files:
@@ -217,7 +218,7 @@ def test_a_kept_day_run_twice_changes_nothing(chain, spark, tmp_path):
         "this_run"]["duplicates"]
     assert {**again.metadata["fit"], "from": None} == {**last["fit"], "from": None}
     after = _files(output)
-    for folder in ("examples", "tfrecord", "entities", "state/events"):
+    for folder in ("examples", "tfrecord", "entities", "state/events", "state/entity_rows"):
         ours = {path: inode for path, (inode, _) in after.items() if path.startswith(folder)
                 and not Path(path).name.startswith((".", "_"))}  # Spark's checksums, markers
         assert ours and ours == {path: before.get(path, (0, b""))[0] for path in ours}, folder

@@ -148,6 +148,8 @@ def runs(spark, small_log, tmp_path_factory):
 
 @pytest.mark.parametrize("table", ["examples", "entities/user", "entities/item",
                                    "quarantine", f"{STATE_DIR}/events",
+                                   f"{STATE_DIR}/entity_rows/user",
+                                   f"{STATE_DIR}/entity_rows/item",
                                    "artifacts/categorify/user_id",
                                    "artifacts/categorify/category",
                                    "aggregations/user_recent", "aggregations/item_recent",
