@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, STATE_DIR
-from featureline.etl.aggregations import Lifetime
+from featureline.etl.aggregations import WEIGHT, Lifetime
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.features.base import (
@@ -78,6 +78,12 @@ CUT = "_cut"
 ROWS_FROM = "_rows_from"
 # Per user of an incremental run: the time key of its latest kept row (its windows' last).
 _END = "_end"
+# Per user of an incremental run: the midnight (a time key) from which ``users_events`` holds
+# its stored events whole, and its stored events and positives of the days before it.
+READ_FROM = "_read_from"
+_DAYS_EVENTS = "_days_events"
+_DAYS_POSITIVES = "_days_positives"
+_DAY_US = 86_400 * 1_000_000
 # Windows beyond this many, an incremental run folds events per the finest hop of them all
 # (not per the finest of those that hold each).
 _MASKED_WINDOWS_UP_TO = 6
@@ -278,28 +284,81 @@ def dated(path: str, now: datetime | None = None) -> str:
             .replace("{today}", f"{now:%Y-%m-%d}"))
 
 
-def users_events(stored: DataFrame, starts: DataFrame) -> DataFrame:
-    """The ``stored`` events of the users ``starts`` names (a day's users: a small share of
-    the history's, whose events ``cuts`` and ``window_context`` read)."""
-    # Not forced to a broadcast: on a day of most users, the planner's choice from the
-    # starts' size.
-    return stored.join(starts.select("user_id"), "user_id", "left_semi")
+def with_row_day(rows: DataFrame) -> DataFrame:
+    """``rows`` (with the time key) with ``DAY``, the UTC date of each (the session's time
+    zone is UTC: ``with_day``): how the state keeps the entity tables' rows."""
+    return rows.withColumn(DAY, F.to_date(F.timestamp_micros(TS_MICROS)))
 
 
-def cuts(stored: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
-    """Per user ``starts`` names, beside its ``START``: ``CUT``, the time key from which the
-    features of the user's kept rows read its stored events before the start
+def _midnight_of(micros: Column) -> Column:
+    return micros - F.pmod(micros, F.lit(_DAY_US))
+
+
+def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
+    """Per user ``starts`` names, beside its ``START``: ``READ_FROM``, the midnight (a time key)
+    from which ``cuts`` and ``window_context`` read its stored events whole — late enough
+    to leave most of a long history out, early enough to hold the events within
+    ``lookback.span_us`` of the start and the ``lookback.rows`` rows before the latest
+    instant before it — and the events and positives of its days before that
+    (``_DAYS_EVENTS``, ``_DAYS_POSITIVES``). ``user_rows``: the user table's rows the state
+    keeps (``ENTITY_ROWS_DIR``), whose days' counts tell how far back those rows reach: to
+    the latest day from which the days before the start's hold the rows and all of their
+    latest day's (which holds the latest earlier instant, or the start's day does); every
+    day where they never do (docs/ARCHITECTURE.md, "Incremental runs")."""
+    weight = F.col(WEIGHT) if WEIGHT in user_rows.columns else F.lit(1)
+    day = F.unix_date(F.col(DAY)).cast("long") * F.lit(_DAY_US)
+    days = (user_rows.join(starts, "user_id").where(day < _midnight_of(F.col(START)))
+            .groupBy("user_id", day.alias("_day"))
+            .agg(F.sum(weight).alias("_n"), F.sum(weight * F.col(LABEL)).alias("_p")))
+    latest_first = Window.partitionBy("user_id").orderBy(F.col("_day").desc())
+    held = F.sum("_n").over(latest_first.rowsBetween(Window.unboundedPreceding,
+                                                     Window.currentRow))
+    enough = held >= F.lit(lookback.rows) + F.first("_n").over(latest_first)
+    reached = days.withColumn("_enough", enough).groupBy("user_id").agg(
+        F.coalesce(F.max(F.when(F.col("_enough"), F.col("_day"))), F.min("_day"))
+        .alias("_rows_day"))
+    # Least skips a null: a user without stored days before its start's reads from its span.
+    bounds = starts.join(reached, "user_id", "left").select(
+        "user_id", START, F.least("_rows_day", _midnight_of(
+            F.col(START) - F.lit(lookback.span_us))).alias(READ_FROM))
+    earlier = (days.join(bounds.select("user_id", READ_FROM), "user_id")
+               .where(F.col("_day") < F.col(READ_FROM)).groupBy("user_id")
+               .agg(F.sum("_n").alias(_DAYS_EVENTS), F.sum("_p").alias(_DAYS_POSITIVES)))
+    return bounds.join(earlier, "user_id", "left").fillna({_DAYS_EVENTS: 0,
+                                                          _DAYS_POSITIVES: 0})
+
+
+def users_events(stored: DataFrame, bounds: DataFrame, pairs: DataFrame, *,
+                 broadcast: bool) -> DataFrame:
+    """The ``stored`` events that ``cuts`` and ``window_context`` read of the users
+    ``bounds`` names (``reach``: a day's users, a small share of the history's): each one's
+    from its ``READ_FROM`` on, and before that those of its (user, item) pairs in ``pairs`` (the
+    kept rows': the latest event of each before the window), broadcast where
+    ``broadcast``."""
+    # The users not forced to a broadcast: on a day of most users, the planner's choice
+    # from the bounds' size.
+    theirs = stored.join(bounds.select("user_id", READ_FROM), "user_id")
+    marked = theirs.join((F.broadcast(pairs) if broadcast else pairs).withColumn(
+        "_pair", F.lit(True)), ["user_id", "item_id"], "left")
+    return (marked.where((F.col(TS_MICROS) >= F.col(READ_FROM)) | F.col("_pair").isNotNull())
+            .select(*stored.columns))
+
+
+def cuts(stored: DataFrame, bounds: DataFrame, lookback: Lookback) -> DataFrame:
+    """Per user ``bounds`` names (``reach``), beside its ``START``: ``CUT``, the time key
+    from which the features of the user's kept rows read its stored events before the start
     (docs/ARCHITECTURE.md, "Incremental runs"): those within ``lookback`` of the start, the
     rows of the latest instant before it, and the ``lookback.rows`` before those; and
     ``ROWS_FROM``, where those rows start; and how many events and positives it has before
-    its start (``_BEFORE_EVENTS``, ``_BEFORE_POSITIVES``). A user without stored events
-    before its start has none of these. ``stored`` holds the time key and the label."""
-    earlier = (stored.select("user_id", TS_MICROS, LABEL).join(starts, "user_id")
-               .where(F.col(TS_MICROS) < F.col(START)))
+    its start (``_BEFORE_EVENTS``, ``_BEFORE_POSITIVES``: its days' before ``READ_FROM`` and
+    its events' from there). A user without stored events before its start has none of
+    these. ``stored`` (``users_events``) holds the time key and the label."""
+    earlier = (stored.select("user_id", TS_MICROS, LABEL).join(bounds, "user_id")
+               .where((F.col(TS_MICROS) < F.col(START)) & (F.col(TS_MICROS) >= F.col(READ_FROM))))
     times = F.sort_array(F.collect_list(TS_MICROS), asc=False)
     summary = earlier.groupBy("user_id").agg(times.alias("_times"),
-                                             F.count(F.lit(1)).alias(_BEFORE_EVENTS),
-                                             F.sum(LABEL).alias(_BEFORE_POSITIVES))
+                                             F.count(F.lit(1)).alias("_events"),
+                                             F.sum(LABEL).alias("_positives"))
     # The rows before the start: the 2K before it may start before the rows of the user's
     # latest earlier instant, which can sort after it.
     at_latest = F.size(F.filter("_times", lambda t: t == F.col("_times")[0]))
@@ -308,18 +367,20 @@ def cuts(stored: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
     rows_from = F.least(F.col("_times")[0], by_rows)
     cut = F.least(rows_from, F.col(START) - F.lit(lookback.span_us))
     found = F.size("_times") > 0
-    return (starts.join(summary, "user_id", "left")
+    return (bounds.join(summary, "user_id", "left")
             .select("user_id", START, F.when(found, cut).alias(CUT),
-                    F.when(found, rows_from).alias(ROWS_FROM), _BEFORE_EVENTS,
-                    _BEFORE_POSITIVES))
+                    F.when(found, rows_from).alias(ROWS_FROM),
+                    F.when(found, F.col(_DAYS_EVENTS) + F.col("_events")).alias(_BEFORE_EVENTS),
+                    F.when(found, F.col(_DAYS_POSITIVES) + F.col("_positives"))
+                    .alias(_BEFORE_POSITIVES)))
 
 
-def kept_rows(stored: DataFrame, new: DataFrame, cut: DataFrame) -> DataFrame:
+def kept_rows(stored: DataFrame, new: DataFrame, starts: DataFrame) -> DataFrame:
     """The events whose kept features an incremental run computes: the new ones and each
-    user's stored ones from its ``START`` on. ``stored`` (the stored events, those from the
-    day of the earliest start on suffice) and ``new`` hold the event columns, the label and
-    the time key; ``cut`` is ``cuts``'."""
-    again = (stored.join(cut.select("user_id", START), "user_id")
+    user's stored ones from its ``START`` (``starts``) on. ``stored`` (the stored events,
+    those from the day of the earliest start on suffice) and ``new`` hold the event columns,
+    the label and the time key."""
+    again = (stored.join(starts.select("user_id", START), "user_id")
              .where(F.col(TS_MICROS) >= F.col(START)).drop(START))
     return new.unionByName(again)
 

@@ -99,6 +99,7 @@ from featureline.etl.incremental import (
     link_folder,
     link_table_days,
     link_tfrecord_days,
+    reach,
     read_state,
     stored_events,
     unchanged,
@@ -106,6 +107,7 @@ from featureline.etl.incremental import (
     values_hash,
     window_context,
     window_rows,
+    with_row_day,
     write_state,
     write_state_events,
 )
@@ -429,20 +431,27 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     first = begins.agg(F.min(START)).collect()[0][0]
     since = _midnight(first if first is not None
                       else micros_of(state.latest + timedelta(days=1)))
-    # The stored events of the users with a start, read from the history once (the cuts
-    # and the window's rows each read them several times), and of them only what the ops
-    # read of earlier events and the window's tallies count: the user, the time key, the
-    # item and the label. The rows computed again are read whole from the start's days.
-    lookback = pipeline.lookback()
-    narrow = ["user_id", TS_MICROS, *sorted(lookback.columns | {"item_id", LABEL})]
-    theirs = reread(users_events(stored.select(*narrow), begins), work / "theirs", files=None)
-    cut = reread(cuts(theirs, begins, lookback), work / "cuts")
+    # The rows computed again are read whole from the start's days.
     kept = state_columns(pipeline, config)
     recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
-    kept_events = reread(kept_rows(recent.select(*columns, TS_MICROS), new, cut), work / "kept",
-                         files=None)
-    context = reread(window_context(theirs, kept_events, cut, lookback,
-                                    broadcast=kept_events.count() <= BROADCAST_KEPT),
+    kept_events = reread(kept_rows(recent.select(*columns, TS_MICROS), new, begins),
+                         work / "kept", files=None)
+    broadcast = kept_events.count() <= BROADCAST_KEPT
+    # The stored events the users with a start read, from the history once (the cuts and
+    # the window's rows each read them several times): each user's recent days
+    # (``reach``, from the state's user rows) and its kept pairs' earlier events; of them
+    # only what the ops read of earlier events and the window's tallies count: the user,
+    # the time key, the item and the label.
+    lookback = pipeline.lookback()
+    narrow = ["user_id", TS_MICROS, *sorted(lookback.columns | {"item_id", LABEL})]
+    user_rows = read_as_written(stored.sparkSession, entity_rows_folder(state.folder.parent,
+                                                                         "user"))
+    bounds = reread(reach(user_rows, begins, lookback), work / "reach")
+    pairs = kept_events.select("user_id", "item_id").distinct()
+    theirs = reread(users_events(stored.select(*narrow), bounds, pairs, broadcast=broadcast),
+                    work / "theirs", files=None)
+    cut = reread(cuts(theirs, bounds, lookback), work / "cuts")
+    context = reread(window_context(theirs, kept_events, cut, lookback, broadcast=broadcast),
                      work / "context", files=None)
     rows = reread(window_rows(context, kept_events, cut, lookback), work / "rows", files=None)
     computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
@@ -723,9 +732,7 @@ def _entity_rows(events: DataFrame, entity: str, config: EtlConfig, staging: Pat
         source = resumed.events_from(micros_of(datetime.combine(
             resumed.since, datetime.min.time(), timezone.utc)))
     rows = entity_rows(source, entity, config.entities.recent_days)
-    # The session's time zone is UTC (``with_day``).
-    day = F.to_date(F.timestamp_micros(TS_MICROS))
-    write_parquet(rows.withColumn(DAY, day).repartition(DAY), folder, files=None,
+    write_parquet(with_row_day(rows).repartition(DAY), folder, files=None,
                   partition_by=DAY, mode="append")
     return read_as_written(events.sparkSession, folder)
 

@@ -308,33 +308,42 @@ def test_lag_features_cpu_and_gpu_frames_agree_on_every_row(spark, monkeypatch):
 
 def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
     """An incremental run hands lag_features and history the stored rows its events read —
-    the older ones folded into counts per user (and per item of the run's pairs), a row per
-    set of events no window of a kept row tells apart — and the kept rows get the values a
-    run over every event gives them, in both formulations of the frames."""
+    of each user's, its recent days (as far as the state's user rows say its windows and
+    rows reach) and its kept pairs' earlier events; the older ones folded into counts per
+    user (and per item of the run's pairs), a row per set of events no window of a kept row
+    tells apart — and the kept rows get the values a run over every event gives them, in
+    both formulations of the frames."""
+    from featureline.etl.entities import entity_rows
     from featureline.etl.features.base import EVENTS, LABEL
     from featureline.etl.features.lag_features import PRIOR_POSITIVE_RATE, PRIOR_POSITIVES
     from featureline.etl.incremental import (
         CUT,
         KEEP,
+        READ_FROM,
         ROWS_FROM,
         START,
         cuts,
+        reach,
+        users_events,
         window_context,
         window_rows,
+        with_row_day,
     )
 
     rng = np.random.default_rng(11)
-    # Three users over nine days, several events an hour, few items (pairs come back), and
-    # instants several events share; u2 has a handful only (its cut reaches its first one).
-    instants = rng.choice(np.arange(0, 9 * 86400, 60), size=700, replace=False)
-    rows = [(f"u{rng.integers(2)}", str(rng.integers(1, 5)), int(rng.choice(instants)),
-             int(rng.integers(2)), "train") for _ in range(1500)]
+    # Three users over twelve days, several events an hour, few items (pairs come back), and
+    # instants several events share; u2 has a handful only, a day apart (its rows reach
+    # back past its windows: to its second one).
+    instants = rng.choice(np.arange(0, 12 * 86400, 60), size=900, replace=False)
+    rows = [(f"u{rng.integers(2)}", str(rng.integers(1, 26)), int(rng.choice(instants)),
+             int(rng.integers(2)), "train") for _ in range(2000)]
     rows += [("u2", str(i % 2 + 1), 86400 * i + 7, i % 2, "train") for i in range(1, 9)]
+    rows += [("u2", "1", 86400 * 11 + 3600 * i, 1, "train") for i in (1, 2)]
     events = frame(spark, rows).select("user_id", "item_id", "ts", LABEL, TS_MICROS)
-    # Where each user's kept rows start: day 8 at these hours (µs since the epoch, UTC).
+    # Where each user's kept rows start: day 11 at these hours (µs since the epoch, UTC).
     epoch = datetime(1970, 1, 1)
     starts = spark.createDataFrame(
-        [(user, (T0 + timedelta(days=8, hours=hours) - epoch) // timedelta(microseconds=1))
+        [(user, (T0 + timedelta(days=11, hours=hours) - epoch) // timedelta(microseconds=1))
          for user, hours in (("u0", 3.5), ("u1", 9.25), ("u2", 0))],
         f"user_id string, {START} long")
     ops = [LagFeatures(["1h", "24h", "7d"]), History(3)]
@@ -351,10 +360,21 @@ def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
                "ui_events_7d", PRIOR_POSITIVES, PRIOR_POSITIVE_RATE, "user_hist_items"]
     marked = events.join(starts, "user_id")
     kept = marked.where(F.col(TS_MICROS) >= F.col(START)).drop(START)
-    stored = marked.where(F.col(TS_MICROS) < F.col(START)).drop(START).select(
-        "user_id", TS_MICROS, "item_id", LABEL)
-    cut = cuts(stored, starts, lookback).cache()
-    context = window_context(stored, kept, cut, lookback, broadcast=True).cache()
+    earlier = marked.where(F.col(TS_MICROS) < F.col(START)).drop(START)
+    stored = earlier.select("user_id", TS_MICROS, "item_id", LABEL)
+    bounds = reach(with_row_day(entity_rows(earlier, "user", 7)), starts, lookback).cache()
+    pairs = kept.select("user_id", "item_id").distinct()
+    theirs = users_events(stored, bounds, pairs, broadcast=True).cache()
+    # The reach leaves events out — of every user's days before its windows, those of the
+    # pairs its kept rows do not hold (u2's first: its rows reach its second) — and keeps
+    # the kept pairs' earlier ones.
+    assert theirs.count() < stored.count()
+    left_out = stored.exceptAll(theirs).join(bounds, "user_id")
+    assert left_out.where(F.col(TS_MICROS) >= F.col(READ_FROM)).count() == 0
+    assert {row["user_id"] for row in left_out.collect()} == {"u0", "u1", "u2"}
+    assert theirs.join(bounds, "user_id").where(F.col(TS_MICROS) < F.col(READ_FROM)).count()
+    cut = cuts(theirs, bounds, lookback).cache()
+    context = window_context(theirs, kept, cut, lookback, broadcast=True).cache()
     got = featured(window_rows(context, kept, cut, lookback)).where(F.col(KEEP))
     want = featured(events).join(kept.select("user_id", TS_MICROS, "item_id"),
                                  ["user_id", TS_MICROS, "item_id"], "left_semi")
