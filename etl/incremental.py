@@ -296,15 +296,15 @@ def _midnight_of(micros: Column) -> Column:
 
 def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
     """Per user ``starts`` names, beside its ``START``: ``READ_FROM``, the midnight (a time key)
-    from which ``cuts`` and ``window_context`` read its stored events whole — late enough
-    to leave most of a long history out, early enough to hold the events within
-    ``lookback.span_us`` of the start and the ``lookback.rows`` rows before the latest
-    instant before it — and the events and positives of its days before that
-    (``_DAYS_EVENTS``, ``_DAYS_POSITIVES``). ``user_rows``: the user table's rows the state
-    keeps (``ENTITY_ROWS_DIR``), whose days' counts tell how far back those rows reach: to
-    the latest day from which the days before the start's hold the rows and all of their
-    latest day's (which holds the latest earlier instant, or the start's day does); every
-    day where they never do (docs/ARCHITECTURE.md, "Incremental runs")."""
+    from which ``users_events`` reads the user's stored events whole, and the events and
+    positives of its days before it (``_DAYS_EVENTS``, ``_DAYS_POSITIVES``), counted from
+    ``user_rows``, the user table's rows the state keeps (``ENTITY_ROWS_DIR``: per user, UTC
+    day and label). ``READ_FROM`` is the earlier of the midnight before ``START −
+    lookback.span_us`` and the latest day from which the user's days before its start's hold
+    ``lookback.rows`` events more than its latest such day does — so the events read hold
+    the latest instant before the start (on that day or the start's) with its ties and the
+    ``lookback.rows`` before them — or its first day where none does (docs/ARCHITECTURE.md,
+    "Incremental runs")."""
     weight = F.col(WEIGHT) if WEIGHT in user_rows.columns else F.lit(1)
     day = F.unix_date(F.col(DAY)).cast("long") * F.lit(_DAY_US)
     days = (user_rows.join(starts, "user_id").where(day < _midnight_of(F.col(START)))
