@@ -34,6 +34,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, STATE_DIR
+from featureline.etl.aggregations import DAY as DAY_MICROS
 from featureline.etl.aggregations import WEIGHT, Lifetime
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
@@ -81,9 +82,11 @@ _END = "_end"
 # Per user of an incremental run: the midnight (a time key) from which ``users_events`` holds
 # its stored events whole, and its stored events and positives of the days before it.
 READ_FROM = "_read_from"
+# Per user of an incremental run: the midnight (a time key, from ``READ_FROM`` on) from which
+# its stored days before its start's hold the rows ``cuts`` counts back through.
+_ROWS_DAY = "_rows_day"
 _DAYS_EVENTS = "_days_events"
 _DAYS_POSITIVES = "_days_positives"
-_DAY_US = 86_400 * 1_000_000
 # Windows beyond this many, an incremental run folds events per the finest hop of them all
 # (not per the finest of those that hold each).
 _MASKED_WINDOWS_UP_TO = 6
@@ -236,11 +239,16 @@ def extend_state_events(state: State, events: DataFrame, since: date,
     unchanged, their files linked into the output being written (copied where the
     filesystem links none), and ``events``, every event from ``since`` on, written; the
     whole read back."""
-    folder = staging / STATE_DIR / EVENTS_DIR
-    for day, stored in day_folders(state.events).items():
-        if day < since:
-            link_folder(stored, folder / stored.name)
+    link_days(state.events, staging / STATE_DIR / EVENTS_DIR, since)
     return write_state_events(events, staging, append=True)
+
+
+def link_days(source: Path, target: Path, before: date) -> None:
+    """The day folders of ``source`` (``day_folders``) before ``before``, their files linked
+    into ``target`` (``link_folder``): the state's days a run keeps."""
+    for day, stored in day_folders(source).items():
+        if day < before:
+            link_folder(stored, target / stored.name)
 
 
 def link_or_copy(source: Path, target: Path) -> None:
@@ -291,7 +299,7 @@ def with_row_day(rows: DataFrame) -> DataFrame:
 
 
 def _midnight_of(micros: Column) -> Column:
-    return micros - F.pmod(micros, F.lit(_DAY_US))
+    return micros - F.pmod(micros, F.lit(DAY_MICROS))
 
 
 def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
@@ -304,9 +312,10 @@ def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFr
     ``lookback.rows`` events more than its latest such day does — so the events read hold
     the latest instant before the start (on that day or the start's) with its ties and the
     ``lookback.rows`` before them — or its first day where none does (docs/ARCHITECTURE.md,
-    "Incremental runs")."""
+    "Incremental runs"); that day (``_ROWS_DAY``, ``READ_FROM`` for a user without stored days
+    before its start's) is where ``cuts`` starts sorting."""
     weight = F.col(WEIGHT) if WEIGHT in user_rows.columns else F.lit(1)
-    day = F.unix_date(F.col(DAY)).cast("long") * F.lit(_DAY_US)
+    day = F.unix_date(F.col(DAY)).cast("long") * F.lit(DAY_MICROS)
     days = (user_rows.join(starts, "user_id").where(day < _midnight_of(F.col(START)))
             .groupBy("user_id", day.alias("_day"))
             .agg(F.sum(weight).alias("_n"), F.sum(weight * F.col(LABEL)).alias("_p")))
@@ -316,11 +325,12 @@ def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFr
     enough = held >= F.lit(lookback.rows) + F.first("_n").over(latest_first)
     reached = days.withColumn("_enough", enough).groupBy("user_id").agg(
         F.coalesce(F.max(F.when(F.col("_enough"), F.col("_day"))), F.min("_day"))
-        .alias("_rows_day"))
+        .alias(_ROWS_DAY))
     # Least skips a null: a user without stored days before its start's reads from its span.
+    read_from = F.least(_ROWS_DAY, _midnight_of(F.col(START) - F.lit(lookback.span_us)))
     bounds = starts.join(reached, "user_id", "left").select(
-        "user_id", START, F.least("_rows_day", _midnight_of(
-            F.col(START) - F.lit(lookback.span_us))).alias(READ_FROM))
+        "user_id", START, read_from.alias(READ_FROM),
+        F.coalesce(_ROWS_DAY, read_from).alias(_ROWS_DAY))
     earlier = (days.join(bounds.select("user_id", READ_FROM), "user_id")
                .where(F.col("_day") < F.col(READ_FROM)).groupBy("user_id")
                .agg(F.sum("_n").alias(_DAYS_EVENTS), F.sum("_p").alias(_DAYS_POSITIVES)))
@@ -352,10 +362,13 @@ def cuts(stored: DataFrame, bounds: DataFrame, lookback: Lookback) -> DataFrame:
     ``ROWS_FROM``, where those rows start; and how many events and positives it has before
     its start (``_BEFORE_EVENTS``, ``_BEFORE_POSITIVES``: its days' before ``READ_FROM`` and
     its events' from there). A user without stored events before its start has none of
-    these. ``stored`` (``users_events``) holds the time key and the label."""
+    these. ``stored`` (``users_events``) holds the time key and the label. Only the time
+    keys from the user's ``_ROWS_DAY`` on are sorted: they hold those rows (``reach``), and a
+    day's heavy users hold days more of events before them within the span."""
     earlier = (stored.select("user_id", TS_MICROS, LABEL).join(bounds, "user_id")
                .where((F.col(TS_MICROS) < F.col(START)) & (F.col(TS_MICROS) >= F.col(READ_FROM))))
-    times = F.sort_array(F.collect_list(TS_MICROS), asc=False)
+    counted = F.when(F.col(TS_MICROS) >= F.col(_ROWS_DAY), F.col(TS_MICROS))
+    times = F.sort_array(F.collect_list(counted), asc=False)
     summary = earlier.groupBy("user_id").agg(times.alias("_times"),
                                              F.count(F.lit(1)).alias("_events"),
                                              F.sum(LABEL).alias("_positives"))
@@ -366,8 +379,8 @@ def cuts(stored: DataFrame, bounds: DataFrame, lookback: Lookback) -> DataFrame:
                          F.lit(_EARLIEST))
     rows_from = F.least(F.col("_times")[0], by_rows)
     cut = F.least(rows_from, F.col(START) - F.lit(lookback.span_us))
-    found = F.size("_times") > 0
-    return (bounds.join(summary, "user_id", "left")
+    found = F.coalesce(F.col("_events"), F.lit(0)) > 0
+    return (bounds.drop(_ROWS_DAY).join(summary, "user_id", "left")
             .select("user_id", START, F.when(found, cut).alias(CUT),
                     F.when(found, rows_from).alias(ROWS_FROM),
                     F.when(found, F.col(_DAYS_EVENTS) + F.col("_events")).alias(_BEFORE_EVENTS),

@@ -89,14 +89,13 @@ from featureline.etl.incremental import (
     cumulative,
     cuts,
     day_counts,
-    day_folders,
     entity_rows_folder,
     extend_state_events,
     from_day,
     kept_rows,
     lifetime_folder,
+    link_days,
     link_example_days,
-    link_folder,
     link_table_days,
     link_tfrecord_days,
     reach,
@@ -725,10 +724,7 @@ def _entity_rows(events: DataFrame, entity: str, config: EtlConfig, staging: Pat
     folder = entity_rows_folder(staging, entity)
     source = events
     if resumed is not None:
-        for stored_day, stored in day_folders(entity_rows_folder(resumed.previous,
-                                                                 entity)).items():
-            if stored_day < resumed.since:
-                link_folder(stored, folder / stored.name)
+        link_days(entity_rows_folder(resumed.previous, entity), folder, resumed.since)
         source = resumed.events_from(micros_of(datetime.combine(
             resumed.since, datetime.min.time(), timezone.utc)))
     rows = entity_rows(source, entity, config.entities.recent_days)

@@ -388,9 +388,8 @@ def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
     assert handed[0] < 0.8 * read and handed[1] >= read and handed[2] >= 3
     # Fewer rows than hours: the events every kept row's windows hold or leave alike (the
     # 7 d window's days before the day's 24 h windows start) are one row per user and pair.
-    pairs = kept.select("user_id", "item_id").distinct().withColumn("_pair", F.lit(True))
     hourly = (stored.join(cut, "user_id").where(F.col(TS_MICROS) >= F.col(CUT))
-              .join(pairs, ["user_id", "item_id"], "left")
+              .join(pairs.withColumn("_pair", F.lit(True)), ["user_id", "item_id"], "left")
               .select("user_id", F.when(F.col("_pair"), F.col("item_id")).alias("_item"),
                       F.when(F.col(TS_MICROS) < F.col(ROWS_FROM), F.floor(
                           F.col(TS_MICROS) / (3600 * MICROS))).alias("_hour"),
