@@ -380,7 +380,7 @@ def cuts(stored: DataFrame, bounds: DataFrame, lookback: Lookback) -> DataFrame:
     rows_from = F.least(F.col("_times")[0], by_rows)
     cut = F.least(rows_from, F.col(START) - F.lit(lookback.span_us))
     found = F.coalesce(F.col("_events"), F.lit(0)) > 0
-    return (bounds.drop(_ROWS_DAY).join(summary, "user_id", "left")
+    return (bounds.join(summary, "user_id", "left")
             .select("user_id", START, F.when(found, cut).alias(CUT),
                     F.when(found, rows_from).alias(ROWS_FROM),
                     F.when(found, F.col(_DAYS_EVENTS) + F.col("_events")).alias(_BEFORE_EVENTS),
