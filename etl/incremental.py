@@ -86,6 +86,9 @@ READ_FROM = "_read_from"
 # its stored days before its start's hold the rows ``cuts`` counts back through.
 _ROWS_DAY = "_rows_day"
 _DAYS_EVENTS = "_days_events"
+# Per (user, item) pair of an incremental run's kept rows: its latest stored instant before
+# the user's ``READ_FROM``.
+_PAIR_LATEST = "_pair_latest"
 _DAYS_POSITIVES = "_days_positives"
 # Windows beyond this many, an incremental run folds events per the finest hop of them all
 # (not per the finest of those that hold each).
@@ -342,16 +345,22 @@ def users_events(stored: DataFrame, bounds: DataFrame, pairs: DataFrame, *,
                  broadcast: bool) -> DataFrame:
     """The ``stored`` events that ``cuts`` and ``window_context`` read of the users
     ``bounds`` names (``reach``: a day's users, a small share of the history's): each one's
-    from its ``READ_FROM`` on, and before that those of its (user, item) pairs in ``pairs`` (the
-    kept rows': the latest event of each before the window), broadcast where
-    ``broadcast``."""
+    from its ``READ_FROM`` on, and before that, of each of its (user, item) pairs in ``pairs``
+    (the kept rows'), the events of the pair's latest instant there (``window_context`` reads
+    nothing else of them: the pair's latest event before the window; a day's heavy users hold
+    hundreds of events of each item they come back to), the pairs broadcast where
+    ``broadcast``. One read of ``stored``."""
     # The users not forced to a broadcast: on a day of most users, the planner's choice
     # from the bounds' size.
     theirs = stored.join(bounds.select("user_id", READ_FROM), "user_id")
     marked = theirs.join((F.broadcast(pairs) if broadcast else pairs).withColumn(
         "_pair", F.lit(True)), ["user_id", "item_id"], "left")
-    return (marked.where((F.col(TS_MICROS) >= F.col(READ_FROM)) | F.col("_pair").isNotNull())
-            .select(*stored.columns))
+    recent = F.col(TS_MICROS) >= F.col(READ_FROM)
+    read = marked.where(recent | F.col("_pair").isNotNull())
+    pair_latest = F.max(F.when(~recent, F.col(TS_MICROS))).over(
+        Window.partitionBy("user_id", "item_id"))
+    return (read.withColumn(_PAIR_LATEST, pair_latest)
+            .where(recent | (F.col(TS_MICROS) == F.col(_PAIR_LATEST))).select(*stored.columns))
 
 
 def cuts(stored: DataFrame, bounds: DataFrame, lookback: Lookback) -> DataFrame:

@@ -49,10 +49,13 @@ def epoch_micros(ts: Column) -> Column:
     """``unix_micros(ts)`` from operators the RAPIDS Accelerator runs (it does not run
     ``unix_micros``): whole seconds by a cast, the fraction from the timestamp as a double.
     Exact to the microsecond before the year 2242 — a double near 2^33 seconds still tells
-    microseconds apart — and validation keeps events before 2100.
+    microseconds apart — and validation keeps events before 2100. The fraction (never
+    negative: the cast floors) is rounded by ``floor(x + 0.5)``, not ``round``: Spark rounds a
+    double through a BigDecimal, 2.6× this column's time over a stored history
+    (benchmarks/README.md).
     """
     seconds = ts.cast("long")
-    fraction = F.round((ts.cast("double") - seconds.cast("double")) * MICROS).cast("long")
+    fraction = F.floor((ts.cast("double") - seconds.cast("double")) * MICROS + 0.5)
     return seconds * MICROS + fraction
 
 
