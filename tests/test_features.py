@@ -377,14 +377,13 @@ def test_an_incremental_window_gives_the_values_of_every_row(spark, lag_frames):
         return (rows.join(bounds, "user_id").where(F.col(TS_MICROS) < F.col(READ_FROM))
                 .select("user_id", "item_id", TS_MICROS, LABEL))
 
-    latest = (before_reach(stored).join(pairs, ["user_id", "item_id"], "left_semi")
-              .groupBy("user_id", "item_id").agg(F.max(TS_MICROS).alias(TS_MICROS)))
-    want_before = before_reach(stored).join(latest, ["user_id", "item_id", TS_MICROS],
-                                            "left_semi")
+    pairs_before = before_reach(stored).join(pairs, ["user_id", "item_id"], "left_semi")
+    latest = (pairs_before.groupBy("user_id", "item_id")
+              .agg(F.max(TS_MICROS).alias(TS_MICROS)))
+    want_before = pairs_before.join(latest, ["user_id", "item_id", TS_MICROS], "left_semi")
     assert before_reach(theirs).exceptAll(want_before).count() == 0
     assert want_before.exceptAll(before_reach(theirs)).count() == 0
-    assert 0 < latest.count() < before_reach(stored).join(pairs, ["user_id", "item_id"],
-                                                          "left_semi").count()
+    assert 0 < latest.count() < pairs_before.count()
     cut = cuts(theirs, bounds, lookback).cache()
     context = window_context(theirs, kept, cut, lookback, broadcast=True).cache()
     got = featured(window_rows(context, kept, cut, lookback)).where(F.col(KEEP))
