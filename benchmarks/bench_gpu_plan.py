@@ -7,6 +7,7 @@ on this noisy machine, and the ratio is the median of the pairs' ratios.
 
     python benchmarks/bench_gpu_plan.py                        # 200k events, 3 pairs
     python benchmarks/bench_gpu_plan.py --events 3000 --pairs 1  # the smoke size
+    python benchmarks/bench_gpu_plan.py --incremental  # also the last day's incremental plan
 """
 
 from __future__ import annotations
@@ -42,12 +43,33 @@ def _run_ok(command: list[str], cwd: Path) -> float:
     return seconds
 
 
-def run(events: int, pairs: int, log: Path | None = None,
-        config: str | None = None) -> dict[str, Any]:
+def _last_day_apart(raw: Path, folder: Path) -> tuple[Path, Path]:
+    """The log as two files: every line but the last UTC day's (lines without a date too),
+    and the last day's."""
+    marker = '"ts":"'
+
+    def day(line: str) -> str:
+        start = line.find(marker + "2")
+        return line[start + len(marker):start + len(marker) + 10] if start >= 0 else ""
+
+    with raw.open() as lines:
+        last = max(map(day, lines))
+    history, new = folder / "events-history.jsonl", folder / "events-new.jsonl"
+    with raw.open() as lines, history.open("w") as earlier, new.open("w") as latest:
+        for line in lines:
+            (latest if day(line) == last else earlier).write(line)
+    return history, new
+
+
+def run(events: int, pairs: int, log: Path | None = None, config: str | None = None,
+        incremental: bool = False) -> dict[str, Any]:
     """``log``: the events to run on (else ``events`` generated ones); ``config``: the text of
-    a ``featureline.yaml`` both commands read (an aggregations spec, say). ``check_report``
+    a ``featureline.yaml`` every command reads (an aggregations spec, say). ``check_report``
     is the last check's own JSON report and ``check_exit`` its exit status (1 when any
-    operator is off the GPU) — what the gpu-check test reads, without a run of its own."""
+    operator is off the GPU) — what the gpu-check test reads, without a run of its own.
+    ``incremental``: the runs take every day but the last, and a last check plans the
+    incremental run of the last day on the output the check before wrote
+    (``incremental_report``, ``incremental_exit``, ``gpu_check_incremental_s``)."""
     jar = plugin_jar()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-plan-") as work:
         folder = Path(work)
@@ -57,6 +79,8 @@ def run(events: int, pairs: int, log: Path | None = None,
                       items=max(50, events // 100), days=14, seed=3, bad_fraction=0.01)
         if config is not None:
             (folder / "featureline.yaml").write_text(config)
+        if incremental:
+            raw, new_day = _last_day_apart(raw, folder)
         common = ["--input", str(raw), "--refit-vocabularies"]
         cpu = [FEATURELINE, "etl", "run", "--profile", "cpu",
                "--output", str(folder / "cpu"), *common]
@@ -69,8 +93,16 @@ def run(events: int, pairs: int, log: Path | None = None,
             if not checked.stdout:  # it failed before planning: no report
                 raise RuntimeError(f"etl gpu-check failed: {checked.stderr[-2000:]}")
             runs.append((baseline, seconds))
+        if incremental:
+            day_check = [FEATURELINE, "etl", "gpu-check", "--jar", str(jar), "--json",
+                         "--output", str(folder / "check"), "--input", str(new_day),
+                         "--incremental"]
+            day_seconds, day_checked = _timed(day_check, folder)
+            if not day_checked.stdout:
+                raise RuntimeError(f"etl gpu-check --incremental failed: "
+                                   f"{day_checked.stderr[-2000:]}")
     ratios = [c / b for b, c in runs]
-    return {
+    report = {
         "benchmark": "gpu_plan", "machine": platform.machine(), "python": platform.python_version(),
         "plugin": RAPIDS_VERSION, "events": events if log is None else None, "pairs": pairs,
         "etl_run_cpu_s": [round(b, 1) for b, _ in runs],
@@ -81,15 +113,28 @@ def run(events: int, pairs: int, log: Path | None = None,
         "check_report": json.loads(checked.stdout),
         "check_stderr_tail": checked.stderr[-3000:] if checked.returncode else "",
     }
+    if incremental:
+        report.update({
+            "gpu_check_incremental_s": round(day_seconds, 1),
+            "incremental_exit": day_checked.returncode,
+            "incremental_report": json.loads(day_checked.stdout),
+            "incremental_stderr_tail": (day_checked.stderr[-3000:]
+                                        if day_checked.returncode else ""),
+        })
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--incremental", action="store_true",
+                        help="also plan the incremental run of the log's last day")
     args = parser.parse_args()
-    report = run(args.events, args.pairs)
-    del report["check_report"]  # the plan's every stage: `featureline etl gpu-check --json`
+    report = run(args.events, args.pairs, incremental=args.incremental)
+    # The plan's every stage: `featureline etl gpu-check --json`.
+    report.pop("check_report")
+    report.pop("incremental_report", None)
     print(json.dumps(report, indent=2))
 
 

@@ -318,7 +318,9 @@ def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFr
     "Incremental runs"); that day (``_ROWS_DAY``, ``READ_FROM`` for a user without stored days
     before its start's) is where ``cuts`` starts sorting."""
     weight = F.col(WEIGHT) if WEIGHT in user_rows.columns else F.lit(1)
-    day = F.unix_date(F.col(DAY)).cast("long") * F.lit(DAY_MICROS)
+    # DateDiff from the epoch, not unix_date: the RAPIDS plugin plans DateDiff on the GPU.
+    epoch = F.lit("1970-01-01").cast("date")
+    day = F.datediff(F.col(DAY), epoch).cast("long") * F.lit(DAY_MICROS)
     days = (user_rows.join(starts, "user_id").where(day < _midnight_of(F.col(START)))
             .groupBy("user_id", day.alias("_day"))
             .agg(F.sum(weight).alias("_n"), F.sum(weight * F.col(LABEL)).alias("_p")))

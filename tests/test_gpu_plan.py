@@ -161,15 +161,19 @@ aggregations:
     features:
       - {op: count, windows: [30d]}
       - {op: approx_distinct, column: user_id}
+etl:
+  fit:
+    refit_every: 30d  # the last day's incremental run transforms with the kept fit
 """
 
 
 @pytest.fixture(scope="module")
 def gpu_plan_bench(small_log):
     """benchmarks/bench_gpu_plan.py once, on the small log with every operation of the
-    aggregations' backfill (last_k over the lifetime and over a window): its timings
-    for the benchmark's smoke test, its check's own report for the plan test — one plugin
-    run serves both (it is the suite's costliest JVM)."""
+    aggregations' backfill (last_k over the lifetime and over a window), the full runs
+    over every day but the last and a check of the last day's incremental run on the checked
+    output: its timings for the benchmark's smoke test, its checks' own reports for the plan
+    tests — one plugin run of each mode serves both (they are the suite's costliest JVMs)."""
     if shutil.which("java") is None:
         pytest.skip("no java on PATH: Spark and the plugin are Java programs")
     try:
@@ -178,7 +182,8 @@ def gpu_plan_bench(small_log):
         pytest.skip(f"the plugin jar cannot be fetched here: {error}")
     from tests.test_benchmarks import _load
 
-    return _load("bench_gpu_plan").run(0, pairs=1, log=small_log, config=GPU_AGGREGATIONS)
+    return _load("bench_gpu_plan").run(0, pairs=1, log=small_log, config=GPU_AGGREGATIONS,
+                                       incremental=True)
 
 
 @pytest.mark.slow
@@ -196,8 +201,24 @@ def test_every_stage_of_the_job_is_planned_on_the_gpu_by_the_plugin(gpu_plan_ben
 
 
 @pytest.mark.slow
+def test_the_incremental_run_of_a_day_is_planned_on_the_gpu_by_the_plugin(gpu_plan_bench):
+    """The daily run reads the stored history its windows need (reach, users_events, cuts)
+    with plans of its own: every operator of them on the GPU too."""
+    report = gpu_plan_bench["incremental_report"]
+    assert report["off_gpu"] == [], json.dumps(report["off_gpu"], indent=1)[:3000]
+    assert gpu_plan_bench["incremental_exit"] == 0, gpu_plan_bench["incremental_stderr_tail"]
+    stages = report["stages"]
+    planned = {name for name, stage in stages.items() if stage["plans"]}
+    assert planned == set(JOB_STAGES) - {"write_tfrecord"}
+    assert all(stages[name]["operators"] == stages[name]["on_gpu"] > 0 for name in planned)
+    # The day's features read the stored events: more plans than the day's own.
+    assert stages["features"]["plans"] > gpu_plan_bench["check_report"]["stages"][
+        "features"]["plans"]
+
+
+@pytest.mark.slow
 def test_bench_gpu_plan_smoke(gpu_plan_bench):
     (cpu,), (check,) = gpu_plan_bench["etl_run_cpu_s"], gpu_plan_bench["gpu_check_s"]
-    assert cpu > 0 and check > 0
+    assert cpu > 0 and check > 0 and gpu_plan_bench["gpu_check_incremental_s"] > 0
     assert gpu_plan_bench["ratio_vs_etl_run_median"] == pytest.approx(check / cpu, rel=0.05)
     json.dumps(gpu_plan_bench)
