@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core import __version__
-from featureline.core.aggregations import ENTITIES, AggregateFeature, entity_group
+from featureline.core.aggregations import ENTITIES, entity_group
 from featureline.core.drift import (
     METRICS_FILE,
     PROFILE_FILE,
@@ -114,6 +114,7 @@ from featureline.etl.outputs import (
     local_path,
     read_as_written,
     reread,
+    write_each,
     write_json,
     write_parquet,
     write_parquet_days,
@@ -604,24 +605,19 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
     definitions"). An entity table's come from its ``lifetimes`` and the rows it was
     computed from (``table_rows``: its ``entity_rows``), those from their end on."""
     events = with_time_key(events)
-    tables: dict[str, str] = {}
     numeric = config.event_contract().numeric
-    for group in config.aggregations:
-        _write_group_tiles(output_tiles(events, group, numeric, cut), staging, tables)
+    tiles = [tile for group in config.aggregations
+             for tile in output_tiles(events, group, numeric, cut)]
     for entity, prior in lifetimes.items():
         group = entity_group(entity, config.entities.recent_days)
         rows = table_rows[entity].where(F.col(TS_MICROS) >= prior.before)
-        _write_group_tiles(output_tiles(rows, group, (), cut, prior), staging, tables)
+        tiles += output_tiles(rows, group, (), cut, prior)
+    tables = {feature.qualified: f"{TILES_DIR}/{feature.group}/{feature.output}"
+              for feature, _ in tiles}
+    # Each a small table: written several at once.
+    write_each([(frame, staging / tables[feature.qualified]) for feature, frame in tiles])
     return {"cut_us": cut, "tables": tables,
             "groups": [group.model_dump(mode="json") for group in config.aggregations]}
-
-
-def _write_group_tiles(tiles: list[tuple[AggregateFeature, DataFrame]], staging: Path,
-                       tables: dict[str, str]) -> None:
-    for feature, frame in tiles:
-        relative = f"{TILES_DIR}/{feature.group}/{feature.output}"
-        write_parquet(frame, staging / relative, keep_order=False)
-        tables[feature.qualified] = relative
 
 
 def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[str, Any]:

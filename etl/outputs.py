@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from pyspark import inheritable_thread_target
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -45,6 +48,28 @@ def write_parquet(frame: DataFrame, path: Path, *, files: int | None = 1,
     if partition_by:
         writer = writer.partitionBy(partition_by)
     writer.parquet(str(path))
+
+
+# Tables ``write_each`` writes at once: a small table's job waits mostly on the driver's
+# planning, so the next one's planning overlaps its tasks (docs/ARCHITECTURE.md, "Incremental
+# runs").
+CONCURRENT_WRITES = 4
+
+
+def write_each(writes: Sequence[tuple[DataFrame, Path]], *,
+               workers: int = CONCURRENT_WRITES) -> None:
+    """``write_parquet`` (one file, ``keep_order`` off) of each ``(frame, path)``, up to
+    ``workers`` at a time, each thread with the caller's Spark local properties (the job's
+    stage); every write ends before this returns, and the first failure is raised."""
+
+    @inheritable_thread_target
+    def write(frame: DataFrame, path: Path) -> None:
+        write_parquet(frame, path, keep_order=False)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(writes)))) as pool:
+        futures = [pool.submit(write, frame, path) for frame, path in writes]
+    for future in futures:
+        future.result()
 
 
 def write_parquet_days(frame: DataFrame, path: Path, stamp: str, key: str) -> None:

@@ -74,3 +74,37 @@ def test_a_killed_run_leaves_the_previous_output_and_the_next_clears_its_staging
         (staging / "metadata.json").write_text("next")
     assert (final / "metadata.json").read_text() == "next"
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
+
+
+def test_write_each_writes_every_table_with_the_callers_stage_and_raises_a_failure(spark,
+                                                                                  tmp_path):
+    from pyspark import TaskContext
+    from pyspark.sql import functions as F
+
+    from featureline.etl.outputs import write_each
+    from featureline.etl.stages import STAGE_PROPERTY
+
+    @F.udf("string")
+    def stage_of_task(_: int) -> str | None:
+        task = TaskContext.get()
+        return None if task is None else task.getLocalProperty(STAGE_PROPERTY)
+
+    tables = [(spark.range(n).withColumn("stage", stage_of_task("id")), tmp_path / f"t{n}")
+              for n in (3, 5, 7, 11, 13)]
+    context = spark.sparkContext
+    context.setLocalProperty(STAGE_PROPERTY, "entities")
+    try:
+        write_each(tables, workers=3)
+        failing = spark.range(4).select(
+            F.when(F.col("id") == 2, F.raise_error(F.lit("tile 2 broke"))).alias("x"))
+        with pytest.raises(Exception, match="tile 2 broke"):
+            write_each([(failing, tmp_path / "bad"), (spark.range(2), tmp_path / "after")])
+    finally:
+        context.setLocalProperty(STAGE_PROPERTY, None)
+    for n in (3, 5, 7, 11, 13):
+        rows = spark.read.parquet(str(tmp_path / f"t{n}")).collect()
+        assert sorted(row.id for row in rows) == list(range(n))
+        assert {row.stage for row in rows} == {"entities"}  # each thread's jobs carry it
+        assert len(list((tmp_path / f"t{n}").glob("*.parquet"))) == 1
+    # The other write ends before the failure is raised.
+    assert spark.read.parquet(str(tmp_path / "after")).count() == 2
