@@ -62,12 +62,13 @@ def write_each(writes: Sequence[tuple[DataFrame, Path]], *,
     ``workers`` at a time, each thread with the caller's Spark local properties (the job's
     stage); every write ends before this returns, and the first failure is raised."""
 
-    @inheritable_thread_target
     def write(frame: DataFrame, path: Path) -> None:
         write_parquet(frame, path, keep_order=False)
 
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(writes)))) as pool:
-        futures = [pool.submit(write, frame, path) for frame, path in writes]
+        # Wrapped with the frame's session: its tags too, and no warning that they are not.
+        futures = [pool.submit(inheritable_thread_target(frame.sparkSession)(write),
+                               frame, path) for frame, path in writes]
     for future in futures:
         future.result()
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,9 @@ def test_write_each_writes_every_table_with_the_callers_stage_and_raises_a_failu
     context = spark.sparkContext
     context.setLocalProperty(STAGE_PROPERTY, "entities")
     try:
-        write_each(tables, workers=3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # e.g. pyspark's "Tags will not be inherited"
+            write_each(tables, workers=3)
         failing = spark.range(4).select(
             F.when(F.col("id") == 2, F.raise_error(F.lit("tile 2 broke"))).alias("x"))
         with pytest.raises(Exception, match="tile 2 broke"):
