@@ -204,20 +204,22 @@ def run_aggregations(sizes: list[int], spec: Path, spark: SparkSession | None = 
             "runs": runs}
 
 
+def log_day(line: str) -> str | None:
+    """The UTC day (``YYYY-MM-DD``) of a raw log line with an ISO ``ts``; None without one.
+    A string search, not a JSON parse: the benchmarks split logs of 1.5 GB by day."""
+    marker = '"ts":"2'
+    start = line.find(marker)
+    return line[start + len(marker) - 1:start + len(marker) + 9] if start >= 0 else None
+
+
 def _split_days(raw: Path, folder: Path, day_lines: int | None = None
                 ) -> tuple[Path, Path, Path, int]:
     """The log as three files: every day but the last two (and lines without a date), the
     day before the last, and the last day (its first ``day_lines`` only where given: the
     others are left out); how many lines the new file has. Streamed: at 10M events the log is
     1.5 GB."""
-    marker = '"ts":"'
-
-    def day(line: str) -> str | None:
-        start = line.find(marker + "2")
-        return line[start + len(marker):start + len(marker) + 10] if start >= 0 else None
-
     with raw.open() as lines:
-        days = sorted(set(filter(None, map(day, lines))))
+        days = sorted(set(filter(None, map(log_day, lines))))
     last, before = days[-1], days[-2]
     folder.mkdir()
     paths = [folder / f"events-{name}.jsonl" for name in ("history", "before", "new")]
@@ -225,7 +227,7 @@ def _split_days(raw: Path, folder: Path, day_lines: int | None = None
     with raw.open() as lines, paths[0].open("w") as history, paths[1].open("w") as previous, \
             paths[2].open("w") as new:
         for line in lines:
-            when = day(line)
+            when = log_day(line)
             if when == last and day_lines is not None and new_lines >= day_lines:
                 continue
             new_lines += when == last

@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_etl import log_day
+
 from featureline.etl.datagen import write_log
 from featureline.etl.rapids import RAPIDS_VERSION
 from featureline.tools import plugin_jar
@@ -46,18 +49,12 @@ def _run_ok(command: list[str], cwd: Path) -> float:
 def _last_day_apart(raw: Path, folder: Path) -> tuple[Path, Path]:
     """The log as two files: every line but the last UTC day's (lines without a date too),
     and the last day's."""
-    marker = '"ts":"'
-
-    def day(line: str) -> str:
-        start = line.find(marker + "2")
-        return line[start + len(marker):start + len(marker) + 10] if start >= 0 else ""
-
     with raw.open() as lines:
-        last = max(map(day, lines))
+        last = max(filter(None, map(log_day, lines)))
     history, new = folder / "events-history.jsonl", folder / "events-new.jsonl"
     with raw.open() as lines, history.open("w") as earlier, new.open("w") as latest:
         for line in lines:
-            (latest if day(line) == last else earlier).write(line)
+            (latest if log_day(line) == last else earlier).write(line)
     return history, new
 
 
