@@ -521,12 +521,15 @@ def _renumbered(pipeline: FeaturePipeline, stored: DataFrame) -> int | None:
     categorify = pipeline.op(Categorify)
     if not isinstance(categorify, Categorify):
         return None
-    firsts = []
-    for column in categorify.columns:
-        added = F.broadcast(categorify.added(column))
-        firsts.append(stored.join(added, F.col(column).cast("string") == added["value"],
-                                  "left_semi").select(TS_MICROS))
-    first = functools.reduce(DataFrame.unionByName, firsts).agg(F.min(TS_MICROS))
+    # One read of the events for every column: each column's added values marked by a
+    # broadcast join (a semi-join per column read them once each).
+    marked, marks = stored, []
+    for n, column in enumerate(categorify.columns):
+        mark = f"_added_{n}"
+        added = F.broadcast(categorify.added(column).select(F.col("value").alias(mark)))
+        marked = marked.join(added, F.col(column).cast("string") == added[mark], "left")
+        marks.append(F.col(mark).isNotNull())
+    first = marked.where(functools.reduce(Column.__or__, marks)).agg(F.min(TS_MICROS))
     value: int | None = first.collect()[0][0]
     return value
 

@@ -63,15 +63,26 @@ def test_categorify_ids_by_frequency_threshold_and_train_only(spark):
     assert vocabulary == [("a", 2, 3), ("b", 3, 2), ("c", 4, 2)]
 
 
-def test_categorify_counting_from_its_vocabulary_gives_the_counts_of_every_row(spark):
+def _as_written(spark, op, folder):
+    """``op``'s vocabularies as a run's output holds them (``load_previous``: Parquet read
+    back, every column nullable): each column's (value, id) and (value, count)."""
+    tables = {}
+    for column, vocabulary in op.vocabularies.items():
+        vocabulary.write.parquet(str(folder / column))
+        tables[column] = spark.read.parquet(str(folder / column))
+    return ({c: t.select("value", "id") for c, t in tables.items()},
+            {c: t.select("value", "count") for c, t in tables.items()})
+
+
+def test_categorify_counting_from_its_vocabulary_gives_the_counts_of_every_row(spark,
+                                                                                tmp_path):
     """An extension told the extended vocabulary's counts and the rows they leave out
     numbers and counts as one fitted over every training row; not with a threshold."""
     first = frame(spark, [("u", i, n, 0, "train") for n, i in enumerate("aabc")])
     later = frame(spark, [("u", i, 10 + n, 0, "train") for n, i in enumerate("cdddbe")])
     base = Categorify(["item_id"])
     base.fit(first)
-    counts = {"item_id": base.vocabularies["item_id"].select("value", "count")}
-    previous = {"item_id": base.vocabularies["item_id"].select("value", "id")}
+    previous, counts = _as_written(spark, base, tmp_path)
     whole, counted = Categorify(["item_id"]), Categorify(["item_id"])
     whole.extend(previous)
     whole.fit(first.unionByName(later))
@@ -84,6 +95,36 @@ def test_categorify_counting_from_its_vocabulary_gives_the_counts_of_every_row(s
     assert counted.vocabularies["item_id"].schema == whole.vocabularies["item_id"].schema
     assert not Categorify(["item_id"], freq_threshold=2).count_from(counts, later)
     assert not Categorify(["item_id", "category"]).count_from(counts, later)
+
+
+def test_categorify_counting_several_columns_at_once_numbers_as_each_column_alone(
+        spark, tmp_path):
+    """The counted fit numbers every column from one table: per column the ids, counts,
+    sizes and versions of a fit over every row; ties by the column's own type (9 before
+    10 for a long, "10" before "9" for a string); nulls uncounted."""
+    schema = "item long, tag string"
+    first = spark.createDataFrame([(1, "a"), (1, "a"), (2, None)], schema)
+    later = spark.createDataFrame([(10, "10"), (9, "9"), (None, "a"), (2, "9"), (2, "10")],
+                                  schema)
+    base = Categorify(["item", "tag"])
+    base.fit(first)
+    previous, counts = _as_written(spark, base, tmp_path)
+    whole, counted = Categorify(["item", "tag"]), Categorify(["item", "tag"])
+    whole.extend(previous)
+    whole.fit(first.unionByName(later))
+    counted.extend(previous)
+    assert counted.count_from(counts, later)
+    counted.fit(first.limit(0))
+    vocabulary = lambda op, c: sorted(map(tuple, op.vocabularies[c].collect()))  # noqa: E731
+    assert vocabulary(counted, "item") == vocabulary(whole, "item") == [
+        ("1", 2, 2), ("10", 5, 1), ("2", 3, 3), ("9", 4, 1)]
+    assert vocabulary(counted, "tag") == vocabulary(whole, "tag") == [
+        ("10", 3, 2), ("9", 4, 2), ("a", 2, 3)]
+    assert counted.sizes == whole.sizes == {"item": 4, "tag": 3}
+    assert counted.versions == whole.versions
+    assert all(counted.vocabularies[c].schema == whole.vocabularies[c].schema
+               for c in ("item", "tag"))
+    assert not Categorify(["item", "tag"]).count_from(counts, later)  # nothing extended
 
 
 def test_vocabularies_summarized_in_one_query_each_get_their_own_size_and_version(spark):

@@ -31,6 +31,9 @@ from featureline.etl.features.base import (
     value_counts,
 )
 
+# The column naming each row's vocabulary where several are one table (``_fit_counted``).
+_COLUMN = "_column"
+
 
 class CategorifySettings(OpSettings):
     """Ids by descending training-split frequency (0 padding, 1 out of vocabulary):
@@ -60,6 +63,9 @@ class Categorify(FeatureOp):
         self.vocabularies: dict[str, DataFrame] = {}
         self.sizes: dict[str, int] = {}
         self.versions: dict[str, str] = {}
+        # Each column's largest id before this fit (FIRST_ID - 1: none): its ids after it
+        # are the values it numbered.
+        self.last_ids: dict[str, int] = {}
         self.previous: dict[str, DataFrame] = {}
         # Where the extended vocabularies' counts are this run's training rows' but some:
         # those counts (column → (value, count)), and the training rows they leave out.
@@ -75,23 +81,12 @@ class Categorify(FeatureOp):
         the vocabularies extended) plus the ``uncounted`` rows, rather than every row again
         (an incremental run: docs/ARCHITECTURE.md, "Incremental runs"); whether it will. Not
         with a ``freq_threshold`` above 1: the vocabularies hold no count of the rarer
-        values. Every value the counted rows hold then has an id already."""
-        if self.freq_threshold > 1 or set(self.columns) - set(counted):
+        values; nor where a column has no vocabulary to extend (``extend`` first). Every
+        value the counted rows hold then has an id already."""
+        if self.freq_threshold > 1 or set(self.columns) - (set(counted) & set(self.previous)):
             return False
         self.counted, self.uncounted = dict(counted), uncounted
         return True
-
-    def _counts(self, train: DataFrame, column: str) -> DataFrame:
-        """``value_counts`` of the training rows, from the counts it extends where given."""
-        counted = self.counted.get(column)
-        if counted is None or self.uncounted is None:
-            return value_counts(train, column)
-        kind = train.schema[column].dataType
-        return (counted.select(F.col("value").cast(kind).alias(column), "count")
-                .unionByName(value_counts(self.uncounted, column))
-                .groupBy(column)
-                # Never null, as value_counts' count (a Parquet reader sees it required).
-                .agg(F.coalesce(F.sum("count"), F.lit(0)).cast("long").alias("count")))
 
     def fit(self, train: DataFrame) -> None:
         # Every column's largest id, then every vocabulary's size and version, in one query
@@ -99,14 +94,19 @@ class Categorify(FeatureOp):
         known_ids = {column: known.select(F.col("value").cast("string"),
                                           F.col("id").cast("long"))
                      for column, known in self.previous.items()}
-        last_ids = _per_table(known_ids, F.max("id").alias("last_id"))
+        largest = _per_table(known_ids, F.max("id").alias("last_id"))
+        self.last_ids = {column: largest.get(column, {}).get("last_id") or FIRST_ID - 1
+                         for column in self.columns}
+        if self.uncounted is not None:
+            self._fit_counted(self.uncounted, self.last_ids)
+            return
         for column in self.columns:
-            counts = self.keep(self._counts(train, column))
+            counts = self.keep(value_counts(train, column))
             known = known_ids.get(column)
+            last_id = self.last_ids[column]
             if known is None:
-                vocabulary = self._ranked(counts, column, FIRST_ID - 1)
+                vocabulary = self._ranked(counts, column, last_id)
             else:
-                last_id = last_ids.get(column, {}).get("last_id") or FIRST_ID - 1
                 kept = known.join(counts.withColumnRenamed(column, "value"), on="value",
                                   how="left").fillna({"count": 0})
                 unseen = counts.join(known, counts[column] == known["value"], how="left_anti")
@@ -115,15 +115,70 @@ class Categorify(FeatureOp):
         for column, (size, version) in summaries(self.vocabularies).items():
             self.sizes[column], self.versions[column] = size, version
 
+    def _fit_counted(self, uncounted: DataFrame, last_ids: dict[str, int]) -> None:
+        """``fit`` where every vocabulary is extended from its counts (``count_from``): the
+        vocabularies as one table (``_COLUMN`` names each one's column), from one pass over
+        the uncounted rows and one grouping with the counted values — a few Spark jobs for
+        all the columns where a plan per column costs several each (a day's run: the
+        jobs' fixed costs outweigh its rows). The ids are ``fit``'s: a known value keeps
+        its id, the others are numbered after their column's largest id by descending
+        count, ties by value in the column's own type (the typed columns ``_typed``)."""
+        typed = {column: f"_typed_{n}" for n, column in enumerate(self.columns)}
+        kinds = {column: uncounted.schema[column].dataType for column in self.columns}
+
+        def row(column: str, value: Column, id_: Column, count: Column,
+                original: Column | None) -> Column:
+            return F.struct(F.lit(column).alias(_COLUMN), value.cast("string").alias("value"),
+                            id_.cast("long").alias("id"), count.cast("long").alias("count"),
+                            *[(original if other == column and original is not None
+                               else F.lit(None)).cast(kinds[other]).alias(typed[other])
+                              for other in self.columns])
+
+        # Every known value with its id, its count in the counted rows, and each uncounted
+        # row's value: grouped by column and value, they are the whole vocabularies.
+        parts = [uncounted.select(F.explode(F.array(*[
+            row(column, F.col(column), F.lit(None), F.lit(1), F.col(column))
+            for column in self.columns])).alias("_row"))]
+        for column in self.columns:
+            parts.append(self.previous[column].select(
+                row(column, F.col("value"), F.col("id"), F.lit(0), None).alias("_row")))
+            parts.append(self.counted[column].select(
+                row(column, F.col("value"), F.lit(None), F.col("count"), None).alias("_row")))
+        grouped = (functools.reduce(DataFrame.unionByName, parts).select("_row.*")
+                   .where(F.col("value").isNotNull())
+                   .groupBy(_COLUMN, "value")
+                   .agg(F.max("id").alias("id"), F.sum("count").alias("count"),
+                        *[F.max(name).alias(name) for name in typed.values()]))
+        # The unseen values numbered by one window over the whole table (its known values'
+        # own numbers unused): one table of few partitions, where a union of the known
+        # and the unseen doubled them (each later read of it pays per partition).
+        unseen = F.col("id").isNull()
+        order = Window.partitionBy(_COLUMN, unseen).orderBy(
+            F.desc("count"), *[F.asc(name) for name in typed.values()])
+        last_id = functools.reduce(
+            lambda chosen, column: chosen.when(F.col(_COLUMN) == column,
+                                               F.lit(last_ids[column])),
+            self.columns[1:], F.when(F.col(_COLUMN) == self.columns[0],
+                                     F.lit(last_ids[self.columns[0]])))
+        vocabularies = self.keep(grouped.select(
+            _COLUMN, "value",
+            F.when(unseen, F.row_number().over(order) + last_id).otherwise(F.col("id"))
+            .cast("long").alias("id"),
+            F.coalesce(F.col("count"), F.lit(0)).cast("long").alias("count")))
+        for column in self.columns:
+            self.vocabularies[column] = vocabularies.where(F.col(_COLUMN) == column).drop(
+                _COLUMN)
+        rows = {row[_COLUMN]: row.asDict() for row in
+                vocabularies.groupBy(_COLUMN).agg(*_summarizing()).collect()}
+        for column in self.columns:
+            self.sizes[column], self.versions[column] = _summary(rows.get(column, {}))
+
     def added(self, column: str) -> DataFrame:
         """The values of ``column`` this fit numbered that the vocabulary it extends had not
-        (all of them without one): events of theirs were encoded OOV before."""
-        vocabulary = self.vocabularies[column].select("value")
-        known = self.previous.get(column)
-        if known is None:
-            return vocabulary
-        return vocabulary.join(known.select(F.col("value").cast("string")), on="value",
-                               how="left_anti")
+        (all of them without one): events of theirs were encoded OOV before. Their ids are
+        the ones after the extended vocabulary's largest."""
+        return self.vocabularies[column].where(
+            F.col("id") > self.last_ids[column]).select("value")
 
     def _ranked(self, counts: DataFrame, column: str, last_id: int) -> DataFrame:
         """Values at or above the frequency threshold, numbered after ``last_id`` by
@@ -171,16 +226,21 @@ def summarize(vocabulary: DataFrame) -> tuple[int, str]:
 
 def summaries(vocabularies: dict[str, DataFrame]) -> dict[str, tuple[int, str]]:
     """``summarize`` of each vocabulary (column → (value, id, …)), in one query."""
-    rows = _per_table(vocabularies, F.count(F.lit(1)).alias("n"),
-                      F.bit_xor(F.xxhash64(F.col("value").cast("string"),
-                                           F.col("id").cast("long"))).alias("digest"))
-    summarized = {}
-    for column in vocabularies:
-        row = rows.get(column, {})
-        size = int(row.get("n") or 0)
-        digest = hashlib.sha256(f"{size}:{row.get('digest') or 0}".encode()).hexdigest()[:16]
-        summarized[column] = size, digest
-    return summarized
+    rows = _per_table(vocabularies, *_summarizing())
+    return {column: _summary(rows.get(column, {})) for column in vocabularies}
+
+
+def _summarizing() -> tuple[Column, ...]:
+    """The aggregates of a vocabulary's rows its size and version come from (``_summary``)."""
+    return (F.count(F.lit(1)).alias("n"),
+            F.bit_xor(F.xxhash64(F.col("value").cast("string"),
+                                 F.col("id").cast("long"))).alias("digest"))
+
+
+def _summary(row: dict[str, Any]) -> tuple[int, str]:
+    """A vocabulary's size and version from its ``_summarizing`` (no rows: an empty dict)."""
+    size = int(row.get("n") or 0)
+    return size, hashlib.sha256(f"{size}:{row.get('digest') or 0}".encode()).hexdigest()[:16]
 
 
 def _per_table(tables: dict[str, DataFrame], *aggregates: Column) -> dict[str, dict[str, Any]]:
