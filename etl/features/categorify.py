@@ -98,7 +98,7 @@ class Categorify(FeatureOp):
         self.last_ids = {column: largest.get(column, {}).get("last_id") or FIRST_ID - 1
                          for column in self.columns}
         if self.uncounted is not None:
-            self._fit_counted(self.uncounted, self.last_ids)
+            self._fit_counted(self.uncounted)
             return
         for column in self.columns:
             counts = self.keep(value_counts(train, column))
@@ -115,7 +115,7 @@ class Categorify(FeatureOp):
         for column, (size, version) in summaries(self.vocabularies).items():
             self.sizes[column], self.versions[column] = size, version
 
-    def _fit_counted(self, uncounted: DataFrame, last_ids: dict[str, int]) -> None:
+    def _fit_counted(self, uncounted: DataFrame) -> None:
         """``fit`` where every vocabulary is extended from its counts (``count_from``): the
         vocabularies as one table (``_COLUMN`` names each one's column), from one pass over
         the uncounted rows and one grouping with the counted values — a few Spark jobs for
@@ -155,6 +155,7 @@ class Categorify(FeatureOp):
         unseen = F.col("id").isNull()
         order = Window.partitionBy(_COLUMN, unseen).orderBy(
             F.desc("count"), *[F.asc(name) for name in typed.values()])
+        last_ids = self.last_ids
         last_id = functools.reduce(
             lambda chosen, column: chosen.when(F.col(_COLUMN) == column,
                                                F.lit(last_ids[column])),
