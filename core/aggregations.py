@@ -7,344 +7,48 @@ column, for the events an optional filter keeps (the label rule's syntax, or ``l
 one or more windows. Its output names are ``<name>_<window>`` (``name``: ``<op>``, or
 ``<column>_<op>`` with a column, unless given; no window → the lifetime, no suffix).
 
-**The rule of time.** The value at time ``t`` aggregates the key's events with ``ts`` in
-``[start, t)``, ``start = floor((t − window) / hop) · hop``: a window covers at most one hop
-more than its length, its start moves a hop at a time, and an idle key decays (its ``1h``
-count reads 0 an hour or so after its last event). The ``all`` window has no start.
-:func:`hop_seconds` picks the hop: 5 minutes for windows up to a day, an hour up to 14 days,
-a day beyond; a feature's ``hop`` overrides it, within a sixth of its window.
+**The rule of time** (``core/time_rule.py``). The value at time ``t`` aggregates the key's
+events with ``ts`` in ``[start, t)``, ``start`` = ``t − window`` rounded down to a multiple of
+the hop: a window covers at most one hop more than its length, its start moves a hop at a
+time, and an idle key decays (its ``1h`` count reads 0 an hour or so after its last event).
+The ``all`` window has no start. :func:`hop_seconds` picks the hop: 5 minutes for windows up
+to a day, an hour up to 14 days, a day beyond; a feature's ``hop`` overrides it, within a
+sixth of its window.
 
-**The engine.** Each operation owns its *partial aggregate* — ``init`` / ``add`` / ``merge``
-/ ``finish`` over JSON-able values — so the events of one hop fold into a *tile*, tiles
-merge in any order, and the same functions serve the batch's tiles, the stream's updates
-and the API's read-time merge. Events missing the operation's column are skipped (``count``
-without a column counts every event the filter keeps).
+**The engine** (``core/operations.py``). Each operation owns its *partial aggregate* —
+``init`` / ``add`` / ``merge`` / ``finish``, and the same in Spark columns — so the events of
+one hop fold into a *tile*, tiles merge in any order, and the same class serves the batch's
+backfill and tiles, the stream's updates and the API's read-time merge.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from pydantic import Field, field_validator, model_validator
 
+from featureline.core import time_rule
 from featureline.core.events import EventContract, LabelSpec, matcher, parse_rule
+from featureline.core.operations import OPERATIONS, Operation, Partial
 from featureline.core.settings import Settings, duration_seconds
+from featureline.core.time_rule import MICROS, Time
 
 ALL = "all"
 LABEL = "label"
-MICROS = 1_000_000
 # Hops by window length: (longest window, hop), in seconds.
 HOPS = ((86_400, 300), (14 * 86_400, 3_600))
 LONG_HOP = 86_400
 # A window spans at least this many hops, so its start moves by at most a sixth of it.
 MIN_HOPS_PER_WINDOW = 6
-# approx_distinct's HyperLogLog: 2^14 registers (0.8 % standard error), ranks capped at 40
-# (exact far beyond 2^40 distinct values; the sum of 2^(40 − rank) fits a long exactly).
-HLL_BITS = 14
-HLL_REGISTERS = 1 << HLL_BITS
-HLL_MAX_RANK = 40
-HLL_ALPHA = 0.7213 / (1 + 1.079 / HLL_REGISTERS)
-# Spark's xxhash64 seed.
-XXHASH_SEED = 42
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-Partial = Any
-
-
-class Operation(ABC):
-    """One aggregation: its partial aggregate's life (init → add … → merge … → finish)."""
-
-    name: ClassVar[str]
-    needs_column: ClassVar[bool] = True
-
-    def __init__(self, k: int | None = None) -> None:
-        self.k = k
-
-    @abstractmethod
-    def init(self) -> Partial:
-        """The partial aggregate of no events."""
-
-    @abstractmethod
-    def add(self, partial: Partial, ts: int, value: Any) -> Partial:
-        """``partial`` with one more event (``ts`` in microseconds, ``value`` not None)."""
-
-    @abstractmethod
-    def merge(self, left: Partial, right: Partial) -> Partial:
-        """The partial of both sets of events (commutative and associative)."""
-
-    @abstractmethod
-    def finish(self, partial: Partial) -> Any:
-        """The feature value."""
-
-    @abstractmethod
-    def from_fields(self, fields: Mapping[str, Any]) -> Partial:
-        """The partial from the named fields a table of tiles holds (the batch's columns:
-        ``etl.aggregations.output_tiles``); a missing or null field is no events."""
-
-    def to_json(self, partial: Partial) -> Any:
-        """The partial as JSON holds it (the online store's tiles)."""
-        return partial
-
-    def json_column(self, fields: pa.Table) -> list[Any]:
-        """Each row's partial as :meth:`to_json` holds it, from a table of tiles' fields
-        (:meth:`from_fields`' names): row by row here, from the columns where an operation
-        can (publish encodes every key's tiles)."""
-        return [self.to_json(self.from_fields(row)) for row in fields.to_pylist()]
-
-    def from_json(self, stored: Any) -> Partial:
-        """The partial :meth:`to_json` stored."""
-        return stored
-
-
-class Count(Operation):
-    name = "count"
-    needs_column = False
-
-    def init(self) -> int:
-        return 0
-
-    def add(self, partial: int, ts: int, value: Any) -> int:
-        return partial + 1
-
-    def merge(self, left: int, right: int) -> int:
-        return left + right
-
-    def finish(self, partial: int) -> int:
-        return partial
-
-    def from_fields(self, fields: Mapping[str, Any]) -> int:
-        return int(fields.get("n") or 0)
-
-    def json_column(self, fields: pa.Table) -> list[Any]:
-        return _filled(fields, "n", 0, pa.int64())
-
-
-class Sum(Operation):
-    name = "sum"
-
-    def init(self) -> float:
-        return 0.0
-
-    def add(self, partial: float, ts: int, value: float) -> float:
-        return partial + value
-
-    def merge(self, left: float, right: float) -> float:
-        return left + right
-
-    def finish(self, partial: float) -> float:
-        return partial
-
-    def from_fields(self, fields: Mapping[str, Any]) -> float:
-        return float(fields.get("s") or 0.0)
-
-    def json_column(self, fields: pa.Table) -> list[Any]:
-        return _filled(fields, "s", 0.0, pa.float64())
-
-
-class Mean(Operation):
-    """Partial: [sum, count]; no events → None."""
-
-    name = "mean"
-
-    def init(self) -> list[float]:
-        return [0.0, 0]
-
-    def add(self, partial: list[float], ts: int, value: float) -> list[float]:
-        return [partial[0] + value, partial[1] + 1]
-
-    def merge(self, left: list[float], right: list[float]) -> list[float]:
-        return [left[0] + right[0], left[1] + right[1]]
-
-    def finish(self, partial: list[float]) -> float | None:
-        return partial[0] / partial[1] if partial[1] else None
-
-    def from_fields(self, fields: Mapping[str, Any]) -> list[float]:
-        return [float(fields.get("s") or 0.0), int(fields.get("n") or 0)]
-
-    def json_column(self, fields: pa.Table) -> list[Any]:
-        return [list(pair) for pair in zip(_filled(fields, "s", 0.0, pa.float64()),
-                                           _filled(fields, "n", 0, pa.int64()), strict=True)]
-
-
-class _Extreme(Operation):
-    """Partial: the value, or None for no events."""
-
-    pick: ClassVar[Any]
-
-    def init(self) -> Any:
-        return None
-
-    def add(self, partial: Any, ts: int, value: Any) -> Any:
-        return value if partial is None else type(self).pick(partial, value)
-
-    def merge(self, left: Any, right: Any) -> Any:
-        if left is None or right is None:
-            return right if left is None else left
-        return type(self).pick(left, right)
-
-    def finish(self, partial: Any) -> Any:
-        return partial
-
-    def from_fields(self, fields: Mapping[str, Any]) -> Any:
-        return fields.get("m")
-
-    def json_column(self, fields: pa.Table) -> list[Any]:
-        if "m" not in fields.column_names:
-            return [None] * fields.num_rows
-        return fields["m"].to_pylist()
-
-
-class Min(_Extreme):
-    name = "min"
-    pick = min
-
-
-class Max(_Extreme):
-    name = "max"
-    pick = max
-
-
-class Last(Operation):
-    """Partial: [ts, value] of the latest event (equal times: the greater value), or None."""
-
-    name = "last"
-
-    def init(self) -> list[Any] | None:
-        return None
-
-    def add(self, partial: list[Any] | None, ts: int, value: Any) -> list[Any] | None:
-        return self.merge(partial, [ts, value])
-
-    def merge(self, left: list[Any] | None, right: list[Any] | None) -> list[Any] | None:
-        if left is None or right is None:
-            return right if left is None else left
-        return max(left, right)
-
-    def finish(self, partial: list[Any] | None) -> Any:
-        return None if partial is None else partial[1]
-
-    def from_fields(self, fields: Mapping[str, Any]) -> list[Any] | None:
-        pair = fields.get("p")
-        return None if pair is None else [pair["ts"], pair["v"]]
-
-
-class LastK(Operation):
-    """Partial: the latest ``k`` [ts, value] pairs, newest first (equal times: the greater
-    value first); finished: their values."""
-
-    name = "last_k"
-
-    def init(self) -> list[list[Any]]:
-        return []
-
-    def add(self, partial: list[list[Any]], ts: int, value: Any) -> list[list[Any]]:
-        return self.merge(partial, [[ts, value]])
-
-    def merge(self, left: list[list[Any]], right: list[list[Any]]) -> list[list[Any]]:
-        return sorted([*left, *right], reverse=True)[: self.k]
-
-    def finish(self, partial: list[list[Any]]) -> list[Any]:
-        return [value for _, value in partial]
-
-    def from_fields(self, fields: Mapping[str, Any]) -> list[list[Any]]:
-        return self.merge([], [[pair["ts"], pair["v"]] for pair in fields.get("p") or []])
-
-
-class ApproxDistinct(Operation):
-    """HyperLogLog over xxhash64 (Spark's ``xxhash64``, seed 42, of the value's UTF-8 text):
-    partial {register: rank}, merged by the greater rank; finished: :func:`hll_estimate`.
-
-    Written here rather than taken from a sketch library: the merge is an exact maximum, so
-    the batch and the online store agree to the bit in any order (Apache DataSketches'
-    union depends on the order of its inputs), and Spark builds the same registers with
-    built-in functions the GPU runs (docs/ARCHITECTURE.md, "Features as definitions")."""
-
-    name = "approx_distinct"
-
-    def init(self) -> dict[int, int]:
-        return {}
-
-    def add(self, partial: dict[int, int], ts: int, value: Any) -> dict[int, int]:
-        register, rank = hll_register(value if isinstance(value, str) else str(value))
-        if partial.get(register, 0) < rank:
-            partial = {**partial, register: rank}
-        return partial
-
-    def merge(self, left: dict[int, int], right: dict[int, int]) -> dict[int, int]:
-        merged = dict(left)
-        for register, rank in right.items():
-            if merged.get(register, 0) < rank:
-                merged[register] = rank
-        return merged
-
-    def finish(self, partial: dict[int, int]) -> int:
-        return hll_estimate(partial)
-
-    def from_fields(self, fields: Mapping[str, Any]) -> dict[int, int]:
-        return dict(zip(fields.get("registers") or [], fields.get("ranks") or [],
-                        strict=True))
-
-    def json_column(self, fields: pa.Table) -> list[Any]:
-        if "registers" not in fields.column_names:
-            return [[] for _ in range(fields.num_rows)]
-        return [sorted([register, rank] for register, rank
-                       in dict(zip(registers or [], ranks or [], strict=True)).items())
-                for registers, ranks in zip(fields["registers"].to_pylist(),
-                                            fields["ranks"].to_pylist(), strict=True)]
-
-    def to_json(self, partial: dict[int, int]) -> list[list[int]]:
-        """[register, rank] pairs: JSON's object keys are text."""
-        return sorted([register, rank] for register, rank in partial.items())
-
-    def from_json(self, stored: list[list[int]]) -> dict[int, int]:
-        return {register: rank for register, rank in stored}
-
-
-def _filled(fields: pa.Table, name: str, empty: Any, dtype: pa.DataType) -> list[Any]:
-    """A column of a table of tiles' fields as Python values of ``dtype``, a null or missing
-    field ``empty`` (no events)."""
-    if name not in fields.column_names:
-        return [empty] * fields.num_rows
-    return pc.fill_null(fields[name].cast(dtype), empty).to_numpy().tolist()
-
-
-def hll_register(text: str) -> tuple[int, int]:
-    """The register (the hash's low :data:`HLL_BITS` bits) and rank (1 + the trailing zeros
-    of the rest, at most :data:`HLL_MAX_RANK`) of one value."""
-    import xxhash
-
-    hashed = xxhash.xxh64_intdigest(text.encode(), seed=XXHASH_SEED)
-    rest = hashed >> HLL_BITS
-    rank = (rest & -rest).bit_length() if rest else HLL_MAX_RANK
-    return hashed & (HLL_REGISTERS - 1), min(rank, HLL_MAX_RANK)
-
-
-def hll_estimate(registers: Mapping[int, int]) -> int:
-    """The distinct count the registers estimate: HyperLogLog's harmonic mean, linear
-    counting while it is below 2.5 × registers and some register is empty. The sum of
-    2^(max rank − rank) is an exact integer, so Spark's sum equals this one."""
-    empty = HLL_REGISTERS - len(registers)
-    powers = sum(1 << (HLL_MAX_RANK - rank) for rank in registers.values())
-    harmonic = (empty * (1 << HLL_MAX_RANK) + powers) / float(1 << HLL_MAX_RANK)
-    raw = HLL_ALPHA * HLL_REGISTERS * HLL_REGISTERS / harmonic
-    if raw <= 2.5 * HLL_REGISTERS and empty:
-        return round(HLL_REGISTERS * math.log(HLL_REGISTERS / empty))
-    return round(raw)
-
-
-OPERATIONS: dict[str, type[Operation]] = {
-    op.name: op for op in (Count, Sum, Mean, Min, Max, Last, LastK, ApproxDistinct)}
-OpName = Literal["count", "sum", "mean", "min", "max", "last", "last_k", "approx_distinct"]
 
 
 def hop_seconds(window_s: int) -> int:
@@ -361,37 +65,38 @@ class Window:
     seconds: int | None
     hop: int | None
 
+    @property
+    def length_micros(self) -> int | None:
+        """The window's length in µs; None: the lifetime."""
+        return None if self.seconds is None else self.seconds * MICROS
+
+    @property
+    def hop_micros(self) -> int | None:
+        """The window's hop in µs; None: the lifetime."""
+        return None if self.hop is None else self.hop * MICROS
+
     def constant_until(self, t: int) -> int | None:
         """The first time after ``t`` (µs) at which the window's value from unchanged tiles may
-        differ from its value at ``t``: its start moves a hop on, or ``t`` reaches the start
-        of a tile (a tile counts once it has started); None: never (the lifetime window)."""
-        if self.hop is None:
-            return None
-        hop = self.hop * MICROS
-        until = t // hop * hop + hop
-        if self.seconds is not None:
-            length = self.seconds * MICROS
-            until = min(until, (t - length) // hop * hop + hop + length)
-        return until
+        differ from its value at ``t`` (:func:`core.time_rule.constant_until`)."""
+        return time_rule.constant_until(t, self.length_micros, self.hop_micros)
 
-    def start(self, t: int) -> int | None:
-        """The first microsecond of the window's events at ``t`` (µs); None: no start."""
+    def start(self, t: Time) -> Time | None:
+        """The first microsecond of the window's events at ``t`` (µs: an integer or a Spark
+        column); None: no start."""
         if self.seconds is None or self.hop is None:
             return None
-        hop = self.hop * MICROS
-        return (t - self.seconds * MICROS) // hop * hop
+        return time_rule.window_start(t, self.seconds * MICROS, self.hop * MICROS)
 
-    def expires(self, ts: int) -> int | None:
+    def expires(self, ts: Time) -> Time | None:
         """The first time (µs) at which an event at ``ts`` no longer counts (a hop after the
         window's length past its tile's start); None: it always counts."""
         if self.seconds is None or self.hop is None:
             return None
-        return tile_start(ts, self.hop) + (self.hop + self.seconds) * MICROS
+        return time_rule.expires(ts, self.seconds * MICROS, self.hop * MICROS)
 
     def covers(self, ts: int, t: int) -> bool:
         """Whether an event at ``ts`` counts in the value at ``t`` (both µs)."""
-        start = self.start(t)
-        return ts < t and (start is None or ts >= start)
+        return time_rule.covers(ts, t, self.length_micros, self.hop_micros)
 
 
 def parse_window(text: str, hop: str | None = None) -> Window:
@@ -411,8 +116,9 @@ def parse_window(text: str, hop: str | None = None) -> Window:
 class FeatureSpec(Settings):
     """One entry of a group's ``features``."""
 
-    # The operation: count, sum, mean, min, max, last, last_k, approx_distinct.
-    op: OpName
+    # The operation: count, sum, mean, variance, min, max, last, last_k, approx_distinct
+    # (core/operations.py).
+    op: str
     # The event column it reads (a raw column, or ``label``); count needs none.
     column: str | None = None
     # Output name before the window suffix; default <op>, or <column>_<op>.
@@ -425,6 +131,14 @@ class FeatureSpec(Settings):
     k: int | None = Field(default=None, ge=1)
     # Overrides the windows' default hop (a sixth of the window at most).
     hop: str | None = None
+
+    @field_validator("op")
+    @classmethod
+    def _op(cls, op: str) -> str:
+        if op not in OPERATIONS:
+            raise ValueError(f"{op!r} is not an operation; one of "
+                             f"{', '.join(repr(name) for name in OPERATIONS)}")
+        return op
 
     @field_validator("windows")
     @classmethod
@@ -554,8 +268,8 @@ def entity_group(entity: str, recent_days: int) -> GroupSpec:
 def check_groups(groups: Sequence[GroupSpec], contract: EventContract) -> None:
     """Group names unique and none an entity table's group (``user``, ``item``: their tiles
     share the online store's names); every key, column and filter column one the events
-    have (or ``label``); approx_distinct over a text column. ValueError naming ``[i].…``
-    otherwise."""
+    have (or ``label``), of the kind its operation reads (approx_distinct text, sum
+    numbers). ValueError naming ``[i].…`` otherwise."""
     known = {*contract.columns, LABEL}
     numeric = {*contract.numeric, LABEL, "ts"}
     names: dict[str, int] = {}
@@ -575,9 +289,13 @@ def check_groups(groups: Sequence[GroupSpec], contract: EventContract) -> None:
                 field = "column" if column == feature.column else "filter"
                 raise ValueError(f"[{g}].features[{f}].{field}: the events have no column "
                                  f"{column!r} (they have {sorted(known)})")
-            if feature.op == "approx_distinct" and feature.column in numeric:
-                raise ValueError(f"[{g}].features[{f}].column: approx_distinct counts text "
-                                 f"values; {feature.column!r} is a number")
+            reads = OPERATIONS[feature.op].reads
+            if feature.column is not None and reads != "any" and (
+                    feature.column in numeric) != (reads == "number"):
+                kind = "a number" if feature.column in numeric else "text"
+                raise ValueError(f"[{g}].features[{f}].column: {feature.op} reads "
+                                 f"{'numbers' if reads == 'number' else 'text values'}; "
+                                 f"{feature.column!r} is {kind}")
 
 
 @dataclass(frozen=True)
@@ -701,8 +419,7 @@ def fold(operation: Operation, events: Iterable[tuple[int, Any]]) -> Partial:
 
 def tile_start(ts: int, hop: int) -> int:
     """The start (µs) of the tile of ``hop`` seconds holding an event at ``ts`` (µs)."""
-    step = hop * MICROS
-    return ts // step * step
+    return time_rule.floor_to(ts, hop * MICROS)
 
 
 def tiles(operation: Operation, window: Window,

@@ -30,18 +30,19 @@ from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegralType, StructType
 
-from featureline.core.aggregations import (
-    HLL_ALPHA,
-    HLL_BITS,
-    HLL_MAX_RANK,
-    HLL_REGISTERS,
-    LABEL,
-    MICROS,
-    AggregateFeature,
-    GroupSpec,
-)
+from featureline.core.aggregations import LABEL, MICROS, AggregateFeature, GroupSpec
 from featureline.core.events import LabelSpec, compares_text, label_text
 from featureline.core.metadata import EVENT_TIMESTAMP
+from featureline.core.operations import (
+    HLL_MAX_RANK,
+    PAIR_TS,
+    PAIR_VALUE,
+    ApproxDistinct,
+    Getter,
+    Operation,
+    pair_column,
+)
+from featureline.core.time_rule import DAY, expires, floor_to, next_midnight
 from featureline.etl.features.base import TS_MICROS, hop_start
 
 # Row kinds in the union the frames run over.
@@ -68,99 +69,22 @@ _SEQ = "_agg_seq"
 # runs lags; a collect_list over a frame only when told to), a frame's list beyond it.
 LAGGED_UP_TO_K = 32
 
-# The operations that keep values in (ts, value) order: what they read may carry more.
-ORDERED = ("last", "last_k")
 # A row standing for this many equal events (the same keys, time key and columns read), where
-# a frame has the column: the operations that add up their events count it that many times;
-# an extreme, or the latest of equal events, is any one of them's.
+# a frame has the column: the additive operations count it that many times; an extreme, or
+# the latest of equal events, is any one of them's.
 WEIGHT = "_agg_weight"
-_ADDITIVE = ("count", "sum", "mean")
 
 Columns = dict[str, Column]
-Getter = Callable[[str], Column]
-
-
-def _same(column: Column) -> Column:
-    return column
-
-
-@dataclass(frozen=True)
-class SparkOperation:
-    """An operation's partial as columns: ``state`` of one event; ``merge`` over a set of
-    partials — per column an aggregate (run in a group or over a frame) and what turns its
-    result back into a partial; ``combine`` of partials (None: absent); ``finish``."""
-
-    state: Callable[[Column], Columns]
-    merge: Callable[[Getter], dict[str, tuple[Column, Callable[[Column], Column]]]]
-    combine: Callable[[Getter, Getter], Columns]
-    finish: Callable[[Getter, int | None], Column]
-
-
-def _pair(value: Column) -> Column:
-    return F.struct(F.col(TS_MICROS).alias("ts"), value.alias("v"))
-
-
-def _latest_k(pairs: Column, k: int | None) -> Column:
-    return F.slice(F.sort_array(pairs, asc=False), 1, k or 1)
-
-
-def _plus(zero: int | float) -> Callable[[Column, Column], Column]:
-    # Columns are built inside, where a session is active.
-    return lambda a, b: F.coalesce(a, F.lit(zero)) + F.coalesce(b, F.lit(zero))
-
-
-OPERATIONS: dict[str, SparkOperation] = {
-    "count": SparkOperation(
-        state=lambda v: {"n": F.lit(1).cast("long")},
-        merge=lambda c: {"n": (F.sum(c("n")), _same)},
-        combine=lambda a, b: {"n": _plus(0)(a("n"), b("n"))},
-        finish=lambda c, k: c("n")),
-    "sum": SparkOperation(
-        state=lambda v: {"s": v.cast("double")},
-        merge=lambda c: {"s": (F.sum(c("s")), _same)},
-        combine=lambda a, b: {"s": _plus(0.0)(a("s"), b("s"))},
-        finish=lambda c, k: c("s")),
-    "mean": SparkOperation(
-        state=lambda v: {"s": v.cast("double"), "n": F.lit(1).cast("long")},
-        merge=lambda c: {"s": (F.sum(c("s")), _same), "n": (F.sum(c("n")), _same)},
-        combine=lambda a, b: {"s": _plus(0.0)(a("s"), b("s")),
-                              "n": _plus(0)(a("n"), b("n"))},
-        finish=lambda c, k: F.when(c("n") > 0, c("s") / c("n"))),
-    "min": SparkOperation(
-        state=lambda v: {"m": v},
-        merge=lambda c: {"m": (F.min(c("m")), _same)},
-        combine=lambda a, b: {"m": F.least(a("m"), b("m"))},
-        finish=lambda c, k: c("m")),
-    "max": SparkOperation(
-        state=lambda v: {"m": v},
-        merge=lambda c: {"m": (F.max(c("m")), _same)},
-        combine=lambda a, b: {"m": F.greatest(a("m"), b("m"))},
-        finish=lambda c, k: c("m")),
-    "last": SparkOperation(
-        state=lambda v: {"p": _pair(v)},
-        # The greatest pair of a group (never empty): the RAPIDS Accelerator runs no maximum
-        # of a struct, but sorts a list of them.
-        merge=lambda c: {"p": (F.collect_list(c("p")),
-                               lambda pairs: F.sort_array(pairs, asc=False)[0])},
-        combine=lambda a, b: {"p": F.greatest(a("p"), b("p"))},
-        finish=lambda c, k: c("p")["v"]),
-    "last_k": SparkOperation(
-        state=lambda v: {"p": F.array(_pair(v))},
-        merge=lambda c: {"p": (F.collect_list(c("p")), F.flatten)},
-        combine=lambda a, b: {"p": F.concat(F.coalesce(a("p"), F.array()),
-                                            F.coalesce(b("p"), F.array()))},
-        finish=lambda c, k: F.transform(_latest_k(c("p"), k), lambda pair: pair["v"])),
-}
 
 
 def _state(feature: AggregateFeature, value: Column, frame: DataFrame) -> Columns:
     """The partial of one of ``frame``'s rows: an event's, or where the frame has ``WEIGHT``,
     that of the equal events the row stands for. ValueError for last_k over such rows (its k
     latest would hold each of them)."""
-    op = feature.spec.op
-    state = OPERATIONS[op].state(value)
+    operation = feature.operation()
+    state = operation.state_columns(value, F.col(TS_MICROS))
     _reads_rows_as_events(feature, frame)
-    if WEIGHT not in frame.columns or op not in _ADDITIVE:
+    if WEIGHT not in frame.columns or not operation.additive:
         return state
     return {name: column * F.col(WEIGHT) for name, column in state.items()}
 
@@ -168,16 +92,16 @@ def _state(feature: AggregateFeature, value: Column, frame: DataFrame) -> Column
 def _reads_rows_as_events(feature: AggregateFeature, frame: DataFrame) -> None:
     """ValueError for last_k over ``frame``'s rows where they stand for several events
     (``WEIGHT``): its k latest would hold each of them."""
-    if feature.spec.op == "last_k" and WEIGHT in frame.columns:
+    if feature.operation().reads_each_event and WEIGHT in frame.columns:
         raise ValueError(f"{feature.qualified}: last_k reads every event, not rows that "
                          "stand for several")
 
 
-def _merged(operation: SparkOperation, getter: Getter, window: WindowSpec | None = None,
+def _merged(operation: Operation, getter: Getter, window: WindowSpec | None = None,
             prefix: str = "") -> list[Column]:
     """The merge's columns, aggregated in a group (no ``window``) or over a frame."""
     return [post(aggregate if window is None else aggregate.over(window)).alias(prefix + name)
-            for name, (aggregate, post) in operation.merge(getter).items()]
+            for name, (aggregate, post) in operation.merge_columns(getter).items()]
 
 
 def rule_column(rule: LabelSpec, categorical: bool) -> Column:
@@ -223,8 +147,8 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
     ``events``' (``prior.before``, a multiple of ``aligned``), folded in as their span."""
     keys = list(group.keys)
     outputs = group.outputs()
-    own_plan = {"approx_distinct": _distinct_at, "last": _latest_at, "last_k": _latest_at}
-    framed = [f for f in outputs if f.spec.op not in own_plan]
+    own_plan = {"distinct": _distinct_at, "latest": _latest_at}
+    framed = [f for f in outputs if f.operation().plan not in own_plan]
     if anchors is None and not (aligned and framed):
         raise ValueError("group_values: anchors are needed without aligned framed outputs")
     if prior is not None and (anchors is None or not aligned or prior.before % aligned
@@ -241,8 +165,8 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
     if anchors is None:
         anchors = at.select(*keys, TS_MICROS)
     for feature in outputs:
-        if feature.spec.op in own_plan:
-            values_at = own_plan[feature.spec.op](
+        if feature.operation().plan in own_plan:
+            values_at = own_plan[feature.operation().plan](
                 events.where(_keeps(feature, numeric)), anchors, keys, feature,
                 _read(feature, values or {}))
             at = at.join(values_at, on=[*keys, TS_MICROS], how="left")
@@ -267,7 +191,7 @@ def _read(feature: AggregateFeature, values: Mapping[str, Column]) -> Column:
     column = feature.spec.column
     if column is None:
         return F.lit(True)
-    read = values.get(column) if feature.spec.op in ORDERED else None
+    read = values.get(column) if feature.operation().ordered else None
     return read if read is not None else F.col(column)
 
 
@@ -275,7 +199,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
                    features: list[AggregateFeature], numeric: Sequence[str],
                    values: Mapping[str, Column], aligned: int | None = None,
                    prior: Lifetime | None = None) -> DataFrame:
-    operations = [OPERATIONS[f.spec.op] for f in features]
+    operations = [f.operation() for f in features]
     # Windows that start on aligned anchors' hops: a frame over the rows (no tiles, no exits).
     direct = [_starts_hops(f, aligned) for f in features]
     exits = [_by_exits(f, events.schema) and not d for f, d in zip(features, direct, strict=True)]
@@ -294,8 +218,8 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
                   for column in _merged(operation, _partial(index), prefix=f"{index}_")]
         events = events.select(*keys, TS_MICROS, *(c.alias(n) for n, c in state.items()))
         state = {n: F.col(n) for n in state}
-        events = events.groupBy(*keys, (F.floor(F.col(TS_MICROS) / aligned).cast("long")
-                                        * aligned).alias(TS_MICROS)).agg(*folded)
+        events = events.groupBy(*keys, floor_to(F.col(TS_MICROS), aligned)
+                                .alias(TS_MICROS)).agg(*folded)
         if prior is not None:
             # The events before the first span: one more folded span (the one before it),
             # counted by the lifetime outputs only.
@@ -304,7 +228,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
                 *keys, F.lit(prior.before - aligned).alias(TS_MICROS),
                 *(F.col(f"{feature.column_name}__{name}").alias(f"{index}_{name}")
                   for index, feature in enumerate(features) if feature.window.seconds is None
-                  for name in operations[index].merge(F.col))), allowMissingColumns=True)
+                  for name in _fields(operations[index]))), allowMissingColumns=True)
     if anchors is None:
         # Each folded span (one row per key and span) is also the anchor at its end: one
         # row each, read once.
@@ -345,7 +269,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
             union = union.unionByName(tiles.select(
                 *keys, gone.alias(TS_MICROS), (gone - 1).alias(_AT), F.lit(_EXIT).alias(_KIND),
                 *((-F.col(f"{i}_{name}")).alias(f"{i}_{name}") for i in leaving
-                  for name in operations[i].merge(F.col))), allowMissingColumns=True)
+                  for name in _fields(operations[i]))), allowMissingColumns=True)
     if running:
         union = union.select("*", *(column for i in running for column in (
             _merged(operations[i], _partial(i, _EVENT), _recent(
@@ -363,7 +287,7 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
             keys, hop, [((features[i].window.seconds or 0) * MICROS,
                          _tiles_merged(operations[i], i)) for i in members]),
             allowMissingColumns=True)
-    columns = [F.col(f"b{i}_{name}") for i in running for name in operations[i].merge(F.col)]
+    columns = [F.col(f"b{i}_{name}") for i in running for name in _fields(operations[i])]
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
         hop = (feature.window.hop or 0) * MICROS
         if index in running:
@@ -376,8 +300,8 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     outputs = []
     for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
         whole = _nothing if index in running else _partial(index, prefix="a")
-        combined = operation.combine(whole, _partial(index, prefix="b"))
-        outputs.append(operation.finish(combined.__getitem__, feature.spec.k)
+        combined = operation.combine_columns(whole, _partial(index, prefix="b"))
+        outputs.append(operation.finish_column(combined.__getitem__)
                        .alias(feature.column_name))
     return framed.select(*keys, TS_MICROS, *outputs)
 
@@ -406,7 +330,7 @@ def _whole_hop_rows(tiles: DataFrame, queried: DataFrame, keys: Sequence[str], h
         F.lit(_WHOLE + hop).alias(_KIND))
 
 
-def _tiles_merged(operation: SparkOperation, index: int
+def _tiles_merged(operation: Operation, index: int
                   ) -> Callable[[WindowSpec], list[Column]]:
     """Output ``index``'s merge of the tile rows over a frame, as ``a<index>_<name>``."""
     return lambda frame: _merged(operation, _partial(index, _TILE), frame, f"a{index}_")
@@ -441,8 +365,8 @@ def _exit_groups(features: Sequence[AggregateFeature], exits: Sequence[bool]
 
 def _leaves(tile: Column, hop: int, span: int) -> Column:
     """When the events of a tile starting at ``tile`` (µs) have all left a window ``span``
-    long hopping by ``hop``: a hop past the window's length (``Window.expires``)."""
-    return tile + F.lit(hop + span)
+    long hopping by ``hop``: ``core.time_rule.expires`` of its start."""
+    return expires(tile, span, hop)
 
 
 def _starts_hops(feature: AggregateFeature, aligned: int | None) -> bool:
@@ -493,32 +417,6 @@ def _recent(keys: Sequence[str], span: int) -> WindowSpec:
     return Window.partitionBy(*keys).orderBy(_AT).rangeBetween(-(span - 1), 0)
 
 
-def hll_columns(text: Column) -> tuple[Column, Column]:
-    """A value's HyperLogLog register and rank, as ``core.aggregations.hll_register`` computes
-    them: xxhash64 (seed 42) of its text; the low bits pick the register, 1 + the trailing
-    zeros of the rest (read off its lowest set bit, a power of two) the rank."""
-    hashed = F.xxhash64(text)  # Spark's seed: XXHASH_SEED
-    register = hashed.bitwiseAND(F.lit(HLL_REGISTERS - 1))
-    rest = F.shiftrightunsigned(hashed, HLL_BITS)
-    lowest = rest.bitwiseAND(-rest)
-    rank = F.when(rest == 0, F.lit(HLL_MAX_RANK)).otherwise(
-        F.least(F.log2(lowest).cast("int") + 1, F.lit(HLL_MAX_RANK)))
-    return register.cast("int"), rank.cast("int")
-
-
-def hll_estimate_column(registers: Column, powers: Column) -> Column:
-    """``core.aggregations.hll_estimate`` from the count of registers set and the exact sum
-    of 2^(max rank − rank) over them."""
-    empty = F.lit(HLL_REGISTERS) - registers
-    harmonic = (empty * F.lit(1 << HLL_MAX_RANK) + powers).cast("double") / float(
-        1 << HLL_MAX_RANK)
-    raw = F.lit(HLL_ALPHA * HLL_REGISTERS * HLL_REGISTERS) / harmonic
-    linear = F.lit(HLL_REGISTERS) * F.log(F.lit(float(HLL_REGISTERS)) / empty.cast("double"))
-    estimate = F.when((raw <= 2.5 * HLL_REGISTERS) & (empty > 0), linear).otherwise(raw)
-    # Half to even, as Python's round(): the engine's estimate to the unit.
-    return F.when(registers > 0, F.bround(estimate).cast("long")).otherwise(F.lit(0).cast("long"))
-
-
 def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
                  feature: AggregateFeature, value: Column) -> DataFrame:
     """approx_distinct without an anchor per register: a register's greatest rank in the
@@ -529,7 +427,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     rank)); an anchor sums its key's differences up to its time. Rows: the events and those
     change times, not each anchor once per register its key has (ten times the time at 1M
     events, benchmarks/README.md)."""
-    register, rank = hll_columns(value.cast("string"))
+    register, rank = ApproxDistinct.register_columns(value.cast("string"))
     by_register = [*keys, _REGISTER]
     rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
                        register.alias(_REGISTER), rank.alias(_RANK), F.lit(_EVENT).alias(_KIND))
@@ -579,7 +477,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     sums = union.select(*keys, TS_MICROS, _KIND,
                         *(F.sum(name).over(so_far).alias(name) for name in added))
     return sums.where(F.col(_KIND) == _ANCHOR).select(
-        *keys, TS_MICROS, hll_estimate_column(F.col("registers"), F.col("powers"))
+        *keys, TS_MICROS, ApproxDistinct.estimate_column(F.col("registers"), F.col("powers"))
         .alias(feature.column_name))
 
 
@@ -594,14 +492,14 @@ def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     the window too."""
     k = feature.spec.k or 1
     many = feature.spec.op == "last_k"
-    paired = kept.select(*keys, TS_MICROS, _pair(value).alias(_PAIRS))
+    paired = kept.select(*keys, TS_MICROS, pair_column(value, F.col(TS_MICROS)).alias(_PAIRS))
     # (ts, value) order, by plain columns (the RAPIDS Accelerator orders no window by a
     # struct): a value read as a struct (the raw value and its id) by its fields.
     pair_type = paired.schema[_PAIRS].dataType
     assert isinstance(pair_type, StructType)
-    read = pair_type["v"].dataType
-    fields = ([F.col(f"{_PAIRS}.v.{name}") for name in read.fieldNames()]
-              if isinstance(read, StructType) else [F.col(f"{_PAIRS}.v")])
+    read = pair_type[PAIR_VALUE].dataType
+    fields = ([F.col(f"{_PAIRS}.{PAIR_VALUE}.{name}") for name in read.fieldNames()]
+              if isinstance(read, StructType) else [F.col(f"{_PAIRS}.{PAIR_VALUE}")])
     ordered = Window.partitionBy(*keys).orderBy(TS_MICROS, *fields)
     if many and k <= LAGGED_UP_TO_K:
         # Newest first: the event's pair, then the k − 1 before it (one lag each; none
@@ -624,18 +522,15 @@ def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         Window.unboundedPreceding, 0)
     latest = F.last(_PAIRS, ignorenulls=True).over(so_far)
     window = feature.window
-    start = None
-    if window.seconds is not None and window.hop is not None:
-        # core.aggregations.Window.start: t − window, down to a multiple of the hop.
-        back = F.col(TS_MICROS) - window.seconds * MICROS
-        start = back - F.pmod(back, F.lit(window.hop * MICROS))
+    start = window.start(F.col(TS_MICROS))
     if many:
         if start is not None:
-            latest = F.filter(latest, lambda pair: pair["ts"] >= start)
+            latest = F.filter(latest, lambda pair: pair[PAIR_TS] >= start)
         newest_first = F.coalesce(latest, F.array())
-        values = F.transform(newest_first, lambda pair: pair["v"])
+        values = F.transform(newest_first, lambda pair: pair[PAIR_VALUE])
     else:
-        values = latest["v"] if start is None else F.when(latest["ts"] >= start, latest["v"])
+        values = latest[PAIR_VALUE] if start is None else F.when(
+            latest[PAIR_TS] >= start, latest[PAIR_VALUE])
     return union.select(*keys, TS_MICROS, _KIND, values.alias(feature.column_name)).where(
         F.col(_KIND) == _ANCHOR).drop(_KIND)
 
@@ -677,26 +572,20 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
                 TILE, hop_start(window.hop * MICROS))
         else:
             kept = kept.withColumn(TILE, F.lit(0).cast("long"))
-        value = _read(feature, {})
-        if feature.spec.op == "approx_distinct":
-            register, rank = hll_columns(value.cast("string"))
-            by_register = kept.groupBy(*keys, TILE, register.alias(_REGISTER)).agg(
-                F.max(rank).alias(_RANK))
-            frame = by_register.groupBy(*keys, TILE).agg(
-                F.collect_list(_REGISTER).alias("registers"),
-                F.collect_list(_RANK).alias("ranks"))
-        else:
-            operation = OPERATIONS[feature.spec.op]
-            state = kept.select(*keys, TILE, TS_MICROS, *(
-                column.alias(name) for name, column in _state(feature, value, kept).items()))
-            if prior is not None and start is None:
-                state = state.unionByName(prior.frame.select(
-                    *keys, F.lit(0).cast("long").alias(TILE),
-                    *(F.col(f"{feature.column_name}__{name}").alias(name)
-                      for name in operation.merge(F.col))), allowMissingColumns=True)
-            frame = state.groupBy(*keys, TILE).agg(*_merged(operation, F.col))
-            if feature.spec.op == "last_k":  # the tile keeps its k latest, as the engine's
-                frame = frame.withColumn("p", _latest_k(F.col("p"), feature.spec.k))
+        operation = feature.operation()
+        state = kept.select(*keys, TILE, TS_MICROS, *(
+            column.alias(name) for name, column
+            in _state(feature, _read(feature, {}), kept).items()))
+        if prior is not None and start is None:
+            state = state.unionByName(prior.frame.select(
+                *keys, F.lit(0).cast("long").alias(TILE),
+                *(F.col(f"{feature.column_name}__{name}").alias(name)
+                  for name in _fields(operation))), allowMissingColumns=True)
+        per = [] if operation.per is None else [operation.per.name]
+        frame = state.groupBy(*keys, TILE, *per).agg(*_merged(operation, F.col))
+        if per:  # a partial per value of a field (approx_distinct's registers): listed
+            frame = frame.groupBy(*keys, TILE).agg(*(
+                F.collect_list(name).alias(name) for name in _fields(operation)))
         tiles.append((feature, frame))
     return tiles
 
@@ -720,9 +609,9 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
     frames only."""
     keys = list(group.keys)
     features = [f for f in group.outputs() if f.window.seconds is None]
-    if any(f.spec.op not in OPERATIONS or f.spec.op in ORDERED for f in group.outputs()):
-        raise ValueError(f"{group.name}: lifetime partials of count, sum, mean, min and max "
-                         "only")
+    if any(f.operation().plan != "frames" for f in group.outputs()):
+        raise ValueError(f"{group.name}: lifetime partials of the operations the frames "
+                         "plan computes only (not last, last_k, approx_distinct)")
     rows = events if prior is None else events.where(F.col(TS_MICROS) >= prior.before)
     # The events after ``before`` count for nothing (rather than filtered out: a log that
     # starts after ``before`` would leave the aggregate an empty input, which adaptive
@@ -736,9 +625,14 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
     if prior is not None:
         rows = rows.unionByName(prior.frame.withColumn(_EARLIER, F.lit(1)))
     merged = [column for f in features for column in _merged(
-        OPERATIONS[f.spec.op], _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")]
+        f.operation(), _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")]
     frame = rows.groupBy(*keys).agg(*merged, F.max(_EARLIER).alias(_EARLIER))
     return Lifetime(frame.where(F.col(_EARLIER) == 1).drop(_EARLIER), before)
+
+
+def _fields(operation: Operation) -> list[str]:
+    """The names of an operation's partial's fields."""
+    return [field.name for field in operation.fields]
 
 
 def _named(prefix: str) -> Getter:
@@ -748,7 +642,6 @@ def _named(prefix: str) -> Getter:
 
 # --- daily snapshots: what Feast's offline store reads --------------------------------------
 
-DAY = 86_400 * MICROS
 
 
 def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame:
@@ -757,7 +650,7 @@ def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame
     day while an event of it can still leave a window (the longest window and its hop),
     up to the day after the log's last event (``cut``: µs, just after it)."""
     keys = list(group.keys)
-    active = events.select(*keys, (F.floor(F.col(TS_MICROS) / DAY).cast("long") + 1)
+    active = events.select(*keys, (next_midnight(F.col(TS_MICROS)) / DAY).cast("long")
                            .alias("_agg_after")).distinct()
     end = last_snapshot(cut) // DAY
     days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days(group),
@@ -769,7 +662,7 @@ def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame
 def last_snapshot(cut: int) -> int:
     """The last snapshot day (µs, a midnight): the day after the last event (``cut``: µs,
     just after it)."""
-    return ((cut - 1) // DAY + 1) * DAY
+    return next_midnight(cut - 1)
 
 
 def decay_days(group: GroupSpec) -> int:

@@ -24,6 +24,7 @@ from pyspark.sql import functions as F
 
 from featureline.core.aggregations import ENTITIES, LABEL, MICROS, GroupSpec, entity_group
 from featureline.core.metadata import EVENT_TIMESTAMP, OOV_ID, encoded_name
+from featureline.core.time_rule import floor_to
 from featureline.etl.aggregations import (
     DAY,
     WEIGHT,
@@ -87,7 +88,7 @@ def entity_rows(events: DataFrame, entity: str, recent_days: int) -> DataFrame:
                if f.window.seconds is not None]
     if any(w.hop is None or w.hop * MICROS % DAY for w in windows):
         return rows.select(key, TS_MICROS, LABEL)
-    day = (F.floor(F.col(TS_MICROS) / DAY) * DAY).cast("long")
+    day = floor_to(F.col(TS_MICROS), DAY)
     return rows.groupBy(key, day.alias(TS_MICROS), LABEL).agg(F.count(F.lit(1)).alias(WEIGHT))
 
 

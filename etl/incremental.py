@@ -34,7 +34,8 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, STATE_DIR
-from featureline.etl.aggregations import DAY as DAY_MICROS
+from featureline.core.time_rule import DAY as DAY_MICROS
+from featureline.core.time_rule import floor_to, window_start
 from featureline.etl.aggregations import WEIGHT, Lifetime
 from featureline.etl.config import EtlConfig
 from featureline.etl.errors import IncompatibleStateError
@@ -302,7 +303,7 @@ def with_row_day(rows: DataFrame) -> DataFrame:
 
 
 def _midnight_of(micros: Column) -> Column:
-    return micros - F.pmod(micros, F.lit(DAY_MICROS))
+    return floor_to(micros, DAY_MICROS)
 
 
 def reach(user_rows: DataFrame, starts: DataFrame, lookback: Lookback) -> DataFrame:
@@ -481,13 +482,10 @@ def folded(context: DataFrame, pairs: DataFrame, lookback: Lookback) -> DataFram
     ts = F.col(TS_MICROS)
     windows = lookback.windows
 
-    def window_start(at: str, length: int, hop: int) -> Column:
-        return F.col(at) - F.pmod(F.col(at), F.lit(hop)) - F.lit(length)
-
     # Per window: whether it holds the event for some kept row (the first one's start is the
     # earliest), and for every one (the last one's is the latest).
-    some = [ts >= window_start(START, length, hop) for length, hop in windows]
-    every = [ts >= window_start(_END, length, hop) for length, hop in windows]
+    some = [ts >= window_start(F.col(START), length, hop) for length, hop in windows]
+    every = [ts >= window_start(F.col(_END), length, hop) for length, hop in windows]
     alike = functools.reduce(Column.__and__, (~a | b for a, b in zip(some, every, strict=True)))
     mask = functools.reduce(Column.__add__, (F.when(a, 1 << i).otherwise(0)
                                              for i, a in enumerate(some)))
@@ -500,7 +498,7 @@ def folded(context: DataFrame, pairs: DataFrame, lookback: Lookback) -> DataFram
     single = ts >= F.col(ROWS_FROM)
     # The group of an event folded: its set of windows where alike, else its span.
     group = (F.when(single, F.lit(None)).when(alike, -1 - mask)
-             .otherwise(F.floor(ts / size)).cast("long"))
+             .otherwise(floor_to(ts, size)).cast("long"))
     length = F.when(single | alike, F.lit(None)).otherwise(size).cast("long")
     columns = [c for c in context.columns if c not in ("user_id", START, ROWS_FROM, _END)]
     marked = context.join(pairs.withColumn("_pair", F.lit(True)), ["user_id", "item_id"], "left")

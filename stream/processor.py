@@ -46,7 +46,6 @@ import pyarrow.dataset as ds
 from featureline.core import redis
 from featureline.core.aggregations import (
     ENTITIES,
-    MICROS,
     AggregateFeature,
     value_from_tiles,
 )
@@ -65,6 +64,7 @@ from featureline.core.metadata import (
     present,
     read_metadata,
 )
+from featureline.core.time_rule import next_midnight
 from featureline.feature_store.online_store import OnlineStore, open_online_store
 from featureline.feature_store.repo import open_repo
 from featureline.feature_store.settings import FeatureStoreConfig
@@ -76,8 +76,6 @@ from featureline.stream.settings import StreamConfig
 from featureline.stream.tiles import KeyState, StreamTiles
 
 logger = logging.getLogger("featureline.stream")
-
-DAY_US = 86_400 * MICROS
 
 
 def times_path(events_file: Path) -> Path:
@@ -110,7 +108,7 @@ def entity_values(features: dict[str, AggregateFeature], stored: bytes | None,
               if features[output].window.hop is not None for start in by_tile]
     if not starts:
         return None
-    t = (max(starts) // DAY_US + 1) * DAY_US
+    t = next_midnight(max(starts))
     return {output: value_from_tiles(feature.operation(), feature.window,
                                      tiles.get(output, {}), t)
             for output, feature in features.items()}, t

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import strategies as st
 
 from featureline.core.aggregations import GroupSpec
@@ -40,6 +41,9 @@ SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "
     {"op": "last_k", "column": "item_id", "k": 2, "windows": ["1d"]},
     {"op": "approx_distinct", "column": "category", "windows": ["7d"]},
     {"op": "approx_distinct", "column": "item_id"},
+    {"op": "variance", "column": "value", "windows": ["1d", "all"]},
+    # Of whole numbers: the running sums less exits, as the windowed counts.
+    {"op": "variance", "column": "label", "name": "label_variance", "windows": ["1h"]},
 ]})
 OUTPUTS = SPEC.outputs()
 LABEL = matcher(CONTRACT.label, CONTRACT)
@@ -73,6 +77,11 @@ def reference(feature, events, t):
         return math.fsum(values)
     if op == "mean":
         return math.fsum(values) / len(values) if values else None
+    if op == "variance":
+        if not values:
+            return None
+        mean = math.fsum(values) / len(values)
+        return math.fsum((v - mean) ** 2 for v in values) / len(values)
     if op in ("min", "max"):
         return (min if op == "min" else max)(values) if values else None
     ordered = sorted(((ts, v) for ts, v in pairs if v is not None), reverse=True)
@@ -82,6 +91,16 @@ def reference(feature, events, t):
         return [v for _, v in ordered[: spec.k]]
     assert op == "approx_distinct"
     return len(set(values))
+
+
+def same_value(feature, got, expected):
+    """Whether an executor's value is the reference's: sums to 1e-12, a variance (a difference
+    of sums) to 1e-9, the rest exactly."""
+    if expected is not None and feature.spec.op in ("sum", "mean"):
+        return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    if expected is not None and feature.spec.op == "variance":
+        return got == pytest.approx(expected, rel=1e-9, abs=1e-9)
+    return got == expected
 
 
 def kept(feature, event):

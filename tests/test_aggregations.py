@@ -34,6 +34,7 @@ from tests.aggregation_reference import (
     SPEC,
     kept,
     reference,
+    same_value,
 )
 
 
@@ -42,7 +43,9 @@ def test_output_names_follow_the_spec():
         "count_30m", "count_1h", "count_1d", "count_7d", "purchases_1d", "purchases_30d",
         "positives_all", "value_sum_1h", "value_sum_7d", "value_sum_all", "price_mean_30d",
         "positive_rate"]
-    assert OUTPUTS[-1].output == "item_id_approx_distinct"
+    assert [f.output for f in OUTPUTS][-4:] == [
+        "item_id_approx_distinct", "value_variance_1d", "value_variance_all",
+        "label_variance_1h"]
     assert OUTPUTS[0].qualified == "user_activity:count_30m"
     assert OUTPUTS[0].column_name == "user_activity__count_30m"
 
@@ -74,12 +77,6 @@ _events = st.lists(st.fixed_dictionaries({
 }), max_size=40).map(lambda events: [_with_label(e) for e in events])
 
 
-def _same(feature, got, expected):
-    if feature.spec.op in ("sum", "mean") and expected is not None:
-        return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
-    return got == expected
-
-
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events=_events, at=st.lists(OFFSETS, min_size=1, max_size=4), seed=st.integers(0, 99))
 def test_tiles_merged_at_any_time_equal_the_definition(events, at, seed):
@@ -103,11 +100,11 @@ def test_tiles_merged_at_any_time_equal_the_definition(events, at, seed):
             got = operation.finish(operation.merge(
                 merge_tiles(operation, feature.window, dict(by_tile), t), tail))
             expected = reference(feature, events, t)
-            assert _same(feature, got, expected), (feature.output, t - ORIGIN, got, expected)
+            assert same_value(feature, got, expected), (feature.output, t - ORIGIN, got, expected)
             if t > latest:
                 served = value_from_tiles(operation, feature.window,
                                           tiles(operation, feature.window, pairs), t)
-                assert _same(feature, served, expected), (feature.output, t - ORIGIN)
+                assert same_value(feature, served, expected), (feature.output, t - ORIGIN)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -139,13 +136,13 @@ def test_merged_outputs_are_kept_only_while_they_cannot_change(events, at, later
         for feature in OUTPUTS:
             operation, window = feature.operation(), feature.window
             expected = value_from_tiles(operation, window, decoded[feature.output], t)
-            assert _same(feature, got[group.positions[feature.output]], expected), (
+            assert same_value(feature, got[group.positions[feature.output]], expected), (
                 feature.output, t - ORIGIN)
             until = window.constant_until(t)
             if until is not None:
                 assert until > t
                 last = value_from_tiles(operation, window, decoded[feature.output], until - 1)
-                assert _same(feature, last, expected), (feature.output, t - ORIGIN, until - t)
+                assert same_value(feature, last, expected), (feature.output, t - ORIGIN, until - t)
     # Kept: the same request time and tiles are not merged again.
     assert merged.at(group, ("u1",), blobs[0], times[0])[0] is merged.at(
         group, ("u1",), blobs[0], times[0])[0]
@@ -234,7 +231,9 @@ def test_bad_specs_name_the_key(group, key, message):
     ([{"name": "g", "keys": ["price"], "features": [{"op": "count"}]}],
      "[0].keys[0]: 'price' is not a text column"),
     ([_group(op="approx_distinct", column="value")], "[0].features[0].column: approx_distinct "
-                                                      "counts text values"),
+                                                      "reads text values; 'value' is a number"),
+    ([_group(op="variance", column="category")], "[0].features[0].column: variance reads "
+                                                 "numbers; 'category' is text"),
     ([_group(op="count"), _group(op="count")], "[1].name: group g is also [0]"),
     ([{"name": "item", "keys": ["item_id"], "features": [{"op": "count"}]}],
      "[0].name: item is the item table's group"),

@@ -42,6 +42,10 @@ PUBLIC = {
 ENTRY_POINTS = {"etl/main.py", "feature_store/feast_repo/featureline_repo.py"}
 # Packages the serving side never imports: the API process runs without Spark.
 SPARK = ("pyspark",)
+# The core module whose operations have a Spark half beside their Python half
+# (docs/ARCHITECTURE.md, "Features as definitions"): it imports pyspark inside the Spark
+# half's functions and for type checking, never when it is loaded.
+SPARK_HALVES = {"core/operations.py"}
 
 
 def module_name(path: Path) -> str:
@@ -114,9 +118,27 @@ def violations(graph: dict[str, tuple[str, set[str]]]) -> list[str]:
                 found.append(f"{path}: imports {relative}, a higher layer ({target})")
             elif LAYERS[target] == layer and relative not in PUBLIC.get(package, set()):
                 found.append(f"{path}: imports {relative}, inside another stage ({target})")
-        if package in ("core", "api") and any(n.split(".")[0] in SPARK for n in imported):
+        if package in ("core", "api") and any(n.split(".")[0] in SPARK for n in imported) and (
+                path not in SPARK_HALVES or loads_spark(REPO / path)):
             found.append(f"{path}: imports Spark")
     return sorted(set(found))
+
+
+def loads_spark(path: Path) -> bool:
+    """Whether loading the module imports Spark: an import outside any function and outside
+    an ``if TYPE_CHECKING:`` block."""
+    def run_at_load(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) or (
+                isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"):
+            return []
+        if isinstance(node, ast.Import):
+            return [alias.name for alias in node.names]
+        if isinstance(node, ast.ImportFrom):
+            return [node.module or ""]
+        return [name for child in ast.iter_child_nodes(node) for name in run_at_load(child)]
+
+    names = run_at_load(ast.parse(path.read_text(), str(path)))
+    return any(name.split(".")[0] in SPARK for name in names)
 
 
 def test_no_module_imports_a_higher_layer_or_another_stages_internals():
@@ -136,6 +158,19 @@ def test_the_check_finds_each_kind_of_violation(module, path, imported, message)
     graph = {module: (path, imported)}
     (found,) = violations(graph)
     assert message in found and path in found
+
+
+def test_a_spark_half_imports_spark_only_when_called(tmp_path):
+    module = tmp_path / "operations.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from pyspark.sql import Column\n"
+                      "def _spark():\n    from pyspark.sql import functions\n"
+                      "    return functions\n")
+    assert not loads_spark(module)
+    module.write_text("import math\nfrom pyspark.sql import functions\n")
+    assert loads_spark(module)
+    module.write_text("class A:\n    def f(self):\n        pass\n    import pyspark\n")
+    assert loads_spark(module)
 
 
 def test_the_serving_processes_never_load_pyspark():

@@ -14,7 +14,7 @@ from pyspark.sql import types as T
 from featureline.core.aggregations import GroupSpec
 from featureline.etl.aggregations import DAY, backfill, group_values
 from featureline.etl.features.base import TS_MICROS
-from tests.aggregation_reference import LABEL, MICROS, ORIGIN, OUTPUTS, SPEC, reference
+from tests.aggregation_reference import LABEL, MICROS, ORIGIN, OUTPUTS, SPEC, reference, same_value
 
 EVENT_SCHEMA = T.StructType([
     T.StructField("user_id", T.StringType()), T.StructField("item_id", T.StringType()),
@@ -50,12 +50,6 @@ def _as_reference(event: dict) -> dict:
     return {**event, "ts": event[TS_MICROS]}
 
 
-def _same(feature, got, expected):
-    if feature.spec.op in ("sum", "mean") and expected is not None:
-        return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
-    return got == expected
-
-
 def _check(rows, log, group):
     """Every output of ``group`` (keyed by user_id) in ``rows`` equals the brute-force
     reference at the row's time."""
@@ -68,7 +62,7 @@ def _check(rows, log, group):
         for feature in group.outputs():
             expected = reference(feature, own, row[TS_MICROS])
             got = row[feature.column_name]
-            if not _same(feature, got, expected):
+            if not same_value(feature, got, expected):
                 differ.append((feature.output, row["user_id"], row[TS_MICROS] - ORIGIN, got,
                                expected))
     assert differ == [], differ[:10]
@@ -104,7 +98,7 @@ def test_a_group_keyed_by_two_columns(spark):
                if (e["user_id"], e["category"]) == (row["user_id"], row["category"])]
         for feature in group.outputs():
             expected = reference(feature, own, row[TS_MICROS])
-            assert _same(feature, row[feature.column_name], expected), (feature.output, row)
+            assert same_value(feature, row[feature.column_name], expected), (feature.output, row)
 
 
 # Windows whole days long, or hops an hour divides (a 30-day window hops a day, one of
@@ -147,7 +141,8 @@ def test_events_folded_per_aligned_span_give_the_definition_at_aligned_anchors(s
 def test_approx_distinct_registers_and_estimate_equal_the_engines(spark):
     """10,000 distinct values: Spark's registers give the engine's estimate to the unit, and
     it is within 2 % of the truth."""
-    from featureline.core.aggregations import ApproxDistinct, fold
+    from featureline.core.aggregations import fold
+    from featureline.core.operations import ApproxDistinct
 
     group = GroupSpec.model_validate({"name": "g", "keys": ["user_id"], "features": [
         {"op": "approx_distinct", "column": "item_id"}]})
@@ -200,7 +195,7 @@ def test_tiles_at_the_cut_give_the_definition_at_any_later_time(spark):
             values = served.values_at("user_activity", [user], cut + offset)
             for feature in OUTPUTS:
                 expected = reference(feature, by_user.get(user, []), cut + offset)
-                if not _same(feature, values[feature.output], expected):
+                if not same_value(feature, values[feature.output], expected):
                     differ.append((feature.output, user, offset, values[feature.output],
                                    expected))
     assert differ == [], differ[:10]
@@ -242,7 +237,7 @@ def test_the_job_joins_every_groups_values_onto_its_events(spark):
             for feature in group.outputs():
                 expected = None if None in key else reference(feature, own, row[TS_MICROS])
                 got = row[feature.column_name]
-                if not (got is None if expected is None else _same(feature, got, expected)):
+                if not (got is None if expected is None else same_value(feature, got, expected)):
                     differ.append((feature.qualified, key, row[TS_MICROS] - ORIGIN, got,
                                    expected))
     assert differ == [], differ[:10]

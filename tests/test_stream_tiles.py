@@ -18,13 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from featureline.core.aggregations import entity_group, event_value, tiles, value_from_tiles
+from featureline.core.time_rule import DAY
 from featureline.feature_store.tiles import (
     decode_key_tiles,
     encode_key_tiles,
     tile_key,
     tiles_prefix,
 )
-from featureline.stream.processor import DAY_US, entity_values
+from featureline.stream.processor import entity_values
 from featureline.stream.tiles import SCRIPT_EVENTS, SCRIPT_KEYS, StreamTiles
 from tests.aggregation_reference import (
     CONTRACT,
@@ -35,6 +36,7 @@ from tests.aggregation_reference import (
     SPEC,
     kept,
     reference,
+    same_value,
 )
 from tests.feast_data import fresh_db
 
@@ -82,12 +84,6 @@ def _publish(client: redis.Redis, events: list[dict], cut: int) -> None:
                        encode_key_tiles(features, by_output))
 
 
-def _same(feature, got, expected):
-    if feature.spec.op in ("sum", "mean") and expected is not None:
-        return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
-    return got == expected
-
-
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(logged=_events, cut_offset=OFFSETS, batch=st.integers(1, 7),
@@ -121,16 +117,16 @@ def test_streamed_tiles_serve_the_definition(client, logged, cut_offset, batch, 
                     got = value_from_tiles(feature.operation(), feature.window,
                                            held.get(output, {}), t)
                     expected = reference(feature, own, t)
-                    if not _same(feature, got, expected):
+                    if not same_value(feature, got, expected):
                         differ.append((output, user, t - ORIGIN, got, expected))
             if group.name == "user" and any(e["ts"] >= cut for e in own):
                 row = entity_values(features, stored)
                 assert row is not None
                 values, at = row
-                assert at == (max(e["ts"] for e in own) // DAY_US + 1) * DAY_US
+                assert at == (max(e["ts"] for e in own) // DAY + 1) * DAY
                 differ += [(output, user, "row", values[output], reference(feature, own, at))
                            for output, feature in features.items()
-                           if not _same(feature, values[output], reference(feature, own, at))]
+                           if not same_value(feature, values[output], reference(feature, own, at))]
     assert differ == [], differ[:5]
 
 

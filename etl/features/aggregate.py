@@ -23,7 +23,6 @@ from featureline.core.aggregations import ENTITIES, AggregateFeature, GroupSpec
 from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.aggregations import (
-    ORDERED,
     events_cut,
     group_snapshots,
     group_values,
@@ -36,11 +35,6 @@ from featureline.etl.features.base import (
     FeatureSpec,
     plans_for_gpu,
 )
-
-# Operations whose value is a count.
-_COUNTS = ("count", "approx_distinct")
-# Operations that have no value without events.
-_MAYBE_MISSING = ("mean", "min", "max", "last")
 
 
 class Aggregations(FeatureOp):
@@ -63,7 +57,7 @@ class Aggregations(FeatureOp):
         self.values: dict[str, tuple[DataFrame, DataFrame]] = {}
 
     def _as_ids(self, feature: AggregateFeature) -> bool:
-        return feature.spec.op in ORDERED and feature.spec.column in self.encoded
+        return feature.operation().ordered and feature.spec.column in self.encoded
 
     @property
     def reads_ids(self) -> bool:
@@ -141,8 +135,8 @@ class Aggregations(FeatureOp):
                                shares=encoded_name(spec.column or ""), aggregation=described)
         return FeatureSpec(
             feature.column_name, "continuous", "float32",
-            transform_hint=LOG1P_STANDARDIZE if spec.op in _COUNTS else STANDARDIZE,
-            missing=spec.op in _MAYBE_MISSING, aggregation=described)
+            transform_hint=LOG1P_STANDARDIZE if feature.operation().counts else STANDARDIZE,
+            missing=feature.operation().may_be_missing, aggregation=described)
 
 
 def _joined(events: DataFrame, values: DataFrame, keys: Sequence[str]) -> DataFrame:

@@ -18,6 +18,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core.settings import Settings
+from featureline.core.time_rule import MICROS, floor_to
 from featureline.etl.rapids import RAPIDS_PLUGIN
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ TRAIN = "train"
 VALID = "valid"
 # Event time in microseconds since the epoch: the order and range key of the time windows.
 TS_MICROS = "_ts_us"
-MICROS = 1_000_000
 # Per row: the user's events, and positives among them, before the rows an incremental run
 # gives an op (docs/ARCHITECTURE.md, "Incremental runs"); absent in a full run, which gives
 # every row.
@@ -66,7 +66,7 @@ def with_time_key(frame: DataFrame) -> DataFrame:
 
 def hop_start(hop: int, at: Column | None = None) -> Column:
     """The start of the hop (µs, ``hop`` long) holding a row's ``TS_MICROS`` (or ``at``)."""
-    return F.floor((F.col(TS_MICROS) if at is None else at) / hop).cast("long") * hop
+    return floor_to(F.col(TS_MICROS) if at is None else at, hop)
 
 
 def plans_for_gpu(spark: SparkSession) -> bool:
