@@ -473,43 +473,75 @@ def with_overrides(
     valid_days: int | None = None,
     incremental: bool = False,
 ) -> EtlConfig:
-    """Apply command-line flags on top of the file, re-validating the result."""
-    data = config.model_dump(mode="json")
+    """Apply command-line flags on top of a validated configuration, re-validating the
+    result (:func:`flags_applied` names the flags)."""
+    data = flags_applied(
+        config.model_dump(mode="json"), input_path=input_path, input_format=input_format,
+        output=output, profile=profile, label=label, categorical=categorical,
+        continuous=continuous, vocabulary_from=vocabulary_from,
+        refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
+        valid_days=valid_days, incremental=incremental)
+    return validate(EtlConfig, data, origin="command-line flags", prefix=("etl",), tags=OP_NAMES)
+
+
+def flags_applied(
+    data: dict[str, Any],
+    *,
+    input_path: str | None = None,
+    input_format: str | None = None,
+    output: str | None = None,
+    profile: str | None = None,
+    label: str | None = None,
+    categorical: list[str] | None = None,
+    continuous: list[str] | None = None,
+    vocabulary_from: str | None = None,
+    refit_vocabularies: bool = False,
+    fit_from: str | None = None,
+    refit: bool = False,
+    valid_days: int | None = None,
+    incremental: bool = False,
+) -> dict[str, Any]:
+    """The ``etl`` section's data (as the file holds it, or a dump) with the command-line
+    flags applied, before anything checks it: a check reads the columns the flags declare."""
+    data = dict(data)
+
+    def put(section: str, key: str, value: Any) -> None:
+        data[section] = {**(data.get(section) or {}), key: value}
+
     if input_path is not None:
-        data["source"]["path"] = input_path
-        data["source"]["format"] = input_format or _format_from_suffix(input_path) or data[
-            "source"]["format"]
-    elif input_format is not None:
-        data["source"]["format"] = input_format
+        put("source", "path", input_path)
+    source_format = input_format or (input_path and _format_from_suffix(input_path))
+    if source_format:
+        put("source", "format", source_format)
     if output is not None:
-        data["output"]["path"] = output
+        put("output", "path", output)
     if profile is not None:
-        data["spark"]["profile"] = profile
+        put("spark", "profile", profile)
     if label is not None:
         try:
             data["label"] = LabelRule.parse(label).model_dump(mode="json")
         except LabelRuleError as exc:
             raise LabelRuleError("--label", exc.message) from None
     if categorical is not None:
-        data["source"]["categorical"] = categorical
+        put("source", "categorical", categorical)
     if continuous is not None:
-        data["source"]["continuous"] = continuous
+        put("source", "continuous", continuous)
     if vocabulary_from is not None:
-        data["vocabulary"]["previous"] = vocabulary_from
+        put("vocabulary", "previous", vocabulary_from)
     if refit_vocabularies:
-        data["vocabulary"]["refit"] = True
+        put("vocabulary", "refit", True)
     if fit_from is not None:
-        data["fit"]["from_output"] = fit_from
+        put("fit", "from_output", fit_from)
     if refit:
-        data["fit"]["refit"] = True
+        put("fit", "refit", True)
     if valid_days is not None:
-        data["split"]["valid_days"] = valid_days
+        put("split", "valid_days", valid_days)
     if incremental:
         if input_path is None:
             raise ConfigError("--input", "an incremental run reads only the new raw files: "
                               "name them with --input")
         data["mode"] = "incremental"
-    return validate(EtlConfig, data, origin="command-line flags", prefix=("etl",), tags=OP_NAMES)
+    return data
 
 
 def _format_from_suffix(path: str) -> str | None:

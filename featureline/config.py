@@ -7,6 +7,7 @@ defaults. A wrong or missing setting is a :class:`ConfigError` naming its key
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from featureline.api.settings import ApiConfig, ServingConfig
 from featureline.core.aggregations import GroupSpec
 from featureline.core.drift import ChecksConfig
 from featureline.core.settings import Settings, read_yaml, validate
-from featureline.etl.config import OP_NAMES, EtlConfig
+from featureline.etl.config import OP_NAMES, EtlConfig, flags_applied
 from featureline.feature_store.settings import FeatureStoreConfig
 from featureline.stream.settings import StreamConfig
 
@@ -68,8 +69,15 @@ def parse_config(data: dict[str, Any], *, origin: str = "featureline.yaml") -> F
     return validate(FeaturelineConfig, data, origin=origin, tags=OP_NAMES)
 
 
-def load_config(path: str | Path | None = None) -> FeaturelineConfig:
-    """Read ``featureline.yaml`` (or the embedded defaults when ``path`` is None)."""
-    if path is None:
-        return FeaturelineConfig()
-    return parse_config(read_yaml(path), origin=str(path))
+def load_config(path: str | Path | None = None,
+                etl_flags: Mapping[str, Any] | None = None) -> FeaturelineConfig:
+    """Read ``featureline.yaml`` (or the embedded defaults when ``path`` is None), with the
+    ETL's command-line flags (``etl.config.flags_applied``'s) applied before any check: a
+    spec over a column that ``--categorical`` declares is checked against it."""
+    data = {} if path is None else read_yaml(path)
+    flagged = {name: value for name, value in (etl_flags or {}).items()
+               if value is not None and value is not False}
+    if flagged:
+        data = {**data, "etl": flags_applied(data.get("etl") or {}, **flagged)}
+    origins = [*([] if path is None else [str(path)]), *(["command-line flags"] if flagged else [])]
+    return parse_config(data, origin=" with ".join(origins)) if origins else FeaturelineConfig()

@@ -53,17 +53,15 @@ def run_job(path: str | None = None, input_path: str | None = None,
     ``aggregations``: a spec in place of the configuration's.
     """
     from featureline.config import load_config
-    from featureline.etl.config import check_aggregations, with_overrides
+    from featureline.etl.config import check_aggregations
     from featureline.etl.incremental import dated
 
-    config = with_overrides(
-        load_config(config_path(path)).etl,
+    config = load_config(config_path(path), etl_flags=dict(
         input_path=dated(input_path) if input_path else None, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
         refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
-        valid_days=valid_days,
-        incremental=incremental)
+        valid_days=valid_days, incremental=incremental)).etl
     if aggregations is not None:
         config = config.model_copy(update={"aggregations": aggregations})
         check_aggregations(config)

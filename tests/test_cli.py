@@ -56,6 +56,27 @@ def test_config_errors_stop_before_spark_with_the_key(tmp_path):
     assert "Spark" not in bad_column.stderr  # no session was started
 
 
+def test_the_flags_declare_columns_before_the_file_is_checked(tmp_path):
+    """A spec over a column that only ``--categorical`` declares: the flags apply first, so
+    the run gets past the configuration (to the missing input); without the flag the first
+    setting that reads the column is named."""
+    config = tmp_path / "my.yaml"
+    config.write_text(
+        "aggregations:\n  - name: user_genre\n    keys: [user_id, genre]\n"
+        "    features: [{op: count, windows: [30d]}]\n"
+        "  - name: genre_ratings\n    keys: [genre]\n"
+        "    features: [{op: mean, column: rating, name: mean_rating}]\n"
+        "etl:\n  features:\n    - op: categorify\n      columns: [user_id, item_id, genre]\n")
+    missing = tmp_path / "ratings.csv"
+    flagged = _featureline("etl", "run", "--config", str(config), "--input", str(missing),
+                           "--categorical", "genre", "--continuous", "rating")
+    assert flagged.returncode == 2
+    assert "no file or folder matches the source path" in flagged.stderr, flagged.stderr
+    unflagged = _featureline("etl", "run", "--config", str(config), "--input", str(missing))
+    assert unflagged.returncode == 2
+    assert "etl.features[0].columns: unknown column 'genre'" in unflagged.stderr
+
+
 def _one_error(result: subprocess.CompletedProcess, code: int) -> list[str]:
     """The command failed with ``code``, printing one error line and one hint, no traceback
     and no Spark or Java output; those two lines."""
