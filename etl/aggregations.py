@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from pyspark.sql import Column, DataFrame, Window, WindowSpec
 from pyspark.sql import functions as F
@@ -199,51 +200,65 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
                    features: list[AggregateFeature], numeric: Sequence[str],
                    values: Mapping[str, Column], aligned: int | None = None,
                    prior: Lifetime | None = None) -> DataFrame:
-    operations = [f.operation() for f in features]
-    # Windows that start on aligned anchors' hops: a frame over the rows (no tiles, no exits).
-    direct = [_starts_hops(f, aligned) for f in features]
-    exits = [_by_exits(f, events.schema) and not d for f, d in zip(features, direct, strict=True)]
-    # Output i's partial in columns "<i>_<name>": null on the rows it does not count.
-    state: dict[str, Column] = {}
-    for index, feature in enumerate(features):
-        keeps = _keeps(feature, numeric)
-        state.update({f"{index}_{name}": F.when(keeps, column) for name, column
-                      in _state(feature, _read(feature, values), events).items()})
-    hops = sorted({f.window.hop * MICROS for f, d, x in zip(features, direct, exits, strict=True)
-                   if f.window.hop and not (d or x)})
-    hop_columns = {f"{_HOP}{hop}": hop_start(hop) for hop in hops}
+    """The outputs of the frames plan at ``anchors`` (or, with ``aligned`` and none, at the
+    end of each folded span): one union of the event rows, the exit rows, the whole-hop rows
+    and the anchors, and each output's columns over frames of it (:func:`plan_for`)."""
+    plans = [plan_for(index, feature, aligned, events.schema)
+             for index, feature in enumerate(features)]
+    state = {name: column for plan in plans
+             for name, column in plan.state(numeric, values, events).items()}
+    hops = sorted({plan.hop for plan in plans if isinstance(plan, TilesAndHead)})
     if aligned:
-        # Folded per key and aligned span: its partial, at the span's start.
-        folded = [column for index, operation in enumerate(operations)
-                  for column in _merged(operation, _partial(index), prefix=f"{index}_")]
-        events = events.select(*keys, TS_MICROS, *(c.alias(n) for n, c in state.items()))
-        state = {n: F.col(n) for n in state}
-        events = events.groupBy(*keys, floor_to(F.col(TS_MICROS), aligned)
-                                .alias(TS_MICROS)).agg(*folded)
-        if prior is not None:
-            # The events before the first span: one more folded span (the one before it),
-            # counted by the lifetime outputs only.
-            assert aligned is not None
-            events = events.unionByName(prior.frame.select(
-                *keys, F.lit(prior.before - aligned).alias(TS_MICROS),
-                *(F.col(f"{feature.column_name}__{name}").alias(f"{index}_{name}")
-                  for index, feature in enumerate(features) if feature.window.seconds is None
-                  for name in _fields(operations[index]))), allowMissingColumns=True)
-    if anchors is None:
-        # Each folded span (one row per key and span) is also the anchor at its end: one
-        # row each, read once.
-        both = events.select("*", F.explode(F.array(F.lit(_EVENT), F.lit(_ANCHOR)))
-                             .alias(_KIND))
-        anchor = F.col(_KIND) == _ANCHOR
-        union = both.select(*keys, F.when(anchor, F.col(TS_MICROS) + F.lit(aligned))
-                            .otherwise(F.col(TS_MICROS)).alias(TS_MICROS), _KIND,
-                            *(F.when(~anchor, F.col(n)).alias(n) for n in state))
-        union = union.select(
-            "*", (F.col(TS_MICROS) - F.when(anchor, 1).otherwise(0)).alias(_AT),
-            *(c.alias(n) for n, c in hop_columns.items()))
-        rows = union.where(~anchor)
-        queried = union.where(anchor)
-    else:
+        events = _folded(events, keys, plans, state, aligned, prior)
+        state = {name: F.col(name) for name in state}
+    rows, union, queried = _rows_and_anchors(events, anchors, keys, state, hops, aligned)
+    union = _with_exits(union, rows, keys, [p for p in plans if isinstance(p, Exits)], aligned)
+    # The frames ordered by time per key first; the exit rows are gone before the others.
+    running = [plan for plan in plans if plan.running]
+    if running:
+        union = union.select("*", *(c for plan in running for c in plan.running_columns(keys))
+                             ).where(F.col(_KIND) != _EXIT)
+    for hop in hops:
+        # The whole hops of the tiled outputs of this hop: a row per key and queried hop.
+        tiled = [p for p in plans if isinstance(p, TilesAndHead) and p.hop == hop]
+        tiles = rows.groupBy(*keys, f"{_HOP}{hop}").agg(*(
+            c for plan in tiled for c in plan.merged(plan.partial(STATE), part=STATE)))
+        union = union.unionByName(_whole_hop_rows(
+            tiles, queried.select(*keys, hop_start(hop).alias(f"{_HOP}{hop}")).distinct(),
+            keys, hop, [(plan.span, plan.hops_merged) for plan in tiled]),
+            allowMissingColumns=True)
+    framed = union.select(*keys, TS_MICROS, _KIND, *(
+        c for plan in plans for c in plan.anchor_columns(keys))).where(F.col(_KIND) == _ANCHOR)
+    return framed.select(*keys, TS_MICROS, *(plan.value() for plan in plans))
+
+
+def _folded(events: DataFrame, keys: list[str], plans: Sequence[FramedPlan],
+            state: Columns, aligned: int, prior: Lifetime | None) -> DataFrame:
+    """The events folded per key and aligned span: each span's partial, at its start; with
+    ``prior``, the lifetime partials of the events before the first span as one more span
+    (the one before it), counted by the lifetime outputs only."""
+    folded = [column for plan in plans for column in plan.merged(plan.partial(STATE),
+                                                                 part=STATE)]
+    events = events.select(*keys, TS_MICROS, *(c.alias(n) for n, c in state.items()))
+    events = events.groupBy(*keys, floor_to(F.col(TS_MICROS), aligned)
+                            .alias(TS_MICROS)).agg(*folded)
+    if prior is None:
+        return events
+    return events.unionByName(prior.frame.select(
+        *keys, F.lit(prior.before - aligned).alias(TS_MICROS),
+        *(F.col(f"{plan.feature.column_name}__{field}").alias(plan.column(STATE, field))
+          for plan in plans if plan.feature.window.seconds is None for field in plan.fields)),
+        allowMissingColumns=True)
+
+
+def _rows_and_anchors(events: DataFrame, anchors: DataFrame | None, keys: list[str],
+                      state: Columns, hops: Sequence[int], aligned: int | None
+                      ) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """The event rows (their partials, ``_AT`` and each tiled hop's start), their union with
+    the anchors (ordered at ``t − 1 µs``), and the anchors. Without ``anchors``: each folded
+    span (one row per key and span) is also the anchor at its end, one row read once."""
+    hop_columns = {f"{_HOP}{hop}": hop_start(hop) for hop in hops}
+    if anchors is not None:
         rows = events.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
                              F.lit(_EVENT).alias(_KIND),
                              *(c.alias(n) for n, c in state.items()),
@@ -251,59 +266,38 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
         union = rows.unionByName(anchors.select(
             *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), F.lit(_ANCHOR).alias(_KIND),
             *(c.alias(n) for n, c in hop_columns.items())), allowMissingColumns=True)
-        queried = anchors
-    # First the outputs of frames ordered by time per key: the lifetime's, the direct ones,
-    # and the windows summed less their rows' exits (one row per key and exit time, its
-    # partial negated); the exit rows are gone before the other frames run.
-    running = [i for i, f in enumerate(features)
-               if exits[i] or direct[i] or f.window.seconds is None]
-    for hop, by_span in _exit_groups(features, exits).items():
-        # The tiles of the hop (a folded span's: that of its last µs), read once for every
-        # window length that hop has.
-        members = [i for leaving in by_span.values() for i in leaving]
+        return rows, union, anchors
+    both = events.select("*", F.explode(F.array(F.lit(_EVENT), F.lit(_ANCHOR))).alias(_KIND))
+    anchor = F.col(_KIND) == _ANCHOR
+    union = both.select(*keys, F.when(anchor, F.col(TS_MICROS) + F.lit(aligned))
+                        .otherwise(F.col(TS_MICROS)).alias(TS_MICROS), _KIND,
+                        *(F.when(~anchor, F.col(n)).alias(n) for n in state))
+    union = union.select(
+        "*", (F.col(TS_MICROS) - F.when(anchor, 1).otherwise(0)).alias(_AT),
+        *(c.alias(n) for n, c in hop_columns.items()))
+    return union.where(~anchor), union, union.where(anchor)
+
+
+def _with_exits(union: DataFrame, rows: DataFrame, keys: list[str], plans: Sequence[Exits],
+                aligned: int | None) -> DataFrame:
+    """``union`` with the exit rows of the ``plans``: per key and time their rows leave a
+    window, those rows' partial negated. A hop's tiles (a folded span's: that of its last
+    µs) are read once for every window length that hop has."""
+    by_hop: dict[int, dict[int, list[Exits]]] = {}
+    for plan in plans:
+        by_hop.setdefault(plan.hop, {}).setdefault(plan.span, []).append(plan)
+    for hop, by_span in by_hop.items():
+        members = [plan for leaving in by_span.values() for plan in leaving]
         tiles = rows.groupBy(*keys, hop_start(hop, F.col(TS_MICROS) + F.lit((aligned or 1) - 1))
-                             .alias(_AT)).agg(*(column for i in members for column in _merged(
-                                 operations[i], _partial(i), prefix=f"{i}_")))
+                             .alias(_AT)).agg(*(column for plan in members for column
+                                                in plan.merged(plan.partial(STATE), part=STATE)))
         for span, leaving in by_span.items():
             gone = _leaves(F.col(_AT), hop, span)
             union = union.unionByName(tiles.select(
                 *keys, gone.alias(TS_MICROS), (gone - 1).alias(_AT), F.lit(_EXIT).alias(_KIND),
-                *((-F.col(f"{i}_{name}")).alias(f"{i}_{name}") for i in leaving
-                  for name in _fields(operations[i]))), allowMissingColumns=True)
-    if running:
-        union = union.select("*", *(column for i in running for column in (
-            _merged(operations[i], _partial(i, _EVENT), _recent(
-                keys, (features[i].window.seconds or 0) * MICROS), f"b{i}_") if direct[i]
-            else _merged(operations[i], _partial(i), _before(keys), f"b{i}_"))
-        )).where(F.col(_KIND) != _EXIT)
-    for hop in hops:
-        # The whole hops of the outputs of this hop: one row per key and hop an anchor is in.
-        members = [i for i, f in enumerate(features)
-                   if (f.window.hop or 0) * MICROS == hop and not (direct[i] or exits[i])]
-        tiles = rows.groupBy(*keys, f"{_HOP}{hop}").agg(*(
-            c for i in members for c in _merged(operations[i], _partial(i), prefix=f"{i}_")))
-        union = union.unionByName(_whole_hop_rows(
-            tiles, queried.select(*keys, hop_start(hop).alias(f"{_HOP}{hop}")).distinct(),
-            keys, hop, [((features[i].window.seconds or 0) * MICROS,
-                         _tiles_merged(operations[i], i)) for i in members]),
-            allowMissingColumns=True)
-    columns = [F.col(f"b{i}_{name}") for i in running for name in _fields(operations[i])]
-    for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
-        hop = (feature.window.hop or 0) * MICROS
-        if index in running:
-            continue
-        columns += _merged(operation, _partial(index, _EVENT),
-                           _before(keys, f"{_HOP}{hop}"), f"b{index}_")
-        columns += _merged(operation, _partial(index, _WHOLE + hop, "a"),
-                           _before(keys, f"{_HOP}{hop}"), f"a{index}_")
-    framed = union.select(*keys, TS_MICROS, _KIND, *columns).where(F.col(_KIND) == _ANCHOR)
-    outputs = []
-    for index, (feature, operation) in enumerate(zip(features, operations, strict=True)):
-        whole = _nothing if index in running else _partial(index, prefix="a")
-        combined = operation.combine_columns(whole, _partial(index, prefix="b"))
-        outputs.append(operation.finish_column(combined.__getitem__)
-                       .alias(feature.column_name))
-    return framed.select(*keys, TS_MICROS, *outputs)
+                *((-F.col(plan.column(STATE, field))).alias(plan.column(STATE, field))
+                  for plan in leaving for field in plan.fields)), allowMissingColumns=True)
+    return union
 
 
 def _whole_hop_rows(tiles: DataFrame, queried: DataFrame, keys: Sequence[str], hop: int,
@@ -330,37 +324,127 @@ def _whole_hop_rows(tiles: DataFrame, queried: DataFrame, keys: Sequence[str], h
         F.lit(_WHOLE + hop).alias(_KIND))
 
 
-def _tiles_merged(operation: Operation, index: int
-                  ) -> Callable[[WindowSpec], list[Column]]:
-    """Output ``index``'s merge of the tile rows over a frame, as ``a<index>_<name>``."""
-    return lambda frame: _merged(operation, _partial(index, _TILE), frame, f"a{index}_")
+# The parts of an output's partial in the union: its state on the event rows, the merge of
+# the events before the anchor, and of the whole hops before the anchor's own.
+STATE, BEFORE, HOPS = "", "before_", "hops_"
 
 
-def _by_exits(feature: AggregateFeature, schema: StructType) -> bool:
-    """Whether the feature's windowed values are its key's running sum less the rows that
-    have left the window: a count, or a sum or mean of whole numbers — exact in any order
-    (as doubles while below 2^53), so the same from any first event on (a sum of fractions
-    is not: its windows merge their own rows)."""
-    if feature.window.seconds is None or feature.window.hop is None:
-        return False
-    if feature.spec.op == "count":
-        return True
+class FramedPlan:
+    """How one output of the frames plan gets its value at each anchor (a base: see
+    :func:`plan_for`). Its partial's columns
+    in the union are named ``_agg<index>_<part><field>`` (``part``: :data:`STATE`,
+    :data:`BEFORE`, :data:`HOPS`)."""
+
+    # Computed over frames ordered by time per key, before the exit rows leave the union.
+    running: ClassVar[bool] = True
+
+    def __init__(self, index: int, feature: AggregateFeature) -> None:
+        self.index = index
+        self.feature = feature
+        self.operation = feature.operation()
+        self.fields = _fields(self.operation)
+        window = feature.window
+        self.hop = (window.hop or 0) * MICROS
+        self.span = (window.seconds or 0) * MICROS
+
+    def column(self, part: str, field: str) -> str:
+        return f"_agg{self.index}_{part}{field}"
+
+    def partial(self, part: str, kind: int | None = None) -> Getter:
+        """The partial's ``part``, null on the rows not of ``kind`` (where given)."""
+        def read(field: str) -> Column:
+            value = F.col(self.column(part, field))
+            return value if kind is None else F.when(F.col(_KIND) == kind, value)
+
+        return read
+
+    def merged(self, partial: Getter, window: WindowSpec | None = None,
+               part: str = BEFORE) -> list[Column]:
+        """``partial`` merged in a group (no ``window``) or over a frame, as ``part``."""
+        return _merged(self.operation, partial, window, prefix=self.column(part, ""))
+
+    def state(self, numeric: Sequence[str], values: Mapping[str, Column],
+              events: DataFrame) -> Columns:
+        """An event row's partial: null where the event does not count."""
+        keeps = _keeps(self.feature, numeric)
+        return {self.column(STATE, field): F.when(keeps, column) for field, column
+                in _state(self.feature, _read(self.feature, values), events).items()}
+
+    def running_columns(self, keys: Sequence[str]) -> list[Column]:
+        """Its :data:`BEFORE` part over the running frame (running plans)."""
+        return []
+
+    def anchor_columns(self, keys: Sequence[str]) -> list[Column]:
+        """What the anchor rows carry to :meth:`value`."""
+        return [F.col(self.column(BEFORE, field)) for field in self.fields]
+
+    def value(self) -> Column:
+        combined = self.operation.combine_columns(_nothing, self.partial(BEFORE))
+        return self.operation.finish_column(combined.__getitem__).alias(
+            self.feature.column_name)
+
+
+class LifetimeFrame(FramedPlan):
+    """The lifetime (``all``): every earlier row of the key."""
+
+    def running_columns(self, keys: Sequence[str]) -> list[Column]:
+        return self.merged(self.partial(STATE), _before(keys))
+
+
+class Exits(LifetimeFrame):
+    """A window whose partials subtract exactly (``Operation.exact_in_any_order``: a count,
+    sums of whole numbers): the key's running partial less the rows that have left the
+    window — an event leaves at its tile's start + hop + window (``time_rule.expires``), so
+    each key gets one exit row per exit time holding its tile's partial negated. One running
+    frame per key serves all of them and the lifetime outputs."""
+
+
+class Direct(FramedPlan):
+    """A window whose hops aligned anchors start: at an anchor ``t`` it is ``[t − window,
+    t)``, a frame over the (folded) event rows; no tiles, no exits."""
+
+    def running_columns(self, keys: Sequence[str]) -> list[Column]:
+        return self.merged(self.partial(STATE, _EVENT), _recent(keys, self.span))
+
+
+class TilesAndHead(FramedPlan):
+    """Any other window: the whole hops ``[own − window, own)`` merged from the key's tiles
+    (:func:`_whole_hop_rows`), combined with the events of the anchor's own hop before ``t``
+    (a frame from the hop's start to just before ``t``)."""
+
+    running = False
+
+    def anchor_columns(self, keys: Sequence[str]) -> list[Column]:
+        own_hop = _before(keys, f"{_HOP}{self.hop}")
+        return (self.merged(self.partial(STATE, _EVENT), own_hop)
+                + self.merged(self.partial(HOPS, _WHOLE + self.hop), own_hop, part=HOPS))
+
+    def hops_merged(self, frame: WindowSpec) -> list[Column]:
+        """The tile rows merged over ``frame``, as its :data:`HOPS` part."""
+        return self.merged(self.partial(STATE, _TILE), frame, part=HOPS)
+
+    def value(self) -> Column:
+        combined = self.operation.combine_columns(self.partial(HOPS), self.partial(BEFORE))
+        return self.operation.finish_column(combined.__getitem__).alias(
+            self.feature.column_name)
+
+
+def plan_for(index: int, feature: AggregateFeature, aligned: int | None,
+             schema: StructType) -> FramedPlan:
+    """The plan of output ``index`` of the frames plan: :class:`Direct` where aligned anchors
+    start its hops, :class:`Exits` where its partials subtract exactly, the lifetime's frame,
+    else :class:`TilesAndHead`."""
+    window = feature.window
+    if _starts_hops(feature, aligned):
+        return Direct(index, feature)
+    if window.seconds is None or window.hop is None:
+        return LifetimeFrame(index, feature)
     column = feature.spec.column
-    return (feature.spec.op in ("sum", "mean") and column is not None
-            and isinstance(schema[column].dataType, (IntegralType, BooleanType)))
-
-
-def _exit_groups(features: Sequence[AggregateFeature], exits: Sequence[bool]
-                 ) -> dict[int, dict[int, list[int]]]:
-    """The outputs summed less their exits, by their hop and then their window's length
-    (µs): the rows leave by both."""
-    groups: dict[int, dict[int, list[int]]] = {}
-    for index, feature in enumerate(features):
-        if exits[index]:
-            window = feature.window
-            groups.setdefault((window.hop or 0) * MICROS, {}).setdefault(
-                (window.seconds or 0) * MICROS, []).append(index)
-    return groups
+    whole_numbers = column is not None and isinstance(
+        schema[column].dataType, (IntegralType, BooleanType))
+    if feature.operation().exact_in_any_order(whole_numbers):
+        return Exits(index, feature)
+    return TilesAndHead(index, feature)
 
 
 def _leaves(tile: Column, hop: int, span: int) -> Column:
@@ -386,18 +470,8 @@ def _starts_hops(feature: AggregateFeature, aligned: int | None) -> bool:
     return False
 
 
-def _partial(index: int, kind: int | None = None, prefix: str = "") -> Getter:
-    """Output ``index``'s partial, by name: the columns ``<prefix><index>_<name>``, null on
-    the rows not of ``kind`` (where given)."""
-    def column(name: str) -> Column:
-        value = F.col(f"{prefix}{index}_{name}")
-        return value if kind is None else F.when(F.col(_KIND) == kind, value)
-
-    return column
-
-
 def _nothing(name: str) -> Column:
-    """No partial: the lifetime's part of whole hops."""
+    """No partial: the whole hops of a plan without them."""
     return F.lit(None)
 
 
