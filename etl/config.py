@@ -198,6 +198,11 @@ class VocabularyConfig(Settings):
         return self
 
 
+# How long a daily (incremental) run keeps its output's fit where etl.fit.refit_every is unset:
+# a day's run then transforms and writes only the day, and its ids never change once written.
+INCREMENTAL_REFIT_EVERY = "7d"
+
+
 class FitConfig(Settings):
     """Where the fitted statistics come from (docs/ARCHITECTURE.md, "Fits")."""
 
@@ -206,12 +211,19 @@ class FitConfig(Settings):
     # None: fit on this run's training split (a new fit), or keep the replaced output's fit as
     # refit_every says.
     from_output: str | None = None
-    # Keep the fit of the output a full run replaces until it is this old (e.g. 7d), in the
-    # events' time: from the end of the fit's training split to the end of this run's. None:
-    # every run fits anew.
+    # Keep the fit of the output a run replaces or extends until it is this old (e.g. 7d), in
+    # the events' time: from the end of the fit's training split to the end of this run's.
+    # None: an incremental run keeps it for INCREMENTAL_REFIT_EVERY, a full run fits anew.
     refit_every: Duration | None = None
     # Fit anew this run whatever refit_every says (--refit).
     refit: bool = False
+
+    def kept_for(self, mode: Literal["full", "incremental"]) -> Duration | None:
+        """How long a run of ``mode`` keeps the fit of the output it replaces or extends;
+        None: it fits anew."""
+        if self.refit_every is not None:
+            return self.refit_every
+        return INCREMENTAL_REFIT_EVERY if mode == "incremental" else None
 
     @model_validator(mode="after")
     def _one_source(self) -> FitConfig:

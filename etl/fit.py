@@ -93,12 +93,13 @@ def load_fit(spark: SparkSession, config: EtlConfig) -> Fit | None:
 
 def scheduled_fit(spark: SparkSession, config: EtlConfig, output: Path) -> Fit | None:
     """The fit of the output a run replaces (a full run) or extends (an incremental one),
-    where ``etl.fit.refit_every`` keeps fits between refits and neither ``--fit-from`` nor
-    ``--refit`` is given; None where there is none to keep (no output yet, no fit recorded,
-    other settings: a new fit). Whether it is young enough is known once the run's split is
-    (``keeps``)."""
+    where ``etl.fit.refit_every`` (``FitConfig.kept_for``) keeps fits between refits and
+    neither ``--fit-from`` nor ``--refit`` is given; None where there is none to keep (no
+    output yet, no fit recorded, other settings: a new fit). Whether it is young enough is
+    known once the run's split is (``keeps``)."""
     settings = config.fit
-    if (settings.refit_every is None or settings.refit or settings.from_output is not None
+    if (settings.kept_for(config.mode) is None or settings.refit
+            or settings.from_output is not None
             or not (output / METADATA_FILE).is_file()):
         return None
     fit = _recorded(spark, output, config)
@@ -107,9 +108,10 @@ def scheduled_fit(spark: SparkSession, config: EtlConfig, output: Path) -> Fit |
 
 def keeps(age_days: float | None, config: EtlConfig) -> bool:
     """Whether a scheduled fit of this age (:meth:`Fit.age_days` at the run's split; None:
-    unknown) is still younger than ``etl.fit.refit_every``."""
-    assert config.fit.refit_every is not None
-    return age_days is not None and age_days * 86400 < duration_seconds(config.fit.refit_every)
+    unknown) is still younger than ``etl.fit.refit_every`` (``FitConfig.kept_for``)."""
+    kept_for = config.fit.kept_for(config.mode)
+    assert kept_for is not None
+    return age_days is not None and age_days * 86400 < duration_seconds(kept_for)
 
 
 def _recorded(spark: SparkSession, output: Path, config: EtlConfig) -> Fit | str:

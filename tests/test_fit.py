@@ -156,3 +156,12 @@ def test_a_kept_fit_is_refitted_once_it_is_refit_every_old(spark, tmp_path, job_
     assert scheduled_fit(spark, told, tmp_path / "out") is None
     with pytest.raises(ConfigError, match="not both"):
         with_overrides(told, fit_from=str(tmp_path / "out"))
+
+
+def test_daily_runs_keep_the_fit_a_week_by_default_and_full_runs_fit_anew():
+    from featureline.etl.config import INCREMENTAL_REFIT_EVERY, FitConfig
+
+    assert INCREMENTAL_REFIT_EVERY == "7d"
+    assert (FitConfig().kept_for("incremental"), FitConfig().kept_for("full")) == ("7d", None)
+    told = FitConfig(refit_every="2d")
+    assert (told.kept_for("incremental"), told.kept_for("full")) == ("2d", "2d")

@@ -127,8 +127,9 @@ def _comparable(metadata: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(spark, small_log, tmp_path_factory):
-    """The old days' run, then an incremental run of the new days (late events allowed);
-    and a full run over both files extending the old run's vocabularies."""
+    """The old days' run, then an incremental run of the new days (late events allowed) that
+    fits anew (``--refit``: a daily run keeps its fit by default); and a full run over both
+    files extending the old run's vocabularies."""
     root = tmp_path_factory.mktemp("incremental")
     files = _split_log(small_log, root / "raw")
     config = make_config(root, files["old"], incremental={"allow_late": True},
@@ -136,8 +137,9 @@ def runs(spark, small_log, tmp_path_factory):
     base = job.run(config, spark, progress=lambda _: None)
     shutil.copytree(base.output, root / "base")  # the vocabularies both runs extend
     incremental = job.run(config.model_copy(update={
-        "mode": "incremental", "source": config.source.model_copy(
-            update={"path": str(files["new"])})}), spark, progress=lambda _: None)
+        "mode": "incremental", "fit": config.fit.model_copy(update={"refit": True}),
+        "source": config.source.model_copy(update={"path": str(files["new"])})}), spark,
+        progress=lambda _: None)
     full = job.run(make_config(root / "full", root / "raw", incremental={"allow_late": True},
                                vocabulary={"previous": str(root / "base")},
                                aggregations=AGGREGATIONS),
@@ -205,11 +207,12 @@ def test_rows_add_up_across_runs_and_this_runs_own(runs):
 
 
 def _new_day(runs: dict, output: Path, allow_late: bool) -> EtlConfig:
-    """The incremental run of the new days' file into ``output``."""
+    """The incremental run of the new days' file into ``output``, fitting anew as the
+    fixture's does."""
     config = runs["config"]
     return config.model_copy(update={
-        "mode": "incremental", "incremental": config.incremental.model_copy(
-            update={"allow_late": allow_late}),
+        "mode": "incremental", "fit": config.fit.model_copy(update={"refit": True}),
+        "incremental": config.incremental.model_copy(update={"allow_late": allow_late}),
         "output": config.output.model_copy(update={"path": str(output)}),
         "source": config.source.model_copy(update={"path": str(runs["files"]["new"])})})
 
@@ -280,7 +283,7 @@ def kept(runs, spark):
     inodes = _inodes(output)
     config = _new_day(runs, output, allow_late=True)
     incremental = job.run(config.model_copy(update={"fit": config.fit.model_copy(
-        update={"refit_every": "30d"})}), spark, progress=lambda _: None)
+        update={"refit_every": "30d", "refit": False})}), spark, progress=lambda _: None)
     full = job.run(make_config(root / "kept-full", root / "raw", incremental={"allow_late": True},
                                fit={"from_output": str(root / "base")},
                                aggregations=AGGREGATIONS), spark, progress=lambda _: None)
