@@ -110,6 +110,11 @@ def parse_rule(expression: str) -> LabelSpec:
                      "or 'event_type in (click, purchase)'")
 
 
+# When a raw column is known: ``request`` (the caller sends it), ``user`` / ``item`` (an
+# attribute of that entity), ``outcome`` (observed after the event).
+ColumnRole = Literal["request", "user", "item", "outcome"]
+
+
 class EventContract(BaseModel):
     """How an output's raw events were read: ``metadata.json``'s ``events``."""
 
@@ -123,6 +128,8 @@ class EventContract(BaseModel):
     value: bool = True
     continuous: list[str] = Field(default_factory=list)
     categorical: list[str] = Field(default_factory=list)
+    # When each of those columns is known: etl.source.roles.
+    roles: dict[str, ColumnRole] = Field(default_factory=dict)
     label: LabelSpec
     # The entity tables' rolling window ("recent" aggregates), in days.
     recent_days: int = 7

@@ -22,7 +22,7 @@ from featureline.core.aggregations import LABEL as LABEL_COLUMN
 from featureline.core.aggregations import GroupSpec, check_groups
 from featureline.core.drift import ChecksConfig
 from featureline.core.errors import ConfigError
-from featureline.core.events import ROLES, EventContract, LabelSpec, parse_rule
+from featureline.core.events import ROLES, ColumnRole, EventContract, LabelSpec, parse_rule
 from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Duration, Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
@@ -62,6 +62,10 @@ class RoleColumns(Settings):
     value: str | None = "value"
 
 
+def _demo_roles() -> dict[str, ColumnRole]:
+    return {"value": "outcome", "category": "item", "price": "item", "device": "request"}
+
+
 class SourceConfig(Settings):
     """The raw log: where it is, its format, and what its columns mean."""
 
@@ -74,6 +78,17 @@ class SourceConfig(Settings):
     categorical: list[str] = Field(default_factory=lambda: ["category", "device"])
     # Numeric context columns; --continuous overrides them.
     continuous: list[str] = Field(default_factory=lambda: ["price"])
+    # When each column is known: request (the caller sends it), user or item (an attribute
+    # of that entity), outcome (observed after the event: the label and aggregations over
+    # earlier events read it, never a feature of its own example). The file's entries update
+    # the defaults; a declared column listed nowhere is a request column, a listed column the
+    # source does not declare is ignored.
+    roles: dict[str, ColumnRole] = Field(default_factory=_demo_roles)
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _over_the_defaults(cls, roles: Any) -> Any:
+        return {**_demo_roles(), **roles} if isinstance(roles, dict) else roles
     # The field separator of CSV files.
     csv_delimiter: str = ","
 
@@ -86,6 +101,16 @@ class SourceConfig(Settings):
         if clash:
             raise ValueError(f"context columns may not reuse role names: {sorted(clash)}")
         return self
+
+    def role(self, column: str) -> ColumnRole:
+        """When ``column`` is known (``roles``; a request column unless listed)."""
+        return self.roles.get(column, "request")
+
+    def declared_roles(self) -> dict[str, ColumnRole]:
+        """The role of the value column (where mapped) and of every declared context column."""
+        value = ["value"] if self.columns.value else []
+        return {column: self.role(column)
+                for column in [*value, *self.categorical, *self.continuous]}
 
 
 class ValidationConfig(Settings):
@@ -359,7 +384,9 @@ class EtlConfig(Settings):
             continuous=tuple(continuous_columns(self)),
             categorical_context=tuple(self.source.categorical),
             continuous_context=tuple(continuous_columns(self)),
-            label_column=self.label.column)
+            label_column=self.label.column,
+            outcomes=tuple(c for c, role in self.source.declared_roles().items()
+                           if role == "outcome"))
 
     def event_contract(self) -> EventContract:
         """How this run reads raw events, as metadata.json records it (``events``)."""
@@ -371,6 +398,7 @@ class EtlConfig(Settings):
             future_tolerance_s=duration_seconds(tolerance) if tolerance else None,
             value=self.source.columns.value is not None,
             continuous=self.source.continuous, categorical=self.source.categorical,
+            roles=self.source.declared_roles(),
             label=LabelSpec(column=self.label.column, op=self.label.op, value=self.label.value),
             recent_days=self.entities.recent_days)
 
@@ -430,6 +458,11 @@ def check_features(config: EtlConfig) -> None:
                     f"{key}.columns: {column!r} is the label's column; "
                     "using it would leak the label"
                 )
+            if column in roles.outcomes:
+                raise ValueError(
+                    f"{key}.columns: {column!r} is an outcome (etl.source.roles), known only "
+                    "after the event: its own example would read it; aggregations over "
+                    "earlier events may")
         for column in op.needs_encoded:
             if column not in encoded:
                 raise ValueError(f"{key}: {op.op} needs a categorify of {column} before it")

@@ -87,11 +87,42 @@ def test_selectors_follow_the_declared_columns_and_skip_the_label():
     config = EtlConfig()
     assert config.column_roles().expand(["user_id", "@categorical"]) == ["user_id", "category",
                                                                    "device"]
-    assert config.column_roles().expand(["@continuous"]) == ["value", "price"]
+    # value is an outcome (etl.source.roles): no selector expands to it.
+    assert config.column_roles().expand(["@continuous"]) == ["price"]
     by_value = with_overrides(config, label="value >= 4", categorical=["genre"],
                               continuous=["price", "duration"])
     assert by_value.column_roles().expand(["@continuous"]) == ["price", "duration"]
     assert by_value.column_roles().expand(["@categorical"]) == ["genre"]
+
+
+def test_an_outcome_is_never_its_own_examples_feature():
+    """etl.source.roles: a selector skips an outcome, naming one fails with the key, and the
+    label and the aggregations may still read it; metadata.json's events carry the roles."""
+    config = EtlConfig()
+    assert config.source.declared_roles() == {
+        "value": "outcome", "category": "item", "device": "request", "price": "item"}
+    assert config.event_contract().roles == config.source.declared_roles()
+    with pytest.raises(ConfigError) as info:
+        parse_config({"etl": {"features": [
+            {"op": "normalize", "columns": ["value"]}]}})
+    assert info.value.key == "etl.features[0].columns"
+    assert "'value' is an outcome" in info.value.message
+    # A column declared an outcome in the file: the same, and the selector skips it.
+    dwell = parse_config({"etl": {"source": {
+        "continuous": ["price", "dwell"], "roles": {"dwell": "outcome"}}}}).etl
+    assert dwell.column_roles().expand(["@continuous"]) == ["price"]
+    assert dwell.source.role("price") == "item"  # the file's roles update the defaults
+    assert parse_config({"etl": {"source": {"roles": {"value": "request"}}}}).etl.column_roles(
+        ).expand(["@continuous"]) == ["value", "price"]
+    with pytest.raises(ConfigError, match="'dwell' is an outcome"):
+        parse_config({"etl": {"source": {"continuous": ["dwell"],
+                                         "roles": {"dwell": "outcome"}},
+                              "features": [{"op": "normalize", "columns": ["dwell"]}]}})
+    # The label and an aggregation over earlier events read an outcome.
+    rated = parse_config({"etl": {"label": "value >= 4"}, "aggregations": [
+        {"name": "user_ratings", "keys": ["user_id"],
+         "features": [{"op": "mean", "column": "value", "windows": ["30d"]}]}]})
+    assert rated.etl.label.column == "value"
 
 
 def test_flags_override_the_file():

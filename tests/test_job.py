@@ -124,7 +124,7 @@ def test_artifacts_readable_with_pyarrow_alone(job_output):
     assert (pairs["item_id"].map(lookup) == pairs["item_id_cat"]).all()
     stats = json.loads((artifacts / "stats.json").read_text())
     assert 0 < stats["target_encode"]["prior"] < 1
-    assert set(stats["normalize"]["columns"]) == {"value", "price"}
+    assert set(stats["normalize"]["columns"]) == {"price"}  # value: an outcome
 
 
 def test_entity_snapshots_are_point_in_time_correct(job_output):

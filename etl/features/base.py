@@ -104,16 +104,19 @@ class ColumnRoles:
     categorical_context: tuple[str, ...]
     continuous_context: tuple[str, ...]
     label_column: str
+    # Columns observed after the event (``etl.source.roles``): never an example's input.
+    outcomes: tuple[str, ...] = ()
 
     def expand(self, columns: list[str]) -> list[str]:
         """Replace the selectors by the declared columns; a selector never expands to the
-        label's own column: that would leak the label."""
+        label's own column, nor to an outcome: either would leak into the example."""
         selected = {CATEGORICAL_SELECTOR: self.categorical_context,
                     CONTINUOUS_SELECTOR: self.continuous_context}
         expanded: list[str] = []
         for column in columns:
             if column in selected:
-                expanded.extend(c for c in selected[column] if c != self.label_column)
+                expanded.extend(c for c in selected[column]
+                                if c != self.label_column and c not in self.outcomes)
             else:
                 expanded.append(column)
         return list(dict.fromkeys(expanded))
