@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, cast
@@ -805,127 +805,228 @@ def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:
     return stats
 
 
+@dataclass
+class _Run:
+    """What every stage of one run shares: its settings, session, output, stage timer, the
+    feature pipeline, the fit it may keep, the vocabularies it extends, the frames it cached
+    (unpersisted at the end) and where it stages its output."""
+
+    config: EtlConfig
+    spark: SparkSession
+    output: Path
+    timer: StageTimer
+    pipeline: FeaturePipeline
+    scheduled: Fit | None
+    previous: PreviousVocabularies | None
+    staging: Path = Path()
+    cached: list[DataFrame] = field(default_factory=list)
+
+
+class _EveryDay:
+    """The days a full run writes: all of them, its state's events among the writes, each
+    day's events counted from the run's own, every entity snapshot computed."""
+
+    since: date | None = None
+    state_written = False
+
+    def day_counts(self) -> dict[str, int] | None:
+        return None
+
+    def resumed(self, job: _Run, cut: int) -> Resumed | None:
+        return None
+
+
+@dataclass(frozen=True)
+class _NewDays(_EveryDay):
+    """The days an incremental run writes: from ``since`` on (None: all of them, after a new
+    fit), the earlier ones linked; its state's events written by the features stage; every
+    day's events counted from the state's files; the entity snapshots resumed from the
+    state's lifetime partials."""
+
+    state: State
+    new: DataFrame
+    since: date | None
+    state_written = True
+
+    def day_counts(self) -> dict[str, int] | None:
+        return day_counts(self.state, self.new)
+
+    def resumed(self, job: _Run, cut: int) -> Resumed | None:
+        if self.since is None:
+            return None
+        return _resumed(job.spark, self.state, job.output, self.since, cut, job.config,
+                        self.new)
+
+
+@dataclass
+class _Transformed:
+    """What the first stages (ingest, split, features) hand the writes. ``events``: every
+    accepted event; ``newest``: the events the profile and the entity tables' cut read (all
+    of them in a full run; the state's last day and the new events in an incremental one);
+    ``state_rows``: the state's events; ``days``: which days the run writes."""
+
+    events: DataFrame
+    newest: DataFrame
+    rows: dict[str, Any]
+    split: dict[str, Any]
+    featured: DataFrame
+    state_rows: DataFrame
+    days: _EveryDay = field(default_factory=_EveryDay)
+
+
 def run(config: EtlConfig, spark: SparkSession,
         progress: Callable[[str], None] = logger.info) -> JobResult:
     """Run the whole job; the output folder is replaced only if every stage succeeds."""
     output = local_path(config.output.path)
-    timer = StageTimer(progress, spark)
     started = time.perf_counter()
-    cached: list[DataFrame] = []
     scheduled = scheduled_fit(spark, config, output)
     pipeline = FeaturePipeline(config, load_fit(spark, config))
     state = None
     if config.mode == "incremental":
         state = read_state(output)
         check_compatible(state, config, output)
-    previous = _extend_vocabularies(spark, config, pipeline, output)
+    job = _Run(config, spark, output, StageTimer(progress, spark), pipeline, scheduled,
+               _extend_vocabularies(spark, config, pipeline, output))
     try:
-        with staged_directory(output) as staging:
-            with timer(stages.INGEST) as stage:
-                if state is None:
-                    events, rows = _ingest(spark, config, staging, cached)
-                else:
-                    new, rows = _ingest_incremental(spark, config, staging, cached, state,
-                                                    output)
-                    columns = [*ingest.event_columns(config), LABEL]
-                    stored = stored_events(spark, state, [*columns, *pipeline.kept_features()])
-                    events = stored.select(*columns).unionByName(new.select(*columns))
-                    # The state's last day and the new events: the latest event is among them.
-                    newest = stored_events(spark, state, columns,
-                                           since=_midnight(micros_of(state.latest))
-                                           ).unionByName(new.select(*columns))
-                stage.summary = (f"{rows['read']:,} rows read, {rows['accepted']:,} events "
-                                 f"accepted, {sum(rows['quarantined'].values()):,} quarantined, "
-                                 f"{rows['duplicates']:,} duplicates removed")
-            with timer(stages.SPLIT) as stage:
-                if state is None:
-                    events, split = _split(events, config)
-                else:
-                    events, split = _split_incremental(events, state, newest, new, rows,
-                                                       config)
-                stage.summary = ", ".join(f"{name} {count:,}"
-                                          for name, count in split["rows"].items())
-                if scheduled is not None:
-                    stage.summary += _keep_or_refit(pipeline, scheduled, config,
-                                                    split["valid_from"])
-                if state is not None and pipeline.frozen is None:
-                    # A new fit: every op's fit reads every event, cached as a full run's.
-                    events = events.persist(StorageLevel.MEMORY_AND_DISK)
-                    cached.append(events)
-            with timer(stages.FEATURES) as stage:
-                since = None
-                if state is None:
-                    featured, state_rows = _features(pipeline, events, split, config)
-                else:
-                    featured, state_rows, since = _features_incremental(
-                        pipeline, events, state, stored, new, split, config, staging, previous)
-                specs = pipeline.features()
-                stage.summary = f"{len(specs)} features"
-            with timer(stages.WRITE_EXAMPLES) as stage:
-                _write_examples(featured, specs, config, staging / "examples")
-                stage.summary = f"{rows['accepted']:,} examples"
-                if since is not None:
-                    kept = link_example_days(output, staging, since,
-                                             datetime.fromisoformat(split["valid_from"]))
-                    stage.summary += (f" ({len(kept)} earlier days' files kept, the days from "
-                                      f"{since:%Y-%m-%d} written)")
-            tfrecord = None
-            if config.tfrecord.enabled:
-                with timer(stages.WRITE_TFRECORD) as stage:
-                    tfrecord = _write_tfrecords(spark, specs, config, staging, split, since,
-                                                output)
-                    stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
-                                     f"{len(tfrecord['files'])} files")
-            with timer(stages.ENTITIES) as stage:
-                aggregations = pipeline.op(Aggregations)
-                cut = (aggregations.cut if isinstance(aggregations, Aggregations)
-                       else events_cut(with_time_key(events if state is None else newest)))
-                resumed = (None if state is None or since is None else
-                           _resumed(spark, state, output, since, cut, config, new))
-                entities, lifetimes, rows_read = _write_entities(events, pipeline, config,
-                                                                 staging, cut, resumed)
-                snapshots = {}
-                if isinstance(aggregations, Aggregations):
-                    snapshots = _write_group_snapshots(aggregations, staging)
-                tiles = _write_tiles(events, config, staging, cut, lifetimes, rows_read)
-                stage.summary = ", ".join([*entities, *snapshots]) + (
-                    f"; tiles of {len(tiles['tables'])} outputs")
-            with timer(stages.ARTIFACTS):
-                stats = _write_artifacts(pipeline, staging / "artifacts")
-            with timer(stages.PROFILE) as stage:
-                # An incremental run reads the newest days' events only, and counts every
-                # day's from the state's day folders.
-                checked = _profile_and_check(
-                    spark, events if state is None else newest, specs, rows, config, staging,
-                    output, None if state is None else day_counts(state, new))
-                stage.summary = checked.summary()
-            with timer(stages.STATE) as stage:
-                if state is None:
-                    state_rows = write_state_events(state_rows, staging)
-                write_state(state_rows, rows, config, staging,
-                            {entity: lifetime.before for entity, lifetime in lifetimes.items()})
-                stage.summary = f"{rows['accepted']:,} events"
-            metadata = _metadata(config, rows, split, specs, entities, stats, tfrecord,
-                                 timer.seconds, time.perf_counter() - started)
-            metadata.update(_versions(config, pipeline, previous))
-            frozen, valid_from = pipeline.frozen, split["valid_from"]
-            metadata["fit"] = (frozen.record(values_hash(config), valid_from) if frozen else
-                               new_fit(metadata["dataset"]["version"], metadata["created_at"],
-                                       values_hash(config), valid_from))
-            metadata["tiles"] = tiles
-            metadata["outputs"][TILES_DIR] = TILES_DIR
-            if snapshots:
-                metadata["aggregations"] = snapshots
-                metadata["outputs"][AGGREGATIONS_DIR] = AGGREGATIONS_DIR
-            metadata["checks"] = checked.verdict()
-            Metadata.parse(metadata)  # the contract holds before anything is published
-            write_json(metadata, staging / METADATA_FILE)
+        with staged_directory(output) as job.staging:
+            transformed = _full(job) if state is None else _incremental(job, state)
+            metadata = _written(job, transformed, started)
     finally:
         pipeline.release()
-        for frame in cached:
+        for frame in job.cached:
             frame.unpersist()
     progress(f"wrote {output}")
     return JobResult(output, metadata)
+
+
+def _full(job: _Run) -> _Transformed:
+    """A full run's first stages: every raw file read, split and featured."""
+    config = job.config
+    with job.timer(stages.INGEST) as stage:
+        events, rows = _ingest(job.spark, config, job.staging, job.cached)
+        stage.summary = _ingest_summary(rows)
+    with job.timer(stages.SPLIT) as stage:
+        events, split = _split(events, config)
+        stage.summary = _split_summary(job, split)
+    with job.timer(stages.FEATURES) as stage:
+        featured, state_rows = _features(job.pipeline, events, split, config)
+        stage.summary = f"{len(job.pipeline.features())} features"
+    return _Transformed(events, events, rows, split, featured, state_rows)
+
+
+def _incremental(job: _Run, state: State) -> _Transformed:
+    """An incremental run's first stages: the new files read and checked against the state,
+    split with the state's days, and featured from where each user's events change (the
+    days before that linked by the writes where the fit is kept)."""
+    config, pipeline = job.config, job.pipeline
+    with job.timer(stages.INGEST) as stage:
+        new, rows = _ingest_incremental(job.spark, config, job.staging, job.cached, state,
+                                        job.output)
+        columns = [*ingest.event_columns(config), LABEL]
+        stored = stored_events(job.spark, state, [*columns, *pipeline.kept_features()])
+        events = stored.select(*columns).unionByName(new.select(*columns))
+        # The state's last day and the new events: the latest event is among them.
+        newest = stored_events(job.spark, state, columns,
+                               since=_midnight(micros_of(state.latest))
+                               ).unionByName(new.select(*columns))
+        stage.summary = _ingest_summary(rows)
+    with job.timer(stages.SPLIT) as stage:
+        events, split = _split_incremental(events, state, newest, new, rows, config)
+        stage.summary = _split_summary(job, split)
+        if pipeline.frozen is None:
+            # A new fit: every op's fit reads every event, cached as a full run's.
+            events = events.persist(StorageLevel.MEMORY_AND_DISK)
+            job.cached.append(events)
+    with job.timer(stages.FEATURES) as stage:
+        featured, state_rows, since = _features_incremental(
+            pipeline, events, state, stored, new, split, config, job.staging, job.previous)
+        stage.summary = f"{len(pipeline.features())} features"
+    return _Transformed(events, newest, rows, split, featured, state_rows,
+                        _NewDays(state, new, since))
+
+
+def _ingest_summary(rows: dict[str, Any]) -> str:
+    return (f"{rows['read']:,} rows read, {rows['accepted']:,} events accepted, "
+            f"{sum(rows['quarantined'].values()):,} quarantined, "
+            f"{rows['duplicates']:,} duplicates removed")
+
+
+def _split_summary(job: _Run, split: dict[str, Any]) -> str:
+    """The split's rows, and whether the run keeps the fit it may keep (decided here)."""
+    summary = ", ".join(f"{name} {count:,}" for name, count in split["rows"].items())
+    if job.scheduled is not None:
+        summary += _keep_or_refit(job.pipeline, job.scheduled, job.config, split["valid_from"])
+    return summary
+
+
+def _cut(aggregations: object, events: DataFrame) -> int:
+    """The cut of the run's events (µs, after the latest): the aggregations' where the run
+    computed them."""
+    if isinstance(aggregations, Aggregations):
+        return aggregations.cut
+    return events_cut(with_time_key(events))
+
+
+def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, Any]:
+    """The writes every run shares — examples, TFRecords, entity tables, snapshots and
+    tiles, artifacts, the profile and its check, the state — and the metadata; the days
+    before ``transformed.since`` linked from the output the run extends."""
+    config, pipeline, staging, t = job.config, job.pipeline, job.staging, transformed
+    specs, since = pipeline.features(), t.days.since
+    with job.timer(stages.WRITE_EXAMPLES) as stage:
+        _write_examples(t.featured, specs, config, staging / "examples")
+        stage.summary = f"{t.rows['accepted']:,} examples"
+        if since is not None:
+            kept = link_example_days(job.output, staging, since,
+                                     datetime.fromisoformat(t.split["valid_from"]))
+            stage.summary += (f" ({len(kept)} earlier days' files kept, the days from "
+                              f"{since:%Y-%m-%d} written)")
+    tfrecord = None
+    if config.tfrecord.enabled:
+        with job.timer(stages.WRITE_TFRECORD) as stage:
+            tfrecord = _write_tfrecords(job.spark, specs, config, staging, t.split, since,
+                                        job.output)
+            stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
+                             f"{len(tfrecord['files'])} files")
+    with job.timer(stages.ENTITIES) as stage:
+        aggregations = pipeline.op(Aggregations)
+        cut = _cut(aggregations, t.newest)
+        entities, lifetimes, rows_read = _write_entities(t.events, pipeline, config, staging,
+                                                         cut, t.days.resumed(job, cut))
+        snapshots = {}
+        if isinstance(aggregations, Aggregations):
+            snapshots = _write_group_snapshots(aggregations, staging)
+        tiles = _write_tiles(t.events, config, staging, cut, lifetimes, rows_read)
+        stage.summary = ", ".join([*entities, *snapshots]) + (
+            f"; tiles of {len(tiles['tables'])} outputs")
+    with job.timer(stages.ARTIFACTS):
+        stats = _write_artifacts(pipeline, staging / "artifacts")
+    with job.timer(stages.PROFILE) as stage:
+        checked = _profile_and_check(job.spark, t.newest, specs, t.rows, config, staging,
+                                     job.output, t.days.day_counts())
+        stage.summary = checked.summary()
+    with job.timer(stages.STATE) as stage:
+        state_rows = (t.state_rows if t.days.state_written
+                      else write_state_events(t.state_rows, staging))
+        write_state(state_rows, t.rows, config, staging,
+                    {entity: lifetime.before for entity, lifetime in lifetimes.items()})
+        stage.summary = f"{t.rows['accepted']:,} events"
+    metadata = _metadata(config, t.rows, t.split, specs, entities, stats, tfrecord,
+                         job.timer.seconds, time.perf_counter() - started)
+    metadata.update(_versions(config, pipeline, job.previous))
+    frozen, valid_from = pipeline.frozen, t.split["valid_from"]
+    metadata["fit"] = (frozen.record(values_hash(config), valid_from) if frozen else
+                       new_fit(metadata["dataset"]["version"], metadata["created_at"],
+                               values_hash(config), valid_from))
+    metadata["tiles"] = tiles
+    metadata["outputs"][TILES_DIR] = TILES_DIR
+    if snapshots:
+        metadata["aggregations"] = snapshots
+        metadata["outputs"][AGGREGATIONS_DIR] = AGGREGATIONS_DIR
+    metadata["checks"] = checked.verdict()
+    Metadata.parse(metadata)  # the contract holds before anything is published
+    write_json(metadata, staging / METADATA_FILE)
+    return metadata
 
 
 def _keep_or_refit(pipeline: FeaturePipeline, scheduled: Fit, config: EtlConfig,
