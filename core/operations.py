@@ -196,11 +196,28 @@ class Operation(ABC):
         return False
 
 
-class Count(Operation):
+class _Sums(Operation):
+    """An operation whose partial's fields are all sums: partials merge by adding them (in
+    Spark, a sum per field), and a row standing for several equal events counts that many
+    times. Exact in any order over whole numbers."""
+
+    additive = True
+
+    def merge_columns(self, partial: Getter) -> Merges:
+        F = _spark()
+        return {field.name: (F.sum(partial(field.name)), _same) for field in self.fields}
+
+    def combine_columns(self, left: Getter, right: Getter) -> dict[str, Column]:
+        return {field.name: _plus(field, left, right) for field in self.fields}
+
+    def exact_in_any_order(self, whole_numbers: bool) -> bool:
+        return whole_numbers
+
+
+class Count(_Sums):
     name = "count"
     fields = (COUNT,)
     needs_column = False
-    additive = True
     counts = True
 
     def init(self) -> int:
@@ -224,12 +241,6 @@ class Count(Operation):
     def state_columns(self, value: Column, ts: Column) -> dict[str, Column]:
         return {COUNT.name: COUNT.typed(_spark().lit(1))}
 
-    def merge_columns(self, partial: Getter) -> Merges:
-        return {COUNT.name: (_spark().sum(partial(COUNT.name)), _same)}
-
-    def combine_columns(self, left: Getter, right: Getter) -> dict[str, Column]:
-        return {COUNT.name: _plus(COUNT, left, right)}
-
     def finish_column(self, partial: Getter) -> Column:
         return partial(COUNT.name)
 
@@ -237,11 +248,10 @@ class Count(Operation):
         return True
 
 
-class Sum(Operation):
+class Sum(_Sums):
     name = "sum"
     fields = (SUM,)
     reads = "number"
-    additive = True
 
     def init(self) -> float:
         return 0.0
@@ -264,26 +274,16 @@ class Sum(Operation):
     def state_columns(self, value: Column, ts: Column) -> dict[str, Column]:
         return {SUM.name: SUM.typed(value)}
 
-    def merge_columns(self, partial: Getter) -> Merges:
-        return {SUM.name: (_spark().sum(partial(SUM.name)), _same)}
-
-    def combine_columns(self, left: Getter, right: Getter) -> dict[str, Column]:
-        return {SUM.name: _plus(SUM, left, right)}
-
     def finish_column(self, partial: Getter) -> Column:
         return partial(SUM.name)
 
-    def exact_in_any_order(self, whole_numbers: bool) -> bool:
-        return whole_numbers
 
-
-class Mean(Operation):
+class Mean(_Sums):
     """Partial: [sum, count]; no events → None."""
 
     name = "mean"
     fields = (SUM, COUNT)
     reads = "number"
-    additive = True
     may_be_missing = True
 
     def init(self) -> list[float]:
@@ -309,22 +309,13 @@ class Mean(Operation):
         return {SUM.name: SUM.typed(value),
                 COUNT.name: COUNT.typed(_spark().lit(1))}
 
-    def merge_columns(self, partial: Getter) -> Merges:
-        F = _spark()
-        return {field.name: (F.sum(partial(field.name)), _same) for field in self.fields}
-
-    def combine_columns(self, left: Getter, right: Getter) -> dict[str, Column]:
-        return {field.name: _plus(field, left, right) for field in self.fields}
 
     def finish_column(self, partial: Getter) -> Column:
         count = partial(COUNT.name)
         return _spark().when(count > 0, partial(SUM.name) / count)
 
-    def exact_in_any_order(self, whole_numbers: bool) -> bool:
-        return whole_numbers
 
-
-class Variance(Operation):
+class Variance(_Sums):
     """The population variance of the values (the mean of the squared deviations from their
     mean). Partial: [count, sum, sum of squares], merged by adding; finished as
     ``q / n − (s / n)²`` (never below 0); no events → None."""
@@ -332,7 +323,6 @@ class Variance(Operation):
     name = "variance"
     fields = (COUNT, SUM, SQUARES)
     reads = "number"
-    additive = True
     may_be_missing = True
 
     def init(self) -> list[float]:
@@ -362,12 +352,6 @@ class Variance(Operation):
         return {COUNT.name: COUNT.typed(_spark().lit(1)), SUM.name: number,
                 SQUARES.name: number * number}
 
-    def merge_columns(self, partial: Getter) -> Merges:
-        F = _spark()
-        return {field.name: (F.sum(partial(field.name)), _same) for field in self.fields}
-
-    def combine_columns(self, left: Getter, right: Getter) -> dict[str, Column]:
-        return {field.name: _plus(field, left, right) for field in self.fields}
 
     def finish_column(self, partial: Getter) -> Column:
         F = _spark()
@@ -375,9 +359,6 @@ class Variance(Operation):
         mean = partial(SUM.name) / count
         return F.when(count > 0, F.greatest(partial(SQUARES.name) / count - mean * mean,
                                             F.lit(0.0)))
-
-    def exact_in_any_order(self, whole_numbers: bool) -> bool:
-        return whole_numbers
 
 
 def _plus(field: PartialField, left: Getter, right: Getter) -> Column:

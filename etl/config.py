@@ -501,31 +501,10 @@ def check_aggregations(config: EtlConfig) -> None:
                                   f"categorify op's columns in etl.features")
 
 
-def with_overrides(
-    config: EtlConfig,
-    *,
-    input_path: str | None = None,
-    input_format: str | None = None,
-    output: str | None = None,
-    profile: str | None = None,
-    label: str | None = None,
-    categorical: list[str] | None = None,
-    continuous: list[str] | None = None,
-    vocabulary_from: str | None = None,
-    refit_vocabularies: bool = False,
-    fit_from: str | None = None,
-    refit: bool = False,
-    valid_days: int | None = None,
-    incremental: bool = False,
-) -> EtlConfig:
-    """Apply command-line flags on top of a validated configuration, re-validating the
-    result (:func:`flags_applied` names the flags)."""
-    data = flags_applied(
-        config.model_dump(mode="json"), input_path=input_path, input_format=input_format,
-        output=output, profile=profile, label=label, categorical=categorical,
-        continuous=continuous, vocabulary_from=vocabulary_from,
-        refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
-        valid_days=valid_days, incremental=incremental)
+def with_overrides(config: EtlConfig, **flags: Any) -> EtlConfig:
+    """Apply command-line flags (:func:`flags_applied`'s) on top of a validated
+    configuration, re-validating the result."""
+    data = flags_applied(config.model_dump(mode="json"), **flags)
     return validate(EtlConfig, data, origin="command-line flags", prefix=("etl",), tags=OP_NAMES)
 
 
