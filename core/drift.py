@@ -37,13 +37,14 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import Field
 
-from featureline.core.metadata import METADATA_FILE, read_metadata
+from featureline.core.metadata import METADATA_FILE, ChecksVerdict, Metadata, read_metadata
 from featureline.core.settings import Settings
 
 PROFILE_FILE = "profile.json"
@@ -60,6 +61,10 @@ REFERENCE_PROFILE_FILE = "profile.reference.json"
 # Why an output whose day failed was published all the same (featureline publish
 # --accept-drift): one JSON line per publish.
 ACCEPTED_DRIFT_FILE = "accepted_drift.jsonl"
+# Each `featureline validate` of an output, one JSON line per check (its dataset version and
+# verdict): the latest stands over the run's own (metadata.json's checks), for publish and
+# for the next run's reference.
+VERDICTS_FILE = "verdicts.jsonl"
 # Histogram bins per decade of |x| (bin = sign(x) · floor(log10(1 + |x|) · BINS_PER_DECADE)):
 # one rule for every profile, so any two compare bin for bin.
 BINS_PER_DECADE = 10
@@ -374,13 +379,36 @@ def replaced_reference(folder: str | Path) -> tuple[dict[str, Any] | None, str |
     if own is None or not (Path(folder) / METADATA_FILE).is_file():
         return own, (str(folder) if own is not None else None)
     metadata = read_metadata(folder)
-    checks = metadata.checks
+    checks = latest_verdict(folder, metadata)
     if checks is None or checks.passed or _accepted(folder, metadata.dataset_version):
         return own, str(folder)
     kept = read_profile(folder, REFERENCE_PROFILE_FILE)
     if kept is None:
         return None, None
     return kept, f"{folder}'s reference (day {kept['day']}: {folder}'s own day failed)"
+
+
+def record_verdict(folder: str | Path, checked: dict[str, Any], dataset_version: str) -> None:
+    """Append a ``featureline validate`` verdict (:func:`verdict`'s) on the output
+    ``folder`` of ``dataset_version``."""
+    record = {"checked_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "dataset_version": dataset_version, **checked}
+    with (Path(folder) / VERDICTS_FILE).open("a") as log:
+        log.write(json.dumps(record) + "\n")
+
+
+def latest_verdict(folder: str | Path, metadata: Metadata) -> ChecksVerdict | None:
+    """The verdict that stands on the output ``folder``: the latest ``featureline validate``
+    recorded of its dataset, else its run's own (None: not checked)."""
+    recorded = Path(folder) / VERDICTS_FILE
+    lines = recorded.read_text().splitlines() if recorded.is_file() else []
+    ours = [record for record in map(json.loads, filter(str.strip, lines))
+            if record.get("dataset_version") == metadata.dataset_version]
+    if not ours:
+        return metadata.checks
+    latest = ours[-1]
+    return ChecksVerdict(passed=latest["passed"], reference=latest.get("reference"),
+                         breaches=latest.get("breaches", []))
 
 
 def _accepted(folder: str | Path, version: str) -> bool:

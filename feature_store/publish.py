@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from featureline.core.drift import ACCEPTED_DRIFT_FILE, Breach
+from featureline.core.drift import ACCEPTED_DRIFT_FILE, Breach, latest_verdict
 from featureline.core.metadata import Metadata
 from featureline.core.redis import redact
 from featureline.feature_store.errors import DriftRefusedError, online_store_errors
@@ -115,8 +115,9 @@ class _Progress:
 
 def _gate(output: Path, metadata: Metadata, accept_drift: str | None,
           progress: Callable[[str], None]) -> None:
-    """Refuse an output whose validation verdict failed, unless told why (docs/validation.md)."""
-    verdict = metadata.checks
+    """Refuse an output whose validation verdict failed — the latest ``featureline validate``
+    recorded, else the run's — unless told why (docs/validation.md)."""
+    verdict = latest_verdict(output, metadata)
     if verdict is None or verdict.passed:
         return
     breaches = [str(Breach(**breach)) for breach in verdict.breaches]

@@ -300,7 +300,8 @@ def aggregations(path: str | None, data: str | None, group: str, key: tuple[str,
               help="Also write the checks' metrics in Prometheus' text format here")
 def validate(path: str | None, output: str, reference: str | None, as_json: bool,
              report: str | None, metrics_file: str | None) -> None:
-    """Check an ETL output's profile against a reference's; exit 1 on any breach."""
+    """Check an ETL output's profile against a reference's; exit 1 on any breach. The verdict
+    is recorded in OUTPUT: publish enforces the latest."""
     import time
 
     from featureline.core.drift import (
@@ -310,9 +311,12 @@ def validate(path: str | None, output: str, reference: str | None, as_json: bool
         measure,
         prometheus,
         read_profile,
+        record_verdict,
+        verdict,
     )
     from featureline.core.drift_report import render
     from featureline.core.files import write_whole
+    from featureline.core.metadata import read_metadata
 
     config = _config(path).checks
     profile = read_profile(output)
@@ -328,6 +332,8 @@ def validate(path: str | None, output: str, reference: str | None, as_json: bool
     measurements = measure(profile, against, config)
     breaches = [m.breach() for m in measurements if m.breached]
     source = reference or (f"the reference kept in {output}" if against else None)
+    # The verdict stands on OUTPUT, over its run's: publish enforces the latest.
+    record_verdict(output, verdict(breaches, source), read_metadata(output).dataset_version)
     if report:
         page = render(profile, against, measurements, config, output=output,
                       reference_name=source)

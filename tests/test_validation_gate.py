@@ -255,6 +255,8 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
     _the_metrics_name_the_breach(samples(metrics.read_text()))
     passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(output)])
     assert passed.exit_code == 0 and "PASSED" in passed.output, passed.output
+    # The latest verdict stands: checked against the kept reference again, the day fails.
+    assert CliRunner().invoke(main, ["validate", str(output)]).exit_code == 1
 
     # The same bad day sent again: checked against the last day that passed, not itself.
     metadata = job.run(config, spark, progress=lambda _: None).metadata
@@ -277,3 +279,49 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
     # Accepted: the next run is checked against the accepted day.
     after = job.run(config, spark, progress=lambda _: None).metadata["checks"]
     assert after["passed"] and after["reference"] == str(output), after
+
+
+def test_the_latest_validate_verdict_is_the_one_publish_enforces(job_output, redis_server,
+                                                                 tmp_path):
+    """A run that passed, validated again against a reference whose day held ten times the
+    events: validate exits 1 and records that verdict in the output, and publish refuses it;
+    validated again and passing, publish writes it. A verdict of another dataset version is
+    not this output's."""
+    from featureline.cli import main
+    from featureline.core.drift import VERDICTS_FILE, latest_verdict
+    from featureline.core.metadata import read_metadata
+    from featureline.feature_store.errors import DriftRefusedError
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.repo import open_repo
+
+    output, busier = tmp_path / "out", tmp_path / "busier"
+    shutil.copytree(job_output.output, output)
+    (busier).mkdir()
+    day = json.loads((output / "profile.json").read_text())
+    (busier / "profile.json").write_text(json.dumps({**day,
+                                                     "day_events": day["day_events"] * 10}))
+    metadata = read_metadata(output)
+    assert metadata.checks is not None and metadata.checks.passed
+
+    refused = CliRunner().invoke(main, ["validate", str(output), "--reference", str(busier)])
+    assert refused.exit_code == 1 and "BREACH volume" in refused.output, refused.output
+    [record] = [json.loads(line) for line in (output / VERDICTS_FILE).read_text().splitlines()]
+    assert (record["passed"], record["reference"], record["dataset_version"]) == (
+        False, str(busier), metadata.dataset_version)
+    assert not latest_verdict(output, metadata).passed
+    project = copy_project(tmp_path)
+    url = fresh_db(redis_server, 2)  # a database no other test uses
+    with pytest.raises(DriftRefusedError, match="volume"):
+        publish(open_repo(project.feature_store, output, url=url), progress=lambda _: None)
+    assert redis.Redis.from_url(url).dbsize() == 0
+
+    passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(output)])
+    assert passed.exit_code == 0, passed.output
+    assert latest_verdict(output, metadata).passed
+    summary = publish(open_repo(project.feature_store, output, url=url), progress=lambda _: None)
+    assert summary.keys > 0
+
+    # A failing verdict of another dataset version (an output this one replaced) stands not.
+    with (output / VERDICTS_FILE).open("a") as log:
+        log.write(json.dumps({**record, "dataset_version": "another"}) + "\n")
+    assert latest_verdict(output, metadata).passed
