@@ -4,11 +4,12 @@ before it (docs/ARCHITECTURE.md, "Features as definitions"), as example columns 
 
 Not an entry of ``etl.features``: the pipeline adds it after the configured ops when the
 top-level spec has groups, so it reads the ids categorify assigned. Numbers are continuous
-features (counts and distinct counts with a log1p transform; a mean, minimum, maximum or last
-number can be missing); ``last`` of a text column is that column's id, ``last_k`` its ids,
-newest first and padded, sharing the column's embedding table. The same backfill computes
-each group's values at its daily snapshots' times (``etl.aggregations.snapshot_anchors``),
-which the job writes for Feast: one pass of the frames serves both.
+features (an operation that counts with a log1p transform; one with no value without events,
+``Operation.may_be_missing``, can be missing); ``last`` of a text column is that column's
+id, ``last_k`` its ids, newest first and padded, sharing the column's embedding table. The
+same backfill computes each group's values at its daily snapshots' times
+(``etl.aggregations.snapshot_anchors``), which the job writes for Feast: one pass of the
+frames serves both.
 """
 
 from __future__ import annotations
