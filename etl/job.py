@@ -436,12 +436,26 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
     kept_events = reread(kept_rows(recent.select(*columns, TS_MICROS), new, begins),
                          work / "kept", files=None)
+    rows = _window_rows(pipeline, stored, state, begins, kept_events, work)
+    computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
+    state_rows = extend_state_events(
+        state, unchanged(recent, begins).select(*kept).unionByName(computed), since.date(),
+        staging)
+    shutil.rmtree(work)
+    split_rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
+    featured, written_since = _fitted(pipeline, split_rows, numbered_anew, since)
+    return featured, state_rows, written_since
+
+
+def _window_rows(pipeline: FeaturePipeline, stored: DataFrame, state: State,
+                 begins: DataFrame, kept_events: DataFrame, work: Path) -> DataFrame:
+    """The rows the kept features of ``kept_events`` read (``incremental.window_rows``).
+    The stored events the users with a start read come from the history once (the cuts
+    and the window's rows each read them several times): each user's recent days
+    (``reach``, from the state's user rows) and its kept pairs' earlier events; of them only
+    what the ops read of earlier events and the window's tallies count: the user, the time
+    key, the item and the label."""
     broadcast = kept_events.count() <= BROADCAST_KEPT
-    # The stored events the users with a start read, from the history once (the cuts and
-    # the window's rows each read them several times): each user's recent days
-    # (``reach``, from the state's user rows) and its kept pairs' earlier events; of them
-    # only what the ops read of earlier events and the window's tallies count: the user,
-    # the time key, the item and the label.
     lookback = pipeline.lookback()
     narrow = ["user_id", TS_MICROS, *sorted(lookback.columns | {"item_id", LABEL})]
     user_rows = read_as_written(stored.sparkSession, entity_rows_folder(state.folder.parent,
@@ -453,27 +467,26 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     cut = reread(cuts(theirs, bounds, lookback), work / "cuts")
     context = reread(window_context(theirs, kept_events, cut, lookback, broadcast=broadcast),
                      work / "context", files=None)
-    rows = reread(window_rows(context, kept_events, cut, lookback), work / "rows", files=None)
-    computed = pipeline.transform_kept(rows).where(F.col(KEEP)).select(*kept)
-    state_rows = extend_state_events(
-        state, unchanged(recent, begins).select(*kept).unionByName(computed), since.date(),
-        staging)
-    shutil.rmtree(work)
-    split_rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
-    if pipeline.frozen is None:  # a new fit moves every row's fitted features
-        return pipeline.transform_fitted(split_rows), state_rows, None
-    # A kept fit: the rows before ``since`` keep their kept features, and every fitted one
-    # but the ids of values the vocabularies number this run (``_renumbered``): the days
-    # before both keep their files. The aggregations read the earlier events (and write
-    # every snapshot): those see every row.
+    return reread(window_rows(context, kept_events, cut, lookback), work / "rows", files=None)
+
+
+def _fitted(pipeline: FeaturePipeline, split_rows: DataFrame, numbered_anew: DataFrame,
+            since: datetime) -> tuple[DataFrame, date | None]:
+    """The fitted ops and the model-ready step over the state's rows, and the first day
+    whose files the run writes (None: every day). A new fit moves every row's fitted
+    features. A kept fit: the rows before ``since`` keep their kept features, and every
+    fitted one but the ids of values the vocabularies number this run (``_renumbered``): the
+    days before both keep their files. The aggregations read the earlier events (and write
+    every snapshot): those see every row."""
+    if pipeline.frozen is None:
+        return pipeline.transform_fitted(split_rows), None
     renumbered = _renumbered(pipeline, numbered_anew)
     if renumbered is not None:
         since = min(since, _midnight(renumbered))
     if pipeline.op(Aggregations) is None:
-        return (pipeline.transform_fitted(split_rows.where(from_day(since))), state_rows,
-                since.date())
+        return pipeline.transform_fitted(split_rows.where(from_day(since))), since.date()
     moved = F.col("ts") >= F.lit(since)
-    return pipeline.transform_fitted(split_rows).where(moved), state_rows, since.date()
+    return pipeline.transform_fitted(split_rows).where(moved), since.date()
 
 
 def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies | None,
