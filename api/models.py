@@ -18,13 +18,17 @@ class _Body(BaseModel):
 class FeaturesRequest(_Body):
     """A feature service or a list of ``view:feature`` references, for rows of entity ids."""
 
-    service: str | None = Field(default=None, examples=["ranking"])
-    features: list[str] | None = Field(default=None, min_length=1,
-                                       examples=[["user_features:user_events"]])
-    # Join key (``user_id``) → raw ids, or encoded-id feature (``user_id_cat``) → encoded ids;
-    # every list has one id per row.
+    service: str | None = Field(
+        default=None, examples=["ranking"],
+        description="A Feast feature service whose features to read (or give `features`).")
+    features: list[str] | None = Field(
+        default=None, min_length=1, examples=[["user_features:user_events"]],
+        description="`view:feature` or `group:feature` references to read (or give "
+                    "`service`).")
     entities: dict[str, list[EntityId]] = Field(
-        min_length=1, examples=[{"user_id": ["u1", "u2"], "item_id": ["i7", "i9"]}])
+        min_length=1, examples=[{"user_id": ["u1", "u2"], "item_id": ["i7", "i9"]}],
+        description="Join key (`user_id`) → raw ids, or encoded-id feature (`user_id_cat`) → "
+                    "encoded ids; every list has one id per row.")
 
     @model_validator(mode="after")
     def _one_selection_and_equal_rows(self) -> FeaturesRequest:
@@ -38,16 +42,19 @@ class FeaturesRequest(_Body):
 
 
 class FeaturesResponse(BaseModel):
-    names: list[str]
-    # Feature name → one value per row (null when not found).
-    values: dict[str, list[Any]]
-    status: dict[str, list[Status]]
+    names: list[str] = Field(description="The features read, in the request's order.")
+    values: dict[str, list[Any]] = Field(
+        description="Feature name → one value per row (null when not found).")
+    status: dict[str, list[Status]] = Field(
+        description="Feature name → one status per row: present, not_found, or outside_ttl "
+                    "(older than the view's ttl).")
 
 
 class LookupRequest(_Body):
-    model: str = Field(examples=["ranker"])
-    table: str = Field(examples=["item"])
-    keys: list[int] = Field(min_length=1, examples=[[2, 3, 2]])
+    model: str = Field(examples=["ranker"], description="A model the parameter server holds.")
+    table: str = Field(examples=["item"], description="One of the model's embedding tables.")
+    keys: list[int] = Field(min_length=1, examples=[[2, 3, 2]],
+                            description="Encoded ids (int64) to look up; repeats allowed.")
 
     @model_validator(mode="after")
     def _keys_are_int64(self) -> LookupRequest:
@@ -58,95 +65,116 @@ class LookupRequest(_Body):
 
 
 class LookupResponse(BaseModel):
-    model: str
-    table: str
-    dim: int
-    vectors: list[list[float]]
+    model: str = Field(description="The model looked up.")
+    table: str = Field(description="The table looked up.")
+    dim: int = Field(description="The width of each vector.")
+    vectors: list[list[float]] = Field(
+        description="One float32 vector per key, in the request's order (the table's default "
+                    "vector for an unknown key).")
 
 
 class RankingInputsRequest(_Body):
-    user_id: EntityId = Field(examples=["u1"])
-    item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]])
+    user_id: EntityId = Field(examples=["u1"], description="The user's raw id.")
+    item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]],
+                                     description="The candidates' raw ids.")
 
 
 class EntityFeatures(BaseModel):
-    ids: list[EntityId]
-    # Encoded with the ETL's vocabulary (1: out of vocabulary).
-    encoded_ids: list[int]
-    values: dict[str, list[Any]]
-    status: dict[str, list[Status]]
+    ids: list[EntityId] = Field(description="The raw ids, as asked.")
+    encoded_ids: list[int] = Field(
+        description="Each id encoded with the ETL's vocabulary (1: out of vocabulary).")
+    values: dict[str, list[Any]] = Field(
+        description="Feature name → one raw value per id: the entity view's features and "
+                    "the aggregation groups keyed by this entity alone.")
+    status: dict[str, list[Status]] = Field(
+        description="Feature name → one status per id: present, not_found, or outside_ttl.")
 
 
 class Embeddings(BaseModel):
-    table: str
-    dim: int
-    vectors: list[list[float]]
+    table: str = Field(description="The embedding table the vectors come from.")
+    dim: int = Field(description="The width of each vector.")
+    vectors: list[list[float]] = Field(description="One vector per encoded id, in order.")
 
 
 class RankingInputsResponse(BaseModel):
-    user: EntityFeatures
-    items: EntityFeatures
-    # Encoded-id feature (``user_id_cat``) → its vectors, one per id, from the HPS.
-    embeddings: dict[str, Embeddings]
+    user: EntityFeatures = Field(description="The user's features and encoded id.")
+    items: EntityFeatures = Field(description="Each candidate's features and encoded id.")
+    embeddings: dict[str, Embeddings] = Field(
+        description="Encoded-id feature (`user_id_cat`, `item_id_cat`) → its vectors, one per "
+                    "id, from the parameter server.")
 
 
 class TableInfo(BaseModel):
-    name: str
-    dim: int
-    keys: int
-    # The vocabulary version whose ids key the table (None: not declared).
-    vocabulary_version: str | None = None
-    # The fit of the examples it was trained on (None: not declared).
-    fit_version: str | None = None
-    cache: dict[str, Any]
-    stats: dict[str, Any]
+    name: str = Field(description="The table's name.")
+    dim: int = Field(description="The width of its vectors.")
+    keys: int = Field(description="How many keys it holds.")
+    vocabulary_version: str | None = Field(
+        default=None, description="The vocabulary version whose ids key the table (null: not "
+                                  "declared).")
+    fit_version: str | None = Field(
+        default=None, description="The fit of the examples it was trained on (null: not "
+                                  "declared).")
+    cache: dict[str, Any] = Field(description="Its L1 cache: device, capacity, keys held.")
+    stats: dict[str, Any] = Field(
+        description="Since it loaded: lookups, keys answered by each tier, the L1 hit rate, "
+                    "insertions, a latency histogram.")
 
 
 class ModelInfo(BaseModel):
-    name: str
-    tables: list[TableInfo]
+    name: str = Field(description="The model's name.")
+    tables: list[TableInfo] = Field(description="Its embedding tables.")
 
 
 class Versions(BaseModel):
     """Which data each part serves: the API's vocabularies, what the online store was last
     published with, what the embedding tables were built for."""
 
-    dataset_version: str
-    vocabularies: dict[str, str]
-    online_store: dict[str, Any] | None
-    embeddings: dict[str, str | None]
-    # The fit of the API's data, and the fit each embedding table was trained on.
-    fit: str | None = None
-    embedding_fits: dict[str, str | None] = {}
-    # What disagrees; empty when every part encodes ids alike.
-    problems: list[str] = []
+    dataset_version: str = Field(description="The ETL output the API serves.")
+    vocabularies: dict[str, str] = Field(
+        description="Column → the version of the vocabulary the API encodes ids with.")
+    online_store: dict[str, Any] | None = Field(
+        description="The online store's publication stamp (dataset, time, generation); null: "
+                    "not published.")
+    embeddings: dict[str, str | None] = Field(
+        description="`model/table` → the vocabulary version its ids come from.")
+    fit: str | None = Field(default=None, description="The fit of the API's data.")
+    embedding_fits: dict[str, str | None] = Field(
+        default={}, description="`model/table` → the fit it was trained on.")
+    problems: list[str] = Field(
+        default=[], description="What disagrees; empty when every part encodes ids alike.")
 
 
 class ModelsResponse(BaseModel):
-    models: list[ModelInfo]
-    versions: Versions
+    models: list[ModelInfo] = Field(description="Every model the parameter server holds.")
+    versions: Versions = Field(description="Which data each part serves.")
 
 
 class ReloadResponse(BaseModel):
-    model: str
-    rows: dict[str, int]
-    # API processes (every worker of every pod) that heard the reload, this one included.
-    workers: int
+    model: str = Field(description="The model reloaded.")
+    rows: dict[str, int] = Field(description="Table → the rows it holds now.")
+    workers: int = Field(
+        description="API processes (every worker of every pod) that heard the reload, this one "
+                    "included.")
 
 
 class Health(BaseModel):
-    status: Literal["ok", "unavailable"]
-    checks: dict[str, bool] = {}
-    # The parameter server's lower tiers: L3 down is not ready; L2 down is served from L1/L3.
-    tiers: dict[str, bool] | None = None
-    versions: Versions | None = None
+    status: Literal["ok", "unavailable"] = Field(description="ok, or unavailable.")
+    checks: dict[str, bool] = Field(
+        default={}, description="Each readiness check (redis, hps, published, versions, …) and "
+                                "whether it passed.")
+    tiers: dict[str, bool] | None = Field(
+        default=None, description="The parameter server's lower tiers: L3 down is not ready; "
+                                  "L2 down is served from L1 and L3.")
+    versions: Versions | None = Field(default=None,
+                                      description="Which data each part serves.")
 
 
 class ErrorBody(BaseModel):
-    error: str
-    message: str
-    field: str | None = None
-    limit: int | None = None
+    error: str = Field(description="The error's kind: its class name "
+                                   "(`UnknownEntityKeyError`, `OnlineStoreEmptyError`, …).")
+    message: str = Field(description="What went wrong and what to fix.")
+    field: str | None = Field(default=None, description="The request field at fault, if one.")
+    limit: int | None = Field(default=None, description="The limit exceeded, if one.")
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -161,16 +189,17 @@ class PushRequest(_Body):
     events: list[Any] = Field(min_length=1, examples=[[
         {"user_id": "u1", "item_id": "i7", "event_type": "click",
          "ts": "2026-01-05T10:00:00Z", "value": 1.0, "category": "c3", "device": "mobile",
-         "price": 9.5}]])
+         "price": 9.5}]], description="The events, each a JSON object.")
 
 
 class Rejected(BaseModel):
-    index: int
-    # The ETL's quarantine reason code (malformed_record, missing_user_id, bad_timestamp, …).
-    reason: str
-    field: str | None = None
+    index: int = Field(description="The event's place in the request's list.")
+    reason: str = Field(
+        description="The ETL's quarantine reason code (malformed_record, missing_user_id, "
+                    "bad_timestamp, …).")
+    field: str | None = Field(default=None, description="The event's field at fault, if one.")
 
 
 class PushResponse(BaseModel):
-    accepted: int
-    rejected: list[Rejected]
+    accepted: int = Field(description="How many events were appended to the event log.")
+    rejected: list[Rejected] = Field(description="The events refused, with their reasons.")
