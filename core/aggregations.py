@@ -83,16 +83,16 @@ class Window:
     def start(self, t: Time) -> Time | None:
         """The first microsecond of the window's events at ``t`` (µs: an integer or a Spark
         column); None: no start."""
-        if self.seconds is None or self.hop is None:
+        if self.length_micros is None or self.hop_micros is None:
             return None
-        return time_rule.window_start(t, self.seconds * MICROS, self.hop * MICROS)
+        return time_rule.window_start(t, self.length_micros, self.hop_micros)
 
     def expires(self, ts: Time) -> Time | None:
         """The first time (µs) at which an event at ``ts`` no longer counts (a hop after the
         window's length past its tile's start); None: it always counts."""
-        if self.seconds is None or self.hop is None:
+        if self.length_micros is None or self.hop_micros is None:
             return None
-        return time_rule.expires(ts, self.seconds * MICROS, self.hop * MICROS)
+        return time_rule.expires(ts, self.length_micros, self.hop_micros)
 
     def covers(self, ts: int, t: int) -> bool:
         """Whether an event at ``ts`` counts in the value at ``t`` (both µs)."""

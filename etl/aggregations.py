@@ -292,7 +292,7 @@ def _with_exits(union: DataFrame, rows: DataFrame, keys: list[str], plans: Seque
                              .alias(_AT)).agg(*(column for plan in members for column
                                                 in plan.merged(plan.partial(STATE), part=STATE)))
         for span, leaving in by_span.items():
-            gone = _leaves(F.col(_AT), hop, span)
+            gone = expires(F.col(_AT), span, hop)  # a tile's start: its events'
             union = union.unionByName(tiles.select(
                 *keys, gone.alias(TS_MICROS), (gone - 1).alias(_AT), F.lit(_EXIT).alias(_KIND),
                 *((-F.col(plan.column(STATE, field))).alias(plan.column(STATE, field))
@@ -447,12 +447,6 @@ def plan_for(index: int, feature: AggregateFeature, aligned: int | None,
     return TilesAndHead(index, feature)
 
 
-def _leaves(tile: Column, hop: int, span: int) -> Column:
-    """When the events of a tile starting at ``tile`` (µs) have all left a window ``span``
-    long hopping by ``hop``: ``core.time_rule.expires`` of its start."""
-    return expires(tile, span, hop)
-
-
 def _starts_hops(feature: AggregateFeature, aligned: int | None) -> bool:
     """Whether anchors that are multiples of ``aligned`` (µs) start the feature's hops: its
     window at an anchor ``t`` is then ``[t − window, t)``, a frame over the rows, which may
@@ -513,7 +507,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
         rows = rows.withColumn(hop_column, hop_start(hop))
         tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK))
         changes = changes.unionByName(tiles.select(
-            *by_register, _leaves(F.col(hop_column), hop, span).alias(TS_MICROS)))
+            *by_register, expires(F.col(hop_column), span, hop).alias(TS_MICROS)))
     change_rows = changes.distinct().select(
         *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
         F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))
