@@ -167,6 +167,57 @@ class LabelRule(Settings):
         return f"{self.column} {self.op} {self.value}"
 
 
+class LabelJoin(Settings):
+    """Examples that are impressions, labelled by what followed them: an event matching
+    ``of`` is an example; its label is 1 when an event matching ``positive`` of the same user
+    and item follows it within ``within`` (strictly after it, at most ``within`` later), and
+    no other impression of that pair came between them: a positive labels the latest
+    impression before it (docs/ARCHITECTURE.md, "Label joins")."""
+
+    # Which events are examples (the impressions): a rule as text.
+    of: LabelRule
+    # Which later events label an impression 1: a rule as text.
+    positive: LabelRule
+    # How long after an impression a positive still labels it: 30m, 1h, 1d.
+    within: Duration
+
+    @field_validator("of", "positive", mode="before")
+    @classmethod
+    def _rule_from_text(cls, value: Any) -> Any:
+        return _rule_from_text(value)
+
+    @classmethod
+    def parse(cls, expression: str) -> LabelJoin | None:
+        """``<positive> within <duration> of <impression>`` (the CLI form), e.g.
+        ``event_type in (click) within 30m of event_type in (view)``; None: not that form."""
+        match = _JOIN.match(expression)
+        if match is None:
+            return None
+        positive, within, of = match.groups()
+        return cls(of=LabelRule.parse(of), positive=LabelRule.parse(positive), within=within)
+
+    def __str__(self) -> str:
+        return f"{self.positive} within {self.within} of {self.of}"
+
+
+_JOIN = re.compile(r"^\s*(.+?)\s+within\s+(\S+)\s+of\s+(.+?)\s*$", re.IGNORECASE)
+
+
+def _rule_from_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return LabelJoin.parse(value) or LabelRule.parse(value)
+    except LabelRuleError as exc:
+        raise ValueError(exc.message) from None
+
+
+def label_rule(text: str) -> LabelRule | LabelJoin:
+    """A label as the CLI and the YAML text form give it: a rule of each event, or a join
+    (``<positive> within <duration> of <impression>``)."""
+    return LabelJoin.parse(text) or LabelRule.parse(text)
+
+
 if TYPE_CHECKING:  # the union is built from the ops' registry, which type checkers cannot read
     FeatureOpConfig = OpSettings
 else:
@@ -317,9 +368,11 @@ class EtlConfig(Settings):
 
     source: SourceConfig = SourceConfig()
     validation: ValidationConfig = ValidationConfig()
-    # The binary label: a rule as text ("value >= 4", "event_type in (click, purchase)") or
-    # as column, op and value; --label overrides it.
-    label: LabelRule = LabelRule(column="event_type", op="in", value=["click", "purchase"])
+    # The binary label: a rule of each event as text ("value >= 4", "event_type in (click,
+    # purchase)") or as column, op and value; or a join of later events onto impressions
+    # (of, positive, within: ``LabelJoin``); --label overrides it.
+    label: LabelRule | LabelJoin = LabelRule(column="event_type", op="in",
+                                             value=["click", "purchase"])
     split: SplitConfig = SplitConfig()
     # The feature ops, run in this order (their keys below); @categorical and @continuous
     # stand for the declared context columns.
@@ -346,12 +399,18 @@ class EtlConfig(Settings):
     @field_validator("label", mode="before")
     @classmethod
     def _label_from_text(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            return value
-        try:
-            return LabelRule.parse(value)
-        except LabelRuleError as exc:
-            raise ValueError(exc.message) from None
+        return _rule_from_text(value)
+
+    @property
+    def positive(self) -> LabelRule:
+        """The rule of each event: which events are positives (the label of each event, or
+        the positives a join labels impressions with): what the features' label history and
+        the aggregations' label read."""
+        return self.label.positive if isinstance(self.label, LabelJoin) else self.label
+
+    @property
+    def label_join(self) -> LabelJoin | None:
+        return self.label if isinstance(self.label, LabelJoin) else None
 
     @model_validator(mode="after")
     def _features_refer_to_known_columns(self) -> EtlConfig:
@@ -384,7 +443,7 @@ class EtlConfig(Settings):
             continuous=tuple(continuous_columns(self)),
             categorical_context=tuple(self.source.categorical),
             continuous_context=tuple(continuous_columns(self)),
-            label_column=self.label.column,
+            label_column=self.positive.column,
             outcomes=tuple(c for c, role in self.source.declared_roles().items()
                            if role == "outcome"))
 
@@ -399,7 +458,8 @@ class EtlConfig(Settings):
             value=self.source.columns.value is not None,
             continuous=self.source.continuous, categorical=self.source.categorical,
             roles=self.source.declared_roles(),
-            label=LabelSpec(column=self.label.column, op=self.label.op, value=self.label.value),
+            label=LabelSpec(column=self.positive.column, op=self.positive.op,
+                            value=self.positive.value),
             recent_days=self.entities.recent_days)
 
     def hash(self, exclude_source_path: bool = False) -> str:
@@ -437,8 +497,10 @@ def check_features(config: EtlConfig) -> None:
     op that reads encoded ids comes after the categorify that assigns them."""
     roles = config.column_roles()
     known = set(roles.categorical) | set(roles.continuous) | {"ts"}
-    if roles.label_column not in known:
-        raise ValueError(f"label: unknown column {roles.label_column!r} (known: {sorted(known)})")
+    join = config.label_join
+    for column in (roles.label_column, *([join.of.column] if join else [])):
+        if column not in known:
+            raise ValueError(f"label: unknown column {column!r} (known: {sorted(known)})")
     wanted = {"categorical": set(roles.categorical), "continuous": set(roles.continuous)}
     encoded: set[str] = set()
     for index, op in enumerate(config.features):
@@ -543,7 +605,7 @@ def flags_applied(
         put("spark", "profile", profile)
     if label is not None:
         try:
-            data["label"] = LabelRule.parse(label).model_dump(mode="json")
+            data["label"] = label_rule(label).model_dump(mode="json")
         except LabelRuleError as exc:
             raise LabelRuleError("--label", exc.message) from None
     if categorical is not None:

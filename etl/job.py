@@ -49,7 +49,7 @@ from featureline.core.metadata import (
     present,
     read_metadata,
 )
-from featureline.etl import ingest, stages
+from featureline.etl import ingest, label_join, stages
 from featureline.etl.aggregations import (
     Lifetime,
     events_cut,
@@ -253,8 +253,9 @@ def _validated(spark: SparkSession, config: EtlConfig,
 
 def _labelled(events: DataFrame, config: EtlConfig,
               cached: list[DataFrame]) -> tuple[DataFrame, int]:
-    """The events with their label, cached, and how many."""
-    events = events.withColumn(LABEL, label_column(config.label, config))
+    """The events with their label (with a label join: whether each is a positive), cached,
+    and how many."""
+    events = events.withColumn(LABEL, label_column(config.positive, config))
     events = events.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(events)
     return events, events.count()
@@ -431,6 +432,11 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     first = begins.agg(F.min(START)).collect()[0][0]
     since = _midnight(first if first is not None
                       else micros_of(state.latest + timedelta(days=1)))
+    join = config.label_join
+    if join is not None:
+        earliest = new.agg(F.min(TS_MICROS)).collect()[0][0]
+        since = min(since, label_join.rewritten_from(
+            state.latest, earliest if earliest is not None else micros_of(state.latest), join))
     # The rows computed again are read whole from the start's days.
     kept = state_columns(pipeline, config)
     recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
@@ -562,10 +568,17 @@ def starts(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> Data
 
 
 def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
-                    path: Path) -> None:
+                    path: Path, labels: DataFrame | None = None) -> None:
     """The examples a folder per split and UTC day (``split=<s>/day=<d>``): a day's files
     hold its rows only, so a run that adds a day leaves the earlier days' files as they are
-    (docs/ARCHITECTURE.md, "Examples by day")."""
+    (docs/ARCHITECTURE.md, "Examples by day"). ``labels``: a label join's examples (keys and
+    label): only those rows are examples, with that label."""
+    join = config.label_join
+    if labels is not None and join is not None:
+        impressions = featured.where(label_join.matches(
+            join.of, frozenset(categorical_columns(config))))
+        featured = impressions.drop(LABEL).join(
+            labels.withColumnRenamed(label_join.TARGET, LABEL), list(KEYS))
     columns: list[Column | str] = [*KEYS, *(F.col(s.name).cast(SPARK_TYPES[s.kind])
                                             for s in specs), F.col(LABEL).cast("long"), SPLIT,
                                    F.to_date("ts").alias(EXAMPLE_DAY)]
@@ -577,6 +590,12 @@ def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlCo
                 .repartition(config.output.examples_files, *KEYS)
                 .sortWithinPartitions(SPLIT, EXAMPLE_DAY, *KEYS))
     write_parquet(examples, path, files=None, partition_by=[SPLIT, EXAMPLE_DAY])
+
+
+def _example_counts(spark: SparkSession, staging: Path) -> dict[str, int]:
+    """The examples written (and linked) per split."""
+    counted = read_as_written(spark, staging / "examples").groupBy(SPLIT).count().collect()
+    return {TRAIN: 0, VALID: 0} | {row[SPLIT]: int(row["count"]) for row in counted}
 
 
 def label_spec() -> dict[str, Any]:
@@ -885,6 +904,31 @@ class _Transformed:
     featured: DataFrame
     state_rows: DataFrame
     days: _EveryDay = field(default_factory=_EveryDay)
+    joined: _Joined | None = None
+
+
+@dataclass(frozen=True)
+class _Joined:
+    """A label join's examples (keys and label), its counts of the events it labelled
+    (``label_join.counts``), and the output's accounting where the run extends one."""
+
+    examples: DataFrame
+    counts: dict[str, int]
+    previous: dict[str, Any] | None = None
+
+
+def _joined(job: _Run, events: DataFrame, previous: dict[str, Any] | None = None
+            ) -> _Joined | None:
+    """The label join over ``events`` (every event of each pair from a time on), its flags
+    cached; None without a join."""
+    join = job.config.label_join
+    if join is None:
+        return None
+    latest = with_time_key(events).agg(F.max(TS_MICROS)).collect()[0][0]
+    flags = label_join.flagged(events, join, frozenset(categorical_columns(job.config)),
+                               latest).persist(StorageLevel.MEMORY_AND_DISK)
+    job.cached.append(flags)
+    return _Joined(label_join.examples(flags), label_join.counts(flags), previous)
 
 
 def run(config: EtlConfig, spark: SparkSession,
@@ -924,7 +968,8 @@ def _full(job: _Run) -> _Transformed:
     with job.timer(stages.FEATURES) as stage:
         featured, state_rows = _features(job.pipeline, events, split, config)
         stage.summary = f"{len(job.pipeline.features())} features"
-    return _Transformed(events, events, rows, split, featured, state_rows)
+        joined = _joined(job, events)
+    return _Transformed(events, events, rows, split, featured, state_rows, joined=joined)
 
 
 def _incremental(job: _Run, state: State) -> _Transformed:
@@ -954,8 +999,15 @@ def _incremental(job: _Run, state: State) -> _Transformed:
         featured, state_rows, since = _features_incremental(
             pipeline, events, state, stored, new, split, config, job.staging, job.previous)
         stage.summary = f"{len(pipeline.features())} features"
+        # The join's events: the stored ones from the first day written, and the new ones
+        # (only theirs counted: the output counted the others).
+        recent = stored_events(job.spark, state, columns, since=None if since is None else
+                               datetime.combine(since, datetime.min.time(), timezone.utc))
+        joined = _joined(job, recent.withColumn(label_join.COUNTED, F.lit(False)).unionByName(
+            new.select(*columns).withColumn(label_join.COUNTED, F.lit(True))),
+            state.rows.get("label_join"))
     return _Transformed(events, newest, rows, split, featured, state_rows,
-                        _NewDays(state, new, since))
+                        _NewDays(state, new, since), joined)
 
 
 def _ingest_summary(rows: dict[str, Any]) -> str:
@@ -987,13 +1039,22 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
     config, pipeline, staging, t = job.config, job.pipeline, job.staging, transformed
     specs, since = pipeline.features(), t.days.since
     with job.timer(stages.WRITE_EXAMPLES) as stage:
-        _write_examples(t.featured, specs, config, staging / "examples")
+        _write_examples(t.featured, specs, config, staging / "examples",
+                        t.joined.examples if t.joined is not None else None)
         stage.summary = f"{t.rows['accepted']:,} examples"
         if since is not None:
             kept = link_example_days(job.output, staging, since,
                                      datetime.fromisoformat(t.split["valid_from"]))
             stage.summary += (f" ({len(kept)} earlier days' files kept, the days from "
                               f"{since:%Y-%m-%d} written)")
+        if t.joined is not None:
+            t.split["rows"] = _example_counts(job.spark, staging)
+            t.rows["label_join"] = joined = label_join.accounting(
+                t.rows["accepted"], sum(t.split["rows"].values()), t.joined.counts,
+                t.joined.previous)
+            stage.summary = (f"{joined['examples']:,} examples of {t.rows['accepted']:,} "
+                             f"events ({joined['positives']:,} positives, "
+                             f"{joined['held_open']:,} impressions held open)")
     tfrecord = None
     if config.tfrecord.enabled:
         with job.timer(stages.WRITE_TFRECORD) as stage:
@@ -1086,6 +1147,15 @@ def _versions(config: EtlConfig, pipeline: FeaturePipeline,
     }
 
 
+def _join_entry(config: EtlConfig) -> dict[str, Any]:
+    """metadata.json's label ``join`` where the examples are impressions."""
+    join = config.label_join
+    if join is None:
+        return {}
+    return {"join": {"of": str(join.of), "positive": str(join.positive),
+                     "within": join.within}}
+
+
 def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
               specs: list[FeatureSpec], entities: dict[str, Any], stats: dict[str, Any],
               tfrecord: dict[str, Any] | None, timings: dict[str, float], total: float
@@ -1102,7 +1172,7 @@ def _metadata(config: EtlConfig, rows: dict[str, Any], split: dict[str, Any],
         "rows": rows,
         "split": split,
         "keys": list(KEYS),
-        "label": {**label_spec(), "rule": str(config.label)},
+        "label": {**label_spec(), "rule": str(config.label), **_join_entry(config)},
         "events": config.event_contract().model_dump(mode="json"),
         "features": [s.to_json() for s in specs],
         "embedding_plan": embedding_plan(specs, config.embeddings),
