@@ -142,6 +142,36 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
     return report | ({"profiles": profiles} if event_log is not None else {})
 
 
+# The per-event rule the label join is measured against: every event an example.
+PER_EVENT_LABEL = "event_type in (click, purchase)"
+
+
+def measure_label_join(spark: SparkSession, events: int, workdir: Path,
+                       order: tuple[str, ...] = ABBA) -> dict[str, Any]:
+    """The job's time with the per-event rule (A: "without") and with the default label join
+    (B: "with") on one log, in ``order``; the examples and the join's accounting."""
+    raw = workdir / f"events-{events}.jsonl"
+    write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+              days=28, seed=1, bad_fraction=0.001)
+    configs = {"with": with_overrides(EtlConfig(), input_path=str(raw),
+                                      output=str(workdir / "out")),
+               "without": with_overrides(EtlConfig(), input_path=str(raw),
+                                         output=str(workdir / "out"), label=PER_EVENT_LABEL)}
+    times: dict[str, list[float]] = {"without": [], "with": []}
+    rows: dict[str, Any] = {}
+    for side in order:
+        shutil.rmtree(workdir / "out", ignore_errors=True)
+        start = time.perf_counter()
+        result = job.run(configs[side], spark, progress=lambda _: None)
+        times[side].append(round(time.perf_counter() - start, 2))
+        rows[side] = {"split": result.metadata["split"]["rows"],
+                      "label_join": result.metadata["rows"].get("label_join"),
+                      "stages_s": result.metadata["timings_s"]}
+    means = {side: sum(runs) / len(runs) for side, runs in times.items()}
+    return {"events": events, "job_s": times, "runs": rows,
+            "with_vs_without": round(means["with"] / means["without"], 3)}
+
+
 def _skip_profile(spark: SparkSession, events: DataFrame, specs: Any, rows: Any,
                   config: EtlConfig, staging: Path, output: Path, counts: Any = None
                   ) -> job.Checked:
@@ -464,8 +494,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--checks", action="store_true",
                         help="the job without and with its profile stage (the validation "
                              "gate), interleaved: without, with, with, without")
+    parser.add_argument("--label-join", action="store_true",
+                        help="the job with the per-event label rule and with the default "
+                             "label join, interleaved: per-event, join, join, per-event")
     args = parser.parse_args(argv)
     sizes = [20_000, 40_000] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    if args.label_join:
+        spark = build_session(BENCH_SPARK)
+        with tempfile.TemporaryDirectory(prefix="bench-etl-label-join-") as tmp:
+            print(json.dumps({"benchmark": "etl_label_join", "machine": {
+                "platform": platform.platform(), "spark": spark.version},
+                "runs": [measure_label_join(spark, events, Path(tmp)) for events in sizes]},
+                indent=2))
+        return
     if args.checks:
         print(json.dumps(run_checks(sizes), indent=2))
         return

@@ -76,6 +76,9 @@ class RowAccounting(Contract):
     accepted: int
     duplicates: int
     quarantined: dict[str, int]
+    # With a label join: accepted = examples + positives + held_open + other, and the
+    # positives without an impression before them (etl/label_join.py).
+    label_join: dict[str, int] | None = None
 
 
 class SplitInfo(Contract):

@@ -371,8 +371,10 @@ class EtlConfig(Settings):
     # The binary label: a rule of each event as text ("value >= 4", "event_type in (click,
     # purchase)") or as column, op and value; or a join of later events onto impressions
     # (of, positive, within: ``LabelJoin``); --label overrides it.
-    label: LabelRule | LabelJoin = LabelRule(column="event_type", op="in",
-                                             value=["click", "purchase"])
+    label: LabelRule | LabelJoin = LabelJoin(
+        of=LabelRule(column="event_type", op="in", value=["view"]),
+        positive=LabelRule(column="event_type", op="in", value=["click", "purchase"]),
+        within="30m")
     split: SplitConfig = SplitConfig()
     # The feature ops, run in this order (their keys below); @categorical and @continuous
     # stand for the declared context columns.

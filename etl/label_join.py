@@ -27,15 +27,17 @@ from featureline.etl.config import LabelJoin, LabelRule
 from featureline.etl.features.base import MICROS, TS_MICROS, with_time_key
 
 KEYS = ("user_id", "item_id", "ts")
-IMPRESSION = "_impression"
-POSITIVE = "_positive"
+# Per (user, item, time): its impressions, its positives (the impressions among them too),
+# its positives that are not impressions, and of those the ones this run counts.
+IMPRESSIONS = "_impressions"
+POSITIVES_AT = "_positives_at"
+POSITIVES = "_positives"
+COUNTED_POSITIVES = "_counted_positives"
 TARGET = "_target"
 HELD = "_held"
 MATCHED = "_matched"
 # Beside each event: whether this run counts it (an incremental run: its new events).
 COUNTED = "_counted"
-# metadata.json's rows["label_join"]: every accepted event is one of these four.
-PARTS = ("examples", "positives", "held_open", "other")
 
 
 def within_micros(join: LabelJoin) -> int:
@@ -50,53 +52,66 @@ def matches(rule: LabelRule, categorical: frozenset[str]) -> Column:
 
 def flagged(events: DataFrame, join: LabelJoin, categorical: frozenset[str],
             latest: int) -> DataFrame:
-    """Each event's keys with ``IMPRESSION``, ``POSITIVE``, ``TARGET`` (an impression a
-    positive labels), ``HELD`` (an impression whose window reaches ``latest``, µs, unlabelled)
-    and ``MATCHED`` (an impression at most ``within`` before it), and ``COUNTED`` where
-    ``events`` has it. ``events``: every event of each pair from a time on; the values are
-    exact for the impressions of that time on, and for the positives ``within`` after it."""
+    """One row per user, item and time of ``events`` with its counts (``IMPRESSIONS``,
+    ``POSITIVES``...) and flags: ``TARGET`` (its impressions are labelled), ``HELD`` (their
+    window reaches ``latest``, µs, unlabelled) and ``MATCHED`` (an impression at most
+    ``within`` before it, for its positives). ``events``: every event of each pair from a time
+    on; the flags are exact for the times from then on (``MATCHED``: ``within`` after it);
+    ``COUNTED`` where ``events`` has it marks the positives counted.
+
+    The neighbouring times come from running frames and lead/lag over one row per time (a
+    frame bounded ahead of or behind the current row is not one the RAPIDS Accelerator
+    plans on the GPU)."""
     within = within_micros(join)
+    impression = matches(join.of, categorical)
+    positive = matches(join.positive, categorical)
+    only_positive = positive & ~impression
+    counted = F.col(COUNTED) if COUNTED in events.columns else F.lit(True)
     t = F.col(TS_MICROS)
-    pair = Window.partitionBy("user_id", "item_id").orderBy(TS_MICROS)
-    after = pair.rangeBetween(1, Window.unboundedFollowing)
-    before = pair.rangeBetween(Window.unboundedPreceding, -1)
-    counted = [COUNTED] if COUNTED in events.columns else []
-    flags = with_time_key(events).select(
-        *KEYS, TS_MICROS, *counted, matches(join.of, categorical).alias(IMPRESSION),
-        matches(join.positive, categorical).alias(POSITIVE))
-    next_positive = F.min(F.when(F.col(POSITIVE), t)).over(after)
-    next_impression = F.min(F.when(F.col(IMPRESSION), t)).over(after)
-    last_impression = F.max(F.when(F.col(IMPRESSION), t)).over(before)
-    labelled = (F.col(IMPRESSION) & next_positive.isNotNull()
-                & (next_positive <= t + F.lit(within))
-                & (next_impression.isNull() | (next_positive <= next_impression)))
-    return (flags.withColumn(TARGET, labelled)
-            .withColumn(HELD, F.col(IMPRESSION) & ~F.col(TARGET)
-                        & (t + F.lit(within) >= F.lit(latest)))
-            .withColumn(MATCHED, last_impression.isNotNull()
-                        & (t - last_impression <= F.lit(within))))
+    points = with_time_key(events).groupBy("user_id", "item_id", "ts", TS_MICROS).agg(
+        F.count_if(impression).alias(IMPRESSIONS), F.count_if(positive).alias(POSITIVES_AT),
+        F.count_if(only_positive).alias(POSITIVES),
+        F.count_if(only_positive & counted).alias(COUNTED_POSITIVES))
+    pair = Window.partitionBy("user_id", "item_id")
+    up_to = pair.orderBy(t.asc()).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    from_here = pair.orderBy(t.desc()).rowsBetween(Window.unboundedPreceding,
+                                                   Window.currentRow)
+    shown, positives = F.col(IMPRESSIONS) > 0, F.col(POSITIVES_AT) > 0
+    points = points.select(
+        "*", F.max(F.when(shown, t)).over(up_to).alias("_shown_up_to"),
+        F.min(F.when(positives, t)).over(from_here).alias("_positive_from"),
+        F.min(F.when(shown, t)).over(from_here).alias("_shown_from"))
+    ordered = pair.orderBy(t.asc())
+    last_shown = F.lag("_shown_up_to", 1).over(ordered)
+    next_positive = F.lead("_positive_from", 1).over(ordered)
+    next_shown = F.lead("_shown_from", 1).over(ordered)
+    points = points.select(
+        *KEYS, TS_MICROS, IMPRESSIONS, POSITIVES, COUNTED_POSITIVES,
+        (shown & next_positive.isNotNull() & (next_positive <= t + F.lit(within))
+         & (next_shown.isNull() | (next_positive <= next_shown))).alias(TARGET),
+        (last_shown.isNotNull() & (t - last_shown <= F.lit(within))).alias(MATCHED))
+    return points.withColumn(HELD, (F.col(IMPRESSIONS) > 0) & ~F.col(TARGET)
+                             & (t + F.lit(within) >= F.lit(latest)))
 
 
 def examples(flags: DataFrame) -> DataFrame:
-    """The examples' keys and labels: every impression but the held ones (impressions
-    sharing their keys share their label: one row for them; the impressions among the
-    events sharing them are the examples: ``matches(join.of, ...)``)."""
-    return (flags.where(F.col(IMPRESSION) & ~F.col(HELD))
-            .select(*KEYS, F.col(TARGET).cast("long").alias(TARGET)).distinct())
+    """The examples' keys and labels: the times of impressions but the held ones (the
+    impressions among the events at such a time are the examples: ``matches(join.of, ...)``;
+    they share their label)."""
+    return (flags.where((F.col(IMPRESSIONS) > 0) & ~F.col(HELD))
+            .select(*KEYS, F.col(TARGET).cast("long").alias(TARGET)))
 
 
 def counts(flags: DataFrame) -> dict[str, int]:
-    """The impressions held open, and the positives that are not impressions (of the events
-    ``COUNTED`` where the flags have it) with those no impression came within ``within``
+    """The impressions held open, and the positives that are not impressions (those
+    ``COUNTED`` where the events had it) with those no impression came within ``within``
     before."""
-    positive = F.col(POSITIVE) & ~F.col(IMPRESSION)
-    if COUNTED in flags.columns:
-        positive = positive & F.col(COUNTED)
-    row = flags.agg(F.count_if(F.col(HELD)).alias("held_open"),
-                    F.count_if(positive).alias("positives"),
-                    F.count_if(positive & ~F.col(MATCHED)).alias("without")).collect()[0]
-    return {"held_open": int(row["held_open"]), "positives": int(row["positives"]),
-            "positives_without_impression": int(row["without"])}
+    row = flags.agg(
+        F.sum(F.when(F.col(HELD), F.col(IMPRESSIONS))).alias("held_open"),
+        F.sum(COUNTED_POSITIVES).alias("positives"),
+        F.sum(F.when(~F.col(MATCHED), F.col(COUNTED_POSITIVES))).alias("without")).collect()[0]
+    return {"held_open": int(row["held_open"] or 0), "positives": int(row["positives"] or 0),
+            "positives_without_impression": int(row["without"] or 0)}
 
 
 def accounting(accepted: int, examples_written: int, counted: dict[str, int],

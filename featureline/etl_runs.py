@@ -93,6 +93,11 @@ def summary(run: FinishedRun) -> str:
         f"{rows.duplicates:,} + quarantined {sum(quarantined.values()):,}",
     ]
     lines += [f"  quarantined {reason}: {count:,}" for reason, count in quarantined.items()]
+    if rows.label_join is not None:
+        joined = rows.label_join
+        lines.append(f"events: accepted {rows.accepted:,} = examples {joined['examples']:,} + "
+                     f"positives {joined['positives']:,} + held open {joined['held_open']:,} "
+                     f"+ other {joined['other']:,}")
     split = present(metadata.split, metadata, "split")
     lines.append(f"split: train {split.rows['train']:,}, valid {split.rows['valid']:,} "
                  f"(valid from {split.valid_from})")

@@ -15,7 +15,8 @@ def test_repository_default_config_is_valid_and_matches_embedded_defaults():
     # The file users edit and the embedded defaults say the same thing.
     assert config == FeaturelineConfig()
     assert config.etl.source.format == "jsonl"
-    assert str(config.etl.label) == "event_type in (click, purchase)"
+    assert str(config.etl.label) == ("event_type in (click, purchase) within 30m of "
+                                     "event_type in (view)")
     assert [op.op for op in config.etl.features][:2] == ["categorify", "count_encode"]
 
 
