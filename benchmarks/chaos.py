@@ -469,7 +469,9 @@ def _read_output(output: Path) -> dict[str, Any] | None:
     except (OSError, ValueError, FeaturelineError):
         return None
     rows = metadata.rows
-    whole = (counted["examples"] == rows.accepted
+    # With a label join only the closed impressions are examples.
+    examples = rows.label_join["examples"] if rows.label_join else rows.accepted
+    whole = (counted["examples"] == examples
              and counted["quarantine"] == sum(rows.quarantined.values())
              and counted["duplicates"] == rows.duplicates)
     return {"version": metadata.dataset_version, "rows": rows.model_dump(), "whole": whole}

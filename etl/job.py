@@ -433,10 +433,9 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
     since = _midnight(first if first is not None
                       else micros_of(state.latest + timedelta(days=1)))
     join = config.label_join
-    if join is not None:
-        earliest = new.agg(F.min(TS_MICROS)).collect()[0][0]
-        since = min(since, label_join.rewritten_from(
-            state.latest, earliest if earliest is not None else micros_of(state.latest), join))
+    earliest = new.agg(F.min(TS_MICROS)).collect()[0][0] if join is not None else None
+    if join is not None and earliest is not None:  # no new event closes or labels any
+        since = min(since, label_join.rewritten_from(state.latest, earliest, join))
     # The rows computed again are read whole from the start's days.
     kept = state_columns(pipeline, config)
     recent = with_time_key(stored_events(stored.sparkSession, state, kept, since=since))
@@ -917,6 +916,16 @@ class _Joined:
     previous: dict[str, Any] | None = None
 
 
+def _joined_from(state: State, since: date | None, config: EtlConfig) -> datetime | None:
+    """The first day of the stored events an incremental run's label join reads: the first
+    it writes, or the first an impression held open may be on (None: every day)."""
+    join = config.label_join
+    if since is None or join is None:
+        return None
+    held = label_join.rewritten_from(state.latest, micros_of(state.latest), join)
+    return min(held, datetime.combine(since, datetime.min.time(), timezone.utc))
+
+
 def _joined(job: _Run, events: DataFrame, previous: dict[str, Any] | None = None
             ) -> _Joined | None:
     """The label join over ``events`` (every event of each pair from a time on), its flags
@@ -1001,8 +1010,8 @@ def _incremental(job: _Run, state: State) -> _Transformed:
         stage.summary = f"{len(pipeline.features())} features"
         # The join's events: the stored ones from the first day written, and the new ones
         # (only theirs counted: the output counted the others).
-        recent = stored_events(job.spark, state, columns, since=None if since is None else
-                               datetime.combine(since, datetime.min.time(), timezone.utc))
+        recent = stored_events(job.spark, state, columns, since=_joined_from(state, since,
+                                                                           config))
         joined = _joined(job, recent.withColumn(label_join.COUNTED, F.lit(False)).unionByName(
             new.select(*columns).withColumn(label_join.COUNTED, F.lit(True))),
             state.rows.get("label_join"))

@@ -31,11 +31,18 @@ TEST_SPARK = SparkSettings(
 )
 
 
+# The tests' runs label each event by its own type (every event an example: their checks
+# read every event); tests/test_label_join.py and the end-to-end runs use the default join.
+PER_EVENT_LABEL = "event_type in (click, purchase)"
+
+
 def make_config(tmp_path: Path, source: Path, **overrides: Any) -> EtlConfig:
-    """The embedded defaults pointed at ``source`` and writing under ``tmp_path``."""
+    """The embedded defaults pointed at ``source`` and writing under ``tmp_path``, each event
+    labelled by its own type unless ``label`` is given."""
     config = with_overrides(EtlConfig(), input_path=str(source), output=str(tmp_path / "out"))
     data = config.model_dump(mode="json")
     data["spark"] = TEST_SPARK.model_dump(mode="json")
+    data["label"] = PER_EVENT_LABEL
     for key, value in overrides.items():
         data[key] = value
     return EtlConfig.model_validate(data)

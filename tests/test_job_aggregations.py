@@ -22,7 +22,7 @@ from featureline.etl import job
 from featureline.etl.datagen import write_log
 from featureline.etl.tfrecord.reader import read_numpy
 from tests.aggregation_reference import reference
-from tests.job_config import TEST_SPARK
+from tests.job_config import PER_EVENT_LABEL, TEST_SPARK
 
 # A job run of its own (~40 s on 2 cores).
 pytestmark = pytest.mark.slow
@@ -54,7 +54,7 @@ def aggregated(spark, tmp_path_factory):
     write_log(log, events=1500, users=20, items=30, days=4, seed=5, bad_fraction=0.0)
     config = parse_config({**yaml.safe_load(SPEC), "etl": {
         "source": {"path": str(log)}, "output": {"path": str(root / "out")},
-        "spark": TEST_SPARK.model_dump(mode="json")}})
+        "label": PER_EVENT_LABEL, "spark": TEST_SPARK.model_dump(mode="json")}})
     return job.run(config.etl, spark, progress=lambda _: None), config
 
 

@@ -270,3 +270,20 @@ def test_no_feature_reads_the_positive_that_labels_its_example(runs, spark):
                             if k not in ("label", "split", "day")}, key
         compared += 1
     assert compared >= 10
+
+
+def test_a_new_day_run_twice_changes_no_example(runs, spark):
+    """Its events are all duplicates: no window closes, no day is written again."""
+    output = runs["root"] / "twice"
+    shutil.copytree(runs["incremental"].output, output)
+    inodes = {p: p.stat().st_ino for p in (output / "examples").rglob("*.parquet")}
+    config = make_config(runs["root"], runs["files"]["new"], label=JOIN)
+    again = job.run(config.model_copy(update={
+        "mode": "incremental", "fit": config.fit.model_copy(update={"refit_every": "30d"}),
+        "output": config.output.model_copy(update={"path": str(output)})}), spark,
+        progress=lambda _: None)
+    assert again.metadata["rows"]["this_run"]["accepted"] == 0
+    assert examples_of(output) == examples_of(runs["incremental"].output)
+    assert again.metadata["rows"]["label_join"] == runs["incremental"].metadata["rows"][
+        "label_join"]
+    assert {p: p.stat().st_ino for p in (output / "examples").rglob("*.parquet")} == inodes
