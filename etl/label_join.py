@@ -77,10 +77,11 @@ def flagged(events: DataFrame, join: LabelJoin, categorical: frozenset[str],
     from_here = pair.orderBy(t.desc()).rowsBetween(Window.unboundedPreceding,
                                                    Window.currentRow)
     shown, positives = F.col(IMPRESSIONS) > 0, F.col(POSITIVES_AT) > 0
+    # Latest first, then earliest first: the running frame and lead/lag share that order.
     points = points.select(
-        "*", F.max(F.when(shown, t)).over(up_to).alias("_shown_up_to"),
-        F.min(F.when(positives, t)).over(from_here).alias("_positive_from"),
+        "*", F.min(F.when(positives, t)).over(from_here).alias("_positive_from"),
         F.min(F.when(shown, t)).over(from_here).alias("_shown_from"))
+    points = points.select("*", F.max(F.when(shown, t)).over(up_to).alias("_shown_up_to"))
     ordered = pair.orderBy(t.asc())
     last_shown = F.lag("_shown_up_to", 1).over(ordered)
     next_positive = F.lead("_positive_from", 1).over(ordered)
