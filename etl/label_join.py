@@ -72,15 +72,17 @@ def flagged(events: DataFrame, join: LabelJoin, categorical: frozenset[str],
         F.count_if(impression).alias(IMPRESSIONS), F.count_if(positive).alias(POSITIVES_AT),
         F.count_if(only_positive).alias(POSITIVES),
         F.count_if(only_positive & counted).alias(COUNTED_POSITIVES))
-    ordered = Window.partitionBy("user_id", "item_id").orderBy(t.asc())
-    up_to = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    from_here = ordered.rowsBetween(Window.currentRow, Window.unboundedFollowing)
+    pair = Window.partitionBy("user_id", "item_id")
+    up_to = pair.orderBy(t.asc()).rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    from_here = pair.orderBy(t.desc()).rowsBetween(Window.unboundedPreceding,
+                                                   Window.currentRow)
     shown, positives = F.col(IMPRESSIONS) > 0, F.col(POSITIVES_AT) > 0
-    # One order for every frame and for lead/lag: one sort.
+    # Latest first, then earliest first: the running frame and lead/lag share that order.
     points = points.select(
         "*", F.min(F.when(positives, t)).over(from_here).alias("_positive_from"),
-        F.min(F.when(shown, t)).over(from_here).alias("_shown_from"),
-        F.max(F.when(shown, t)).over(up_to).alias("_shown_up_to"))
+        F.min(F.when(shown, t)).over(from_here).alias("_shown_from"))
+    points = points.select("*", F.max(F.when(shown, t)).over(up_to).alias("_shown_up_to"))
+    ordered = pair.orderBy(t.asc())
     last_shown = F.lag("_shown_up_to", 1).over(ordered)
     next_positive = F.lead("_positive_from", 1).over(ordered)
     next_shown = F.lead("_shown_from", 1).over(ordered)
