@@ -35,7 +35,7 @@ from featureline.core.drift import (
 )
 from featureline.core.drift_report import render
 from featureline.core.errors import ConfigError
-from featureline.core.events import REASONS, LabelSpec, micros_of
+from featureline.core.events import REASONS, micros_of
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     AGGREGATIONS_DIR,
@@ -55,7 +55,6 @@ from featureline.etl.aggregations import (
     events_cut,
     last_snapshot,
     output_tiles,
-    rule_column,
 )
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import profile, profile_columns
@@ -211,8 +210,7 @@ class StageTimer:
 
 def label_column(rule: LabelRule, config: EtlConfig) -> Column:
     """1 where the event matches the rule, else 0 (a missing value never matches)."""
-    spec = LabelSpec(column=rule.column, op=rule.op, value=rule.value)
-    return rule_column(spec, rule.column in categorical_columns(config)).cast("long")
+    return label_join.matches(rule, frozenset(categorical_columns(config))).cast("long")
 
 
 def _valid_from(events: DataFrame, valid_days: int) -> datetime:
