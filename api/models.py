@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -77,6 +78,42 @@ class RankingInputsRequest(_Body):
     user_id: EntityId = Field(examples=["u1"], description="The user's raw id.")
     item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]],
                                      description="The candidates' raw ids.")
+
+
+class ModelInputsRequest(_Body):
+    """One user, the candidates, the request's columns: the model's input for each candidate
+    at the request time."""
+
+    user_id: EntityId = Field(examples=["u1"], description="The user's raw id.")
+    item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]],
+                                     description="The candidates' raw ids.")
+    context: dict[str, Any] = Field(
+        default_factory=dict, examples=[{"device": "mobile"}],
+        description="Request columns (every one a feature reads), and user attributes that "
+                    "override the published ones.")
+    item_context: dict[str, list[Any]] = Field(
+        default_factory=dict, examples=[{"price": [9.5, 12.0]}],
+        description="Item attributes that override the published ones: one value per "
+                    "candidate.")
+    at: datetime | None = Field(
+        default=None, examples=["2026-01-05T10:00:00Z"],
+        description="The request time (ISO 8601; default: now). Not before the published "
+                    "output's latest event.")
+
+
+class ModelInputsResponse(BaseModel):
+    features: dict[str, list[Any]] = Field(
+        description="Feature name (the examples' column) → one value per candidate, as the "
+                    "TFRecords hold it: ids as integers (1: out of vocabulary), floats as "
+                    "float32 values after the model-ready transform, lists as lists.")
+    groups: dict[str, list[list[Any]]] = Field(
+        description="TFRecord group (metadata.json `tfrecord.groups`) → one row per "
+                    "candidate: its columns' values in the group's order.")
+    unserved: list[str] = Field(
+        description="Features of ops that cannot be computed at a request time.")
+    at: datetime = Field(description="The request time the values hold at.")
+    dataset_version: str = Field(description="The published ETL output's version.")
+    fit_version: str | None = Field(description="The fit of its statistics.")
 
 
 class EntityFeatures(BaseModel):

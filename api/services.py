@@ -17,6 +17,7 @@ from featureline.api.broadcast import EvictionListener, ReloadListener, announce
 from featureline.api.errors import LimitExceededError, UnknownEntityKeyError
 from featureline.api.feature_log import Activity, FeatureLogger
 from featureline.api.metrics import Metrics
+from featureline.api.model_inputs import ServedInputs
 from featureline.api.settings import Scope, ServingConfig, api_keys
 from featureline.api.versions import check, embedding_versions
 from featureline.api.vocabulary import Vocabularies
@@ -67,6 +68,9 @@ class Services:
     # Requests in flight (the serving middleware counts them): background work waits for
     # a moment without any.
     activity: Activity = field(default_factory=Activity)
+    # How the served output's example features are computed at a request time; None: it
+    # records none.
+    inputs: ServedInputs | None = None
 
     def pusher(self) -> Pusher:
         if self.event_log is None or self.contract is None:
@@ -122,7 +126,7 @@ class Services:
         if dataset is not None:
             self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
             self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
-            self.contract = dataset.contract
+            self.contract, self.inputs = dataset.contract, dataset.inputs
             self.reader.set_groups(dataset.groups, dataset.entity_groups)
         return rows
 
@@ -162,6 +166,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     services = Services(config, reader, dataset.vocabularies, hps, metrics, keys,
                         dataset.version, dataset.lineages, dataset.fit_version,
                         output=Path(output), contract=dataset.contract,
+                        inputs=dataset.inputs,
                         event_log=open_event_log(config.stream, reader.url,
                                                  config.feature_store.cluster))
     metrics.watch_store(reader.ping, lambda: check(services))
@@ -203,6 +208,7 @@ class _Dataset(NamedTuple):
     fit_version: str | None
     # The entity tables' groups of its tiles.
     entity_groups: list[GroupSpec]
+    inputs: ServedInputs | None
 
 
 def _dataset(output: str | Path) -> _Dataset:
@@ -211,7 +217,8 @@ def _dataset(output: str | Path) -> _Dataset:
     entity_groups = [group for group in metadata.tile_groups() if group.name in metadata.entities]
     return _Dataset(Vocabularies.from_output(output), lineages, metadata.dataset_version,
                     metadata.events, metadata.tiles.groups if metadata.tiles else [],
-                    metadata.fit.version if metadata.fit else None, entity_groups)
+                    metadata.fit.version if metadata.fit else None, entity_groups,
+                    ServedInputs.of(output, metadata))
 
 
 async def get_services(request: Request) -> Services:

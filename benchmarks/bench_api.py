@@ -48,6 +48,7 @@ from feast import FeatureService
 
 from featureline.api.feature_log import sampled
 from featureline.config import parse_config
+from featureline.core.aggregations import INPUTS_PREFIX
 from featureline.feature_store.publish import publish
 from featureline.feature_store.redis_server import EmbeddedRedis, free_port
 from featureline.feature_store.repo import feast_connection_string, open_repo
@@ -606,7 +607,8 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         groups = {g.name: g for g in metadata.tiles.groups}
         # The groups a request of a user and an item can key.
         aggregations = [f.qualified for g in groups.values()
-                        if set(g.keys) <= {"user_id", "item_id"} for f in g.outputs()]
+                        if set(g.keys) <= {"user_id", "item_id"}
+                        and not g.name.startswith(INPUTS_PREFIX) for f in g.outputs()]
         ids = {entity: pq.read_table(Path(output) / table.path, columns=[table.join_key])
                [table.join_key].unique().to_pylist()
                for entity, table in metadata.entities.items()}
@@ -627,7 +629,8 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         user_sources = {p.name for p in service.feature_view_projections
                         if "user_id" in {e.name for e in repo.store.get_feature_view(
                             p.name).entity_columns}}
-        user_sources |= {g.name for g in groups.values() if tuple(g.keys) == ("user_id",)}
+        user_sources |= {g.name for g in groups.values() if tuple(g.keys) == ("user_id",)
+                         and not g.name.startswith(INPUTS_PREFIX)}
         try:
             _wait_ready(f"{base}/readyz", process)
 
@@ -655,16 +658,23 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
             user_features = [name for name in views + aggregations
                              if name.split(":")[0] in user_sources]
             popularity = 1.0 / np.arange(1, len(ids["item"]) + 1)
+
+            def candidates() -> dict[str, Any]:
+                return {"user_id": str(rng.choice(ids["user"])),
+                        "item_ids": [str(i) for i in rng.choice(
+                            ids["item"], min(CANDIDATES, len(ids["item"])), replace=False,
+                            p=popularity / popularity.sum())]}
+
             loads = {
                 "features, 100 users": ("/v1/features", LARGER_RATES["features"], lambda: {
                     "features": user_features,
                     "entities": {"user_id": [str(u) for u in rng.choice(ids["user"], 100)]}}),
                 "ranking-inputs, 1 + 100": ("/v1/ranking-inputs", LARGER_RATES["ranking"],
-                                            lambda: {
-                    "user_id": str(rng.choice(ids["user"])),
-                    "item_ids": [str(i) for i in rng.choice(
-                        ids["item"], min(CANDIDATES, len(ids["item"])), replace=False,
-                        p=popularity / popularity.sum())]})}
+                                            candidates),
+                # The model's input for the same requests, the request column added.
+                "model-inputs, 1 + 100": ("/v1/model-inputs", LARGER_RATES["ranking"],
+                                          lambda: {**candidates(),
+                                                   "context": {"device": "mobile"}})}
             for name, (path, load_rate, body) in loads.items():
                 load_rate = min(load_rate, rate)
                 load_count = max(1, int(load_rate * seconds))

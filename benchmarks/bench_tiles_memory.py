@@ -14,6 +14,7 @@ keys: the overhead that only shows at scale.
 
     python benchmarks/bench_tiles_memory.py                  # 1,000,000 keys
     python benchmarks/bench_tiles_memory.py --entity-table   # the user table's group instead
+    python benchmarks/bench_tiles_memory.py --model-inputs inputs_pair   # the (user, item) pairs
     python benchmarks/bench_tiles_memory.py --keys 20000 --distinct 2000   # the smoke run
 """
 
@@ -54,10 +55,16 @@ BATCH_USERS = 10_000
 WRITE_BATCH = 10_000
 
 
-def _group(entity_table: bool = False) -> GroupSpec:
-    """The spec's user group, or the user table's (its four features)."""
+def _group(entity_table: bool = False, model_inputs: str | None = None) -> GroupSpec:
+    """The spec's user group, the user table's (its four features), or one of the model
+    inputs' groups of the default features (``inputs_user``, ``inputs_pair``, ``inputs_item``)."""
     if entity_table:
         return entity_group("user", EntitiesConfig().recent_days)
+    if model_inputs:
+        from featureline.etl.features.pipeline import FeaturePipeline
+
+        inputs = FeaturePipeline(parse_config({}).etl).inputs()
+        return next(g for g in inputs.groups if g.name == model_inputs)
     groups = yaml.safe_load(SPEC.read_text())["aggregations"]
     return GroupSpec.model_validate(next(g for g in groups if g["keys"] == ["user_id"]))
 
@@ -76,19 +83,24 @@ def _key_tiles(group: GroupSpec, keeps: dict[str, Any], events: list[tuple[int, 
     return encode_key_tiles(features, by_output)
 
 
+def _key(group: GroupSpec, n: int) -> bytes:
+    """The ``n``-th key of the group, as publish names it (``u<n>``, ``i<n>``)."""
+    return tile_key([f"{key[0]}{n}" for key in group.keys])
+
+
 def _used(client: Any) -> int:
     return int(client.info("memory")["used_memory"])
 
 
 def run(keys: int = 1_000_000, small: int = 10_000, events: int = 20, days: int = 30,
         distinct: int = 50_000, sample: int = 2_000, seed: int = 1,
-        entity_table: bool = False) -> dict[str, Any]:
+        entity_table: bool = False, model_inputs: str | None = None) -> dict[str, Any]:
     """``distinct``: keys whose tiles are folded; the others repeat their values in turn
     (Redis's memory depends on the values' sizes, which that sample spreads as the
     generator does)."""
     import redis as redis_py
 
-    group = _group(entity_table)
+    group = _group(entity_table, model_inputs)
     contract = parse_config({}).etl.event_contract()
     label = labeler(contract)
     keeps = {f.output: event_filter(f.spec, contract) for f in group.outputs()}
@@ -108,15 +120,16 @@ def run(keys: int = 1_000_000, small: int = 10_000, events: int = 20, days: int 
         # The generator's Zipf-active users: about half of them have events.
         log = generate_events(BATCH_USERS * events, BATCH_USERS, BATCH_USERS // 4, days,
                               seed=seed + batch, start=start)
-        by_user: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        by_key: dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]] = {}
         for event in log.to_dict("records"):
             moment = parse_timestamp(event["ts"], "auto")
-            assert moment is not None
-            by_user.setdefault(event["user_id"], []).append(
+            key = group.key_of(event)
+            assert moment is not None and key is not None
+            by_key.setdefault(key, []).append(
                 (micros_of(moment), {**event, "label": int(label(event))}))
-        # By id, which the generator draws apart from how active a user is.
-        for user in sorted(by_user)[:min(keys, distinct) - len(blobs)]:
-            own = by_user[user]
+        # By id, which the generator draws apart from how active a key is.
+        for key in sorted(by_key)[:min(keys, distinct) - len(blobs)]:
+            own = by_key[key]
             blobs.append(_key_tiles(group, keeps, own, cut))
             events_seen += len(own)
         batch += 1
@@ -131,7 +144,7 @@ def run(keys: int = 1_000_000, small: int = 10_000, events: int = 20, days: int 
             for n in range(low, min(keys, low + WRITE_BATCH)):
                 blob = blobs[n % len(blobs)]
                 blob_bytes += len(blob)
-                pipe.set(prefix + tile_key([f"u{n}"]), blob)
+                pipe.set(prefix + _key(group, n), blob)
             pipe.execute()
             if low + WRITE_BATCH == small:
                 report["small"] = {"keys": small, "used_memory_per_key": round(
@@ -141,7 +154,7 @@ def run(keys: int = 1_000_000, small: int = 10_000, events: int = 20, days: int 
         per_key = grown / keys
         assert client.dbsize() == keys
         # Keys of distinct values (the first ones: each holds another key's tiles).
-        usage = [client.memory_usage(prefix + tile_key([f"u{n}"]), samples=0) or 0
+        usage = [client.memory_usage(prefix + _key(group, n), samples=0) or 0
                  for n in range(min(sample, len(blobs)))]
         report["full"] = {
             "keys": keys, "distinct_values": len(blobs),
@@ -170,9 +183,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=30)
     parser.add_argument("--entity-table", action="store_true",
                         help="the user table's group (what the stream keeps) instead")
+    parser.add_argument("--model-inputs", choices=["inputs_user", "inputs_pair", "inputs_item"],
+                        help="one of the model inputs' groups of the default features")
     args = parser.parse_args(argv)
     print(json.dumps(run(args.keys, args.small, args.events, args.days, args.distinct,
-                         entity_table=args.entity_table), indent=2))
+                         entity_table=args.entity_table, model_inputs=args.model_inputs),
+                     indent=2))
 
 
 if __name__ == "__main__":

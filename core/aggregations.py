@@ -116,8 +116,8 @@ def parse_window(text: str, hop: str | None = None) -> Window:
 class FeatureSpec(Settings):
     """One entry of a group's ``features``."""
 
-    # The operation: count, sum, mean, variance, min, max, last, last_k, approx_distinct
-    # (core/operations.py).
+    # The operation: count, sum, mean, variance, min, max, latest (the latest event's time,
+    # µs), last, last_k, approx_distinct (core/operations.py).
     op: str
     # The event column it reads (a raw column, or ``label``); count needs none.
     column: str | None = None
@@ -248,6 +248,8 @@ class GroupSpec(Settings):
 # The entities with a table of their own (entities/<entity>, Feast's <entity>_features view),
 # each keyed by one raw column.
 ENTITIES = {"user": "user_id", "item": "item_id"}
+# The model inputs' groups (``core.model_inputs``) are named with this prefix.
+INPUTS_PREFIX = "inputs_"
 
 
 def entity_group(entity: str, recent_days: int) -> GroupSpec:
@@ -279,6 +281,9 @@ def check_groups(groups: Sequence[GroupSpec], contract: EventContract) -> None:
         if group.name in ENTITIES:
             raise ValueError(f"[{g}].name: {group.name} is the {group.name} table's group; "
                              f"name it otherwise (not one of {sorted(ENTITIES)})")
+        if group.name.startswith(INPUTS_PREFIX):
+            raise ValueError(f"[{g}].name: {group.name}: names starting {INPUTS_PREFIX} are "
+                             f"the model inputs' groups; name it otherwise")
         names[group.name] = g
         for index, key in enumerate(group.keys):
             if key not in known - numeric:

@@ -17,13 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from featureline.core.aggregations import GroupSpec
 from featureline.core.errors import MetadataFormatError, MetadataNotFoundError
 from featureline.core.events import EventContract
+from featureline.core.ids import FIRST_ID as FIRST_ID
+from featureline.core.ids import OOV_ID as OOV_ID
+from featureline.core.ids import PADDING_ID as PADDING_ID
+from featureline.core.model_inputs import ModelInputs
 
 METADATA_FILE = "metadata.json"
 # Where the ETL writes and every later stage reads, unless configured otherwise.
 DEFAULT_OUTPUT = "data/output"
-PADDING_ID = 0
-OOV_ID = 1
-FIRST_ID = 2
 # The timestamp column of the entity tables: a value at t uses only events before t.
 EVENT_TIMESTAMP = "event_timestamp"
 # artifacts/categorify/<column>/: Parquet (value, id, count), one row per known value.
@@ -263,6 +264,9 @@ class Metadata(Contract):
     tiles: TilesInfo | None = None
     # The fit of its statistics; None: written before fits were recorded.
     fit: FitInfo | None = None
+    # How each example feature is computed at a request time (``core.model_inputs``); None:
+    # written before the model's inputs were served.
+    inputs: ModelInputs | None = None
     # The output folder it was read from (not in the file): where its paths are relative to.
     folder: Path | None = Field(default=None, exclude=True)
 

@@ -424,6 +424,20 @@ class Max(_Extreme):
         return {EXTREME.name: _spark().greatest(left(EXTREME.name), right(EXTREME.name))}
 
 
+class Latest(Max):
+    """The time of the latest event (µs since the epoch; None without one): what "seconds
+    since the previous event" is computed from at a request time. It reads no column."""
+
+    name = "latest"
+    needs_column = False
+
+    def add(self, partial: Any, ts: int, value: Any) -> Any:
+        return ts if partial is None else max(partial, ts)
+
+    def state_columns(self, value: Column, ts: Column) -> dict[str, Column]:
+        return {EXTREME.name: ts}
+
+
 def pair_column(value: Column, ts: Column) -> Column:
     """An event's (ts, value) pair, as last and last_k keep it."""
     return _spark().struct(ts.alias(PAIR_TS), value.alias(PAIR_VALUE))
@@ -628,4 +642,5 @@ def hll_estimate(registers: Mapping[int, int]) -> int:
 
 
 OPERATIONS: dict[str, type[Operation]] = {
-    op.name: op for op in (Count, Sum, Mean, Variance, Min, Max, Last, LastK, ApproxDistinct)}
+    op.name: op for op in (Count, Sum, Mean, Variance, Min, Max, Latest, Last, LastK,
+                            ApproxDistinct)}

@@ -49,6 +49,7 @@ from featureline.core.metadata import (
     present,
     read_metadata,
 )
+from featureline.core.model_inputs import ModelInputs
 from featureline.etl import ingest, label_join, stages
 from featureline.etl.aggregations import (
     Lifetime,
@@ -628,18 +629,18 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
             "groups": {g.name: g.to_json() for g in groups}, "files": files}
 
 
-def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
-                 lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame]
+def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, staging: Path,
+                 cut: int, lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame]
                  ) -> dict[str, Any]:
-    """The tiles as of ``cut`` (µs, after the last event) of the
-    aggregations' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
+    """The tiles as of ``cut`` (µs, after the last event) of the aggregations' groups, the
+    model inputs' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
     definitions"). An entity table's come from its ``lifetimes`` and the rows it was
     computed from (``table_rows``: its ``entity_rows``), those from their end on."""
     events = with_time_key(events)
     numeric = config.event_contract().numeric
-    tiles = [tile for group in config.aggregations
-             for tile in output_tiles(events, group, numeric, cut)]
+    groups = [*config.aggregations, *inputs.groups]
+    tiles = [tile for group in groups for tile in output_tiles(events, group, numeric, cut)]
     for entity, prior in lifetimes.items():
         group = entity_group(entity, config.entities.recent_days)
         rows = table_rows[entity].where(F.col(TS_MICROS) >= prior.before)
@@ -649,7 +650,7 @@ def _write_tiles(events: DataFrame, config: EtlConfig, staging: Path, cut: int,
     # Each a small table: written several at once.
     write_each([(frame, staging / tables[feature.qualified]) for feature, frame in tiles])
     return {"cut_us": cut, "tables": tables,
-            "groups": [group.model_dump(mode="json") for group in config.aggregations]}
+            "groups": [group.model_dump(mode="json") for group in groups]}
 
 
 def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[str, Any]:
@@ -1077,7 +1078,8 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
         snapshots = {}
         if isinstance(aggregations, Aggregations):
             snapshots = _write_group_snapshots(aggregations, staging)
-        tiles = _write_tiles(t.events, config, staging, cut, lifetimes, rows_read)
+        inputs = pipeline.inputs()
+        tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read)
         stage.summary = ", ".join([*entities, *snapshots]) + (
             f"; tiles of {len(tiles['tables'])} outputs")
     with job.timer(stages.ARTIFACTS):
@@ -1100,6 +1102,7 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
                        new_fit(metadata["dataset"]["version"], metadata["created_at"],
                                values_hash(config), valid_from))
     metadata["tiles"] = tiles
+    metadata["inputs"] = inputs.model_dump(mode="json")
     metadata["outputs"][TILES_DIR] = TILES_DIR
     if snapshots:
         metadata["aggregations"] = snapshots

@@ -346,9 +346,11 @@ class OnlineReader:
         return found  # type: ignore[return-value]  # every None filled above
 
     def read(self, references: list[tuple[str, str]],
-             entities: Mapping[str, Sequence[Any]]) -> OnlineFeatures:
-        """Values of ``references`` for each row of ``entities`` (join key → ids, by row)."""
-        steps = self._reading(references, entities)
+             entities: Mapping[str, Sequence[Any]], at_us: int | None = None
+             ) -> OnlineFeatures:
+        """Values of ``references`` for each row of ``entities`` (join key → ids, by row);
+        the aggregations' at ``at_us`` (default: now)."""
+        steps = self._reading(references, entities, at_us)
         try:
             keys = next(steps)
             while True:
@@ -368,8 +370,8 @@ class OnlineReader:
         except StopIteration as done:
             return done.value
 
-    def _reading(self, references: list[tuple[str, str]], entities: Mapping[str, Sequence[Any]]
-                 ) -> Generator[list[bytes], Read, OnlineFeatures]:
+    def _reading(self, references: list[tuple[str, str]], entities: Mapping[str, Sequence[Any]],
+                 at_us: int | None = None) -> Generator[list[bytes], Read, OnlineFeatures]:
         """:meth:`read` without its I/O: yields the keys of each round trip, is sent the
         store's answer (the stamp and the values: ``read_vectors``), returns the features.
         One implementation of the read for both drivers, blocking and asynchronous."""
@@ -420,13 +422,13 @@ class OnlineReader:
                 entries = {}
                 cache.state = (current, entries)
                 if any(found for _, _, found, _ in plan):
-                    return (yield from self._reading(references, entities))
+                    return (yield from self._reading(references, entities, at_us))
             cache.hits += sum(len(found) for _, _, found, _ in plan)
             cache.misses += sum(len(fetched) for _, fetched, _, _ in plan)
             if len(entries) >= cache.max_entities:
                 entries.clear()
         now = time.time()
-        t = self.clock()
+        t = self.clock() if at_us is None else at_us
         result = OnlineFeatures([], {}, {})
         start = 0
         tiles_at = sum(len(fetched) for _, fetched, _, _ in plan)

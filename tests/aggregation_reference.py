@@ -37,6 +37,7 @@ SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "
     {"op": "min", "column": "price", "windows": ["1d"]},
     {"op": "max", "column": "value", "windows": ["10m"], "hop": "1m"},
     {"op": "last", "column": "category", "windows": ["1h"]},
+    {"op": "latest", "windows": ["1d", "all"]},
     {"op": "last_k", "column": "item_id", "k": 3},
     {"op": "last_k", "column": "item_id", "k": 2, "windows": ["1d"]},
     {"op": "approx_distinct", "column": "category", "windows": ["7d"]},
@@ -82,6 +83,8 @@ def reference(feature, events, t):
             return None
         mean = math.fsum(values) / len(values)
         return math.fsum((v - mean) ** 2 for v in values) / len(values)
+    if op == "latest":
+        return max((ts for ts, _ in pairs), default=None)
     if op in ("min", "max"):
         return (min if op == "min" else max)(values) if values else None
     ordered = sorted(((ts, v) for ts, v in pairs if v is not None), reverse=True)

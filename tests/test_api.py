@@ -440,3 +440,10 @@ def test_docs_load_with_no_network(client):
             asset = client.get(url)
             assert asset.status_code == 200 and len(asset.content) > 0, url
     assert "swagger" in client.get("/docs").text.lower()
+
+
+def test_model_inputs_of_an_output_without_them_is_a_404_that_says_why(client):
+    answer = client.post("/v1/model-inputs", headers=READ, json={
+        "user_id": "u1", "item_ids": ["i1"], "context": {"device": "mobile"}})
+    assert answer.status_code == 404
+    assert "run the ETL again" in answer.json()["message"]

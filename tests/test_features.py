@@ -268,6 +268,17 @@ def test_lag_features_strictly_before(spark, lag_frames):
     ]
 
 
+def test_a_tie_in_time_orders_items_as_text_like_the_engine(spark, lag_frames, history_path):
+    """Items "10" and "9" at one instant: the previous item and the history's order are the
+    engine's ``last`` / ``last_k`` order (the greater value as text: "9"), not the ids'."""
+    rows = [("u", "10", 0, 0, "train"), ("u", "9", 0, 0, "train"), ("u", "4", 5, 0, "train")]
+    events = frame(spark, rows).withColumn("item_id_cat", F.col("item_id").cast("long"))
+    later = [r for r in LagFeatures(["1h"]).transform(events).collect() if r["item_id"] == "4"]
+    assert later[0]["user_prev_item"] == 9
+    history = {r["item_id"]: r["user_hist_items"] for r in History(k=3).transform(events).collect()}
+    assert history["4"] == [9, 10, 0]
+
+
 def test_lag_activity_is_the_aggregations_count_at_each_event(spark, lag_frames):
     """``<scope>_events_<w>`` is the aggregations' count over ``w`` at the event's time, by
     their rule of time (written from its definition in tests/aggregation_reference.py): the

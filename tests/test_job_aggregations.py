@@ -446,7 +446,8 @@ def test_bench_api_aggregations_smoke(aggregated):
     # 100 users' features and a ranking request with the aggregations, two steps each.
     assert {name: [step["errors"] for step in steps]
             for name, steps in report["larger"].items()} == {
-        "features, 100 users": [0, 0], "ranking-inputs, 1 + 100": [0, 0]}
+        "features, 100 users": [0, 0], "ranking-inputs, 1 + 100": [0, 0],
+        "model-inputs, 1 + 100": [0, 0]}
 
 
 def test_pushed_events_reach_the_served_aggregations_once(aggregated, tmp_path, redis_server):

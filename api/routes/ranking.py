@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from fastapi import APIRouter, Depends
 
 from featureline.api.auth import require
+from featureline.api.model_inputs import NoModelInputsError
 from featureline.api.models import (
+    ModelInputsRequest,
+    ModelInputsResponse,
     RankingInputsRequest,
     RankingInputsResponse,
     error_responses,
 )
 from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
+from featureline.core.aggregations import INPUTS_PREFIX
 from featureline.feature_store.online import OnlineFeatures
 
 router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
 ERRORS = error_responses(401, 403, 404, 413, 422, 503)
 SERVICE = "ranking"
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _section(result: OnlineFeatures, names: list[str], ids: list, encoded: list[int]
@@ -40,7 +46,9 @@ def ranking_inputs(body: RankingInputsRequest,
     user, items = str(body.user_id), [str(i) for i in body.item_ids]
     reader = services.reader
     references = reader.references(SERVICE)
-    groups = {key: reader.group_references([key]) for key in ("user_id", "item_id")}
+    # The aggregations' groups; the model inputs' are /v1/model-inputs' own.
+    groups = {key: [(group, name) for group, name in reader.group_references([key])
+                    if not group.startswith(INPUTS_PREFIX)] for key in ("user_id", "item_id")}
     result = reader.read([*references, *groups["user_id"], *groups["item_id"]],
                          {"user_id": [user], "item_id": items})
     encoded = {"user_id": services.vocabularies.encode("user_id", [user]),
@@ -65,3 +73,30 @@ def ranking_inputs(body: RankingInputsRequest,
         "user": _section(result, names["user_id"], [user], encoded["user_id"]),
         "items": _section(result, names["item_id"], items, encoded["item_id"]),
         "embeddings": embeddings})
+
+
+def _micros(at: datetime) -> int:
+    """µs since the epoch, exactly (a time without a zone is UTC)."""
+    at = at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+    return (at - EPOCH) // timedelta(microseconds=1)
+
+
+@router.post("/model-inputs", response_model=ModelInputsResponse, responses=ERRORS)
+def model_inputs(body: ModelInputsRequest,
+                 services: Services = Depends(get_services)) -> FastJSONResponse:
+    """Each candidate's row of the model's input at the request time: every example feature
+    computed from the same definitions as the ETL's (ids and encodings with the published
+    fit, windows and histories from the engine's tiles, the model-ready transforms), in the
+    TFRecords' names and layout."""
+    services.check_limit("item_ids", len(body.item_ids), services.config.api.limits.max_entities)
+    served = services.inputs
+    if served is None:
+        raise NoModelInputsError()
+    at_us = services.reader.clock() if body.at is None else _micros(body.at)
+    answer = served.answer(services.reader, services.vocabularies, str(body.user_id),
+                           [str(i) for i in body.item_ids], body.context, body.item_context,
+                           at_us)
+    return FastJSONResponse({
+        **answer, "unserved": served.inputs.unserved,
+        "at": datetime.fromtimestamp(at_us / 1_000_000, timezone.utc).isoformat(),
+        "dataset_version": services.dataset_version, "fit_version": services.fit_version})

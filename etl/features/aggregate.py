@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 
 from featureline.core.aggregations import ENTITIES, AggregateFeature, GroupSpec
 from featureline.core.metadata import PADDING_ID, encoded_name
+from featureline.core.model_inputs import Served, Source
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.aggregations import (
     events_cut,
@@ -124,6 +125,19 @@ class Aggregations(FeatureOp):
 
     def features(self) -> list[FeatureSpec]:
         return [self._spec(feature) for feature in self.outputs]
+
+    def served(self) -> Served:
+        """Every output from its group's tiles; a last or last_k of an encoded column as
+        ids."""
+        features = {}
+        for feature in self.outputs:
+            spec = feature.spec
+            kind = "ids" if self._as_ids(feature) else "value"
+            features[feature.column_name] = Source(
+                kind=kind, group=feature.group, output=feature.output,
+                column=spec.column if kind == "ids" else None,
+                width=spec.k if kind == "ids" else None)
+        return Served(features)
 
     def _spec(self, feature: AggregateFeature) -> FeatureSpec:
         spec = feature.spec

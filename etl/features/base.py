@@ -17,6 +17,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from featureline.core.model_inputs import Served
 from featureline.core.settings import Settings
 from featureline.core.time_rule import MICROS, floor_to
 from featureline.etl.rapids import RAPIDS_PLUGIN
@@ -254,6 +255,11 @@ class FeatureOp(ABC):
 
     def artifacts(self) -> Artifacts:
         return Artifacts()
+
+    def served(self) -> Served | None:
+        """How each of its features is computed at a request time (``core.model_inputs``);
+        None: it cannot be (metadata.json names its features under ``inputs.unserved``)."""
+        return None
 
     def lookback(self) -> Lookback:
         """The earlier events of the user the op reads (none for most ops)."""

@@ -22,6 +22,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
+from featureline.core.model_inputs import Served, Source
 from featureline.etl.features.base import (
     Artifacts,
     ColumnRoles,
@@ -209,6 +210,9 @@ class Categorify(FeatureOp):
         return [FeatureSpec(encoded_name(c), "categorical", "int64",
                             self.cardinality(c) if c in self.sizes else None)
                 for c in self.columns]
+
+    def served(self) -> Served:
+        return Served({encoded_name(c): Source(kind="id", column=c) for c in self.columns})
 
     def artifacts(self) -> Artifacts:
         return Artifacts(

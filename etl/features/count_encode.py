@@ -8,6 +8,7 @@ from pydantic import Field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from featureline.core.model_inputs import Served, Source
 from featureline.core.transforms import LOG1P_STANDARDIZE
 from featureline.etl.features.base import (
     Artifacts,
@@ -67,6 +68,9 @@ class CountEncode(FeatureOp):
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(encoded_name(c), "continuous", "float32",
                             transform_hint=LOG1P_STANDARDIZE) for c in self.columns]
+
+    def served(self) -> Served:
+        return Served({encoded_name(c): Source(kind="count", column=c) for c in self.columns})
 
     def artifacts(self) -> Artifacts:
         return Artifacts(tables={

@@ -8,6 +8,7 @@ from typing import Literal
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from featureline.core.model_inputs import Served, Source
 from featureline.core.transforms import NONE
 from featureline.etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
@@ -39,6 +40,10 @@ class CyclicTime(FeatureOp):
             columns[f"{name}_sin"] = F.sin(angle)
             columns[f"{name}_cos"] = F.cos(angle)
         return events.withColumns(columns)
+
+    def served(self) -> Served:
+        return Served({f"{name}_{fn}": Source(kind="cyclic", period=name, fn=fn)
+                       for name in PERIODS for fn in ("sin", "cos")})
 
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(f"{name}_{fn}", "continuous", "float32", transform_hint=NONE)

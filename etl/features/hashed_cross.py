@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from featureline.core.metadata import FIRST_ID
+from featureline.core.model_inputs import Served, Source
 from featureline.etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
 logger = logging.getLogger("featureline.etl")
@@ -60,6 +61,10 @@ class HashedCross(FeatureOp):
             cross_name(columns): F.pmod(F.xxhash64(*columns), F.lit(self.buckets)) + FIRST_ID
             for columns in self.crosses
         })
+
+    def served(self) -> Served:
+        return Served({cross_name(c): Source(kind="cross", columns=c, buckets=self.buckets)
+                       for c in self.crosses})
 
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(cross_name(c), "categorical", "int64", self.buckets + FIRST_ID)

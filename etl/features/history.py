@@ -1,6 +1,7 @@
 """history: the user's last K items strictly before the event, most recent first, 0-padded.
 
-The user's events in (time, item) order; the item ids of the 2K rows before an event are
+The user's events in (time, item) order (the item as text, as the engine's ``last_k`` orders
+a tie in time); the item ids of the 2K rows before an event are
 read, less the rows that share its instant (those are not "before" it). A history is
 short of K only where more than K of a user's events share one instant; it never includes
 the present or the future.
@@ -14,7 +15,9 @@ from pydantic import Field
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
+from featureline.core.aggregations import FeatureSpec as AggregateSpec
 from featureline.core.metadata import PADDING_ID, encoded_name
+from featureline.core.model_inputs import USER_INPUTS, Served, Source
 from featureline.etl.features.base import (
     TS_MICROS,
     ColumnRoles,
@@ -53,7 +56,7 @@ class History(FeatureOp):
         self.item_column = encoded_name("item_id")
 
     def transform(self, events: DataFrame) -> DataFrame:
-        in_order = Window.partitionBy("user_id").orderBy(TS_MICROS, self.item_column)
+        in_order = Window.partitionBy("user_id").orderBy(TS_MICROS, "item_id")
         by_time = Window.partitionBy("user_id").orderBy(TS_MICROS)
         # Rows before this one at its own instant are the nearest ones: they are skipped.
         same_instant_before = F.row_number().over(in_order) - F.rank().over(by_time)
@@ -74,6 +77,13 @@ class History(FeatureOp):
             items = F.slice(F.reverse(earlier), 1, self.k)
             items = F.concat(items, F.array_repeat(padding, F.lit(self.k) - F.size(items)))
         return events.withColumn(HISTORY, items)
+
+    def served(self) -> Served:
+        """The engine's last K items of the user, as ids."""
+        return Served({HISTORY: Source(kind="ids", group=USER_INPUTS, output=HISTORY,
+                                       column="item_id", width=self.k)},
+                      {USER_INPUTS: [AggregateSpec(op="last_k", column="item_id", k=self.k,
+                                                   name=HISTORY)]})
 
     def lookback(self) -> Lookback:
         # The 2K rows before the event's, whichever formulation reads them: their items.

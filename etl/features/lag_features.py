@@ -9,7 +9,10 @@ an example was trained on (the tests check both against the rule's reference and
 other) — and for users the previous item's id and their label history: the positives among
 their earlier events and the share of them (missing for the first event) — what a user's
 earlier events said about them, known at ``t``, for users the training split never saw as
-much as for the others. Events at the very same instant are not "before" one another. The
+much as for the others. Events at the very same instant are not "before" one another; of
+earlier events at one instant, the previous item is the greatest item id as text, as the
+engine's ``last`` orders them. At a request time the same values come from the engine's
+tiles (:meth:`LagFeatures.served`: the input groups of ``core.model_inputs``). The
 counts are frames over each event's hop, not the engine's backfill: that one joins its
 values to distinct (key, time) anchors, 4.5× this stage's time at 1M events
 (benchmarks/README.md). Two formulations give the same values: one for the CPU, one for the
@@ -28,6 +31,7 @@ from featureline.core.aggregations import FeatureSpec as AggregateSpec
 from featureline.core.aggregations import GroupSpec, parse_window
 from featureline.core.aggregations import Window as AggregateWindow
 from featureline.core.metadata import PADDING_ID, encoded_name
+from featureline.core.model_inputs import PAIR_INPUTS, USER_INPUTS, Served, Source
 from featureline.core.settings import duration_seconds
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.features.base import (
@@ -47,6 +51,8 @@ from featureline.etl.features.base import (
 )
 
 SCOPES = {"user": ("user_id",), "ui": ("user_id", "item_id")}
+# The input group serving each scope's values at a request time.
+SERVING_GROUPS = {"user": USER_INPUTS, "ui": PAIR_INPUTS}
 # The previous row's time and item, in (time, item) order; dropped once read.
 _PREVIOUS_TS = "_previous_ts_us"
 _PREVIOUS_ITEM = "_previous_item"
@@ -152,8 +158,8 @@ class LagFeatures(FeatureOp):
                 Window.unboundedPreceding, -span - 1))
             columns[output.output] = (earlier - older).cast("double")
         if scope == "user":
-            # The latest earlier event; on a tie in time, the larger id, so reruns agree.
-            latest = F.max(F.struct(TS_MICROS, self.item_column)).over(before)
+            # The latest earlier event; on a tie in time, the greater item (as text).
+            latest = F.max(F.struct(TS_MICROS, "item_id", self.item_column)).over(before)
             columns["user_prev_item"] = F.coalesce(latest[self.item_column],
                                                    F.lit(PADDING_ID).cast("long"))
             columns.update(_label_history(events, F.sum(LABEL).over(before), earlier))
@@ -165,9 +171,9 @@ class LagFeatures(FeatureOp):
         runs no range frame whose upper bound lies behind the current row, and no max over a
         struct (docs/ARCHITECTURE.md, "GPU")."""
         by_time = Window.partitionBy(*keys).orderBy(TS_MICROS)
-        in_order = Window.partitionBy(*keys).orderBy(TS_MICROS, self.item_column)
+        in_order = Window.partitionBy(*keys).orderBy(TS_MICROS, "item_id")
         # The row before the first one of an instant is the previous instant's last: its
-        # time, and its largest item on a tie in time.
+        # time, and its greatest item (as text) on a tie in time.
         events = events.withColumns({_PREVIOUS_TS: F.lag(TS_MICROS).over(in_order),
                                      _PREVIOUS_ITEM: F.lag(self.item_column).over(in_order)})
         opens_instant = F.col(_PREVIOUS_TS).isNull() | (F.col(_PREVIOUS_TS) != F.col(TS_MICROS))
@@ -196,6 +202,30 @@ class LagFeatures(FeatureOp):
                 events, F.sum(LABEL).over(so_far) - F.sum(LABEL).over(now),
                 _count(events, so_far) - at_instant))
         return events.withColumns(columns).drop(_PREVIOUS_TS, _PREVIOUS_ITEM)
+
+    def served(self) -> Served:
+        """Per scope, its windows' counts and its latest event's time (the seconds since
+        it); the user's last item and label history (the positives and their mean)."""
+        features, groups = {}, {}
+        for scope in SCOPES:
+            group = SERVING_GROUPS[scope]
+            latest = f"{scope}_latest"
+            groups[group] = [*self.activity_group(scope).features,
+                             AggregateSpec(op="latest", name=latest)]
+            features[f"{scope}_secs_since_prev"] = Source(kind="since", group=group,
+                                                          output=latest)
+            features.update({output.output: Source(kind="value", group=group,
+                                                   output=output.output)
+                             for output in self.activity_group(scope).outputs()})
+        groups[USER_INPUTS] += [
+            AggregateSpec(op="last", column="item_id", name="user_prev_item"),
+            AggregateSpec(op="count", filter=LABEL, name=PRIOR_POSITIVES),
+            AggregateSpec(op="mean", column=LABEL, name=PRIOR_POSITIVE_RATE)]
+        features["user_prev_item"] = Source(kind="ids", group=USER_INPUTS,
+                                            output="user_prev_item", column="item_id")
+        for name in (PRIOR_POSITIVES, PRIOR_POSITIVE_RATE):
+            features[name] = Source(kind="value", group=USER_INPUTS, output=name)
+        return Served(features, groups)
 
     def lookback(self) -> Lookback:
         """The windows' reach (a window and its hop: the start is rounded down to a hop),

@@ -8,6 +8,7 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from featureline.core.model_inputs import Served, Source
 from featureline.core.transforms import NONE
 from featureline.etl.features.base import (
     Artifacts,
@@ -91,6 +92,10 @@ class Normalize(FeatureOp):
                             transform={"name": "normalize", "source": c, "log1p": self.log1p,
                                        **self.stats.get(c, {})})
                 for c in self.columns]
+
+    def served(self) -> Served:
+        return Served({encoded_name(c): Source(kind="normalize", column=c)
+                       for c in self.columns})
 
     def artifacts(self) -> Artifacts:
         return Artifacts(stats={"log1p": self.log1p, "fill_strategy": self.fill,

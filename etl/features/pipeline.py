@@ -11,6 +11,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from featureline.core.model_inputs import ModelInputs, attribute_sources, combined
 from featureline.etl.config import EtlConfig, encoded_columns
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
@@ -153,6 +154,20 @@ class FeaturePipeline:
                     s, short_name=shorts[s.name],
                     cardinality=cardinality.get(s.shares) if s.shares else s.cardinality)
                 for s in specs]
+
+    def inputs(self) -> ModelInputs:
+        """How each feature is computed at a request time: the ops' sources, the input
+        groups they and the user and item attributes read (``core.model_inputs``), and the
+        features of ops that record none."""
+        served, unserved = [], []
+        for op in self.ops:
+            one = op.served()
+            if one is None:
+                unserved += [spec.name for spec in op.features()]
+            else:
+                served.append(one)
+        served.append(attribute_sources(self.config.source.declared_roles()))
+        return combined(served, unserved)
 
     def release(self) -> None:
         """Free the statistics the ops cached for their transforms, and the featured rows."""

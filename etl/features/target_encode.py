@@ -21,6 +21,7 @@ from pydantic import Field
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from featureline.core.model_inputs import Served, Source
 from featureline.etl.features.base import (
     LABEL,
     SPLIT,
@@ -153,6 +154,11 @@ class TargetEncode(FeatureOp):
 
     def features(self) -> list[FeatureSpec]:
         return [FeatureSpec(encoded_name(c), "continuous", "float32") for c in self.columns]
+
+    def served(self) -> Served:
+        # At a request time every row is after the fit's training split: the whole split's
+        # encoding (the artifact's ``encoding`` column).
+        return Served({encoded_name(c): Source(kind="target", column=c) for c in self.columns})
 
     def artifacts(self) -> Artifacts:
         prior = F.lit(self.prior)

@@ -1,0 +1,181 @@
+"""``POST /v1/model-inputs``' work: the published output's recipe for every example feature
+(``core.model_inputs``), its fit's encodings, and the request's candidates turned into the
+model's input (docs/ARCHITECTURE.md, "Model inputs")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from featureline.api.vocabulary import Vocabularies
+from featureline.core.errors import NotFoundError, UnavailableError, UnprocessableError
+from featureline.core.metadata import Metadata
+from featureline.core.model_inputs import (
+    ITEM_INPUTS,
+    USER_INPUTS,
+    Candidates,
+    Fitted,
+    ModelInputs,
+    attribute_name,
+    model_inputs,
+    tfrecord_groups,
+)
+from featureline.feature_store.online import OnlineReader
+
+ARTIFACTS = "artifacts"
+
+
+class ModelInputsError(UnprocessableError):
+    """A model-inputs request the published output cannot answer as asked."""
+
+
+class NoModelInputsError(NotFoundError):
+    """The served output records no model inputs (an ETL output written before them)."""
+
+    def __init__(self) -> None:
+        super().__init__("the served ETL output records no model inputs (metadata.json "
+                         "'inputs'): run the ETL again and publish it")
+
+
+def _table(output: Path, name: str, column: str) -> dict[str, float]:
+    """An encoding's artifact table (``count_encode/<column>``…): value → number."""
+    table = pq.read_table(output / ARTIFACTS / name, columns=["value", column])
+    return {str(value): float(number) for value, number in zip(
+        table["value"].to_pylist(), table[column].to_pylist(), strict=True)}
+
+
+@dataclass(frozen=True)
+class ServedInputs:
+    """What the API reads of a published output to serve the model's input."""
+
+    inputs: ModelInputs
+    # metadata.json's features, in order, and its TFRecord groups.
+    features: list[dict[str, Any]]
+    groups: dict[str, dict[str, Any]]
+    # Each raw column's role (request, user, item, outcome).
+    roles: dict[str, str]
+    # After the output's latest event (µs): the earliest request time served.
+    cut_us: int
+    counts: dict[str, dict[str, float]]
+    targets: dict[str, dict[str, float]]
+    prior: float
+
+    @classmethod
+    def of(cls, output: str | Path, metadata: Metadata) -> ServedInputs | None:
+        """None where the output records no inputs (written before they were served)."""
+        if metadata.inputs is None or metadata.tiles is None or metadata.tfrecord is None:
+            return None
+        output = Path(output)
+        sources = metadata.inputs.features.values()
+        counts = {s.column: _table(output, f"count_encode/{s.column}", "count")
+                  for s in sources if s.kind == "count" and s.column}
+        targets = {s.column: _table(output, f"target_encode/{s.column}", "encoding")
+                   for s in sources if s.kind == "target" and s.column}
+        prior = float(metadata.artifacts.get("target_encode", {}).get("prior", 0.0))
+        roles = dict(metadata.events.roles) if metadata.events else {}
+        return cls(metadata.inputs, [f.model_dump(mode="json", exclude_none=True)
+                                     for f in metadata.features],
+                   {name: group.model_dump(mode="json")
+                    for name, group in metadata.tfrecord.groups.items()},
+                   roles, metadata.tiles.cut_us, counts, targets, prior)
+
+    def columns_with(self, role: str) -> list[str]:
+        return [column for column, own in self.roles.items() if own == role]
+
+    def _read_columns(self) -> set[str]:
+        """The raw columns the sources read."""
+        read = {s.column for s in self.inputs.features.values()
+                if s.kind in ("id", "count", "target", "normalize") and s.column}
+        return read | {c for s in self.inputs.features.values() for c in s.columns}
+
+    def answer(self, reader: OnlineReader, vocabularies: Vocabularies, user: str,
+               items: list[str], context: Mapping[str, Any],
+               item_context: Mapping[str, Sequence[Any]], at_us: int
+               ) -> dict[str, Any]:
+        """The features per candidate and the TFRecord groups' rows."""
+        self._check(items, context, item_context, at_us)
+        n = len(items)
+        raw: dict[str, list[Any]] = {"user_id": [user] * n, "item_id": list(items)}
+        raw.update({column: [value] * n for column, value in context.items()})
+        engine = self._engine(reader, raw, at_us)
+        for column in self.columns_with("user"):
+            if column not in context:
+                raw[column] = engine.get(f"{USER_INPUTS}:{attribute_name(column)}", [None] * n)
+        for column in self.columns_with("item"):
+            raw[column] = (list(item_context[column]) if column in item_context else
+                           engine.get(f"{ITEM_INPUTS}:{attribute_name(column)}", [None] * n))
+        engine.update(self._aggregations(reader, raw, at_us))
+        fitted = Fitted(self.counts, self.targets, self.prior, vocabularies.encode)
+        values = model_inputs(self.inputs, self.features, Candidates(at_us, raw, engine), fitted)
+        plain = {name: [_plain(v) for v in column] for name, column in values.items()}
+        return {"features": plain, "groups": tfrecord_groups(self.groups, plain, n)}
+
+    def _check(self, items: list[str], context: Mapping[str, Any],
+               item_context: Mapping[str, Sequence[Any]], at_us: int) -> None:
+        if at_us < self.cut_us:
+            raise ModelInputsError("at", f"at: before the published output's latest event "
+                                         f"({self.cut_us} µs): its tiles hold later events")
+        allowed = {*self.columns_with("request"), *self.columns_with("user")}
+        for column in context:
+            if column not in allowed:
+                raise ModelInputsError(f"context.{column}", f"context.{column}: not a request "
+                                       f"column or user attribute (known: {sorted(allowed)})")
+        for column, values in item_context.items():
+            if column not in self.columns_with("item"):
+                raise ModelInputsError(f"item_context.{column}", f"item_context.{column}: not "
+                                       f"an item attribute (known: "
+                                       f"{sorted(self.columns_with('item'))})")
+            if len(values) != len(items):
+                raise ModelInputsError(f"item_context.{column}", f"item_context.{column}: "
+                                       f"{len(values)} values for {len(items)} candidates")
+        for column in sorted(self._read_columns() & set(self.columns_with("request"))):
+            if column not in context:
+                raise ModelInputsError(f"context.{column}", f"context.{column}: a request "
+                                       f"column the model's features read; send it")
+
+    def _engine(self, reader: OnlineReader, raw: Mapping[str, list[Any]], at_us: int
+                ) -> dict[str, list[Any]]:
+        """The input groups' outputs per candidate at ``at_us`` (the user's read once)."""
+        references = [(group.name, output.output) for group in self.inputs.groups
+                      for output in group.outputs()]
+        return _read(reader, references, raw, at_us)
+
+    def _aggregations(self, reader: OnlineReader, raw: Mapping[str, list[Any]], at_us: int
+                      ) -> dict[str, list[Any]]:
+        """The aggregation groups' outputs the features read, keyed by the candidates' raw
+        columns."""
+        inputs = {group.name for group in self.inputs.groups}
+        references = list(dict.fromkeys(
+            (s.group, s.output) for s in self.inputs.features.values()
+            if s.group is not None and s.output is not None and s.group not in inputs))
+        if not references:
+            return {}
+        for group, _ in references:
+            if group not in reader.groups:
+                raise UnavailableError(f"the online store serves no group {group!r}: publish "
+                                       f"the output again")
+        return _read(reader, references, raw, at_us)
+
+
+def _read(reader: OnlineReader, references: list[tuple[str, str]],
+          raw: Mapping[str, list[Any]], at_us: int) -> dict[str, list[Any]]:
+    keys = {key for group, _ in references for key in reader.groups[group].keys}
+    entities = {key: [None if v is None else str(v) for v in raw[key]] for key in keys}
+    result = reader.read(references, entities, at_us)
+    return {name: result.values[name] for name in result.names}
+
+
+def _plain(value: Any) -> Any:
+    """A value as JSON holds it: float32 as the float it is, lists of them too."""
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

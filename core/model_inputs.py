@@ -1,0 +1,275 @@
+"""The model's input at a request time: each example feature's Python half, over the published
+output (docs/ARCHITECTURE.md, "Model inputs").
+
+The ETL writes every example feature with Spark. For each one, its op also records in
+metadata.json (``inputs``) how the same value is computed for a candidate at a request time
+— a :class:`Source`:
+
+- ``id``, ``count``, ``target``: the raw value's id, count or target encoding from the fit's
+  artifacts (an unseen value: out of vocabulary, 0, the prior);
+- ``value``, ``since``, ``ids``: an output of the aggregation engine at the request time,
+  from the tiles the ETL wrote and the stream keeps — as is, as seconds since the time it
+  holds, or as ids (a last item, the last K items);
+- ``cyclic``, ``cross``, ``normalize``: the request time's hour and weekday, a hashed cross of
+  raw values, a continuous raw value filled and standardised.
+
+The engine groups below hold what those read of a user's, a pair's and an item's earlier
+events; the ETL writes their tiles with the others. Then each continuous feature gets its
+model-ready transform (``core.transforms``), and the rows are laid out as the TFRecords hold
+them. An op that records no source is named under ``unserved``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from featureline.core.aggregations import INPUTS_PREFIX, LABEL, FeatureSpec, GroupSpec
+from featureline.core.ids import FIRST_ID, OOV_ID, PADDING_ID
+from featureline.core.operations import XXHASH_SEED
+from featureline.core.settings import Settings
+from featureline.core.time_rule import MICROS
+from featureline.core.transforms import LOG1P_STANDARDIZE, NONE, STANDARDIZE, apply
+
+# The engine groups of the features of earlier events, by their keys.
+USER_INPUTS = f"{INPUTS_PREFIX}user"
+PAIR_INPUTS = f"{INPUTS_PREFIX}pair"
+ITEM_INPUTS = f"{INPUTS_PREFIX}item"
+INPUT_GROUP_KEYS = {USER_INPUTS: ("user_id",), PAIR_INPUTS: ("user_id", "item_id"),
+                    ITEM_INPUTS: ("item_id",)}
+
+SourceKind = Literal["id", "count", "target", "value", "since", "ids", "cyclic", "cross",
+                     "normalize"]
+
+
+class Source(Settings):
+    """How one example feature is computed at a request time."""
+
+    kind: SourceKind
+    # The raw column read (id, count, target, normalize; ids: the vocabulary's column).
+    column: str | None = None
+    # The engine output read (value, since, ids): its group and name.
+    group: str | None = None
+    output: str | None = None
+    # cross: the raw columns hashed, and into how many buckets.
+    columns: list[str] = Field(default_factory=list)
+    buckets: int | None = None
+    # cyclic: which period, and which function of its angle.
+    period: Literal["hour", "dow"] | None = None
+    fn: Literal["sin", "cos"] | None = None
+    # ids: how many (a last item: 1, unpadded).
+    width: int | None = None
+
+    @property
+    def reference(self) -> str | None:
+        """``<group>:<output>``, as the online reader names an engine output."""
+        return None if self.group is None else f"{self.group}:{self.output}"
+
+
+@dataclass
+class Served:
+    """What one op serves: a source per feature, and the engine features it reads per input
+    group."""
+
+    features: dict[str, Source] = field(default_factory=dict)
+    groups: dict[str, list[FeatureSpec]] = field(default_factory=dict)
+
+
+class ModelInputs(Settings):
+    """metadata.json's ``inputs``: the input groups, every served feature's source, and the
+    features no op can serve."""
+
+    groups: list[GroupSpec] = Field(default_factory=list)
+    features: dict[str, Source] = Field(default_factory=dict)
+    unserved: list[str] = Field(default_factory=list)
+
+
+def combined(served: Sequence[Served], unserved: Sequence[str] = ()) -> ModelInputs:
+    """The ops' sources, and their engine features grouped by input group (each listed
+    once)."""
+    features: dict[str, Source] = {}
+    by_group: dict[str, dict[str, FeatureSpec]] = {}
+    for one in served:
+        features.update(one.features)
+        for group, specs in one.groups.items():
+            for spec in specs:
+                by_group.setdefault(group, {})[spec.model_dump_json()] = spec
+    groups = [GroupSpec(name=name, keys=list(INPUT_GROUP_KEYS[name]),
+                        features=list(by_group[name].values()))
+              for name in INPUT_GROUP_KEYS if by_group.get(name)]
+    return ModelInputs(groups=groups, features=features, unserved=list(unserved))
+
+
+def attribute_sources(roles: Mapping[str, str]) -> Served:
+    """The user and item attributes (``etl.source.roles``) as the last value their entity's
+    earlier events carried: what a request does not override is served from these."""
+    groups: dict[str, list[FeatureSpec]] = {}
+    for column, role in roles.items():
+        group = {"user": USER_INPUTS, "item": ITEM_INPUTS}.get(role)
+        if group is not None:
+            groups.setdefault(group, []).append(
+                FeatureSpec(op="last", column=column, name=attribute_name(column)))
+    return Served(groups=groups)
+
+
+def attribute_name(column: str) -> str:
+    """The input group's output holding an attribute's latest value."""
+    return f"attr_{column}"
+
+
+# --- the Python halves --------------------------------------------------------------------
+
+
+@dataclass
+class Candidates:
+    """One request's candidates: the request time (µs), each raw column's value per candidate
+    (ids, request columns, attributes) and each engine output's value per candidate."""
+
+    at_us: int
+    raw: dict[str, list[Any]]
+    engine: dict[str, list[Any]]
+
+    @property
+    def size(self) -> int:
+        return len(self.raw["item_id"])
+
+
+@dataclass
+class Fitted:
+    """What the published output's fit serves: per column the encodings' tables (value →
+    count, value → target encoding), the target encoding's prior, and an encoder of raw
+    values to ids (the served vocabularies)."""
+
+    counts: dict[str, dict[str, float]]
+    targets: dict[str, dict[str, float]]
+    prior: float
+    encode: Callable[[str, list[Any]], list[int]]
+
+
+def _ids(fitted: Fitted, column: str, values: list[Any], missing: int = PADDING_ID
+         ) -> list[int]:
+    """Ids of raw values (None: ``missing``)."""
+    present = [i for i, v in enumerate(values) if v is not None]
+    ids = [missing] * len(values)
+    for i, encoded in zip(present, fitted.encode(column, [str(values[i]) for i in present]),
+                          strict=True):
+        ids[i] = encoded
+    return ids
+
+
+def xxhash64_spark(values: Sequence[Any]) -> int:
+    """Spark's ``xxhash64`` of text values (seed 42, each value's UTF-8 bytes hashed with the
+    running hash as seed; nulls skipped), as a signed 64-bit integer."""
+    import xxhash
+
+    hashed = XXHASH_SEED
+    for value in values:
+        if value is not None:
+            hashed = xxhash.xxh64_intdigest(str(value).encode(), seed=hashed & (2**64 - 1))
+            hashed = hashed - 2**64 if hashed >= 2**63 else hashed
+    return hashed
+
+
+def _angle(at_us: int, period: str) -> float:
+    moment = datetime.fromtimestamp(at_us / MICROS, timezone.utc)
+    if period == "hour":
+        return moment.hour * (2 * math.pi / 24)
+    return moment.weekday() * (2 * math.pi / 7)
+
+
+def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
+              transform: Mapping[str, Any] | None) -> list[Any]:
+    """One feature's value per candidate before the model-ready transform."""
+    n, raw, engine = candidates.size, candidates.raw, candidates.engine
+    kind = source.kind
+    if kind == "id":  # categorify: a missing value is out of vocabulary
+        return _ids(fitted, source.column or "", raw[source.column or ""], OOV_ID)
+    if kind in ("count", "target"):
+        table = (fitted.counts if kind == "count" else fitted.targets)[source.column or ""]
+        default = 0.0 if kind == "count" else fitted.prior
+        return [table.get(str(v), default) if v is not None else default
+                for v in raw[source.column or ""]]
+    if kind == "value":
+        return [None if v is None else float(v) for v in engine[source.reference or ""]]
+    if kind == "since":
+        at = candidates.at_us
+        return [None if v is None else (at - v) / MICROS for v in engine[source.reference or ""]]
+    if kind == "ids":
+        values = engine[source.reference or ""]
+        if source.width is None:  # one id
+            return _ids(fitted, source.column or "", values)
+        lists = [list(v or []) for v in values]
+        flat = _ids(fitted, source.column or "", [x for one in lists for x in one])
+        rows, at = [], 0
+        for one in lists:
+            ids = flat[at:at + len(one)]
+            at += len(one)
+            rows.append(ids + [PADDING_ID] * (source.width - len(ids)))
+        return rows
+    if kind == "cyclic":
+        angle = _angle(candidates.at_us, source.period or "hour")
+        return [math.sin(angle) if source.fn == "sin" else math.cos(angle)] * n
+    if kind == "cross":
+        buckets = source.buckets or 1
+        return [xxhash64_spark([raw[c][i] for c in source.columns]) % buckets + FIRST_ID
+                for i in range(n)]
+    assert kind == "normalize" and transform is not None
+    filled = [transform["fill"] if v is None else float(v) for v in raw[source.column or ""]]
+    shaped = np.asarray(filled, dtype=np.float64)
+    if transform.get("log1p"):
+        shaped = np.log1p(np.maximum(shaped, 0.0))
+    return list(((shaped - transform["mean"]) / transform["std"]).astype(np.float32))
+
+
+def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
+                 candidates: Candidates, fitted: Fitted) -> dict[str, list[Any]]:
+    """Every served feature per candidate, as the examples hold it after the model-ready
+    step (``features``: metadata.json's, in their order): ids as int, floats as float32
+    values, lists as lists. A missing indicator follows its feature's raw value."""
+    raw: dict[str, list[Any]] = {}
+    out: dict[str, list[Any]] = {}
+    for feature in features:
+        name = feature["name"]
+        transform = feature.get("transform") or {}
+        if transform.get("name") == "missing_indicator":
+            out[name] = [np.float32(v is None) for v in raw[transform["of"]]]
+            continue
+        source = inputs.features.get(name)
+        if source is None:
+            continue
+        values = raw[name] = raw_value(source, candidates, fitted, transform)
+        if feature["kind"] != "continuous" or source.kind == "normalize":
+            out[name] = values
+        elif transform.get("name") in (LOG1P_STANDARDIZE, STANDARDIZE, NONE):
+            shaped = [math.nan if v is None else v for v in values]
+            out[name] = list(apply(shaped, transform))
+        else:
+            out[name] = [np.float32(math.nan if v is None else v) for v in values]
+    return out
+
+
+def tfrecord_groups(groups: Mapping[str, Mapping[str, Any]], values: Mapping[str, list[Any]],
+                    size: int) -> dict[str, list[list[Any]]]:
+    """The rows laid out as the TFRecords' groups (metadata.json ``tfrecord.groups``): per
+    group, per candidate, its columns' values in order (a list feature's all of them); the
+    label's group is left out."""
+    laid_out = {}
+    for name, group in groups.items():
+        columns = group["columns"]
+        if LABEL in columns or any(c not in values for c in columns):
+            continue
+        rows = []
+        for i in range(size):
+            row: list[Any] = []
+            for column in columns:
+                value = values[column][i]
+                row.extend(value if isinstance(value, list) else [value])
+            rows.append(row)
+        laid_out[name] = rows
+    return laid_out

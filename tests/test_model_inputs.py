@@ -1,0 +1,213 @@
+"""The model's input served at a request time equals the training row.
+
+The replay: the ETL runs over the first days of a generated log and is published; the last
+day's events are replayed in time order — each asked of ``/v1/model-inputs`` at its own time
+with its user, item and request columns, then pushed and applied by the stream (events
+sharing a time are all asked before any is pushed). Every served row equals the row a full
+run over every day with the first run's fit writes for that event. An id first seen after
+the published run is out of vocabulary online (the full run numbers it): such values are
+counted apart. Real Spark, Redis, Feast and stream processor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pytest
+
+from featureline.core.ids import OOV_ID
+from featureline.core.metadata import read_metadata
+from featureline.etl.datagen import generate_events
+from tests.job_config import make_config
+
+JOIN = {"of": "event_type in (view)", "positive": "event_type in (click, purchase)",
+        "within": "30m"}
+AGGREGATIONS = [{"name": "user_activity", "keys": ["user_id"], "features": [
+    {"op": "count", "windows": ["1h", "1d"]},
+    {"op": "count", "name": "purchases", "filter": "event_type in (purchase)",
+     "windows": ["7d"]},
+    {"op": "sum", "column": "value", "windows": ["7d"]},
+    {"op": "last_k", "column": "item_id", "k": 3}]}]
+LAST_DAY = "2026-01-09"
+MICROS = 1_000_000
+
+
+def _micros(ts: str | datetime) -> int:
+    """µs since the epoch of an ISO text or a datetime (without a zone: UTC)."""
+    at = ts if isinstance(ts, datetime) else datetime.fromisoformat(ts.replace("Z", "+00:00"))
+    at = at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+    return (at - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def replay(spark, tmp_path_factory, redis_server):
+    from fastapi.testclient import TestClient
+
+    from featureline.api.app import create_app
+    from featureline.etl import job
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.repo import open_repo
+    from featureline.stream.processor import open_processor
+    from tests.feast_data import copy_project, fresh_db
+
+    root = tmp_path_factory.mktemp("model-inputs")
+    events = [{k: v for k, v in e.items() if not (isinstance(v, float) and math.isnan(v))}
+              for e in generate_events(6000, 120, 150, 5, seed=11).to_dict("records")]
+    old = [e for e in events if not e["ts"].startswith(LAST_DAY)]
+    new = [e for e in events if e["ts"].startswith(LAST_DAY)]
+    _write(root / "raw" / "old.jsonl", old)
+    _write(root / "raw" / "new.jsonl", new)
+    config = make_config(root / "first", root / "raw" / "old.jsonl", label=JOIN,
+                         aggregations=AGGREGATIONS)
+    first = job.run(config, spark, progress=lambda _: None)
+
+    project = copy_project(root, ttl="3650d", api={"auth": {"enabled": False},
+                                                   "data": str(first.output),
+                                                   "feature_cache": {"ttl_s": 0}})
+    url = fresh_db(redis_server, 12)
+    publish(open_repo(project.feature_store, first.output, url=url), progress=lambda _: None)
+    processor = open_processor(project.stream, project.feature_store, first.output, url=url,
+                               consumer="replay")
+    served: dict[tuple, list[dict]] = defaultdict(list)
+    by_time: dict[str, list[dict]] = defaultdict(list)
+    for event in new:
+        by_time[event["ts"]].append(event)
+    app = create_app(project.serving(), output=first.output, redis_url=url)
+    # An item without an earlier event has no published attributes: the caller sends them.
+    seen = {event["item_id"] for event in old}
+    first_seen = 0
+    with TestClient(app) as api:
+        for ts in sorted(by_time, key=_micros):
+            for event in by_time[ts]:
+                body = {"user_id": event["user_id"], "item_ids": [event["item_id"]],
+                        "context": {"device": event["device"]}, "at": ts}
+                if event["item_id"] not in seen:
+                    first_seen += 1
+                    body["item_context"] = {c: [event.get(c)] for c in ("category", "price")}
+                answer = api.post("/v1/model-inputs", json=body)
+                assert answer.status_code == 200, answer.text
+                served[(event["user_id"], event["item_id"], _micros(ts))].append(answer.json())
+            seen.update(event["item_id"] for event in by_time[ts])
+            pushed = api.post("/v1/push", json={"events": by_time[ts]})
+            assert pushed.json()["rejected"] == [], pushed.text
+            processor.refresh_base()
+            processor.process(processor.log.read(processor.consumer, 1000, 0.5))
+        bad = {
+            "unknown context column": ({"context": {"device": "mobile", "colour": "red"}},
+                                       "context.colour"),
+            "missing request column": ({"context": {}}, "context.device"),
+            "item_context of the wrong length": ({"context": {"device": "mobile"},
+                                                  "item_context": {"price": [1.0]}},
+                                                 "item_context.price"),
+            "at before the published events": ({"context": {"device": "mobile"},
+                                                "at": "2026-01-06T00:00:00Z"}, "at"),
+        }
+        refused = {name: api.post("/v1/model-inputs", json={
+            "user_id": "u1", "item_ids": ["i1", "i2"], **body}) for name, (body, _) in bad.items()}
+    full = job.run(make_config(root / "full", root / "raw", label=JOIN,
+                               aggregations=AGGREGATIONS,
+                               fit={"from_output": str(first.output)}), spark,
+                   progress=lambda _: None)
+    return {"first": first, "full": full, "served": served, "refused": refused,
+            "bad": bad, "first_seen": first_seen}
+
+
+def _examples(output: Path, day: str) -> list[dict]:
+    table = ds.dataset(output / "examples", format="parquet", partitioning="hive").to_table()
+    rows = table.to_pylist()
+    return [row for row in rows if row["ts"].strftime("%Y-%m-%d") == day]  # UTC days
+
+
+def _oov_online(value, expected, first_new: int | None) -> bool:
+    """An id the full run numbered after the published fit, served out of vocabulary."""
+    return first_new is not None and value == OOV_ID and expected >= first_new
+
+
+def test_every_served_row_equals_the_training_row(replay):
+    first, full, served = replay["first"], replay["full"], replay["served"]
+    features = read_metadata(full.output).features
+    categorify = read_metadata(first.output).artifacts["categorify"]
+    # Per id feature, the first id the published fit did not have.
+    first_new = {}
+    for feature in features:
+        owner = feature.shares or feature.name
+        column = owner.removesuffix("_cat")
+        if column in categorify:
+            first_new[feature.name] = categorify[column]["cardinality"]
+    examples = _examples(full.output, LAST_DAY)
+    assert len(examples) > 300
+    compared = defaultdict(int)
+    apart = defaultdict(int)
+    differ = []
+    for row in examples:
+        key = (row["user_id"], row["item_id"], _micros(row["ts"]))
+        # Events of one user, item and time differ in their request columns (the device).
+        answer = next(a for a in served[key]
+                      if a["features"]["device_cat"] == [row["device_cat"]])
+        for feature in features:
+            name = feature.name
+            got = answer["features"][name][0]
+            expected = row[name]
+            if feature.dtype == "int64":
+                got_list = got if isinstance(got, list) else [got]
+                expected_list = expected if isinstance(expected, list) else [expected]
+                if got_list == expected_list:
+                    compared[name] += 1
+                elif all(g == e or _oov_online(g, e, first_new.get(name))
+                         for g, e in zip(got_list, expected_list, strict=True)):
+                    apart[name] += 1
+                else:
+                    differ.append((name, key, got, expected))
+            else:
+                if math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6):
+                    compared[name] += 1
+                else:
+                    differ.append((name, key, got, expected))
+    assert differ == [], (len(differ), differ[:10])
+    assert set(compared) == {f.name for f in features}
+    assert min(compared.values()) > 300, dict(compared)
+    assert replay["first_seen"] > 0  # the item_context path is taken
+    print({"rows": len(examples), "compared": dict(compared), "apart": dict(apart),
+           "items_first_seen": replay["first_seen"]})
+
+
+def test_served_groups_are_the_tfrecords_layout(replay):
+    metadata = read_metadata(replay["first"].output)
+    answer = next(iter(replay["served"].values()))[0]
+    for name, group in metadata.tfrecord.groups.items():
+        if "label" in group.columns:
+            assert name not in answer["groups"]
+            continue
+        row = answer["groups"][name][0]
+        expected = []
+        for column in group.columns:
+            value = answer["features"][column][0]
+            expected += value if isinstance(value, list) else [value]
+        assert row == expected
+        assert len(row) == group.width
+
+
+def test_bad_requests_name_the_field(replay):
+    for name, (_, field) in replay["bad"].items():
+        answer = replay["refused"][name]
+        assert answer.status_code == 422, (name, answer.text)
+        assert answer.json()["field"] == field, (name, answer.json())
+
+
+def test_metadata_names_each_features_source(replay):
+    inputs = read_metadata(replay["first"].output).inputs
+    assert inputs is not None and inputs.unserved == []
+    assert inputs.features["user_secs_since_prev"].kind == "since"
+    assert inputs.features["user_hist_items"].width == 10
+    assert [g.name for g in inputs.groups] == ["inputs_user", "inputs_pair", "inputs_item"]
