@@ -71,7 +71,7 @@ TARGETS = {("features", "1_entities"): (500, 2.0, 0.5),
 RANKING_TARGET = (300, 10.0)
 # With the aggregations (``aggregations_cost``): the issue's rates for 100 users and for a
 # ranking request.
-LARGER_RATES = {"features": 100, "ranking": 300}
+LARGER_RATES = {"features": 100, "ranking": 300, "model": 200}
 LOGGING_RATE = 200
 
 
@@ -560,7 +560,9 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
     aggregations, two steps each (``larger``): ``/v1/features`` for 100 users (the user view
     and the user groups' aggregations) at 100 req/s, and ``/v1/ranking-inputs`` for 1 user
     and 100 candidates (Zipf-popular, as retrieval returns them; every user and item group
-    added) at 300 req/s. Without ``output``, a log of ``events`` over ``days`` ending now is
+    added) at 300 req/s, and ``/v1/model-inputs`` for the same kind of request (the model's
+    whole input per candidate) at 200 req/s. Without ``output``, a log of ``events`` over
+    ``days`` ending now is
     generated and run through the ETL with the spec (the tiles' windows then hold events at
     the request time)."""
     import pyarrow.parquet as pq
@@ -672,7 +674,7 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                 "ranking-inputs, 1 + 100": ("/v1/ranking-inputs", LARGER_RATES["ranking"],
                                             candidates),
                 # The model's input for the same requests, the request column added.
-                "model-inputs, 1 + 100": ("/v1/model-inputs", LARGER_RATES["ranking"],
+                "model-inputs, 1 + 100": ("/v1/model-inputs", LARGER_RATES["model"],
                                           lambda: {**candidates(),
                                                    "context": {"device": "mobile"}})}
             for name, (path, load_rate, body) in loads.items():
@@ -720,7 +722,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--aggregations", action="store_true",
                         help="only /v1/features with and without the aggregations of "
                              "benchmarks/aggregations.yaml (an ETL run of its own first), "
-                             "then 100 users' features and ranking inputs with them")
+                             "then 100 users' features, ranking inputs and model inputs "
+                             "with them")
     parser.add_argument("--users", type=int, default=20_000, help="with --aggregations")
     parser.add_argument("--events", type=int, default=400_000, help="with --aggregations")
     parser.add_argument("--rate", type=float, default=500, help="with --aggregations")

@@ -67,15 +67,21 @@ POLL_S = 0.01
 CATCH_UP_S = 5.0
 
 
-def _output(root: Path, entities: int, aggregations: bool = False) -> Path:
+def _output(root: Path, entities: int, aggregations: bool = False,
+            model_inputs: bool = False) -> Path:
     """bench_feast's entity tables, with the ETL's default event contract recorded, and the
     tiles of the entity tables' groups — with ``aggregations``, of the spec of
-    ``benchmarks/aggregations.yaml`` too — empty up to the snapshot time (the stream's pushes
-    fill them)."""
+    ``benchmarks/aggregations.yaml`` too, with ``model_inputs`` of the default features' input
+    groups (the user, (user, item) pair and item keys ``/v1/model-inputs`` reads) — empty up
+    to the snapshot time (the stream's pushes fill them)."""
     output = write_output(root, entities)
     metadata = json.loads((output / "metadata.json").read_text())
     metadata["events"] = EtlConfig().event_contract().model_dump(mode="json")
     spec = yaml.safe_load(AGGREGATIONS.read_text())["aggregations"] if aggregations else []
+    if model_inputs:
+        from featureline.etl.features.pipeline import FeaturePipeline
+
+        spec += [g.model_dump(mode="json") for g in FeaturePipeline(EtlConfig()).inputs().groups]
     groups = list(map(GroupSpec.model_validate, spec))
     for entity, table in metadata["entities"].items():
         group = entity_group(entity, EtlConfig().entities.recent_days)
@@ -117,10 +123,11 @@ def _histogram_quantile(text: str, name: str, q: float) -> float | None:
 class Stack:
     """Embedded Redis, the published output, ``featureline serve --stream`` (API + processor)."""
 
-    def __init__(self, root: Path, entities: int, aggregations: bool = False) -> None:
+    def __init__(self, root: Path, entities: int, aggregations: bool = False,
+                 model_inputs: bool = False) -> None:
         self.root = root
         self.redis = EmbeddedRedis(root / "redis").start()
-        output = _output(root, entities, aggregations)
+        output = _output(root, entities, aggregations, model_inputs)
         # What the poller reads to see a pushed event served, and its name in the answer: the
         # lifetime sum, whose value does not depend on the request time (the events are
         # pushed at the entity tables' snapshot time, months ago).
@@ -282,9 +289,10 @@ def raw_updates(url: str, events: int, batch: int = 1000) -> float:
 
 
 def run(entities: int = 10_000, rate: float = 2000, seconds: float = 20, batch: int = 50,
-        track: int = 20, burst: int = 20_000, aggregations: bool = False) -> dict[str, Any]:
+        track: int = 20, burst: int = 20_000, aggregations: bool = False,
+        model_inputs: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
-        stack = Stack(Path(folder), entities, aggregations)
+        stack = Stack(Path(folder), entities, aggregations, model_inputs)
         try:
             fixed = asyncio.run(_fixed_rate(stack, rate, seconds, batch, track))
             raw_before = raw_updates(stack.redis.url, burst)
@@ -294,23 +302,26 @@ def run(entities: int = 10_000, rate: float = 2000, seconds: float = 20, batch: 
             stack.close()
     raw = (raw_before + raw_after) / 2
     return {"machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "entities": entities, "aggregations": aggregations, "fixed_rate": fixed,
+            "entities": entities, "aggregations": aggregations,
+            "model_inputs": model_inputs, "fixed_rate": fixed,
             "throughput": {**drained, "raw_redis_updates_per_s": round(raw),
                            "raw_runs": [round(raw_before), round(raw_after)],
                            "stream_vs_raw": round(drained["end_to_end_events_per_s"] / raw,
                                                   3)}}
 
 
-def aggregations_cost(rounds: int = 1, **sizes: Any) -> dict[str, Any]:
+def aggregations_cost(rounds: int = 1, added: str = "aggregations", **sizes: Any
+                      ) -> dict[str, Any]:
     """The same pushes into a store without and with the aggregations of
     ``benchmarks/aggregations.yaml`` (14 values in a user and an item group, added to their
-    tiles by the processor), A B B A per round: push→servable (of the user's entity feature,
-    of its lifetime ``value_sum_all``) and the burst's events/s, each beside the same run's
-    raw Redis writes."""
+    tiles by the processor) — or, ``added="model_inputs"``, the model inputs' groups — A B B
+    A per round: push→servable (of the user's entity feature, or with the aggregations of
+    its lifetime ``value_sum_all``) and the burst's events/s, each beside the same run's raw
+    Redis writes."""
     runs: dict[str, list[dict[str, Any]]] = {"without": [], "with": []}
     for _ in range(rounds):
         for name in ("without", "with", "with", "without"):
-            runs[name].append(run(**sizes, aggregations=name == "with"))
+            runs[name].append(run(**sizes, **{added: name == "with"}))
     summary = {}
     for name, measured in runs.items():
         summary[name] = {
@@ -425,8 +436,10 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check it runs")
     parser.add_argument("--aggregations", action="store_true",
                         help="without and with benchmarks/aggregations.yaml, A B B A")
+    parser.add_argument("--model-inputs", action="store_true",
+                        help="without and with the model inputs' groups, A B B A")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="with --aggregations or --in-process")
+                        help="with --aggregations, --model-inputs or --in-process")
     parser.add_argument("--in-process", action="store_true",
                         help="the processor's bursts in this process, without and with "
                              "gc.freeze(), alternated")
@@ -437,12 +450,13 @@ def main() -> None:
     if args.in_process:
         report = (in_process(200, 1000, 1, args.cluster) if args.smoke else
                   in_process(args.entities, args.burst, args.rounds, args.cluster))
-    elif args.aggregations:
+    elif args.aggregations or args.model_inputs:
         sizes = ({"entities": 200, "rate": 100, "seconds": 1, "batch": 10, "track": 5,
                   "burst": 500} if args.smoke else
                  {"entities": args.entities, "rate": args.rate, "seconds": args.seconds,
                   "burst": args.burst})
-        report = aggregations_cost(args.rounds, **sizes)
+        report = aggregations_cost(args.rounds, "model_inputs" if args.model_inputs
+                                   else "aggregations", **sizes)
     elif args.smoke:
         report = run(entities=200, rate=100, seconds=1, batch=10, track=5, burst=500)
     else:

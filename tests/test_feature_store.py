@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -374,8 +375,12 @@ def test_publish_writes_the_bytes_feasts_materialization_writes(tmp_path, job_ou
     written, expected = _redis_dump(ours, vectors=False), _redis_dump(feasts)
     assert len(written) == summary.keys == len(expected)
     assert written == expected
-    # And one vector per view and entity, and the tiles of each entity of the output.
-    assert summary.tile_keys == summary.keys
+    # And one vector per view and entity, the tiles of each entity of the output and of the
+    # model inputs' groups: each user, item and (user, item) pair.
+    pairs = ds.dataset(job_output.output / "state" / "events", format="parquet",
+                       partitioning="hive").to_table(columns=["user_id", "item_id"])
+    pairs = len(set(zip(*(pairs[c].to_pylist() for c in ("user_id", "item_id")), strict=True)))
+    assert summary.tile_keys == 2 * summary.keys + pairs
     assert len(_redis_dump(ours)) == 2 * summary.keys + summary.tile_keys
 
 

@@ -166,24 +166,29 @@ def test_metadata_and_tfrecords_describe_every_aggregation(aggregated):
 def test_the_outputs_tiles_serve_the_definition_after_the_last_event(aggregated):
     """The job writes each output's tiles as of its last event (tiles/<group>/<feature>,
     described in metadata.json); read back, they give the reference's value at the cut and
-    later, for every key of both groups, and an idle key's windows decay."""
+    later, for every key of the spec's groups and the model inputs' (users, items, pairs),
+    and an idle key's windows decay."""
     from featureline.core.metadata import read_metadata
     from featureline.feature_store.tiles import read_tiles
 
     result, config = aggregated
     metadata = read_metadata(result.output)
-    served = read_tiles(metadata, config.aggregations)
     events = [{**row, "ts": _micros(row["ts"])} for row in _table(result.output, "state/events")]
     assert metadata.tiles.cut_us == max(e["ts"] for e in events) + 1
-    # The spec's groups, then the entity tables' (what the stream adds pushed events to).
+    # The spec's groups, the model inputs', then the entity tables' (what the stream adds
+    # pushed events to).
     groups = metadata.tile_groups()
-    assert [g.name for g in groups] == [*(g.name for g in config.aggregations), "user", "item"]
+    inputs = metadata.inputs.groups
+    assert [g.name for g in groups] == [*(g.name for g in config.aggregations),
+                                        "inputs_user", "inputs_pair", "inputs_item",
+                                        "user", "item"]
+    served = read_tiles(metadata, [*config.aggregations, *inputs])
     assert groups[-2:] == [entity_group(e, 7) for e in ("user", "item")]
     assert set(metadata.tiles.tables) == {f.qualified for g in groups for f in g.outputs()}
     assert metadata.outputs["tiles"] == "tiles"
     hour = 3600 * MICROS
     differ = []
-    for group in config.aggregations:
+    for group in [*config.aggregations, *inputs]:
         by_key: dict[tuple, list[dict]] = {}
         for event in events:
             by_key.setdefault(tuple(event[k] for k in group.keys), []).append(event)
