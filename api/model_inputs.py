@@ -4,12 +4,12 @@ model's input (docs/ARCHITECTURE.md, "Model inputs")."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow.parquet as pq
 
 from featureline.api.vocabulary import Vocabularies
@@ -102,18 +102,21 @@ class ServedInputs:
         n = len(items)
         raw: dict[str, list[Any]] = {"user_id": [user] * n, "item_id": list(items)}
         raw.update({column: [value] * n for column, value in context.items()})
-        engine = self._engine(reader, raw, at_us)
+        engine, later = self._engine(reader, raw, at_us)
         for column in self.columns_with("user"):
             if column not in context:
                 raw[column] = engine.get(f"{USER_INPUTS}:{attribute_name(column)}", [None] * n)
         for column in self.columns_with("item"):
             raw[column] = (list(item_context[column]) if column in item_context else
                            engine.get(f"{ITEM_INPUTS}:{attribute_name(column)}", [None] * n))
-        engine.update(self._aggregations(reader, raw, at_us))
+        if later:  # keyed by attributes: read once those are known
+            engine.update(_read(reader, later, raw, at_us))
         fitted = Fitted(self.counts, self.targets, self.prior, vocabularies.encode)
         values = model_inputs(self.inputs, self.features, Candidates(at_us, raw, engine), fitted)
-        plain = {name: [_plain(v) for v in column] for name, column in values.items()}
-        return {"features": plain, "groups": tfrecord_groups(self.groups, plain, n)}
+        # tolist: float32 values as the floats they are, ids as ints.
+        return {"features": {name: column.tolist() for name, column in values.items()},
+                "groups": {name: rows.tolist()
+                           for name, rows in tfrecord_groups(self.groups, values).items()}}
 
     def _check(self, items: list[str], context: Mapping[str, Any],
                item_context: Mapping[str, Sequence[Any]], at_us: int) -> None:
@@ -138,28 +141,34 @@ class ServedInputs:
                 raise ModelInputsError(f"context.{column}", f"context.{column}: a request "
                                        f"column the model's features read; send it")
 
-    def _engine(self, reader: OnlineReader, raw: Mapping[str, list[Any]], at_us: int
-                ) -> dict[str, list[Any]]:
-        """The input groups' outputs per candidate at ``at_us`` (the user's read once)."""
-        references = [(group.name, output.output) for group in self.inputs.groups
-                      for output in group.outputs()]
-        return _read(reader, references, raw, at_us)
+    @functools.cached_property
+    def _input_references(self) -> list[tuple[str, str]]:
+        """Every output of the input groups."""
+        return [(group.name, output.output) for group in self.inputs.groups
+                for output in group.outputs()]
 
-    def _aggregations(self, reader: OnlineReader, raw: Mapping[str, list[Any]], at_us: int
-                      ) -> dict[str, list[Any]]:
-        """The aggregation groups' outputs the features read, keyed by the candidates' raw
-        columns."""
+    @functools.cached_property
+    def _aggregation_references(self) -> list[tuple[str, str]]:
+        """The aggregation groups' outputs the features read."""
         inputs = {group.name for group in self.inputs.groups}
-        references = list(dict.fromkeys(
+        return list(dict.fromkeys(
             (s.group, s.output) for s in self.inputs.features.values()
             if s.group is not None and s.output is not None and s.group not in inputs))
-        if not references:
-            return {}
-        for group, _ in references:
+
+    def _engine(self, reader: OnlineReader, raw: Mapping[str, list[Any]], at_us: int
+                ) -> tuple[dict[str, list[Any]], list[tuple[str, str]]]:
+        """The engine outputs at ``at_us`` of every group keyed by columns the request gives
+        (the input groups, aggregations keyed by the ids or request columns: one round trip;
+        the user's keys read once), and the aggregations left, keyed by attributes."""
+        for group, _ in self._aggregation_references:
             if group not in reader.groups:
                 raise UnavailableError(f"the online store serves no group {group!r}: publish "
                                        f"the output again")
-        return _read(reader, references, raw, at_us)
+        now, later = [], []
+        for reference in self._aggregation_references:
+            keys = reader.groups[reference[0]].keys
+            (now if all(key in raw for key in keys) else later).append(reference)
+        return _read(reader, [*self._input_references, *now], raw, at_us), later
 
 
 def _read(reader: OnlineReader, references: list[tuple[str, str]],
@@ -169,13 +178,3 @@ def _read(reader: OnlineReader, references: list[tuple[str, str]],
     result = reader.read(references, entities, at_us)
     return {name: result.values[name] for name in result.names}
 
-
-def _plain(value: Any) -> Any:
-    """A value as JSON holds it: float32 as the float it is, lists of them too."""
-    if isinstance(value, np.floating):
-        return float(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Status = Literal["present", "not_found", "outside_ttl"]
 EntityId = str | int
+# A raw column's value in a request.
+Scalar = str | int | float | bool | None
 INT64 = Field(ge=-(2**63), le=2**63 - 1)
 
 
@@ -87,11 +89,11 @@ class ModelInputsRequest(_Body):
     user_id: EntityId = Field(examples=["u1"], description="The user's raw id.")
     item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]],
                                      description="The candidates' raw ids.")
-    context: dict[str, Any] = Field(
+    context: dict[str, Scalar] = Field(
         default_factory=dict, examples=[{"device": "mobile"}],
         description="Request columns (every one a feature reads), and user attributes that "
                     "override the published ones.")
-    item_context: dict[str, list[Any]] = Field(
+    item_context: dict[str, list[Scalar]] = Field(
         default_factory=dict, examples=[{"price": [9.5, 12.0]}],
         description="Item attributes that override the published ones: one value per "
                     "candidate.")

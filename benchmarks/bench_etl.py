@@ -183,35 +183,56 @@ def _skip_profile(spark: SparkSession, events: DataFrame, specs: Any, rows: Any,
     return job.Checked([], None, enabled=False)
 
 
-def measure_checks(spark: SparkSession, events: int, workdir: Path,
-                   order: tuple[str, ...] = ABBA, warm_up: bool = True) -> dict[str, Any]:
-    """The job's time without (A) and with (B) its profile stage on one log, in ``order``,
-    after a run that only warms the JVM up (``warm_up``; its time is left out)."""
+def _measure_without(spark: SparkSession, events: int, workdir: Path, owner: Any, name: str,
+                     without: Any, stage: str, order: tuple[str, ...] = ABBA,
+                     warm_up: bool = True) -> dict[str, Any]:
+    """The job's time without (A: ``owner.name`` replaced by ``without``) and with (B) a part
+    of it on one log, in ``order``, after a run that only warms the JVM up (``warm_up``; its
+    time is left out); ``stage``: the stage whose time the "with" runs report."""
     raw = workdir / f"events-{events}.jsonl"
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=28, seed=1, bad_fraction=0.001)
     config = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
     times: dict[str, list[float]] = {"without": [], "with": []}
-    stage: list[float] = []
-    profiled = job._profile_and_check
+    stages: dict[str, list[float]] = {"without": [], "with": []}
+    own = getattr(owner, name)
     for index, side in enumerate(("with", *order) if warm_up else order):
         shutil.rmtree(workdir / "out", ignore_errors=True)
-        job._profile_and_check = profiled if side == "with" else _skip_profile  # type: ignore[assignment]
+        setattr(owner, name, own if side == "with" else without)
         try:
             start = time.perf_counter()
             result = job.run(config, spark, progress=lambda _: None)
             times[side].append(round(time.perf_counter() - start, 2))
         finally:
-            job._profile_and_check = profiled  # type: ignore[assignment]
+            setattr(owner, name, own)
         if warm_up and index == 0:
             times[side].pop()
             continue
-        if side == "with":
-            stage.append(result.metadata["timings_s"]["profile"])
+        stages[side].append(result.metadata["timings_s"].get(stage, 0.0))
     means = {side: sum(runs) / len(runs) for side, runs in times.items()}
-    return {"events": events, "job_s": times, "profile_stage_s": stage,
+    return {"events": events, "job_s": times, f"{stage}_stage_s": stages,
             "with_vs_without": round(means["with"] / means["without"], 3),
-            "stage_vs_without": round(sum(stage) / len(stage) / means["without"], 3)}
+            "stage_vs_without": round(sum(stages["with"]) / len(stages["with"])
+                                      / means["without"], 3)}
+
+
+def measure_checks(spark: SparkSession, events: int, workdir: Path,
+                   order: tuple[str, ...] = ABBA, warm_up: bool = True) -> dict[str, Any]:
+    """The job's time without (A) and with (B) its profile stage on one log."""
+    return _measure_without(spark, events, workdir, job, "_profile_and_check", _skip_profile,
+                            "profile", order, warm_up)
+
+
+def measure_model_inputs(spark: SparkSession, events: int, workdir: Path,
+                         order: tuple[str, ...] = ABBA, warm_up: bool = True
+                         ) -> dict[str, Any]:
+    """The job's time without (A) and with (B) the model inputs' groups (their tiles, written
+    in the entities stage) on one log."""
+    from featureline.core.model_inputs import ModelInputs
+    from featureline.etl.features.pipeline import FeaturePipeline
+
+    return _measure_without(spark, events, workdir, FeaturePipeline, "inputs",
+                            lambda self: ModelInputs(), "entities", order, warm_up)
 
 
 def run_checks(sizes: list[int], spark: SparkSession | None = None,
@@ -500,6 +521,9 @@ def main(argv: list[str] | None = None) -> None:
                              "gate), interleaved: without, with, with, without")
     parser.add_argument("--order", default="ABBA", choices=["ABBA", "AB"],
                         help="with --label-join: the runs' order")
+    parser.add_argument("--model-inputs", action="store_true",
+                        help="the job without and with the model inputs' groups' tiles, "
+                             "interleaved: without, with, with, without")
     parser.add_argument("--label-join", action="store_true",
                         help="the job with the per-event label rule and with the default "
                              "label join, interleaved: per-event, join, join, per-event")
@@ -517,6 +541,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.checks:
         print(json.dumps(run_checks(sizes), indent=2))
+        return
+    if args.model_inputs:
+        spark = build_session(BENCH_SPARK)
+        with tempfile.TemporaryDirectory(prefix="bench-etl-model-inputs-") as tmp:
+            print(json.dumps({"benchmark": "etl_model_inputs", "machine": {
+                "platform": platform.platform(), "spark": spark.version},
+                "runs": [measure_model_inputs(spark, events, Path(tmp)) for events in sizes]},
+                indent=2))
         return
     if args.aggregations and not args.profile:
         print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))

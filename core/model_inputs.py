@@ -21,6 +21,7 @@ them. An op that records no source is named under ``unserved``.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -154,16 +155,16 @@ class Fitted:
 
 def _ids(fitted: Fitted, column: str, values: list[Any], missing: int = PADDING_ID
          ) -> list[int]:
-    """Ids of raw values (None: ``missing``)."""
-    present = [i for i, v in enumerate(values) if v is not None]
-    ids = [missing] * len(values)
-    for i, encoded in zip(present, fitted.encode(column, [str(values[i]) for i in present]),
-                          strict=True):
-        ids[i] = encoded
-    return ids
+    """Ids of raw values (None: ``missing``), each distinct value encoded once (the user's
+    id, a request column: once per request)."""
+    distinct = [v for v in dict.fromkeys(values) if v is not None]
+    encoded = dict(zip(distinct, fitted.encode(column, [str(v) for v in distinct]),
+                       strict=True))
+    return [missing if v is None else encoded[v] for v in values]
 
 
-def xxhash64_spark(values: Sequence[Any]) -> int:
+@functools.lru_cache(maxsize=65_536)
+def xxhash64_spark(values: tuple[Any, ...]) -> int:
     """Spark's ``xxhash64`` of text values (seed 42, each value's UTF-8 bytes hashed with the
     running hash as seed; nulls skipped), as a signed 64-bit integer."""
     import xxhash
@@ -217,59 +218,55 @@ def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
         return [math.sin(angle) if source.fn == "sin" else math.cos(angle)] * n
     if kind == "cross":
         buckets = source.buckets or 1
-        return [xxhash64_spark([raw[c][i] for c in source.columns]) % buckets + FIRST_ID
-                for i in range(n)]
+        return [xxhash64_spark(values) % buckets + FIRST_ID
+                for values in zip(*(raw[c] for c in source.columns), strict=True)]
     assert kind == "normalize" and transform is not None
     filled = [transform["fill"] if v is None else float(v) for v in raw[source.column or ""]]
     shaped = np.asarray(filled, dtype=np.float64)
     if transform.get("log1p"):
         shaped = np.log1p(np.maximum(shaped, 0.0))
-    return list(((shaped - transform["mean"]) / transform["std"]).astype(np.float32))
+    return ((shaped - transform["mean"]) / transform["std"]).astype(np.float32)
 
 
 def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
-                 candidates: Candidates, fitted: Fitted) -> dict[str, list[Any]]:
+                 candidates: Candidates, fitted: Fitted) -> dict[str, np.ndarray]:
     """Every served feature per candidate, as the examples hold it after the model-ready
-    step (``features``: metadata.json's, in their order): ids as int, floats as float32
-    values, lists as lists. A missing indicator follows its feature's raw value."""
+    step (``features``: metadata.json's, in their order): an array with a row per candidate
+    — int64 ids ([n], or [n, k] for a list), float32 values. A missing indicator follows its
+    feature's raw value."""
     raw: dict[str, list[Any]] = {}
-    out: dict[str, list[Any]] = {}
+    out: dict[str, np.ndarray] = {}
     for feature in features:
         name = feature["name"]
         transform = feature.get("transform") or {}
         if transform.get("name") == "missing_indicator":
-            out[name] = [np.float32(v is None) for v in raw[transform["of"]]]
+            out[name] = np.array([v is None for v in raw[transform["of"]]], dtype=np.float32)
             continue
         source = inputs.features.get(name)
         if source is None:
             continue
         values = raw[name] = raw_value(source, candidates, fitted, transform)
-        if feature["kind"] != "continuous" or source.kind == "normalize":
-            out[name] = values
-        elif transform.get("name") in (LOG1P_STANDARDIZE, STANDARDIZE, NONE):
-            shaped = [math.nan if v is None else v for v in values]
-            out[name] = list(apply(shaped, transform))
+        if feature["kind"] != "continuous":
+            out[name] = np.asarray(values, dtype=np.int64)
+        elif source.kind == "normalize":
+            out[name] = np.asarray(values, dtype=np.float32)
         else:
-            out[name] = [np.float32(math.nan if v is None else v) for v in values]
+            shaped = [math.nan if v is None else v for v in values]
+            out[name] = (apply(shaped, transform)
+                         if transform.get("name") in (LOG1P_STANDARDIZE, STANDARDIZE, NONE)
+                         else np.asarray(shaped, dtype=np.float32))
     return out
 
 
-def tfrecord_groups(groups: Mapping[str, Mapping[str, Any]], values: Mapping[str, list[Any]],
-                    size: int) -> dict[str, list[list[Any]]]:
+def tfrecord_groups(groups: Mapping[str, Mapping[str, Any]], values: Mapping[str, np.ndarray]
+                    ) -> dict[str, np.ndarray]:
     """The rows laid out as the TFRecords' groups (metadata.json ``tfrecord.groups``): per
-    group, per candidate, its columns' values in order (a list feature's all of them); the
-    label's group is left out."""
+    group, a row per candidate of its columns' values in order (a list feature's all of
+    them); the label's group is left out."""
     laid_out = {}
     for name, group in groups.items():
         columns = group["columns"]
         if LABEL in columns or any(c not in values for c in columns):
             continue
-        rows = []
-        for i in range(size):
-            row: list[Any] = []
-            for column in columns:
-                value = values[column][i]
-                row.extend(value if isinstance(value, list) else [value])
-            rows.append(row)
-        laid_out[name] = rows
+        laid_out[name] = np.hstack([values[c].reshape(len(values[c]), -1) for c in columns])
     return laid_out

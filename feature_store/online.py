@@ -230,6 +230,12 @@ class GroupLayout:
                    {feature.output: feature for feature in group.outputs()})
 
 
+@functools.lru_cache(maxsize=KEY_CACHE_SIZE)
+def _tile_key(key: tuple[str, ...]) -> bytes:
+    """``tile_key``, kept for the keys read lately (a popular item's, a user's)."""
+    return tile_key(key)
+
+
 def _now_us() -> int:
     return time.time_ns() // 1_000
 
@@ -414,7 +420,7 @@ class OnlineReader:
                     raise MissingEntityError(key, name)
             by_row = list(zip(*(map(str, entities[key]) for key in group.keys), strict=True))
             distinct = list(dict.fromkeys(by_row))
-            rows.extend((True, name, tile_key(key)) for key in distinct)
+            rows.extend((True, name, _tile_key(key)) for key in distinct)
             group_plan.append((group, by_row, distinct))
         current, answers = yield from self._vectors(rows)
         if cache is not None:
@@ -487,24 +493,34 @@ class OnlineReader:
         for group, by_row, distinct in plan:
             stored = answers[start:start + len(distinct)]
             start += len(distinct)
-            merged = {key: None if blob is None else self.merged.at(group, key, blob, t)
-                      for key, blob in zip(distinct, stored, strict=True)}
+            width = len(group.features)
+            present, absent = (Status.PRESENT,) * width, (Status.NOT_FOUND,) * width
+            empty: tuple[Any, ...] | None = None  # the values of no events, once a request
+            # Per key, every output's value and status, in the group's order.
+            per_key = {}
+            for key, blob in zip(distinct, stored, strict=True):
+                at = None if blob is None else self.merged.at(group, key, blob, t)
+                if at is not None and all(at[1]):
+                    per_key[key] = (at[0], present)
+                    continue
+                if empty is None:
+                    empty = tuple(value_from_tiles(f.operation(), f.window, {}, t)
+                                  for f in group.features.values())
+                if at is None:
+                    per_key[key] = (empty, absent)
+                else:
+                    per_key[key] = (
+                        tuple(v if held else e for v, held, e in zip(*at, empty, strict=True)),
+                        tuple(Status.PRESENT if held else Status.NOT_FOUND for held in at[1]))
+            rows = [per_key[key] for key in by_row]
+            values = list(zip(*(row[0] for row in rows), strict=True)) or [()] * width
+            statuses = list(zip(*(row[1] for row in rows), strict=True)) or [()] * width
             for name in wanted[group.name]:
                 feature = group.features[name]
                 position = group.positions[name]
-                empty = None  # the value of no events, merged once a request
-                values = {}
-                for key, at in merged.items():
-                    if at is not None and at[1][position]:
-                        values[key] = (at[0][position], Status.PRESENT)
-                        continue
-                    if empty is None:
-                        empty = (value_from_tiles(feature.operation(), feature.window, {}, t),
-                                 Status.NOT_FOUND)
-                    values[key] = empty
                 result.names.append(feature.qualified)
-                result.values[feature.qualified] = [values[key][0] for key in by_row]
-                result.status[feature.qualified] = [values[key][1] for key in by_row]
+                result.values[feature.qualified] = list(values[position])
+                result.status[feature.qualified] = list(statuses[position])
 
     def _vectors(self, rows: list[tuple[bool, str, bytes]]
                  ) -> Generator[list[bytes], Read, tuple[tuple[bytes, bytes], list[bytes | None]]]:
@@ -514,7 +530,9 @@ class OnlineReader:
         names another. Yields each read's keys, is sent the store's answer."""
         for _ in range(GENERATION_SWITCHES):
             generation = self.generation
-            keys = ([self._prefix(generation, tiles, name) + key for tiles, name, key in rows]
+            prefixes = {(tiles, name): self._prefix(generation, tiles, name)
+                        for tiles, name in dict.fromkeys((tiles, name) for tiles, name, _ in rows)}
+            keys = ([prefixes[(tiles, name)] + key for tiles, name, key in rows]
                     if generation else [])
             (published_at, served), vectors = yield keys
             # Without a stamp the store lost its data (or never had it): every entity would
