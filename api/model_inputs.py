@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from featureline.api.vocabulary import Vocabularies
@@ -96,8 +97,9 @@ class ServedInputs:
     def answer(self, reader: OnlineReader, vocabularies: Vocabularies, user: str,
                items: list[str], context: Mapping[str, Any],
                item_context: Mapping[str, Sequence[Any]], at_us: int
-               ) -> dict[str, Any]:
-        """The features per candidate and the TFRecord groups' rows."""
+               ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The features per candidate and the TFRecord groups' rows (arrays with a row
+        per candidate)."""
         self._check(items, context, item_context, at_us)
         n = len(items)
         raw: dict[str, list[Any]] = {"user_id": [user] * n, "item_id": list(items)}
@@ -113,10 +115,7 @@ class ServedInputs:
             engine.update(_read(reader, later, raw, at_us))
         fitted = Fitted(self.counts, self.targets, self.prior, vocabularies.encode)
         values = model_inputs(self.inputs, self.features, Candidates(at_us, raw, engine), fitted)
-        # tolist: float32 values as the floats they are, ids as ints.
-        return {"features": {name: column.tolist() for name, column in values.items()},
-                "groups": {name: rows.tolist()
-                           for name, rows in tfrecord_groups(self.groups, values).items()}}
+        return values, tfrecord_groups(self.groups, values)
 
     def _check(self, items: list[str], context: Mapping[str, Any],
                item_context: Mapping[str, Sequence[Any]], at_us: int) -> None:

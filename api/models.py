@@ -118,6 +118,33 @@ class ModelInputsResponse(BaseModel):
     fit_version: str | None = Field(description="The fit of its statistics.")
 
 
+class RankRequest(ModelInputsRequest):
+    """``/v1/model-inputs``' request, the model to score with and how many to keep."""
+
+    model: str = Field(examples=["ranker"],
+                       description="The model whose tables the parameter server holds.")
+    top_k: int | None = Field(default=None, ge=1, examples=[10],
+                              description="Keep the best this many (default: every one).")
+    return_inputs: bool = Field(default=False,
+                                description="Also return each kept candidate's input row.")
+
+
+class RankedItem(BaseModel):
+    item_id: EntityId = Field(description="The candidate's raw id.")
+    score: float = Field(description="The model's score (a probability of the label).")
+
+
+class RankResponse(BaseModel):
+    items: list[RankedItem] = Field(description="The candidates, best first.")
+    groups: dict[str, list[list[Any]]] | None = Field(
+        default=None, description="With `return_inputs`: each kept candidate's input row, "
+                                  "as `/v1/model-inputs`' groups, in the same order.")
+    model: str = Field(description="The model scored with.")
+    at: datetime = Field(description="The request time the inputs hold at.")
+    dataset_version: str = Field(description="The published ETL output's version.")
+    fit_version: str | None = Field(description="The fit of its statistics.")
+
+
 class EntityFeatures(BaseModel):
     ids: list[EntityId] = Field(description="The raw ids, as asked.")
     encoded_ids: list[int] = Field(

@@ -26,6 +26,7 @@ from featureline.core.drift import METRICS_FILE as CHECKS_METRICS
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
+from featureline.core.scoring import DenseModel, ModelNotExportedError
 from featureline.feature_store.feature_log import (
     REPORT_METRICS,
     feature_types,
@@ -34,6 +35,7 @@ from featureline.feature_store.feature_log import (
 from featureline.feature_store.online import OnlineReader, ValueCache
 from featureline.feature_store.repo import open_repo
 from featureline.hps import ParameterServer
+from featureline.hps.errors import UnknownModelError
 from featureline.hps.updates import UpdateConsumer, start_consumers
 from featureline.stream.log import EventLog, open_event_log, written_topic
 from featureline.stream.push import Pusher
@@ -71,6 +73,8 @@ class Services:
     # How the served output's example features are computed at a request time; None: it
     # records none.
     inputs: ServedInputs | None = None
+    # The dense parts exported beside the parameter server's tables, by model.
+    rankers: dict[str, DenseModel] = field(default_factory=dict)
 
     def pusher(self) -> Pusher:
         if self.event_log is None or self.contract is None:
@@ -83,6 +87,19 @@ class Services:
         if self.hps is None:
             raise UnavailableError("no parameter server is configured (api.hps)")
         return self.hps
+
+    def ranker(self, name: str) -> DenseModel:
+        """The model ``name`` that /v1/rank scores with: 404 when none of that name was
+        exported, 503 when it was trained on another fit than the served dataset's."""
+        model = self.rankers.get(name)
+        if model is None:
+            raise UnknownModelError(name, sorted(self.rankers))
+        fit = model.versions.get("fit")
+        if fit is not None and self.fit_version is not None and fit != self.fit_version:
+            raise UnavailableError(f"model {name}: trained on examples of fit {fit}; the "
+                                   f"served dataset {self.dataset_version} is of fit "
+                                   f"{self.fit_version}: train on it and reload the model")
+        return model
 
     def check_limit(self, field: str, got: int, limit: int) -> None:
         if got > limit:
@@ -123,6 +140,7 @@ class Services:
         server = self.parameter_server()
         dataset = _dataset(self.output) if self.output is not None else None
         rows = server.reload(model)
+        self.rankers = _rankers(self.config.api.hps)
         if dataset is not None:
             self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
             self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
@@ -166,7 +184,7 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     services = Services(config, reader, dataset.vocabularies, hps, metrics, keys,
                         dataset.version, dataset.lineages, dataset.fit_version,
                         output=Path(output), contract=dataset.contract,
-                        inputs=dataset.inputs,
+                        inputs=dataset.inputs, rankers=_rankers(config.api.hps),
                         event_log=open_event_log(config.stream, reader.url,
                                                  config.feature_store.cluster))
     metrics.watch_store(reader.ping, lambda: check(services))
@@ -192,6 +210,18 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
         metrics.watch_updates(lambda: services.consumers)
         metrics.watch_tiers(hps.health)
     return services
+
+
+def _rankers(hps: str | None) -> dict[str, DenseModel]:
+    """The dense part the trainer exported beside the parameter server's configuration, by
+    model name; none without one."""
+    if not hps:
+        return {}
+    try:
+        model = DenseModel.load(Path(hps).parent)
+    except ModelNotExportedError:
+        return {}
+    return {model.layout["model"]: model}
 
 
 class _Dataset(NamedTuple):

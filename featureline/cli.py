@@ -438,6 +438,27 @@ def train(path: str | None, data: str | None, out: str, epochs: int, patience: i
     click.echo(result.summary())
 
 
+@main.command()
+@config_option
+@data_option
+@click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False),
+              default="data/hps", show_default=True,
+              help="Where `featureline train` exported the model (hps.yaml, dense.json)")
+@click.option("--split", type=click.Choice(["train", "valid"]), default="valid",
+              show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False),
+              help="The Parquet file to write (default: <model>/scores-<split>.parquet)")
+def score(path: str | None, data: str | None, model_dir: str, split: str,
+          out: str | None) -> None:
+    """Score an ETL output's examples with an exported model, as /v1/rank scores a request:
+    the examples' keys and each one's score, as Parquet."""
+    from featureline.trainer.score import write_scores
+
+    target = out or str(Path(model_dir) / f"scores-{split}.parquet")
+    rows = write_scores(data or _config(path).etl.output.path, model_dir, target, split)
+    click.echo(f"scored {rows:,} {split} examples → {target}")
+
+
 @main.command("training-set")
 @config_option
 @data_option

@@ -29,6 +29,7 @@ from featureline.core.aggregations import AggregateFeature, GroupSpec
 from featureline.core.events import micros_of
 from featureline.core.metadata import encoded_name, present, read_metadata
 from featureline.core.redis import REDIS_URL_ENV, redact
+from featureline.core.scoring import DENSE_LAYOUT
 from featureline.etl.features.base import LABEL, SPLIT
 from featureline.feature_store.redis_server import free_port
 from featureline.trainer.export import write_tables
@@ -224,7 +225,12 @@ def _call(base: str, method: str, path: str, body: dict[str, Any] | None) -> tup
         return error.code, error.read().decode()
 
 
-def sample_calls(base: str, user: str, items: list[str]) -> list[tuple[str, str, Any]]:
+def sample_calls(base: str, user: str, items: list[str], scored: bool = False
+                 ) -> list[tuple[str, str, Any]]:
+    """One call per endpoint; ``scored``: /v1/rank too (the trained model's dense part was
+    exported)."""
+    inputs = {"user_id": user, "item_ids": items, "context": {"device": "mobile"}}
+    rank = [("POST", "/v1/rank", {**inputs, "model": "ranker"})] if scored else []
     return [
         ("GET", "/healthz", None),
         ("GET", "/readyz", None),
@@ -234,14 +240,17 @@ def sample_calls(base: str, user: str, items: list[str]) -> list[tuple[str, str,
                                            "keys": [2, 3]}),
         ("GET", "/v1/embeddings/models", None),
         ("POST", "/v1/ranking-inputs", {"user_id": user, "item_ids": items}),
+        ("POST", "/v1/model-inputs", inputs),
+        *rank,
         ("POST", "/v1/admin/models/ranker/reload", None),
         ("GET", "/metrics", None),
     ]
 
 
-def run_calls(base: str, user: str, items: list[str], echo: Callable[[str], None]) -> None:
+def run_calls(base: str, user: str, items: list[str], echo: Callable[[str], None],
+              scored: bool = False) -> None:
     """Call every endpoint once and print the curl command for it with a short answer."""
-    for method, path, body in sample_calls(base, user, items):
+    for method, path, body in sample_calls(base, user, items, scored):
         status, text = _call(base, method, path, body)
         data = f" -H 'Content-Type: application/json' -d '{json.dumps(body)}'" if body else ""
         verb = "" if method == "GET" else f" -X {method}"
@@ -269,7 +278,8 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     start_server(config_file, pid_file, redis_url, out / "api.log")
     base = f"http://{settings['api']['host']}:{port}"
     ids = sample_ids(output)
-    run_calls(base, ids["user"][0], ids["item"], echo)
+    run_calls(base, ids["user"][0], ids["item"], echo,
+              scored=(hps.parent / DENSE_LAYOUT).exists())
     push_events(base, ids["user"][0], ids["item"][0], read_metadata(output).tile_groups(), echo)
     report_consistency(config, output, log, archive, echo)
     return base

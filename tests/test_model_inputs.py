@@ -17,6 +17,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
@@ -59,6 +60,7 @@ def replay(spark, tmp_path_factory, redis_server):
     from featureline.feature_store.publish import publish
     from featureline.feature_store.repo import open_repo
     from featureline.stream.processor import open_processor
+    from featureline.trainer.train import train
     from tests.feast_data import copy_project, fresh_db
 
     root = tmp_path_factory.mktemp("model-inputs")
@@ -71,15 +73,20 @@ def replay(spark, tmp_path_factory, redis_server):
     config = make_config(root / "first", root / "raw" / "old.jsonl", label=JOIN,
                          aggregations=AGGREGATIONS)
     first = job.run(config, spark, progress=lambda _: None)
+    # The reference model on the first run's TFRecords: its tables and dense part exported.
+    trained = train(first.output, root / "model", epochs=1, gbdt=False,
+                    progress=lambda _: None)
 
     project = copy_project(root, ttl="3650d", api={"auth": {"enabled": False},
                                                    "data": str(first.output),
+                                                   "hps": str(trained.hps_config),
                                                    "feature_cache": {"ttl_s": 0}})
     url = fresh_db(redis_server, 12)
     publish(open_repo(project.feature_store, first.output, url=url), progress=lambda _: None)
     processor = open_processor(project.stream, project.feature_store, first.output, url=url,
                                consumer="replay")
     served: dict[tuple, list[dict]] = defaultdict(list)
+    ranked: dict[tuple, list[float]] = defaultdict(list)
     by_time: dict[str, list[dict]] = defaultdict(list)
     for event in new:
         by_time[event["ts"]].append(event)
@@ -97,7 +104,11 @@ def replay(spark, tmp_path_factory, redis_server):
                     body["item_context"] = {c: [event.get(c)] for c in ("category", "price")}
                 answer = api.post("/v1/model-inputs", json=body)
                 assert answer.status_code == 200, answer.text
-                served[(event["user_id"], event["item_id"], _micros(ts))].append(answer.json())
+                key = (event["user_id"], event["item_id"], _micros(ts))
+                served[key].append(answer.json())
+                scored = api.post("/v1/rank", json={**body, "model": "ranker"})
+                assert scored.status_code == 200, scored.text
+                ranked[key].append(scored.json()["items"][0]["score"])
             seen.update(event["item_id"] for event in by_time[ts])
             pushed = api.post("/v1/push", json={"events": by_time[ts]})
             assert pushed.json()["rejected"] == [], pushed.text
@@ -115,18 +126,28 @@ def replay(spark, tmp_path_factory, redis_server):
         }
         refused = {name: api.post("/v1/model-inputs", json={
             "user_id": "u1", "item_ids": ["i1", "i2"], **body}) for name, (body, _) in bad.items()}
+        asked = {"user_id": "u1", "item_ids": ["i1", "i2"], "context": {"device": "mobile"}}
+        refused["unknown model"] = api.post("/v1/rank", json={**asked, "model": "nope"})
+        services = app.state.services
+        served_fit, services.fit_version = services.fit_version, "another-fit"
+        refused["model of another fit"] = api.post("/v1/rank", json={**asked, "model": "ranker"})
+        services.fit_version = served_fit
     full = job.run(make_config(root / "full", root / "raw", label=JOIN,
                                aggregations=AGGREGATIONS,
                                fit={"from_output": str(first.output)}), spark,
                    progress=lambda _: None)
     return {"first": first, "full": full, "served": served, "refused": refused,
-            "bad": bad, "first_seen": first_seen}
+            "bad": bad, "first_seen": first_seen, "ranked": ranked, "trained": trained}
 
 
 def _examples(output: Path, day: str) -> list[dict]:
     table = ds.dataset(output / "examples", format="parquet", partitioning="hive").to_table()
     rows = table.to_pylist()
     return [row for row in rows if row["ts"].strftime("%Y-%m-%d") == day]  # UTC days
+
+
+def _listed(value) -> list:
+    return value if isinstance(value, list) else [value]
 
 
 def _oov_online(value, expected, first_new: int | None) -> bool:
@@ -203,6 +224,9 @@ def test_bad_requests_name_the_field(replay):
         answer = replay["refused"][name]
         assert answer.status_code == 422, (name, answer.text)
         assert answer.json()["field"] == field, (name, answer.json())
+    unknown, stale = replay["refused"]["unknown model"], replay["refused"]["model of another fit"]
+    assert unknown.status_code == 404 and "ranker" in unknown.json()["message"]
+    assert stale.status_code == 503 and "another-fit" in stale.json()["message"]
 
 
 def test_metadata_names_each_features_source(replay):
@@ -211,3 +235,47 @@ def test_metadata_names_each_features_source(replay):
     assert inputs.features["user_secs_since_prev"].kind == "since"
     assert inputs.features["user_hist_items"].width == 10
     assert [g.name for g in inputs.groups] == ["inputs_user", "inputs_pair", "inputs_item"]
+
+
+def test_served_scores_equal_the_trained_models_on_the_training_rows(replay):
+    """/v1/rank's score of each replayed event (NumPy over the exported dense part and the
+    parameter server's vectors) equals the trained Keras model's on the full run's row of
+    it, for every row whose ids the published fit numbers — and `featureline score`'s of
+    the full run's validation split."""
+    import keras
+
+    from featureline.trainer.score import score
+
+    full, served, ranked = replay["full"], replay["served"], replay["ranked"]
+    metadata = read_metadata(replay["first"].output)
+    model = keras.models.load_model(replay["trained"].out / "model.keras")
+    groups = {name: group for name, group in metadata.tfrecord.groups.items()
+              if "label" not in group.columns}
+    cardinality = {f.name: f.cardinality for f in metadata.features if f.cardinality}
+    rows, scores = [], []
+    for row in _examples(full.output, LAST_DAY):
+        key = (row["user_id"], row["item_id"], _micros(row["ts"]))
+        index = next(i for i, a in enumerate(served[key])
+                     if a["features"]["device_cat"] == [row["device_cat"]])
+        if any(v >= n for name, n in cardinality.items() for v in _listed(row[name])):
+            continue  # an id the published fit does not have: out of vocabulary online
+        rows.append(row)
+        scores.append(ranked[key][index])
+    assert len(rows) > 300
+    blocks = {name: np.array([[v for column in group.columns for v in _listed(r[column])]
+                              for r in rows],
+                             dtype=np.float32 if group.dtype == "float32" else np.int64)
+              for name, group in groups.items()}
+    expected = np.asarray(model(blocks, training=False)).reshape(-1)
+    assert np.allclose(scores, expected, rtol=1e-5, atol=1e-6), np.abs(
+        np.asarray(scores) - expected).max()
+    assert np.std(expected) > 0  # scores that differ between rows
+    # `featureline score`: the same runtime offline, over the full run's validation split.
+    offline = score(full.output, replay["trained"].out, "valid").to_pylist()
+    by_key = defaultdict(list)  # events of one key differ in their device at most
+    for r in offline:
+        by_key[(r["user_id"], r["item_id"], _micros(r["ts"]))].append(r["score"])
+    assert len(offline) >= len(rows)
+    for row, served_score in zip(rows, scores, strict=True):
+        key = (row["user_id"], row["item_id"], _micros(row["ts"]))
+        assert any(s == pytest.approx(served_score, rel=1e-6, abs=1e-7) for s in by_key[key])

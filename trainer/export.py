@@ -1,7 +1,9 @@
-"""The trained embedding tables for the parameter server: HugeCTR's sparse-model layout
-(``key`` int64, ``emb_vector`` float32, rows = encoded ids) and an ``hps.yaml`` that imports
-them, each table tagged with the vocabulary version whose ids key its rows and the fit of the
-examples it was trained on."""
+"""The trained model for serving: its embedding tables for the parameter server (HugeCTR's
+sparse-model layout: ``key`` int64, ``emb_vector`` float32, rows = encoded ids) and an
+``hps.yaml`` that imports them, each table tagged with the vocabulary version whose ids key its
+rows and the fit of the examples it was trained on; and beside them its dense part
+(``core.scoring``: the layers' weights and which table each column reads), which the API runs
+without TensorFlow."""
 
 from __future__ import annotations
 
@@ -12,9 +14,17 @@ import numpy as np
 import yaml
 
 from featureline.core.metadata import Metadata, encoded_name
+from featureline.core.scoring import write_dense
 from featureline.hps.config import HpsConfig
 from featureline.hps.formats import write_hugectr
-from featureline.trainer.model import embedding_tables, table_weights
+from featureline.trainer.model import (
+    BOTTOM,
+    OUTPUT,
+    TOP,
+    embedding_tables,
+    input_groups,
+    table_weights,
+)
 
 HPS_CONFIG = "hps.yaml"
 
@@ -72,9 +82,43 @@ def write_tables(out: Path, tables: dict[str, tuple[np.ndarray, str | None]],
 def export(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker",
            template: HpsConfig | None = None) -> Path:
     """Every embedding table of ``model``, named by :func:`table_names` and tagged with its
-    vocabulary version and the output's fit (:func:`write_tables`)."""
+    vocabulary version and the output's fit (:func:`write_tables`), and its dense part
+    (:func:`export_dense`)."""
     names = table_names(metadata)
-    return write_tables(out, {names[owner]: (table_weights(model, owner),
-                                             vocabulary_version(metadata, owner))
-                              for owner in embedding_tables(metadata)}, model_name, template,
-                        metadata.fit.version if metadata.fit else None)
+    config = write_tables(out, {names[owner]: (table_weights(model, owner),
+                                               vocabulary_version(metadata, owner))
+                                for owner in embedding_tables(metadata)}, model_name, template,
+                          metadata.fit.version if metadata.fit else None)
+    export_dense(model, metadata, out, model_name)
+    return config
+
+
+def export_dense(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker"
+                 ) -> Path:
+    """The dense part of ``model`` (``core.scoring``): per input group its kind and, per
+    column, the exported table it reads; the bottom, top and output layers' weights; the
+    versions of the data it was trained on."""
+    names = table_names(metadata)
+    owner_of = {name: spec.owner for spec in embedding_tables(metadata).values()
+                for name in spec.features}
+    kinds = {f.name: f.kind for f in metadata.features}
+    groups = []
+    for name, group in input_groups(metadata).items():
+        kind = kinds[group.columns[0]]
+        groups.append({"name": name, "kind": kind, "width": group.width,
+                       "per_column": group.width // len(group.columns),
+                       "columns": [{"name": column,
+                                    "table": names.get(owner_of.get(column, ""))}
+                                   for column in group.columns]})
+    layers = [layer.name for layer in model.layers]
+    bottom = sorted((n for n in layers if n.startswith(BOTTOM)), key=lambda n: int(n[len(BOTTOM):]))
+    top = sorted((n for n in layers if n.startswith(TOP)), key=lambda n: int(n[len(TOP):]))
+    weights = {}
+    for layer in [*bottom, *top, OUTPUT]:
+        kernel, bias = model.get_layer(layer).get_weights()
+        weights[f"{layer}/kernel"], weights[f"{layer}/bias"] = kernel, bias
+    versions = {"dataset": metadata.dataset.version if metadata.dataset else None,
+                "fit": metadata.fit.version if metadata.fit else None,
+                "vocabularies": {c: v.version for c, v in metadata.vocabularies.items()}}
+    return write_dense(out, {"model": model_name, "groups": groups, "bottom": bottom, "top": top,
+                             "output": OUTPUT, "versions": versions}, weights)

@@ -14,6 +14,10 @@ import numpy as np
 from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, Metadata, TfrecordGroup, present
 
 LABEL_KIND = "label"
+# The layers' names: the continuous block's MLP, the one over everything, the score.
+BOTTOM = "bottom_"
+TOP = "top_"
+OUTPUT = "score"
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,12 @@ def label_group(metadata: Metadata) -> str:
                 if group.columns == [present(metadata.label, metadata, "label").name])
 
 
+def input_groups(metadata: Metadata) -> dict[str, TfrecordGroup]:
+    """The TFRecord groups the model reads: every one but the label's, in order."""
+    return {name: group for name, group in tfrecord_groups(metadata).items()
+            if name != label_group(metadata)}
+
+
 def embedding_tables(metadata: Metadata) -> dict[str, TableSpec]:
     """Owner feature → its table, in metadata.json's feature order."""
     plan = present(metadata.embedding_plan, metadata, "embedding_plan").features
@@ -64,8 +74,7 @@ def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
     owner_of = {name: spec.owner for spec in tables.values() for name in spec.features}
     embeddings = {owner: layers.Embedding(spec.rows, spec.width, name=f"emb_{owner}")
                   for owner, spec in tables.items()}
-    groups = {name: group for name, group in tfrecord_groups(metadata).items()
-              if name != label_group(metadata)}
+    groups = input_groups(metadata)
     inputs = {name: keras.Input(shape=(group.width,), name=name,
                                 dtype="float32" if group.dtype == "float32" else "int64")
               for name, group in groups.items()}
@@ -77,7 +86,7 @@ def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
         if kind == "continuous":
             dense = block
             for index, units in enumerate(bottom):
-                dense = layers.Dense(units, activation="relu", name=f"bottom_{index}")(dense)
+                dense = layers.Dense(units, activation="relu", name=f"{BOTTOM}{index}")(dense)
             parts.append(dense)
             continue
         per_column = group.width // len(columns)
@@ -92,8 +101,8 @@ def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
                 parts.append(total / ops.maximum(ops.sum(mask, axis=1), 1.0))
     hidden = layers.Concatenate(name="interaction")(parts)
     for index, units in enumerate(top):
-        hidden = layers.Dense(units, activation="relu", name=f"top_{index}")(hidden)
-    output = layers.Dense(1, activation="sigmoid", name="score")(hidden)
+        hidden = layers.Dense(units, activation="relu", name=f"{TOP}{index}")(hidden)
+    output = layers.Dense(1, activation="sigmoid", name=OUTPUT)(hidden)
     return keras.Model(inputs=inputs, outputs=output, name="featureline_dlrm")
 
 

@@ -1,19 +1,23 @@
-"""``POST /v1/ranking-inputs``: everything a ranking request needs, in one call."""
+"""The ranking calls: `/v1/ranking-inputs` (raw entity values and embeddings), `/v1/model-inputs`
+(the model's input per candidate) and `/v1/rank` (the candidates scored by the model)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Depends
 
 from featureline.api.auth import require
-from featureline.api.model_inputs import NoModelInputsError
+from featureline.api.model_inputs import NoModelInputsError, ServedInputs
 from featureline.api.models import (
     ModelInputsRequest,
     ModelInputsResponse,
     RankingInputsRequest,
     RankingInputsResponse,
+    RankRequest,
+    RankResponse,
     error_responses,
 )
 from featureline.api.responses import FastJSONResponse
@@ -75,6 +79,12 @@ def ranking_inputs(body: RankingInputsRequest,
         "embeddings": embeddings})
 
 
+def _as_json(features: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
+    """Arrays as JSON lists: float32 values as the floats they are, ids as integers."""
+    return {"features": {name: column.tolist() for name, column in features.items()},
+            "groups": {name: rows.tolist() for name, rows in groups.items()}}
+
+
 def _micros(at: datetime) -> int:
     """µs since the epoch, exactly (a time without a zone is UTC)."""
     at = at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
@@ -88,15 +98,49 @@ def model_inputs(body: ModelInputsRequest,
     computed from the same definitions as the ETL's (ids and encodings with the published
     fit, windows and histories from the engine's tiles, the model-ready transforms), in the
     TFRecords' names and layout."""
-    services.check_limit("item_ids", len(body.item_ids), services.config.api.limits.max_entities)
-    served = services.inputs
-    if served is None:
-        raise NoModelInputsError()
-    at_us = services.reader.clock() if body.at is None else _micros(body.at)
-    answer = served.answer(services.reader, services.vocabularies, str(body.user_id),
-                           [str(i) for i in body.item_ids], body.context, body.item_context,
-                           at_us)
+    features, groups, at_us = _inputs(body, services)
     return FastJSONResponse({
-        **answer, "unserved": served.inputs.unserved,
-        "at": datetime.fromtimestamp(at_us / 1_000_000, timezone.utc).isoformat(),
-        "dataset_version": services.dataset_version, "fit_version": services.fit_version})
+        **_as_json(features, groups), "unserved": _served(services).inputs.unserved,
+        **_stamp(services, at_us)})
+
+
+@router.post("/rank", response_model=RankResponse, responses=ERRORS)
+def rank(body: RankRequest, services: Services = Depends(get_services)) -> FastJSONResponse:
+    """The candidates sorted by the model's score: their inputs as ``/v1/model-inputs``
+    computes them, the embeddings looked up once per table through the parameter server's
+    tiers, one forward pass of the dense part for every candidate."""
+    model = services.ranker(body.model)
+    server = services.parameter_server()
+    _, groups, at_us = _inputs(body, services)
+    scores = model.scores(groups, lambda table, ids: server.lookup(body.model, table, ids))
+    order = np.argsort(-scores, kind="stable")[:body.top_k]
+    answer: dict[str, Any] = {
+        "items": [{"item_id": body.item_ids[i], "score": float(scores[i])} for i in order],
+        "model": body.model, **_stamp(services, at_us)}
+    if body.return_inputs:
+        answer["groups"] = {name: rows[order].tolist() for name, rows in groups.items()}
+    return FastJSONResponse(answer)
+
+
+def _served(services: Services) -> ServedInputs:
+    if services.inputs is None:
+        raise NoModelInputsError()
+    return services.inputs
+
+
+def _inputs(body: ModelInputsRequest, services: Services
+            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+    """The candidates' features and TFRecord groups, and the request time (µs)."""
+    services.check_limit("item_ids", len(body.item_ids), services.config.api.limits.max_entities)
+    served = _served(services)
+    at_us = services.reader.clock() if body.at is None else _micros(body.at)
+    features, groups = served.answer(services.reader, services.vocabularies, str(body.user_id),
+                                     [str(i) for i in body.item_ids], body.context,
+                                     body.item_context, at_us)
+    return features, groups, at_us
+
+
+def _stamp(services: Services, at_us: int) -> dict[str, Any]:
+    """What an answer's values were computed from."""
+    return {"at": datetime.fromtimestamp(at_us / 1_000_000, timezone.utc).isoformat(),
+            "dataset_version": services.dataset_version, "fit_version": services.fit_version}

@@ -1,0 +1,103 @@
+"""The trained model's dense part, as the trainer exports it and the API runs it: NumPy alone,
+no TensorFlow (docs/ARCHITECTURE.md, "Scoring").
+
+The reference model (``trainer/model.py``) reads the TFRecord groups: each categorical column
+through its embedding table, each multi-hot list as the mean of its rows that are not padding,
+the continuous block through a bottom MLP; all of it concatenated into a top MLP and a
+sigmoid. The trainer writes its embedding tables for the parameter server (``hps.yaml``) and,
+beside them, this part: ``dense.json`` (the layout: each group's columns, the table each reads,
+the layers in order, the versions the model was trained on) and ``dense.npz`` (each layer's
+kernel and bias). :meth:`DenseModel.scores` runs it on the groups ``/v1/model-inputs`` gives,
+with the vectors a lookup returns — the same pass for every candidate of a request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from featureline.core.errors import NotFoundError
+from featureline.core.ids import PADDING_ID
+
+DENSE_LAYOUT = "dense.json"
+DENSE_WEIGHTS = "dense.npz"
+# (table, ids) → [len(ids), width] float32 vectors.
+Lookup = Callable[[str, np.ndarray], np.ndarray]
+
+
+class ModelNotExportedError(NotFoundError):
+    """No dense part beside a model's tables."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(f"{folder / DENSE_LAYOUT}: the model's dense part was not exported "
+                         f"(train it again with `featureline train`)")
+
+
+def write_dense(folder: Path, layout: Mapping[str, Any],
+                weights: Mapping[str, np.ndarray]) -> Path:
+    """``layout`` (groups, layers, versions) and ``weights`` (``<layer>/kernel``,
+    ``<layer>/bias``) under ``folder``; the layout's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / DENSE_WEIGHTS, **{k: np.asarray(v, np.float32) for k, v in weights.items()})
+    path = folder / DENSE_LAYOUT
+    path.write_text(json.dumps(layout, indent=2))
+    return path
+
+
+@dataclass(frozen=True)
+class DenseModel:
+    layout: dict[str, Any]
+    weights: dict[str, np.ndarray]
+
+    @classmethod
+    def load(cls, folder: str | Path) -> DenseModel:
+        folder = Path(folder)
+        if not (folder / DENSE_LAYOUT).exists():
+            raise ModelNotExportedError(folder)
+        with np.load(folder / DENSE_WEIGHTS) as stored:
+            weights = {name: stored[name] for name in stored.files}
+        return cls(json.loads((folder / DENSE_LAYOUT).read_text()), weights)
+
+    @property
+    def versions(self) -> dict[str, Any]:
+        """The dataset, fit and vocabulary versions the model was trained on."""
+        return dict(self.layout.get("versions", {}))
+
+    def _dense(self, x: np.ndarray, layer: str, activation: str) -> np.ndarray:
+        x = x @ self.weights[f"{layer}/kernel"] + self.weights[f"{layer}/bias"]
+        if activation == "relu":
+            return np.maximum(x, 0.0)
+        return 1.0 / (1.0 + np.exp(-x))  # sigmoid
+
+    def scores(self, groups: Mapping[str, np.ndarray], lookup: Lookup) -> np.ndarray:
+        """The model's score per row of ``groups`` (TFRecord group → [rows, width]), each
+        table's vectors read once for every id of the request."""
+        parts = []
+        for group in self.layout["groups"]:
+            block = np.asarray(groups[group["name"]])
+            rows = block.shape[0]
+            if group["kind"] == "continuous":
+                x = block.astype(np.float32)
+                for layer in self.layout["bottom"]:
+                    x = self._dense(x, layer, "relu")
+                parts.append(x)
+                continue
+            per = group["per_column"]
+            for index, column in enumerate(group["columns"]):
+                ids = block[:, index * per:(index + 1) * per].astype(np.int64)
+                vectors = lookup(column["table"], ids.reshape(-1)).reshape(rows, per, -1)
+                if group["kind"] == "categorical":
+                    parts.append(vectors[:, 0, :])
+                else:  # multi-hot: the mean of the rows that are not padding
+                    mask = (ids != PADDING_ID).astype(np.float32)[..., None]
+                    parts.append((vectors * mask).sum(axis=1)
+                                 / np.maximum(mask.sum(axis=1), 1.0))
+        hidden = np.concatenate(parts, axis=1).astype(np.float32)
+        for layer in self.layout["top"]:
+            hidden = self._dense(hidden, layer, "relu")
+        return self._dense(hidden, self.layout["output"], "sigmoid").reshape(-1)
