@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from threadpoolctl import threadpool_limits
 
 from featureline.api import errors
 from featureline.api.routes import admin, embeddings, features, health, push, ranking
@@ -135,6 +136,9 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
         # What startup loaded (Feast, vocabularies, tables) stays: keep the collector from
         # walking it on every full collection, a source of tail latency.
         gc.freeze()
+        # One BLAS thread: /v1/rank's forward pass is a small product, and OpenBLAS's other
+        # threads would spin beside it (1.8x a request's CPU; benchmarks/README.md).
+        threadpool_limits(1, user_api="blas")
         try:
             yield
         finally:

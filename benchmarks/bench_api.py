@@ -71,7 +71,7 @@ TARGETS = {("features", "1_entities"): (500, 2.0, 0.5),
 RANKING_TARGET = (300, 10.0)
 # With the aggregations (``aggregations_cost``): the issue's rates for 100 users and for a
 # ranking request.
-LARGER_RATES = {"features": 100, "ranking": 300, "model": 200}
+LARGER_RATES = {"features": 100, "ranking": 300, "model": 200, "rank": 100}
 LOGGING_RATE = 200
 
 
@@ -548,9 +548,19 @@ def _tiles_memory(url: str, groups: list[Any], sample: int = 2000) -> dict[str, 
     return memory
 
 
+def _exported_model(metadata: Any, out: Path) -> Path:
+    """The reference model built for ``metadata`` and exported untrained (its tables and
+    dense part: what /v1/rank runs, at a trained model's cost); the hps.yaml."""
+    from featureline.trainer.export import export
+    from featureline.trainer.model import build_model
+
+    return export(build_model(metadata), metadata, out)
+
+
 def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                       events: int = 400_000, days: int = 30, rate: float = 500,
-                      seconds: float = 5.0, rounds: int = 2) -> dict[str, Any]:
+                      seconds: float = 5.0, rounds: int = 2, rank: bool = False
+                      ) -> dict[str, Any]:
     """``/v1/features`` for 1 user and 1 item: the entity views' features alone (A) against
     the same plus every aggregation of ``benchmarks/aggregations.yaml`` (B: 15 values over 5
     windows, merged from tiles at the request time), steps of A and B interleaved (A B B A
@@ -561,8 +571,9 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
     and the user groups' aggregations) at 100 req/s, and ``/v1/ranking-inputs`` for 1 user
     and 100 candidates (Zipf-popular, as retrieval returns them; every user and item group
     added) at 300 req/s, and ``/v1/model-inputs`` for the same kind of request (the model's
-    whole input per candidate) at 200 req/s. Without ``output``, a log of ``events`` over
-    ``days`` ending now is
+    whole input per candidate) at 200 req/s; with ``rank``, ``/v1/rank`` for it at 100 req/s
+    (the reference model exported untrained: the ranking calls then look their embeddings up
+    too). Without ``output``, a log of ``events`` over ``days`` ending now is
     generated and run through the ETL with the spec (the tiles' windows then hold events at
     the request time)."""
     import pyarrow.parquet as pq
@@ -597,8 +608,10 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         repo_dir = root / "feature_store"
         repo_dir.mkdir()
         (repo_dir / "feature_store.yaml").write_text((REPO / "feature_store.yaml").read_text())
-        settings = {"feature_store": {"repo": str(repo_dir), "ttl": "3650d"},
-                    "api": {"data": str(output), "auth": {"enabled": False}}}
+        settings: dict[str, Any] = {"feature_store": {"repo": str(repo_dir), "ttl": "3650d"},
+                                    "api": {"data": str(output), "auth": {"enabled": False}}}
+        if rank:  # the reference model, untrained, exported for /v1/rank
+            settings["api"]["hps"] = str(_exported_model(metadata, root / "model"))
         repo = open_repo(parse_config(settings).feature_store, output, url=redis.url)
         published = publish(repo, progress=lambda _: None)
         report["tile_keys"] = published.tile_keys
@@ -677,6 +690,9 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                 "model-inputs, 1 + 100": ("/v1/model-inputs", LARGER_RATES["model"],
                                           lambda: {**candidates(),
                                                    "context": {"device": "mobile"}})}
+            if rank:
+                loads["rank, 1 + 100"] = ("/v1/rank", LARGER_RATES["rank"], lambda: {
+                    **candidates(), "context": {"device": "mobile"}, "model": "ranker"})
             for name, (path, load_rate, body) in loads.items():
                 load_rate = min(load_rate, rate)
                 load_count = max(1, int(load_rate * seconds))
@@ -728,10 +744,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=400_000, help="with --aggregations")
     parser.add_argument("--rate", type=float, default=500, help="with --aggregations")
     parser.add_argument("--rounds", type=int, default=2, help="with --aggregations")
+    parser.add_argument("--rank", action="store_true",
+                        help="with --aggregations: /v1/rank too (an untrained model exported; "
+                             "the ranking calls then look their embeddings up)")
     args = parser.parse_args(argv)
     if args.aggregations:
         report = aggregations_cost(users=args.users, events=args.events, rate=args.rate,
-                                   seconds=args.seconds, rounds=args.rounds)
+                                   seconds=args.seconds, rounds=args.rounds, rank=args.rank)
     elif args.smoke:
         report = run(200, seconds=0.5, rates=[10, 20], logging_rounds=1)
     else:

@@ -75,12 +75,13 @@ class DenseModel:
         return 1.0 / (1.0 + np.exp(-x))  # sigmoid
 
     def scores(self, groups: Mapping[str, np.ndarray], lookup: Lookup) -> np.ndarray:
-        """The model's score per row of ``groups`` (TFRecord group → [rows, width]), each
-        table's vectors read once for every id of the request."""
+        """The model's score per row of ``groups`` (TFRecord group → [rows, width]); each
+        table is looked up once, for the distinct ids of every column that reads it (the
+        user's history: once for every candidate)."""
+        vectors = self._vectors(groups, lookup)
         parts = []
         for group in self.layout["groups"]:
             block = np.asarray(groups[group["name"]])
-            rows = block.shape[0]
             if group["kind"] == "continuous":
                 x = block.astype(np.float32)
                 for layer in self.layout["bottom"]:
@@ -89,15 +90,38 @@ class DenseModel:
                 continue
             per = group["per_column"]
             for index, column in enumerate(group["columns"]):
-                ids = block[:, index * per:(index + 1) * per].astype(np.int64)
-                vectors = lookup(column["table"], ids.reshape(-1)).reshape(rows, per, -1)
+                ids = block[:, index * per:(index + 1) * per]
+                rows = vectors[column["name"]].reshape(len(block), per, -1)
                 if group["kind"] == "categorical":
-                    parts.append(vectors[:, 0, :])
+                    parts.append(rows[:, 0, :])
                 else:  # multi-hot: the mean of the rows that are not padding
                     mask = (ids != PADDING_ID).astype(np.float32)[..., None]
-                    parts.append((vectors * mask).sum(axis=1)
-                                 / np.maximum(mask.sum(axis=1), 1.0))
+                    parts.append((rows * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1.0))
         hidden = np.concatenate(parts, axis=1).astype(np.float32)
         for layer in self.layout["top"]:
             hidden = self._dense(hidden, layer, "relu")
         return self._dense(hidden, self.layout["output"], "sigmoid").reshape(-1)
+
+    def _vectors(self, groups: Mapping[str, np.ndarray], lookup: Lookup
+                 ) -> dict[str, np.ndarray]:
+        """Each embedded column's vectors, a row per id in the block's order: one lookup
+        per table of the distinct ids of all its columns."""
+        by_table: dict[str, list[tuple[str, np.ndarray]]] = {}
+        for group in self.layout["groups"]:
+            if group["kind"] == "continuous":
+                continue
+            block = np.asarray(groups[group["name"]])
+            per = group["per_column"]
+            for index, column in enumerate(group["columns"]):
+                ids = block[:, index * per:(index + 1) * per].astype(np.int64).reshape(-1)
+                by_table.setdefault(column["table"], []).append((column["name"], ids))
+        vectors = {}
+        for table, columns in by_table.items():
+            distinct, inverse = np.unique(np.concatenate([ids for _, ids in columns]),
+                                          return_inverse=True)
+            found = lookup(table, distinct)[inverse]
+            start = 0
+            for name, ids in columns:
+                vectors[name] = found[start:start + len(ids)]
+                start += len(ids)
+        return vectors

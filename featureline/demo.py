@@ -278,11 +278,30 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     start_server(config_file, pid_file, redis_url, out / "api.log")
     base = f"http://{settings['api']['host']}:{port}"
     ids = sample_ids(output)
-    run_calls(base, ids["user"][0], ids["item"], echo,
-              scored=(hps.parent / DENSE_LAYOUT).exists())
+    scored = (hps.parent / DENSE_LAYOUT).exists()
+    run_calls(base, ids["user"][0], ids["item"], echo, scored)
+    if scored:
+        show_ranking(base, ids["user"][0], sample_ids(output, RANKED)["item"], echo)
     push_events(base, ids["user"][0], ids["item"][0], read_metadata(output).tile_groups(), echo)
     report_consistency(config, output, log, archive, echo)
     return base
+
+
+# Candidates the demo ranks, and how many of the best it shows.
+RANKED = 100
+SHOWN = 5
+
+
+def show_ranking(base: str, user: str, items: list[str], echo: Callable[[str], None]) -> None:
+    """``items`` ranked for ``user`` by the trained model; the best :data:`SHOWN` printed."""
+    status, text = _call(base, "POST", "/v1/rank", {
+        "user_id": user, "item_ids": items, "context": {"device": "mobile"},
+        "model": "ranker", "top_k": SHOWN})
+    if status != 200:
+        raise RuntimeError(f"POST /v1/rank answered {status}: {text[:500]}")
+    best = ", ".join(f"{item['item_id']} {item['score']:.4f}" for item in json.loads(text)["items"])
+    echo(f"{len(items)} candidates ranked for {user} by the trained model; the best {SHOWN}: "
+         f"{best}")
 
 
 def reset_stream(archive: Path, redis_url: str) -> None:

@@ -384,3 +384,14 @@ def test_movielens_day_over_day_breaches_only_its_volume(movielens, spark):
     days = replay(spark, output, config, ChecksConfig(), 14)
     assert [d.day for d in days][-1] == "1998-04-22" and len(days) == 14
     assert {b.check for d in days for b in d.breaches} == {"volume"}
+
+
+def test_bench_scoring_smoke(job_output):
+    """NumPy's forward pass and TensorFlow's on the same rows: timed, and the same scores."""
+    pytest.importorskip("tensorflow")
+    report = _load("bench_scoring").run(job_output.output, sizes=(1, 10), rounds=1)
+    json.dumps(report)
+    for size in ("1", "10"):
+        entry = report["sizes"][size]
+        assert entry["numpy_ms"] > 0 and entry["tensorflow_ms"] > 0
+        assert entry["max_score_difference"] < 1e-5

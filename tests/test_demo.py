@@ -41,9 +41,13 @@ def test_demo_command_runs_end_to_end(demo_run):
     assert any(line.split()[:1] == [first] for line in result.output.splitlines())
     # Served: every endpoint answered (the demo stops at the first error) and says how.
     answers = [line for line in result.output.splitlines() if line.startswith("  → ")]
-    assert len(answers) == 9 and all(a.startswith("  → 200") for a in answers[:8])
+    assert len(answers) == 11 and all(a.startswith("  → 200") for a in answers[:10])
+    # The trained model ranks candidates; the best five are shown, best first.
+    (ranked,) = [line for line in result.output.splitlines() if " ranked for " in line]
+    scores = [float(part.split()[-1]) for part in ranked.split(": ", 1)[1].split(", ")]
+    assert len(scores) == 5 and scores == sorted(scores, reverse=True)
     # Then three events pushed (202) and served: the user's count grew by exactly three.
-    assert answers[8] == '  → 202 {"accepted":3,"rejected":[]}'
+    assert answers[10] == '  → 202 {"accepted":3,"rejected":[]}'
     (fresh,) = [line for line in result.output.splitlines() if line.startswith("fresh features")]
     before, after = (int(n) for n in fresh.split("user_events ")[1].split(",")[0].split(" → "))
     assert after == before + 3

@@ -128,6 +128,12 @@ def replay(spark, tmp_path_factory, redis_server):
             "user_id": "u1", "item_ids": ["i1", "i2"], **body}) for name, (body, _) in bad.items()}
         asked = {"user_id": "u1", "item_ids": ["i1", "i2"], "context": {"device": "mobile"}}
         refused["unknown model"] = api.post("/v1/rank", json={**asked, "model": "nope"})
+        # 100 candidates ranked at once, with their input rows.
+        candidates = sorted({event["item_id"] for event in old})[:100]
+        many = api.post("/v1/rank", json={"user_id": new[-1]["user_id"], "item_ids": candidates,
+                                          "context": {"device": "mobile"}, "model": "ranker",
+                                          "return_inputs": True})
+        assert many.status_code == 200, many.text
         services = app.state.services
         served_fit, services.fit_version = services.fit_version, "another-fit"
         refused["model of another fit"] = api.post("/v1/rank", json={**asked, "model": "ranker"})
@@ -137,7 +143,8 @@ def replay(spark, tmp_path_factory, redis_server):
                                fit={"from_output": str(first.output)}), spark,
                    progress=lambda _: None)
     return {"first": first, "full": full, "served": served, "refused": refused,
-            "bad": bad, "first_seen": first_seen, "ranked": ranked, "trained": trained}
+            "bad": bad, "first_seen": first_seen, "ranked": ranked, "trained": trained,
+            "many": many.json()}
 
 
 def _examples(output: Path, day: str) -> list[dict]:
@@ -279,3 +286,21 @@ def test_served_scores_equal_the_trained_models_on_the_training_rows(replay):
     for row, served_score in zip(rows, scores, strict=True):
         key = (row["user_id"], row["item_id"], _micros(row["ts"]))
         assert any(s == pytest.approx(served_score, rel=1e-6, abs=1e-7) for s in by_key[key])
+
+
+def test_a_hundred_candidates_come_back_in_the_models_order(replay):
+    """/v1/rank of 100 candidates: sorted best first, each score the Keras model's on the
+    input row it returns."""
+    import keras
+
+    answer = replay["many"]
+    model = keras.models.load_model(replay["trained"].out / "model.keras")
+    metadata = read_metadata(replay["first"].output)
+    blocks = {name: np.asarray(rows, dtype=np.float32 if metadata.tfrecord.groups[name].dtype
+                               == "float32" else np.int64)
+              for name, rows in answer["groups"].items()}
+    expected = np.asarray(model(blocks, training=False)).reshape(-1)
+    scores = np.array([item["score"] for item in answer["items"]])
+    assert len(scores) == 100 and len(set(item["item_id"] for item in answer["items"])) == 100
+    assert np.all(np.diff(scores) <= 0)
+    assert np.allclose(scores, expected, rtol=1e-5, atol=1e-6)
