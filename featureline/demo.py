@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from featureline.config import FeaturelineConfig
-from featureline.core.aggregations import AggregateFeature, GroupSpec
+from featureline.core.aggregations import INPUTS_PREFIX, AggregateFeature, GroupSpec
 from featureline.core.events import micros_of
 from featureline.core.metadata import encoded_name, present, read_metadata
 from featureline.core.redis import REDIS_URL_ENV, redact
@@ -282,7 +282,10 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     run_calls(base, ids["user"][0], ids["item"], echo, scored)
     if scored:
         show_ranking(base, ids["user"][0], sample_ids(output, RANKED)["item"], echo)
-    push_events(base, ids["user"][0], ids["item"][0], read_metadata(output).tile_groups(), echo)
+    # The groups a user defines (and the entity tables'): the model inputs' show in /v1/rank.
+    groups = [group for group in read_metadata(output).tile_groups()
+              if not group.name.startswith(INPUTS_PREFIX)]
+    push_events(base, ids["user"][0], ids["item"][0], groups, echo)
     report_consistency(config, output, log, archive, echo)
     return base
 
