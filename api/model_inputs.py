@@ -59,7 +59,7 @@ class ServedInputs:
     features: list[dict[str, Any]]
     groups: dict[str, dict[str, Any]]
     # Each raw column's role (request, user, item, outcome).
-    roles: dict[str, str]
+    roles: Mapping[str, str]
     # After the output's latest event (µs): the earliest request time served.
     cut_us: int
     counts: dict[str, dict[str, float]]
@@ -163,7 +163,8 @@ class ServedInputs:
             if group not in reader.groups:
                 raise UnavailableError(f"the online store serves no group {group!r}: publish "
                                        f"the output again")
-        now, later = [], []
+        now: list[tuple[str, str]] = []
+        later: list[tuple[str, str]] = []
         for reference in self._aggregation_references:
             keys = reader.groups[reference[0]].keys
             (now if all(key in raw for key in keys) else later).append(reference)

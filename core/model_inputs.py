@@ -45,6 +45,8 @@ ITEM_INPUTS = f"{INPUTS_PREFIX}item"
 INPUT_GROUP_KEYS = {USER_INPUTS: ("user_id",), PAIR_INPUTS: ("user_id", "item_id"),
                     ITEM_INPUTS: ("item_id",)}
 
+# cyclic_time's periods.
+Period = Literal["hour", "dow"]
 SourceKind = Literal["id", "count", "target", "value", "since", "ids", "cyclic", "cross",
                      "normalize"]
 
@@ -62,7 +64,7 @@ class Source(Settings):
     columns: list[str] = Field(default_factory=list)
     buckets: int | None = None
     # cyclic: which period, and which function of its angle.
-    period: Literal["hour", "dow"] | None = None
+    period: Period | None = None
     fn: Literal["sin", "cos"] | None = None
     # ids: how many (a last item: 1, unpadded).
     width: int | None = None

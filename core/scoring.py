@@ -43,7 +43,8 @@ def write_dense(folder: Path, layout: Mapping[str, Any],
     """``layout`` (groups, layers, versions) and ``weights`` (``<layer>/kernel``,
     ``<layer>/bias``) under ``folder``; the layout's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    np.savez(folder / DENSE_WEIGHTS, **{k: np.asarray(v, np.float32) for k, v in weights.items()})
+    arrays: dict[str, Any] = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+    np.savez(folder / DENSE_WEIGHTS, **arrays)
     path = folder / DENSE_LAYOUT
     path.write_text(json.dumps(layout, indent=2))
     return path

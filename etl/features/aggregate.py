@@ -132,11 +132,10 @@ class Aggregations(FeatureOp):
         features = {}
         for feature in self.outputs:
             spec = feature.spec
-            kind = "ids" if self._as_ids(feature) else "value"
+            ids = self._as_ids(feature)
             features[feature.column_name] = Source(
-                kind=kind, group=feature.group, output=feature.output,
-                column=spec.column if kind == "ids" else None,
-                width=spec.k if kind == "ids" else None)
+                kind="ids" if ids else "value", group=feature.group, output=feature.output,
+                column=spec.column if ids else None, width=spec.k if ids else None)
         return Served(features)
 
     def _spec(self, feature: AggregateFeature) -> FeatureSpec:

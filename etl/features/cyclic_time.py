@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.model_inputs import Served, Source
+from featureline.core.model_inputs import Period, Served, Source
 from featureline.core.transforms import NONE
 from featureline.etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
-PERIODS = {"hour": (F.hour, 24), "dow": (F.weekday, 7)}
+PERIODS: dict[Period, tuple[Callable[[Column], Column], int]] = {
+    "hour": (F.hour, 24), "dow": (F.weekday, 7)}
 
 
 class CyclicTimeSettings(OpSettings):
