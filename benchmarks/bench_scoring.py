@@ -56,7 +56,9 @@ def _time(call: Any, repeat: int) -> float:
 
 
 def run(data: str | Path, sizes: tuple[int, ...] = (1, 100, 1000), rounds: int = 3,
-        seed: int = 0) -> dict[str, Any]:
+        seed: int = 0, rows_per_step: int = 3000) -> dict[str, Any]:
+    """``rows_per_step``: each timed step runs passes of a batch until about this many rows
+    (three passes at least)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from featureline.trainer.export import export, table_names
     from featureline.trainer.model import build_model, embedding_tables, table_weights
@@ -80,7 +82,7 @@ def run(data: str | Path, sizes: tuple[int, ...] = (1, 100, 1000), rounds: int =
         "rounds": rounds, "sizes": {}}
     for size in sizes:
         groups = _rows(dense, rows, size, rng)
-        repeat = max(3, 3000 // size)
+        repeat = max(3, rows_per_step // size)
         passes = {"numpy": lambda g=groups: dense.scores(g, lookup),
                   "tensorflow": lambda g=groups: model(g, training=False)}
         for call in passes.values():

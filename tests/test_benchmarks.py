@@ -389,7 +389,8 @@ def test_movielens_day_over_day_breaches_only_its_volume(movielens, spark):
 def test_bench_scoring_smoke(job_output):
     """NumPy's forward pass and TensorFlow's on the same rows: timed, and the same scores."""
     pytest.importorskip("tensorflow")
-    report = _load("bench_scoring").run(job_output.output, sizes=(1, 10), rounds=1)
+    report = _load("bench_scoring").run(job_output.output, sizes=(1, 10), rounds=1,
+                                        rows_per_step=10)
     json.dumps(report)
     for size in ("1", "10"):
         entry = report["sizes"][size]
