@@ -139,8 +139,10 @@ class Services:
         restart. Nothing changes unless both read."""
         server = self.parameter_server()
         dataset = _dataset(self.output) if self.output is not None else None
+        # Read before the tables change: a dense part that does not load stops the reload.
+        rankers = _rankers(self.config.api.hps)
         rows = server.reload(model)
-        self.rankers = _rankers(self.config.api.hps)
+        self.rankers = rankers
         if dataset is not None:
             self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
             self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
