@@ -86,13 +86,22 @@ class ServedInputs:
                    roles, metadata.tiles.cut_us, counts, targets, prior)
 
     def columns_with(self, role: str) -> list[str]:
-        return [column for column, own in self.roles.items() if own == role]
+        return self._by_role.get(role, [])
 
-    def _read_columns(self) -> set[str]:
-        """The raw columns the sources read."""
+    @functools.cached_property
+    def _by_role(self) -> dict[str, list[str]]:
+        by_role: dict[str, list[str]] = {}
+        for column, role in self.roles.items():
+            by_role.setdefault(role, []).append(column)
+        return by_role
+
+    @functools.cached_property
+    def _required_context(self) -> list[str]:
+        """The request columns the sources read: every request sends them."""
         read = {s.column for s in self.inputs.features.values()
                 if s.kind in ("id", "count", "target", "normalize") and s.column}
-        return read | {c for s in self.inputs.features.values() for c in s.columns}
+        read |= {c for s in self.inputs.features.values() for c in s.columns}
+        return sorted(read & set(self.columns_with("request")))
 
     def answer(self, reader: OnlineReader, vocabularies: Vocabularies, user: str,
                items: list[str], context: Mapping[str, Any],
@@ -135,7 +144,7 @@ class ServedInputs:
             if len(values) != len(items):
                 raise ModelInputsError(f"item_context.{column}", f"item_context.{column}: "
                                        f"{len(values)} values for {len(items)} candidates")
-        for column in sorted(self._read_columns() & set(self.columns_with("request"))):
+        for column in self._required_context:
             if column not in context:
                 raise ModelInputsError(f"context.{column}", f"context.{column}: a request "
                                        f"column the model's features read; send it")

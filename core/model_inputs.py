@@ -45,8 +45,10 @@ ITEM_INPUTS = f"{INPUTS_PREFIX}item"
 INPUT_GROUP_KEYS = {USER_INPUTS: ("user_id",), PAIR_INPUTS: ("user_id", "item_id"),
                     ITEM_INPUTS: ("item_id",)}
 
-# cyclic_time's periods.
+# cyclic_time's periods: the hour of the day and the day of the week (Monday 0), UTC, and
+# how many of each make a circle.
 Period = Literal["hour", "dow"]
+PERIODS: dict[Period, int] = {"hour": 24, "dow": 7}
 SourceKind = Literal["id", "count", "target", "value", "since", "ids", "cyclic", "cross",
                      "normalize"]
 
@@ -179,11 +181,10 @@ def xxhash64_spark(values: tuple[Any, ...]) -> int:
     return hashed
 
 
-def _angle(at_us: int, period: str) -> float:
+def _angle(at_us: int, period: Period) -> float:
     moment = datetime.fromtimestamp(at_us / MICROS, timezone.utc)
-    if period == "hour":
-        return moment.hour * (2 * math.pi / 24)
-    return moment.weekday() * (2 * math.pi / 7)
+    position = moment.hour if period == "hour" else moment.weekday()
+    return position * (2 * math.pi / PERIODS[period])
 
 
 def raw_value(source: Source, candidates: Candidates, fitted: Fitted,

@@ -79,20 +79,17 @@ class DenseModel:
         """The model's score per row of ``groups`` (TFRecord group → [rows, width]); each
         table is looked up once, for the distinct ids of every column that reads it (the
         user's history: once for every candidate)."""
-        vectors = self._vectors(groups, lookup)
+        embedded = self._embedded(groups, lookup)
         parts = []
         for group in self.layout["groups"]:
-            block = np.asarray(groups[group["name"]])
             if group["kind"] == "continuous":
-                x = block.astype(np.float32)
+                x = np.asarray(groups[group["name"]]).astype(np.float32)
                 for layer in self.layout["bottom"]:
                     x = self._dense(x, layer, "relu")
                 parts.append(x)
                 continue
-            per = group["per_column"]
-            for index, column in enumerate(group["columns"]):
-                ids = block[:, index * per:(index + 1) * per]
-                rows = vectors[column["name"]].reshape(len(block), per, -1)
+            for column in group["columns"]:
+                ids, rows = embedded[column["name"]]
                 if group["kind"] == "categorical":
                     parts.append(rows[:, 0, :])
                 else:  # multi-hot: the mean of the rows that are not padding
@@ -103,26 +100,26 @@ class DenseModel:
             hidden = self._dense(hidden, layer, "relu")
         return self._dense(hidden, self.layout["output"], "sigmoid").reshape(-1)
 
-    def _vectors(self, groups: Mapping[str, np.ndarray], lookup: Lookup
-                 ) -> dict[str, np.ndarray]:
-        """Each embedded column's vectors, a row per id in the block's order: one lookup
-        per table of the distinct ids of all its columns."""
+    def _embedded(self, groups: Mapping[str, np.ndarray], lookup: Lookup
+                  ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Each embedded column's ids ([rows, per column]) and their vectors ([rows, per
+        column, width]): one lookup per table of the distinct ids of all its columns."""
         by_table: dict[str, list[tuple[str, np.ndarray]]] = {}
         for group in self.layout["groups"]:
             if group["kind"] == "continuous":
                 continue
-            block = np.asarray(groups[group["name"]])
+            block = np.asarray(groups[group["name"]]).astype(np.int64)
             per = group["per_column"]
             for index, column in enumerate(group["columns"]):
-                ids = block[:, index * per:(index + 1) * per].astype(np.int64).reshape(-1)
+                ids = block[:, index * per:(index + 1) * per]
                 by_table.setdefault(column["table"], []).append((column["name"], ids))
-        vectors = {}
+        embedded = {}
         for table, columns in by_table.items():
-            distinct, inverse = np.unique(np.concatenate([ids for _, ids in columns]),
+            distinct, inverse = np.unique(np.concatenate([ids.reshape(-1) for _, ids in columns]),
                                           return_inverse=True)
             found = lookup(table, distinct)[inverse]
             start = 0
             for name, ids in columns:
-                vectors[name] = found[start:start + len(ids)]
-                start += len(ids)
-        return vectors
+                embedded[name] = (ids, found[start:start + ids.size].reshape(*ids.shape, -1))
+                start += ids.size
+        return embedded

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
+from featureline.core.events import micros_of
 from featureline.core.ids import OOV_ID
 from featureline.core.metadata import read_metadata
 from featureline.etl.datagen import generate_events
@@ -41,8 +42,7 @@ MICROS = 1_000_000
 def _micros(ts: str | datetime) -> int:
     """µs since the epoch of an ISO text or a datetime (without a zone: UTC)."""
     at = ts if isinstance(ts, datetime) else datetime.fromisoformat(ts.replace("Z", "+00:00"))
-    at = at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
-    return (at - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+    return micros_of(at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc))
 
 
 def _write(path: Path, rows: list[dict]) -> Path:

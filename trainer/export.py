@@ -21,6 +21,7 @@ from featureline.trainer.model import (
     BOTTOM,
     OUTPUT,
     TOP,
+    column_owners,
     embedding_tables,
     input_groups,
     table_weights,
@@ -99,8 +100,7 @@ def export_dense(model: Any, metadata: Metadata, out: Path, model_name: str = "r
     column, the exported table it reads; the bottom, top and output layers' weights; the
     versions of the data it was trained on."""
     names = table_names(metadata)
-    owner_of = {name: spec.owner for spec in embedding_tables(metadata).values()
-                for name in spec.features}
+    owner_of = column_owners(embedding_tables(metadata))
     kinds = {f.name: f.kind for f in metadata.features}
     groups = []
     for name, group in input_groups(metadata).items():

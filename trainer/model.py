@@ -61,6 +61,11 @@ def embedding_tables(metadata: Metadata) -> dict[str, TableSpec]:
             for owner, names in users.items()}
 
 
+def column_owners(tables: dict[str, TableSpec]) -> dict[str, str]:
+    """Each embedded feature → the owner of the table it reads."""
+    return {name: spec.owner for spec in tables.values() for name in spec.features}
+
+
 def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
                 top: tuple[int, ...] = (256, 128), seed: int = 0) -> Any:
     """The Keras model; its inputs are the TFRecord groups as
@@ -71,7 +76,7 @@ def build_model(metadata: Metadata, bottom: tuple[int, ...] = (64, 32),
     keras.utils.set_random_seed(seed)
     kinds = {f.name: f.kind for f in metadata.features}
     tables = embedding_tables(metadata)
-    owner_of = {name: spec.owner for spec in tables.values() for name in spec.features}
+    owner_of = column_owners(tables)
     embeddings = {owner: layers.Embedding(spec.rows, spec.width, name=f"emb_{owner}")
                   for owner, spec in tables.items()}
     groups = input_groups(metadata)

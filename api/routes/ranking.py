@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -23,12 +23,12 @@ from featureline.api.models import (
 from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
 from featureline.core.aggregations import INPUTS_PREFIX
+from featureline.core.events import micros_of
 from featureline.feature_store.online import OnlineFeatures
 
 router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
 ERRORS = error_responses(401, 403, 404, 413, 422, 503)
 SERVICE = "ranking"
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 def _section(result: OnlineFeatures, names: list[str], ids: list, encoded: list[int]
@@ -87,8 +87,7 @@ def _as_json(features: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]
 
 def _micros(at: datetime) -> int:
     """µs since the epoch, exactly (a time without a zone is UTC)."""
-    at = at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
-    return (at - EPOCH) // timedelta(microseconds=1)
+    return micros_of(at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc))
 
 
 @router.post("/model-inputs", response_model=ModelInputsResponse, responses=ERRORS)

@@ -9,12 +9,12 @@ from typing import Literal
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.model_inputs import Period, Served, Source
+from featureline.core.model_inputs import PERIODS, Period, Served, Source
 from featureline.core.transforms import NONE
 from featureline.etl.features.base import ColumnRoles, FeatureOp, FeatureSpec, OpSettings
 
-PERIODS: dict[Period, tuple[Callable[[Column], Column], int]] = {
-    "hour": (F.hour, 24), "dow": (F.weekday, 7)}
+# Each period's position of a time (core.model_inputs.PERIODS: how many make a circle).
+POSITIONS: dict[Period, Callable[[Column], Column]] = {"hour": F.hour, "dow": F.weekday}
 
 
 class CyclicTimeSettings(OpSettings):
@@ -37,8 +37,8 @@ class CyclicTime(FeatureOp):
 
     def transform(self, events: DataFrame) -> DataFrame:
         columns = {}
-        for name, (extract, period) in PERIODS.items():
-            angle = extract(F.col("ts")) * (2 * math.pi / period)
+        for name, position in POSITIONS.items():
+            angle = position(F.col("ts")) * (2 * math.pi / PERIODS[name])
             columns[f"{name}_sin"] = F.sin(angle)
             columns[f"{name}_cos"] = F.cos(angle)
         return events.withColumns(columns)
