@@ -140,6 +140,8 @@ class RankResponse(BaseModel):
         default=None, description="With `return_inputs`: each kept candidate's input row, "
                                   "as `/v1/model-inputs`' groups, in the same order.")
     model: str = Field(description="The model scored with.")
+    model_version: str = Field(description="Which export of it: a digest of its dense "
+                                           "weights and embedding tables.")
     at: datetime = Field(description="The request time the inputs hold at.")
     dataset_version: str = Field(description="The published ETL output's version.")
     fit_version: str | None = Field(description="The fit of its statistics.")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from fastapi import Request
 from feast import ValueType
@@ -26,7 +28,7 @@ from featureline.core.drift import METRICS_FILE as CHECKS_METRICS
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
-from featureline.core.scoring import DenseModel, ModelNotExportedError
+from featureline.core.scoring import GATE_METRICS, DenseModel, ModelNotExportedError
 from featureline.feature_store.feature_log import (
     REPORT_METRICS,
     feature_types,
@@ -41,6 +43,40 @@ from featureline.stream.log import EventLog, open_event_log, written_topic
 from featureline.stream.push import Pusher
 
 logger = logging.getLogger("featureline.api")
+T = TypeVar("T")
+
+
+class ModelSwap:
+    """A sequence lock between /v1/rank and a reload: a ranking waits while a reload changes
+    the tables, the dense part and the vocabularies, and runs again when one began while it
+    ran — every score reads one model (docs/ARCHITECTURE.md, "Scoring")."""
+
+    def __init__(self) -> None:
+        self._generation = 0  # odd while a reload changes the model
+        self._writer = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        with self._writer:
+            self._idle.clear()
+            self._generation += 1
+            try:
+                yield
+            finally:
+                self._generation += 1
+                self._idle.set()
+
+    def read(self, compute: Callable[[], T]) -> T:
+        while True:
+            self._idle.wait()
+            start = self._generation
+            if start % 2:
+                continue
+            result = compute()
+            if self._generation == start:
+                return result
 
 
 @dataclass
@@ -75,6 +111,8 @@ class Services:
     inputs: ServedInputs | None = None
     # The dense parts exported beside the parameter server's tables, by model.
     rankers: dict[str, DenseModel] = field(default_factory=dict)
+    # What a reload holds /v1/rank with.
+    swap: ModelSwap = field(default_factory=ModelSwap)
 
     def pusher(self) -> Pusher:
         if self.event_log is None or self.contract is None:
@@ -133,22 +171,27 @@ class Services:
         return rows, announce(self.reader.store, self.reader.project, model)
 
     def reload_here(self, model: str) -> dict[str, int]:
-        """The model's tables (``ParameterServer.reload``) and the served output's
-        vocabularies and version stamp, read again: the daily chain rewrote all of them, and
-        ids the new vocabularies added would otherwise be encoded out-of-vocabulary until a
-        restart. Nothing changes unless both read."""
+        """The model's tables (``ParameterServer.reload``), its dense part, and the served
+        output's vocabularies and version stamp, read again: the daily chain rewrote all of
+        them, and ids the new vocabularies added would otherwise be encoded
+        out-of-vocabulary until a restart. Everything is read before anything changes (a part
+        that does not load stops the reload), then changed together while /v1/rank waits."""
         server = self.parameter_server()
         dataset = _dataset(self.output) if self.output is not None else None
-        # Read before the tables change: a dense part that does not load stops the reload.
         rankers = _rankers(self.config.api.hps)
-        rows = server.reload(model)
-        self.rankers = rankers
-        if dataset is not None:
-            self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
-            self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
-            self.contract, self.inputs = dataset.contract, dataset.inputs
-            self.reader.set_groups(dataset.groups, dataset.entity_groups)
-        return rows
+
+        @contextmanager
+        def swapping() -> Iterator[None]:
+            with self.swap.changing():
+                yield
+                self.rankers = rankers
+                if dataset is not None:
+                    self.vocabularies, self.lineages = dataset.vocabularies, dataset.lineages
+                    self.dataset_version, self.fit_version = dataset.version, dataset.fit_version
+                    self.contract, self.inputs = dataset.contract, dataset.inputs
+                    self.reader.set_groups(dataset.groups, dataset.entity_groups)
+
+        return server.reload(model, applying=swapping())
 
     def close(self) -> None:
         if self.feature_log is not None:
@@ -206,6 +249,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
         services.evictions = EvictionListener(reader.store, written_topic(reader.project),
                                               cache)
     if hps is not None:
+        # The quality gate's latest verdict on what replaces the served model.
+        metrics.watch_report(Path(str(config.api.hps)).parent / GATE_METRICS)
         services.listener = ReloadListener(reader.store, reader.project,
                                            services.reload_here).start()
         services.consumers = start_consumers(hps)

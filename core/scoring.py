@@ -13,6 +13,7 @@ with the vectors a lookup returns — the same pass for every candidate of a req
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,11 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from featureline.core.errors import NotFoundError
+from featureline.core.errors import FeaturelineError, NotFoundError
 from featureline.core.ids import PADDING_ID
 
 DENSE_LAYOUT = "dense.json"
 DENSE_WEIGHTS = "dense.npz"
+# The quality gate's latest verdict, in Prometheus' format, in the served model's folder.
+GATE_METRICS = "gate.prom"
 # (table, ids) → [len(ids), width] float32 vectors.
 Lookup = Callable[[str, np.ndarray], np.ndarray]
 
@@ -38,15 +41,40 @@ class ModelNotExportedError(NotFoundError):
                          f"(train it again with `featureline train`)")
 
 
-def write_dense(folder: Path, layout: Mapping[str, Any],
-                weights: Mapping[str, np.ndarray]) -> Path:
+class ModelFileError(FeaturelineError):
+    """An exported dense part that cannot be read: a damaged file, a layer without its
+    weights, weights that do not chain."""
+
+    exit_code = 2
+    hint = "export the model again with `featureline train`"
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{path}: {reason}")
+
+
+def model_version(*parts: Mapping[str, np.ndarray]) -> str:
+    """A model's identity: a digest of its arrays (the dense weights, the embedding tables),
+    each under its name."""
+    digest = hashlib.sha256()
+    for arrays in parts:
+        for name in sorted(arrays):
+            digest.update(name.encode())
+            digest.update(np.ascontiguousarray(arrays[name]).tobytes())
+    return digest.hexdigest()[:16]
+
+
+def write_dense(folder: Path, layout: Mapping[str, Any], weights: Mapping[str, np.ndarray],
+                tables: Mapping[str, np.ndarray] | None = None) -> Path:
     """``layout`` (groups, layers, versions) and ``weights`` (``<layer>/kernel``,
-    ``<layer>/bias``) under ``folder``; the layout's path."""
+    ``<layer>/bias``) under ``folder``, the layout stamped with the :func:`model_version` of
+    the weights and ``tables`` (the vectors exported beside them); the layout's path."""
     folder.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, Any] = {k: np.asarray(v, np.float32) for k, v in weights.items()}
     np.savez(folder / DENSE_WEIGHTS, **arrays)
     path = folder / DENSE_LAYOUT
-    path.write_text(json.dumps(layout, indent=2))
+    path.write_text(json.dumps({**layout, "version": model_version(arrays, tables or {})},
+                               indent=2))
     return path
 
 
@@ -60,9 +88,43 @@ class DenseModel:
         folder = Path(folder)
         if not (folder / DENSE_LAYOUT).exists():
             raise ModelNotExportedError(folder)
-        with np.load(folder / DENSE_WEIGHTS) as stored:
-            weights = {name: stored[name] for name in stored.files}
-        return cls(json.loads((folder / DENSE_LAYOUT).read_text()), weights)
+        try:
+            layout = json.loads((folder / DENSE_LAYOUT).read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelFileError(folder / DENSE_LAYOUT, f"not readable: {exc}") from None
+        try:
+            with np.load(folder / DENSE_WEIGHTS) as stored:
+                weights = {name: stored[name] for name in stored.files}
+        except (OSError, ValueError, EOFError) as exc:  # a bad zip is a ValueError too
+            raise ModelFileError(folder / DENSE_WEIGHTS, f"not readable: {exc}") from None
+        model = cls(layout, weights)
+        model._check(folder / DENSE_WEIGHTS)
+        return model
+
+    def _check(self, path: Path) -> None:
+        """Every layer of the layout has its kernel and bias, each kernel as wide as its
+        bias, and the layers of each stack chain."""
+        try:
+            stacks = [self.layout["bottom"], [*self.layout["top"], self.layout["output"]]]
+        except KeyError as exc:
+            raise ModelFileError(path.with_name(DENSE_LAYOUT), f"no {exc} layers") from None
+        for stack in stacks:
+            width = None
+            for layer in stack:
+                kernel = self.weights.get(f"{layer}/kernel")
+                bias = self.weights.get(f"{layer}/bias")
+                if kernel is None or bias is None or kernel.ndim != 2:
+                    raise ModelFileError(path, f"layer {layer} has no kernel and bias")
+                if bias.shape != kernel.shape[1:] or width not in (None, kernel.shape[0]):
+                    raise ModelFileError(path, f"layer {layer}: a kernel of shape "
+                                         f"{kernel.shape} and a bias of {bias.shape} after "
+                                         f"a layer of width {width}")
+                width = kernel.shape[1]
+
+    @property
+    def version(self) -> str:
+        """The model's identity (:func:`model_version`), as exported."""
+        return str(self.layout.get("version") or model_version(self.weights))
 
     @property
     def versions(self) -> dict[str, Any]:
@@ -73,7 +135,7 @@ class DenseModel:
         x = x @ self.weights[f"{layer}/kernel"] + self.weights[f"{layer}/bias"]
         if activation == "relu":
             return np.maximum(x, 0.0)
-        return 1.0 / (1.0 + np.exp(-x))  # sigmoid
+        return 0.5 * (1.0 + np.tanh(0.5 * x))  # the sigmoid, without exp's overflow
 
     def scores(self, groups: Mapping[str, np.ndarray], lookup: Lookup) -> np.ndarray:
         """The model's score per row of ``groups`` (TFRecord group → [rows, width]); each

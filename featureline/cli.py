@@ -459,6 +459,35 @@ def score(path: str | None, data: str | None, model_dir: str, split: str,
     click.echo(f"scored {rows:,} {split} examples → {target}")
 
 
+@main.command()
+@config_option
+@data_option
+@click.argument("candidate", type=click.Path(exists=True, file_okay=False))
+@click.option("--served", type=click.Path(file_okay=False),
+              help="The link to the served model's folder (default: the folder of api.hps)")
+@click.option("--force", metavar="REASON",
+              help="Promote whatever the gate finds; the reason is recorded in gate.json")
+@click.option("--keep", type=click.IntRange(min=1),
+              help="Then delete all but the newest KEEP model folders beside CANDIDATE "
+                   "(never the served one)")
+def promote(path: str | None, data: str | None, candidate: str, served: str | None,
+            force: str | None, keep: int | None) -> None:
+    """Serve a trained model only when it is not worse than the served one: both scored on
+    the ETL output's validation day (the quality gate, trainer.gate). Exits 1 when refused;
+    the served model is left as it was."""
+    from featureline.trainer.quality import promote as run_promote
+
+    config = _config(path)
+    if served is None and not config.api.hps:
+        raise ConfigError("api.hps", "no served model to compare with: set api.hps or --served")
+    link = served or str(Path(str(config.api.hps)).parent)
+    verdict = run_promote(data or config.etl.output.path, candidate, link, config.trainer.gate,
+                          force=force, keep=keep)
+    click.echo(verdict.summary())
+    if not verdict.promoted:
+        sys.exit(1)
+
+
 @main.command("training-set")
 @config_option
 @data_option

@@ -20,6 +20,7 @@ from featureline.core.settings import Settings, read_yaml, validate
 from featureline.etl.config import OP_NAMES, EtlConfig, flags_applied
 from featureline.feature_store.settings import FeatureStoreConfig
 from featureline.stream.settings import StreamConfig
+from featureline.trainer.settings import TrainerConfig
 
 # Sections several stages read, written at the top of the file and copied into ``etl``.
 SHARED_SECTIONS = ("aggregations", "checks")
@@ -39,6 +40,7 @@ class FeaturelineConfig(Settings):
     feature_store: FeatureStoreConfig = FeatureStoreConfig()
     api: ApiConfig = ApiConfig()
     stream: StreamConfig = StreamConfig()
+    trainer: TrainerConfig = TrainerConfig()
 
     @model_validator(mode="before")
     @classmethod

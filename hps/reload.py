@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,7 +39,8 @@ class Reloads:
         def _warm(self, model: str, config: TableConfig, keys: np.ndarray,
                   vectors: np.ndarray) -> None: ...
 
-    def reload(self, model: str) -> dict[str, int]:
+    def reload(self, model: str, applying: AbstractContextManager[Any] | None = None
+               ) -> dict[str, int]:
         """Read the model's settings and table sources again and apply them: the rows of a
         table whose width is unchanged as an update (L3, L2, L1); a table the configuration
         widened, or added, imported whole into a new entry that then replaces it (lookups of it
@@ -51,11 +53,14 @@ class Reloads:
         (and checked) before any table changes, so a source that cannot be read, or a
         configuration that does not load, leaves all of them as they were. Returns the rows
         read per table.
+
+        ``applying``: entered once every source is read, around the changes (the API holds
+        its rankings there, so that no score reads some tables old and others new).
         """
         with self._reload_lock:
-            return self._reload(model)
+            return self._reload(model, applying or contextlib.nullcontext())
 
-    def _reload(self, model: str) -> dict[str, int]:
+    def _reload(self, model: str, applying: AbstractContextManager[Any]) -> dict[str, int]:
         settings = self._model_settings(model)
         served = self.tables[model]
         for config in settings.tables:
@@ -70,20 +75,21 @@ class Reloads:
                 mark = fingerprint(config.source, config.format)
                 sources[config.name] = (config, mark,
                                         *read_table(config.source, config.format, config.dim))
-        for name, (config, mark, keys, vectors) in sources.items():
-            entry = served.get(name)
-            if entry is not None and entry.config.dim == config.dim:
-                with entry.lock:
-                    entry.config = config  # its vocabulary version, source, default value
-                self.apply_update(model, name, keys, vectors)
-                self.persistent.set_import_mark(entry.key, mark)
-                entry.size = self.persistent.size(entry.key)
-            else:
-                self._replace(model, settings, config, entry, mark, keys, vectors)
-        for name in [n for n in served if n not in {t.name for t in settings.tables}]:
-            with served[name].lock:
-                served[name].retired = True
-                self._serve(model, name, None)
+        with applying:
+            for name, (config, mark, keys, vectors) in sources.items():
+                entry = served.get(name)
+                if entry is not None and entry.config.dim == config.dim:
+                    with entry.lock:
+                        entry.config = config  # its vocabulary version, source, default value
+                    self.apply_update(model, name, keys, vectors)
+                    self.persistent.set_import_mark(entry.key, mark)
+                    entry.size = self.persistent.size(entry.key)
+                else:
+                    self._replace(model, settings, config, entry, mark, keys, vectors)
+            for name in [n for n in served if n not in {t.name for t in settings.tables}]:
+                with served[name].lock:
+                    served[name].retired = True
+                    self._serve(model, name, None)
         self.config = self.config.model_copy(update={"models": [
             settings if m.name == model else m for m in self.config.models]})
         return {name: len(keys) for name, (_, _, keys, _) in sources.items()}

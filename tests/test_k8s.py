@@ -258,7 +258,7 @@ def test_the_daily_train_step_writes_the_parameter_server_configuration_the_api_
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     steps = pod["initContainers"]
     assert [step["name"] for step in steps + pod["containers"]] == [
-        "etl", "train", "publish", "reload", "trim", "consistency"]
+        "etl", "train", "promote", "publish", "reload", "trim", "consistency"]
     # The ETL extends the output with yesterday's raw files, late arrivals accepted.
     etl = steps[0]["command"]
     assert "--incremental" in etl
@@ -275,7 +275,14 @@ def test_the_daily_train_step_writes_the_parameter_server_configuration_the_api_
     train = steps[1]
     arguments = dict(zip(train["command"][2::2], train["command"][3::2], strict=True))
     assert train["command"][:2] == ["featureline", "train"]
-    assert Path(arguments["--out"]) / "hps.yaml" == Path(config.api.hps)
+    # Each run trains into a folder of its own, which the gate then judges against the
+    # model the API's api.hps is in (promote's default --served).
+    promote = steps[2]
+    assert promote["command"][:3] == ["featureline", "promote", arguments["--out"]]
+    assert "--served" not in promote["command"] and "$(POD_NAME)" in arguments["--out"]
+    assert all(step["env"] == train["env"] for step in (train, promote))
+    assert train["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert Path(arguments["--out"]).parent != Path(config.api.hps).parent
     mounts = {m["name"]: m["mountPath"] for m in train["volumeMounts"]}
     # The template is the ConfigMap's hps.yaml, and a valid configuration.
     assert Path(arguments["--hps-template"]) == Path(mounts["config"]) / "hps.yaml"

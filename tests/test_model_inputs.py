@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -144,7 +145,7 @@ def replay(spark, tmp_path_factory, redis_server):
                    progress=lambda _: None)
     return {"first": first, "full": full, "served": served, "refused": refused,
             "bad": bad, "first_seen": first_seen, "ranked": ranked, "trained": trained,
-            "many": many.json()}
+            "many": many.json(), "url": url, "asked": {**asked, "at": new[-1]["ts"]}}
 
 
 def _examples(output: Path, day: str) -> list[dict]:
@@ -304,3 +305,127 @@ def test_a_hundred_candidates_come_back_in_the_models_order(replay):
     assert len(scores) == 100 and len(set(item["item_id"] for item in answer["items"])) == 100
     assert np.all(np.diff(scores) <= 0)
     assert np.allclose(scores, expected, rtol=1e-5, atol=1e-6)
+
+
+def _variant(model: Path, out: Path, *, noise: float, bias: float = 0.0, seed: int = 0) -> Path:
+    """Another export of ``model`` in ``out``: its tables and dense weights plus seeded
+    noise (sd ``noise``), its output bias shifted by ``bias``."""
+    from featureline.core.scoring import DenseModel, write_dense
+    from featureline.hps.config import load_hps_config
+    from featureline.trainer.export import HPS_CONFIG, write_tables
+    from featureline.trainer.score import _tables
+
+    rng = np.random.default_rng(seed)
+    dense = DenseModel.load(model)
+    config = next(m for m in load_hps_config(model / HPS_CONFIG).models
+                  if m.name == dense.layout["model"])
+    tables = {t.name: (rows + rng.normal(0, noise, rows.shape).astype(np.float32),
+                       next(c.vocabulary_version for c in config.tables if c.name == t.name))
+              for t in config.tables for rows, _ in [_tables(model, config.name)[t.name]]}
+    write_tables(out, tables, config.name, fit_version=dense.versions["fit"])
+    weights = {k: v + rng.normal(0, noise, v.shape).astype(np.float32)
+               for k, v in dense.weights.items()}
+    weights[f"{dense.layout['output']}/bias"] = weights[f"{dense.layout['output']}/bias"] + bias
+    write_dense(out, {k: v for k, v in dense.layout.items() if k != "version"}, weights,
+                {name: rows for name, (rows, _) in tables.items()})
+    return out
+
+
+def test_the_gate_keeps_a_worse_model_out_and_a_reload_swaps_whole_models(replay, tmp_path):
+    """The quality gate on the full run's validation day: an untrained model (random dense
+    weights) is refused and the served link stays; a model as good is promoted. Reloads
+    under load (A → B → A …) answer every ranking from one model: each answer's scores are
+    all of A or all of B, as its model_version says. A damaged dense part is refused by the
+    reload, and the model served before it keeps answering."""
+    import threading
+
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from featureline.api.app import create_app
+    from featureline.cli import main
+    from featureline.core.scoring import DenseModel, write_dense
+    from featureline.trainer.quality import Verdict, point, promote
+    from featureline.trainer.settings import GateConfig
+    from tests.feast_data import copy_project
+
+    first, full = replay["first"].output, replay["full"].output
+    a = tmp_path / "a"
+    shutil.copytree(replay["trained"].out, a, ignore=shutil.ignore_patterns("rocksdb"))
+    link = tmp_path / "ranker"
+    point(link, a)
+    untrained = _variant(a, tmp_path / "untrained", noise=0.0)
+    dense = DenseModel.load(untrained)
+    rng = np.random.default_rng(1)
+    write_dense(untrained, {k: v for k, v in dense.layout.items() if k != "version"},
+                {k: rng.normal(0, 0.5, v.shape) for k, v in dense.weights.items()})
+    ran = CliRunner().invoke(main, ["promote", str(untrained), "--data", str(full),
+                                    "--served", str(link)])
+    assert ran.exit_code == 1 and "REFUSED: worse than the served model" in ran.output
+    refused = Verdict(**json.loads((untrained / "gate.json").read_text()))
+    assert not refused.promoted
+    assert refused.reference["version"] == DenseModel.load(a).version
+    assert refused.candidate["auc"] < refused.reference["auc"] - 0.05
+    assert link.resolve() == a.resolve()
+    assert 'featureline_model_gate_refused{model="ranker"} 1.0' in (a / "gate.prom").read_text()
+
+    b = _variant(a, tmp_path / "b", noise=1e-3, bias=0.02, seed=2)
+    accepted = promote(full, b, link, GateConfig())
+    assert accepted.promoted and accepted.reference["name"] == "served model", accepted.reason
+    assert link.resolve() == b.resolve()
+    point(link, a)
+
+    project = copy_project(tmp_path, ttl="3650d", api={
+        "auth": {"enabled": False}, "data": str(first), "hps": str(link / "hps.yaml"),
+        "feature_cache": {"ttl_s": 0}})
+    body = {**replay["asked"], "model": "ranker"}
+    answers: list = []
+    stop = threading.Event()
+    with TestClient(create_app(project.serving(), output=first, redis_url=replay["url"])) as api:
+        def ranked() -> dict:
+            answer = api.post("/v1/rank", json=body)
+            assert answer.status_code == 200, answer.text
+            return answer.json()
+
+        def reload(target: Path) -> None:
+            point(link, target)
+            answer = api.post("/v1/admin/models/ranker/reload")
+            assert answer.status_code == 200, answer.text
+
+        assert 'featureline_model_gate_refused{model="ranker"} 1.0' in api.get("/metrics").text
+        expected = {}
+        for target in (b, a):
+            reload(target)
+            answer = ranked()
+            expected[answer["model_version"]] = [i["score"] for i in answer["items"]]
+        old, new = expected.values()
+        assert len(expected) == 2 and old != new
+
+        def load() -> None:
+            while not stop.is_set():
+                answers.append(api.post("/v1/rank", json=body))
+
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for target in (b, a) * 4:
+            reload(target)
+        stop.set()
+        for thread in threads:
+            thread.join()
+        assert {r.status_code for r in answers} == {200}
+        versions = [r.json()["model_version"] for r in answers]
+        assert set(versions) == set(expected)
+        for answer in answers:
+            scores = [i["score"] for i in answer.json()["items"]]
+            assert scores == pytest.approx(expected[answer.json()["model_version"]], rel=1e-6)
+
+        damaged = tmp_path / "damaged"
+        shutil.copytree(b, damaged)
+        (damaged / "dense.npz").write_bytes(b"not a zip file")
+        point(link, damaged)
+        answer = api.post("/v1/admin/models/ranker/reload")
+        assert answer.status_code == 500 and "dense.npz" in answer.json()["message"], answer.text
+        assert ranked()["model_version"] == DenseModel.load(a).version
+        too_many = api.post("/v1/rank", json={**body, "item_ids": [str(i) for i in range(1001)]})
+        assert too_many.status_code == 413 and "item_ids" in too_many.text

@@ -31,7 +31,7 @@ def test_the_alert_rules_validate_and_fire_when_they_should(tmp_path):
             "FeaturelineL1HitRateCollapse", "FeaturelineVersionSkew",
             "FeaturelineUpdateConsumerLag", "FeaturelineStaleFreshFeatures",
             "FeaturelineServingSkew", "FeaturelineOnlineStoreEmpty", "FeaturelineBadDay",
-            "FeaturelineChecksStale"} <= alerts
+            "FeaturelineChecksStale", "FeaturelineModelRefused"} <= alerts
     rules = tmp_path / "rules.yaml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
     tests = yaml.safe_load((REPO / "tests" / "monitoring" / "alerts_test.yaml").read_text())

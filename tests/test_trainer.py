@@ -93,7 +93,7 @@ def test_the_gbdt_baseline_is_scored_on_the_models_validation_rows(job_output, t
 
 def test_the_baseline_is_each_items_smoothed_training_click_rate(job_output):
     """From the Parquet examples with pandas, against the trainer's from the TFRecords."""
-    from featureline.trainer.train import BASELINE_SMOOTHING, popularity
+    from featureline.trainer.quality import BASELINE_SMOOTHING, popularity
 
     rates, prior = popularity(read_metadata(job_output.output))
     train = pd.read_parquet(job_output.output / "examples" / "split=train")
@@ -247,3 +247,22 @@ def test_exported_tables_keep_a_deployments_parameter_server_settings(tmp_path):
     assert [m.name for m in written.models] == ["ranker", "other", "new"]
     assert written.models[0].tables == template.models[0].tables
     assert [t.name for t in written.models[2].tables] == ["user", "item"]
+
+
+def test_the_auc_is_the_share_of_ordered_pairs_and_the_log_loss_the_mean():
+    """The gate's and the report's metrics against their definitions, ties included: AUC =
+    P(score of a positive > score of a negative) + half the ties."""
+    from featureline.trainer.quality import evaluate
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, 2, 400)
+    scores = np.round(rng.random(400) * 0.5 + labels * 0.2, 2)  # many ties
+    positive, negative = scores[labels == 1], scores[labels == 0]
+    pairs = positive[:, None] - negative[None, :]
+    expected = ((pairs > 0).sum() + 0.5 * (pairs == 0).sum()) / pairs.size
+    measured = evaluate(labels, scores)
+    assert measured["auc"] == pytest.approx(expected, abs=1e-12)
+    clipped = np.clip(scores, 1e-7, 1 - 1e-7)
+    assert measured["log_loss"] == pytest.approx(
+        -np.mean(labels * np.log(clipped) + (1 - labels) * np.log(1 - clipped)))
+    assert evaluate(np.array([1, 1, 0]), np.array([0.9, 0.8, 0.1]))["auc"] == 1.0

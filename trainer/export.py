@@ -86,19 +86,21 @@ def export(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker"
     vocabulary version and the output's fit (:func:`write_tables`), and its dense part
     (:func:`export_dense`)."""
     names = table_names(metadata)
-    config = write_tables(out, {names[owner]: (table_weights(model, owner),
-                                               vocabulary_version(metadata, owner))
-                                for owner in embedding_tables(metadata)}, model_name, template,
+    tables = {names[owner]: (table_weights(model, owner), vocabulary_version(metadata, owner))
+              for owner in embedding_tables(metadata)}
+    config = write_tables(out, tables, model_name, template,
                           metadata.fit.version if metadata.fit else None)
-    export_dense(model, metadata, out, model_name)
+    export_dense(model, metadata, out, model_name,
+                 {name: vectors for name, (vectors, _) in tables.items()})
     return config
 
 
-def export_dense(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker"
-                 ) -> Path:
+def export_dense(model: Any, metadata: Metadata, out: Path, model_name: str = "ranker",
+                 tables: dict[str, np.ndarray] | None = None) -> Path:
     """The dense part of ``model`` (``core.scoring``): per input group its kind and, per
     column, the exported table it reads; the bottom, top and output layers' weights; the
-    versions of the data it was trained on."""
+    versions of the data it was trained on; the model's version (of these weights and the
+    exported ``tables``)."""
     names = table_names(metadata)
     owner_of = column_owners(embedding_tables(metadata))
     kinds = {f.name: f.kind for f in metadata.features}
@@ -121,4 +123,4 @@ def export_dense(model: Any, metadata: Metadata, out: Path, model_name: str = "r
                 "fit": metadata.fit.version if metadata.fit else None,
                 "vocabularies": {c: v.version for c, v in metadata.vocabularies.items()}}
     return write_dense(out, {"model": model_name, "groups": groups, "bottom": bottom, "top": top,
-                             "output": OUTPUT, "versions": versions}, weights)
+                             "output": OUTPUT, "versions": versions}, weights, tables)

@@ -45,7 +45,7 @@ def gbdt_baseline(metadata: Metadata, seed: int = 0) -> dict[str, Any]:
         import lightgbm
     except ImportError:
         return {"name": NAME, "skipped": MISSING}
-    from featureline.trainer.train import evaluate
+    from featureline.trainer.quality import evaluate
 
     train_x, train_y = split(metadata, "train")
     valid_x, valid_y = split(metadata, "valid")

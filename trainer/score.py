@@ -1,6 +1,6 @@
 """Offline scores: an ETL output's examples scored with an exported model — its dense part
 (``core.scoring``, the runtime ``/v1/rank`` uses) over its exported tables — written as
-Parquet beside the examples' keys. The reference of the served scores, and batch scoring.
+Parquet beside the examples' keys and labels. The reference of the served scores, and batch scoring.
 No TensorFlow."""
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def _tables(model_dir: Path, model_name: str) -> dict[str, tuple[np.ndarray, flo
 
 
 def score(data: str | Path, model_dir: str | Path, split: str = "valid") -> pa.Table:
-    """The keys (``metadata.keys``) of ``data``'s ``split`` examples and each one's score."""
+    """The keys (``metadata.keys``) of ``data``'s ``split`` examples, their label and each
+    one's score."""
     data, model_dir = Path(data), Path(model_dir)
     metadata = read_metadata(data)
     model = DenseModel.load(model_dir)
@@ -59,8 +60,9 @@ def score(data: str | Path, model_dir: str | Path, split: str = "valid") -> pa.T
         return vectors
 
     columns = [c["name"] for g in model.layout["groups"] for c in g["columns"]]
+    kept = [*metadata.keys, *([metadata.label.name] if metadata.label else [])]
     examples = ds.dataset(data / "examples", format="parquet", partitioning="hive")
-    table = examples.to_table(columns=[*metadata.keys, *dict.fromkeys(columns)],
+    table = examples.to_table(columns=list(dict.fromkeys([*kept, *columns])),
                               filter=pc.field("split") == split)
     scores = []
     for batch in table.to_batches(BATCH_ROWS):
@@ -70,7 +72,7 @@ def score(data: str | Path, model_dir: str | Path, split: str = "valid") -> pa.T
                       for c in group["columns"]]
             groups[group["name"]] = np.hstack(blocks)
         scores.append(model.scores(groups, lookup))
-    keys = table.select(metadata.keys)
+    keys = table.select(kept)
     values = np.concatenate(scores) if scores else np.zeros(0, dtype=np.float32)
     return keys.append_column(SCORE, pa.array(values, pa.float32()))
 

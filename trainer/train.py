@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from featureline.core.errors import ConfigError, MetadataFormatError
-from featureline.core.metadata import Metadata, encoded_name, present, read_metadata
+from featureline.core.metadata import Metadata, encoded_name, read_metadata
 from featureline.etl.tfrecord.reader import dataset, read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
@@ -33,11 +33,10 @@ from featureline.trainer.model import (
     settle_unreached,
     tfrecord_groups,
 )
+from featureline.trainer.quality import evaluate, popularity
 
 MODEL_FILE = "model.keras"
 REPORT_FILE = "training.json"
-# Rows of prior weight in the baseline's per-item click rate.
-BASELINE_SMOOTHING = 20.0
 
 
 @dataclass(frozen=True)
@@ -87,23 +86,6 @@ def _inputs(batches: Any, label: str) -> Any:
                                        blocks[label]))
 
 
-def popularity(metadata: Metadata, train: dict[str, np.ndarray] | None = None
-               ) -> tuple[np.ndarray, float]:
-    """The baseline: each item's training click rate, smoothed toward the overall rate
-    (item id → score), from the training TFRecords (``train``: their columns, already
-    read)."""
-    item = encoded_name("item_id")
-    if train is None:
-        train = read_numpy(metadata, "train")
-    label = present(metadata.label, metadata, "label").name
-    items, labels = train[item], train[label].astype(np.float64)
-    rows = present(metadata.embedding_plan, metadata, "embedding_plan").features[item].cardinality
-    prior = float(labels.mean()) if len(labels) else 0.0
-    events = np.bincount(items, minlength=rows)
-    positives = np.bincount(items, weights=labels, minlength=rows)
-    return ((positives + BASELINE_SMOOTHING * prior) / (events + BASELINE_SMOOTHING), prior)
-
-
 def scores(model: Any, metadata: Metadata, batch_size: int
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Labels, model scores and the rows' item ids over the validation split, in one pass."""
@@ -120,17 +102,6 @@ def scores(model: Any, metadata: Metadata, batch_size: int
     if not labels:
         raise ConfigError("etl.split.valid_days", "the validation split is empty")
     return np.concatenate(labels), np.concatenate(predicted), np.concatenate(items)
-
-
-def evaluate(labels: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
-    """AUC and log-loss with Keras' own metrics (AUC with 10,000 thresholds)."""
-    import keras
-
-    auc = keras.metrics.AUC(num_thresholds=10_000)
-    auc.update_state(labels, predicted)
-    loss = keras.losses.binary_crossentropy(labels.astype(np.float32),
-                                            predicted.astype(np.float32))
-    return {"auc": float(auc.result()), "log_loss": float(np.mean(np.asarray(loss)))}
 
 
 def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int = 2,

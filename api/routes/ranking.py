@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 from typing import Any
 
@@ -24,6 +25,7 @@ from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
 from featureline.core.aggregations import INPUTS_PREFIX
 from featureline.core.events import micros_of
+from featureline.core.scoring import DenseModel
 from featureline.feature_store.online import OnlineFeatures
 
 router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
@@ -108,14 +110,19 @@ def rank(body: RankRequest, services: Services = Depends(get_services)) -> FastJ
     """The candidates sorted by the model's score: their inputs as ``/v1/model-inputs``
     computes them, the embeddings looked up once per table through the parameter server's
     tiers, one forward pass of the dense part for every candidate."""
-    model = services.ranker(body.model)
     server = services.parameter_server()
-    _, groups, at_us = _inputs(body, services)
-    scores = model.scores(groups, lambda table, ids: server.lookup(body.model, table, ids))
+
+    def ranked() -> tuple[DenseModel, dict[str, np.ndarray], int, np.ndarray]:
+        model = services.ranker(body.model)
+        _, groups, at_us = _inputs(body, services)
+        lookup = functools.partial(server.lookup, body.model)
+        return model, groups, at_us, model.scores(groups, lookup)
+
+    model, groups, at_us, scores = services.swap.read(ranked)
     order = np.argsort(-scores, kind="stable")[:body.top_k]
     answer: dict[str, Any] = {
         "items": [{"item_id": body.item_ids[i], "score": float(scores[i])} for i in order],
-        "model": body.model, **_stamp(services, at_us)}
+        "model": body.model, "model_version": model.version, **_stamp(services, at_us)}
     if body.return_inputs:
         answer["groups"] = {name: rows[order].tolist() for name, rows in groups.items()}
     return FastJSONResponse(answer)
