@@ -223,6 +223,8 @@ class ReloadResponse(BaseModel):
     workers: int = Field(
         description="API processes (every worker of every pod) that heard the reload, this one "
                     "included.")
+    held_ms: float = Field(description="How long this process held /v1/rank while the tables, "
+                                       "dense part and vocabularies changed.")
 
 
 class Health(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -56,15 +57,19 @@ class ModelSwap:
         self._writer = threading.Lock()
         self._idle = threading.Event()
         self._idle.set()
+        # How long the latest change held the rankings.
+        self.held_s = 0.0
 
     @contextmanager
     def changing(self) -> Iterator[None]:
         with self._writer:
             self._idle.clear()
             self._generation += 1
+            started = time.perf_counter()
             try:
                 yield
             finally:
+                self.held_s = time.perf_counter() - started
                 self._generation += 1
                 self._idle.set()
 

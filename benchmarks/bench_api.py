@@ -32,6 +32,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -548,13 +549,34 @@ def _tiles_memory(url: str, groups: list[Any], sample: int = 2000) -> dict[str, 
     return memory
 
 
-def _exported_model(metadata: Any, out: Path) -> Path:
+def _exported_model(metadata: Any, out: Path, seed: int = 0) -> Path:
     """The reference model built for ``metadata`` and exported untrained (its tables and
     dense part: what /v1/rank runs, at a trained model's cost); the hps.yaml."""
     from featureline.trainer.export import export
     from featureline.trainer.model import build_model
 
-    return export(build_model(metadata), metadata, out)
+    return export(build_model(metadata, seed=seed), metadata, out)
+
+
+class _Reloads(threading.Thread):
+    """Point the served link at the other model and reload it, every ``every_s``, until
+    stopped: each reload's time, status and how long it held the rankings."""
+
+    def __init__(self, base: str, link: Path, models: list[Path], every_s: float) -> None:
+        super().__init__(daemon=True)
+        self.base, self.link, self.models, self.every_s = base, link, models, every_s
+        self.stopped = threading.Event()
+        self.reloads: list[tuple[float, int, float]] = []  # seconds, status, held ms
+
+    def run(self) -> None:
+        from featureline.trainer.quality import point
+
+        while not self.stopped.wait(self.every_s):
+            point(self.link, self.models[len(self.reloads) % len(self.models)])
+            started = time.perf_counter()
+            answer = httpx.post(f"{self.base}/v1/admin/models/ranker/reload", timeout=60)
+            self.reloads.append((time.perf_counter() - started, answer.status_code,
+                                 answer.json().get("held_ms", 0.0)))
 
 
 def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
@@ -610,8 +632,14 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         (repo_dir / "feature_store.yaml").write_text((REPO / "feature_store.yaml").read_text())
         settings: dict[str, Any] = {"feature_store": {"repo": str(repo_dir), "ttl": "3650d"},
                                     "api": {"data": str(output), "auth": {"enabled": False}}}
-        if rank:  # the reference model, untrained, exported for /v1/rank
-            settings["api"]["hps"] = str(_exported_model(metadata, root / "model"))
+        link = root / "ranker"
+        if rank:  # the reference model, untrained, exported for /v1/rank (two of them)
+            from featureline.trainer.quality import point
+
+            models = [_exported_model(metadata, root / f"model-{seed}", seed).parent
+                      for seed in (0, 1)]
+            point(link, models[0])
+            settings["api"]["hps"] = str(link / "hps.yaml")
         repo = open_repo(parse_config(settings).feature_store, output, url=redis.url)
         published = publish(repo, progress=lambda _: None)
         report["tile_keys"] = published.tile_keys
@@ -693,13 +721,28 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
             if rank:
                 loads["rank, 1 + 100"] = ("/v1/rank", LARGER_RATES["rank"], lambda: {
                     **candidates(), "context": {"device": "mobile"}, "model": "ranker"})
+                # The same load while the served model changes every second.
+                loads["rank during reloads"] = loads["rank, 1 + 100"]
             for name, (path, load_rate, body) in loads.items():
                 load_rate = min(load_rate, rate)
                 load_count = max(1, int(load_rate * seconds))
                 for _ in range(2):
+                    reloads = (_Reloads(base, link, models, seconds / 2)
+                               if name == "rank during reloads" else None)
                     api_cpu, redis_cpu = _tree_cpu_s(process.pid), _redis_cpu_s(client)
+                    if reloads is not None:
+                        reloads.start()
                     step = measure(f"{base}{path}", [body() for _ in range(load_count)],
                                    [load_rate], seconds, f"{base}/healthz")["steps"][0]
+                    if reloads is not None:
+                        reloads.stopped.set()
+                        reloads.join()
+                        step["reloads"] = len(reloads.reloads)
+                        step["reload_errors"] = sum(s != 200 for _, s, _ in reloads.reloads)
+                        step["reload_ms_max"] = round(
+                            max((t for t, _, _ in reloads.reloads), default=0.0) * 1000, 1)
+                        step["held_ms_max"] = max((h for _, _, h in reloads.reloads),
+                                                  default=0.0)
                     step["api_cpu_ms_per_request"] = round(
                         (_tree_cpu_s(process.pid) - api_cpu) * 1000 / load_count, 3)
                     step["redis_cpu_ms_per_request"] = round(

@@ -141,14 +141,17 @@ class DenseModel:
         """The model's score per row of ``groups`` (TFRecord group → [rows, width]); each
         table is looked up once, for the distinct ids of every column that reads it (the
         user's history: once for every candidate)."""
+        return self.forward(self.inputs(groups, lookup))
+
+    def inputs(self, groups: Mapping[str, np.ndarray], lookup: Lookup) -> list[np.ndarray]:
+        """What the dense layers read, in the layout's order: each continuous block as
+        it is, each embedded column's vectors (a multi-hot list's: the mean of those that
+        are not padding)."""
         embedded = self._embedded(groups, lookup)
         parts = []
         for group in self.layout["groups"]:
             if group["kind"] == "continuous":
-                x = np.asarray(groups[group["name"]]).astype(np.float32)
-                for layer in self.layout["bottom"]:
-                    x = self._dense(x, layer, "relu")
-                parts.append(x)
+                parts.append(np.asarray(groups[group["name"]]).astype(np.float32))
                 continue
             for column in group["columns"]:
                 ids, rows = embedded[column["name"]]
@@ -157,10 +160,31 @@ class DenseModel:
                 else:  # multi-hot: the mean of the rows that are not padding
                     mask = (ids != PADDING_ID).astype(np.float32)[..., None]
                     parts.append((rows * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1.0))
-        hidden = np.concatenate(parts, axis=1).astype(np.float32)
+        return parts
+
+    @property
+    def continuous_parts(self) -> list[int]:
+        """Which of :meth:`inputs`' parts go through the bottom layers."""
+        indices, index = [], 0
+        for group in self.layout["groups"]:
+            if group["kind"] == "continuous":
+                indices.append(index)
+                index += 1
+            else:
+                index += len(group["columns"])
+        return indices
+
+    def forward(self, parts: list[np.ndarray]) -> np.ndarray:
+        """The dense layers over :meth:`inputs`' parts: the bottom layers on each
+        continuous block, everything concatenated through the top layers and the sigmoid."""
+        hidden = list(parts)
+        for index in self.continuous_parts:
+            for layer in self.layout["bottom"]:
+                hidden[index] = self._dense(hidden[index], layer, "relu")
+        x = np.concatenate(hidden, axis=1).astype(np.float32)
         for layer in self.layout["top"]:
-            hidden = self._dense(hidden, layer, "relu")
-        return self._dense(hidden, self.layout["output"], "sigmoid").reshape(-1)
+            x = self._dense(x, layer, "relu")
+        return self._dense(x, self.layout["output"], "sigmoid").reshape(-1)
 
     def _embedded(self, groups: Mapping[str, np.ndarray], lookup: Lookup
                   ) -> dict[str, tuple[np.ndarray, np.ndarray]]:

@@ -387,12 +387,14 @@ def test_movielens_day_over_day_breaches_only_its_volume(movielens, spark):
 
 
 def test_bench_scoring_smoke(job_output):
-    """NumPy's forward pass and TensorFlow's on the same rows: timed, and the same scores."""
+    """NumPy's forward pass, TensorFlow's and ONNX Runtime's on the same rows: timed, and the
+    same scores."""
     pytest.importorskip("tensorflow")
     report = _load("bench_scoring").run(job_output.output, sizes=(1, 10), rounds=1,
                                         rows_per_step=10)
     json.dumps(report)
     for size in ("1", "10"):
         entry = report["sizes"][size]
-        assert entry["numpy_ms"] > 0 and entry["tensorflow_ms"] > 0
+        assert entry["numpy_ms"] > 0 and entry["tensorflow_ms"] > 0 and entry["onnx_ms"] > 0
         assert entry["max_score_difference"] < 1e-5
+        assert entry["onnx_max_score_difference"] < 1e-5

@@ -391,6 +391,7 @@ def test_the_gate_keeps_a_worse_model_out_and_a_reload_swaps_whole_models(replay
             point(link, target)
             answer = api.post("/v1/admin/models/ranker/reload")
             assert answer.status_code == 200, answer.text
+            assert 0 < answer.json()["held_ms"] < 10_000
 
         assert 'featureline_model_gate_refused{model="ranker"} 1.0' in api.get("/metrics").text
         expected = {}

@@ -18,4 +18,5 @@ def reload_model(name: str, services: Services = Depends(get_services)) -> Reloa
     refreshed L1), and the served output's vocabularies, here and in every other API process
     (announced on Redis; ``workers``: the processes that heard it)."""
     rows, workers = services.reload(name)
-    return ReloadResponse(model=name, rows=rows, workers=workers)
+    return ReloadResponse(model=name, rows=rows, workers=workers,
+                          held_ms=round(services.swap.held_s * 1000, 3))
