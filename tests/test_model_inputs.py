@@ -69,6 +69,11 @@ def replay(spark, tmp_path_factory, redis_server):
               for e in generate_events(6000, 120, 150, 5, seed=11).to_dict("records")]
     old = [e for e in events if not e["ts"].startswith(LAST_DAY)]
     new = [e for e in events if e["ts"].startswith(LAST_DAY)]
+    # The catalog changes at the last day's midnight: every 4th item costs 10 % more.
+    repriced = set(sorted({e["item_id"] for e in old})[::4])
+    for event in new:
+        if event["item_id"] in repriced and "price" in event:
+            event["price"] = round(event["price"] * 1.1, 2)
     _write(root / "raw" / "old.jsonl", old)
     _write(root / "raw" / "new.jsonl", new)
     config = make_config(root / "first", root / "raw" / "old.jsonl", label=JOIN,
@@ -87,6 +92,10 @@ def replay(spark, tmp_path_factory, redis_server):
     processor = open_processor(project.stream, project.feature_store, first.output, url=url,
                                consumer="replay")
     served: dict[tuple, list[dict]] = defaultdict(list)
+    # Events of a repriced item before any event with its new price was pushed: the
+    # answers with the new price given as item_context.
+    stale: dict[tuple, list[dict]] = defaultdict(list)
+    priced: set[str] = set()
     ranked: dict[tuple, list[float]] = defaultdict(list)
     by_time: dict[str, list[dict]] = defaultdict(list)
     for event in new:
@@ -107,10 +116,16 @@ def replay(spark, tmp_path_factory, redis_server):
                 assert answer.status_code == 200, answer.text
                 key = (event["user_id"], event["item_id"], _micros(ts))
                 served[key].append(answer.json())
+                if event["item_id"] in repriced - priced and "price" in event:
+                    fresh = api.post("/v1/model-inputs", json={
+                        **body, "item_context": {"price": [event["price"]]}})
+                    stale[key].append(fresh.json())
                 scored = api.post("/v1/rank", json={**body, "model": "ranker"})
                 assert scored.status_code == 200, scored.text
                 ranked[key].append(scored.json()["items"][0]["score"])
             seen.update(event["item_id"] for event in by_time[ts])
+            priced.update(e["item_id"] for e in by_time[ts] if e["item_id"] in repriced
+                          and "price" in e)
             pushed = api.post("/v1/push", json={"events": by_time[ts]})
             assert pushed.json()["rejected"] == [], pushed.text
             processor.refresh_base()
@@ -145,7 +160,8 @@ def replay(spark, tmp_path_factory, redis_server):
                    progress=lambda _: None)
     return {"first": first, "full": full, "served": served, "refused": refused,
             "bad": bad, "first_seen": first_seen, "ranked": ranked, "trained": trained,
-            "many": many.json(), "url": url, "asked": {**asked, "at": new[-1]["ts"]}}
+            "many": many.json(), "url": url, "asked": {**asked, "at": new[-1]["ts"]},
+            "stale": stale}
 
 
 def _examples(output: Path, day: str) -> list[dict]:
@@ -163,8 +179,27 @@ def _oov_online(value, expected, first_new: int | None) -> bool:
     return first_new is not None and value == OOV_ID and expected >= first_new
 
 
+def _compared(got, expected, dtype: str, first_new: int | None) -> str:
+    """``equal``, ``apart`` (an id the published fit does not have, served out of
+    vocabulary) or ``differ``."""
+    if dtype != "int64":
+        return "equal" if math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6) else "differ"
+    got_list = got if isinstance(got, list) else [got]
+    expected_list = expected if isinstance(expected, list) else [expected]
+    if got_list == expected_list:
+        return "equal"
+    if all(g == e or _oov_online(g, e, first_new)
+           for g, e in zip(got_list, expected_list, strict=True)):
+        return "apart"
+    return "differ"
+
+
 def test_every_served_row_equals_the_training_row(replay):
-    first, full, served = replay["first"], replay["full"], replay["served"]
+    """Every replayed event's served row equals the full run's example row. The repriced
+    items' events before their new price reached the API differ in the price alone (served:
+    the latest price an earlier event carried; trained on: the event's own); given the new
+    price as item_context, they are equal too."""
+    first, full, served, stale = replay["first"], replay["full"], replay["served"], replay["stale"]
     features = read_metadata(full.output).features
     categorify = read_metadata(first.output).artifacts["categorify"]
     # Per id feature, the first id the published fit did not have.
@@ -179,36 +214,39 @@ def test_every_served_row_equals_the_training_row(replay):
     compared = defaultdict(int)
     apart = defaultdict(int)
     differ = []
+    old_price = 0
+
+    def device_of(answers: list[dict], row: dict) -> dict:
+        # Events of one user, item and time differ in their request columns (the device).
+        return next(a for a in answers if a["features"]["device_cat"] == [row["device_cat"]])
+
     for row in examples:
         key = (row["user_id"], row["item_id"], _micros(row["ts"]))
-        # Events of one user, item and time differ in their request columns (the device).
-        answer = next(a for a in served[key]
-                      if a["features"]["device_cat"] == [row["device_cat"]])
+        answer = device_of(served[key], row)
+        if key in stale:
+            changed = {f.name for f in features if _compared(
+                answer["features"][f.name][0], row[f.name], f.dtype,
+                first_new.get(f.name)) == "differ"}
+            assert changed == {"price_norm"}, (key, changed)
+            old_price += 1
+            answer = device_of(stale[key], row)
         for feature in features:
             name = feature.name
-            got = answer["features"][name][0]
-            expected = row[name]
-            if feature.dtype == "int64":
-                got_list = got if isinstance(got, list) else [got]
-                expected_list = expected if isinstance(expected, list) else [expected]
-                if got_list == expected_list:
-                    compared[name] += 1
-                elif all(g == e or _oov_online(g, e, first_new.get(name))
-                         for g, e in zip(got_list, expected_list, strict=True)):
-                    apart[name] += 1
-                else:
-                    differ.append((name, key, got, expected))
+            outcome = _compared(answer["features"][name][0], row[name], feature.dtype,
+                                first_new.get(name))
+            if outcome == "equal":
+                compared[name] += 1
+            elif outcome == "apart":
+                apart[name] += 1
             else:
-                if math.isclose(got, expected, rel_tol=1e-6, abs_tol=1e-6):
-                    compared[name] += 1
-                else:
-                    differ.append((name, key, got, expected))
+                differ.append((name, key, answer["features"][name][0], row[name]))
     assert differ == [], (len(differ), differ[:10])
     assert set(compared) == {f.name for f in features}
     assert min(compared.values()) > 300, dict(compared)
     assert replay["first_seen"] > 0  # the item_context path is taken
+    assert old_price >= 5  # the repriced items' first events
     print({"rows": len(examples), "compared": dict(compared), "apart": dict(apart),
-           "items_first_seen": replay["first_seen"]})
+           "items_first_seen": replay["first_seen"], "served_the_old_price": old_price})
 
 
 def test_served_groups_are_the_tfrecords_layout(replay):
@@ -267,6 +305,8 @@ def test_served_scores_equal_the_trained_models_on_the_training_rows(replay):
                      if a["features"]["device_cat"] == [row["device_cat"]])
         if any(v >= n for name, n in cardinality.items() for v in _listed(row[name])):
             continue  # an id the published fit does not have: out of vocabulary online
+        if key in replay["stale"]:
+            continue  # served the old price
         rows.append(row)
         scores.append(ranked[key][index])
     assert len(rows) > 300
