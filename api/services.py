@@ -29,7 +29,7 @@ from featureline.core.drift import METRICS_FILE as CHECKS_METRICS
 from featureline.core.errors import UnavailableError
 from featureline.core.events import EventContract
 from featureline.core.metadata import encoded_name, read_metadata
-from featureline.core.scoring import GATE_METRICS, DenseModel, ModelNotExportedError
+from featureline.core.scoring import GATE_METRICS, Ranker, load_rankers
 from featureline.feature_store.feature_log import (
     REPORT_METRICS,
     feature_types,
@@ -114,8 +114,9 @@ class Services:
     # How the served output's example features are computed at a request time; None: it
     # records none.
     inputs: ServedInputs | None = None
-    # The dense parts exported beside the parameter server's tables, by model.
-    rankers: dict[str, DenseModel] = field(default_factory=dict)
+    # The models exported beside the parameter server's tables (the dense part, the trees),
+    # by name.
+    rankers: dict[str, Ranker] = field(default_factory=dict)
     # What a reload holds /v1/rank with.
     swap: ModelSwap = field(default_factory=ModelSwap)
 
@@ -131,7 +132,7 @@ class Services:
             raise UnavailableError("no parameter server is configured (api.hps)")
         return self.hps
 
-    def ranker(self, name: str) -> DenseModel:
+    def ranker(self, name: str) -> Ranker:
         """The model ``name`` that /v1/rank scores with: 404 when none of that name was
         exported, 503 when it was trained on another fit than the served dataset's."""
         model = self.rankers.get(name)
@@ -264,16 +265,10 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
     return services
 
 
-def _rankers(hps: str | None) -> dict[str, DenseModel]:
-    """The dense part the trainer exported beside the parameter server's configuration, by
-    model name; none without one."""
-    if not hps:
-        return {}
-    try:
-        model = DenseModel.load(Path(hps).parent)
-    except ModelNotExportedError:
-        return {}
-    return {model.layout["model"]: model}
+def _rankers(hps: str | None) -> dict[str, Ranker]:
+    """The models the trainer exported beside the parameter server's configuration, by
+    name; none without one."""
+    return load_rankers(Path(hps).parent) if hps else {}
 
 
 class _Dataset(NamedTuple):

@@ -27,6 +27,9 @@ from featureline.core.ids import PADDING_ID
 
 DENSE_LAYOUT = "dense.json"
 DENSE_WEIGHTS = "dense.npz"
+# The gradient-boosted trees exported beside them (LightGBM's text format, and the layout).
+TREES_MODEL = "gbdt.txt"
+TREES_LAYOUT = "gbdt.json"
 # The quality gate's latest verdict, in Prometheus' format, in the served model's folder.
 GATE_METRICS = "gate.prom"
 # (table, ids) → [len(ids), width] float32 vectors.
@@ -137,6 +140,11 @@ class DenseModel:
             return np.maximum(x, 0.0)
         return 0.5 * (1.0 + np.tanh(0.5 * x))  # the sigmoid, without exp's overflow
 
+    def rank(self, features: Mapping[str, np.ndarray], groups: Mapping[str, np.ndarray],
+             lookup: Lookup) -> np.ndarray:
+        """The score of each candidate of a request (its ``/v1/model-inputs`` answer)."""
+        return self.scores(groups, lookup)
+
     def scores(self, groups: Mapping[str, np.ndarray], lookup: Lookup) -> np.ndarray:
         """The model's score per row of ``groups`` (TFRecord group → [rows, width]); each
         table is looked up once, for the distinct ids of every column that reads it (the
@@ -209,3 +217,72 @@ class DenseModel:
                 embedded[name] = (ids, found[start:start + ids.size].reshape(*ids.shape, -1))
                 start += ids.size
         return embedded
+
+
+@dataclass(frozen=True)
+class TreeModel:
+    """The gradient-boosted trees ``featureline train`` exports beside the dense part (the
+    ``[gbdt]`` extra): LightGBM's own predictor over the examples' columns by name, one
+    thread."""
+
+    layout: dict[str, Any]
+    booster: Any
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TreeModel:
+        folder = Path(folder)
+        try:
+            layout = json.loads((folder / TREES_LAYOUT).read_text())
+        except (OSError, ValueError) as exc:
+            raise ModelFileError(folder / TREES_LAYOUT, f"not readable: {exc}") from None
+        try:
+            import lightgbm
+        except ImportError:
+            raise ModelFileError(folder / TREES_MODEL, "lightgbm is not installed: pip "
+                                 "install 'featureline[gbdt]' to serve the trees") from None
+        try:
+            booster = lightgbm.Booster(model_str=(folder / TREES_MODEL).read_text())
+        except (OSError, lightgbm.basic.LightGBMError) as exc:
+            raise ModelFileError(folder / TREES_MODEL, f"not readable: {exc}") from None
+        return cls(layout, booster)
+
+    @property
+    def version(self) -> str:
+        return str(self.layout["version"])
+
+    @property
+    def versions(self) -> dict[str, Any]:
+        return dict(self.layout.get("versions", {}))
+
+    def rank(self, features: Mapping[str, np.ndarray], groups: Mapping[str, np.ndarray],
+             lookup: Lookup) -> np.ndarray:
+        return self.predict(features)
+
+    def predict(self, columns: Mapping[str, Any]) -> np.ndarray:
+        """The score per row of ``columns`` (name → values; model-ready, as the examples
+        hold them). A categorical value training never saw is missing to the trees."""
+        import pandas as pd
+
+        frame = pd.DataFrame({name: np.asarray(columns[name]) for name in self.layout["columns"]})
+        for name in self.layout["categorical"]:
+            frame[name] = frame[name].astype("category")
+        return np.asarray(self.booster.predict(frame, num_threads=1), dtype=np.float64)
+
+
+# A model /v1/rank scores with.
+Ranker = DenseModel | TreeModel
+
+
+def load_rankers(folder: str | Path) -> dict[str, Ranker]:
+    """The models exported in ``folder``, by name: the dense part, and the trees when they
+    were exported; none without a dense part."""
+    folder = Path(folder)
+    try:
+        dense = DenseModel.load(folder)
+    except ModelNotExportedError:
+        return {}
+    models: dict[str, Ranker] = {dense.layout["model"]: dense}
+    if (folder / TREES_LAYOUT).exists():
+        trees = TreeModel.load(folder)
+        models[trees.layout["model"]] = trees
+    return models

@@ -448,14 +448,17 @@ def train(path: str | None, data: str | None, out: str, epochs: int, patience: i
               show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False),
               help="The Parquet file to write (default: <model>/scores-<split>.parquet)")
+@click.option("--model-name", help="Which exported model: its dense part by default, "
+                                   "<name>-gbdt for the gradient-boosted trees")
 def score(path: str | None, data: str | None, model_dir: str, split: str,
-          out: str | None) -> None:
+          out: str | None, model_name: str | None) -> None:
     """Score an ETL output's examples with an exported model, as /v1/rank scores a request:
-    the examples' keys and each one's score, as Parquet."""
+    the examples' keys, labels and each one's score, as Parquet."""
     from featureline.trainer.score import write_scores
 
     target = out or str(Path(model_dir) / f"scores-{split}.parquet")
-    rows = write_scores(data or _config(path).etl.output.path, model_dir, target, split)
+    rows = write_scores(data or _config(path).etl.output.path, model_dir, target, split,
+                        model_name)
     click.echo(f"scored {rows:,} {split} examples → {target}")
 
 
@@ -472,20 +475,24 @@ def score(path: str | None, data: str | None, model_dir: str, split: str,
                    "(never the served one)")
 def promote(path: str | None, data: str | None, candidate: str, served: str | None,
             force: str | None, keep: int | None) -> None:
-    """Serve a trained model only when it is not worse than the served one: both scored on
-    the ETL output's validation day (the quality gate, trainer.gate). Exits 1 when refused;
-    the served model is left as it was."""
+    """Serve a trained model only when it is not worse than the served one: each of its
+    models (the dense part, the trees) and the served one of its name scored on the ETL
+    output's validation day (the quality gate, trainer.gate). Exits 1 when one is refused;
+    the served models are left as they were."""
     from featureline.trainer.quality import promote as run_promote
 
     config = _config(path)
     if served is None and not config.api.hps:
         raise ConfigError("api.hps", "no served model to compare with: set api.hps or --served")
     link = served or str(Path(str(config.api.hps)).parent)
-    verdict = run_promote(data or config.etl.output.path, candidate, link, config.trainer.gate,
-                          force=force, keep=keep)
-    click.echo(verdict.summary())
-    if not verdict.promoted:
+    verdicts = run_promote(data or config.etl.output.path, candidate, link,
+                           config.trainer.gate, force=force, keep=keep)
+    for verdict in verdicts:
+        click.echo(verdict.summary())
+    if not all(verdict.promoted for verdict in verdicts):
+        click.echo(f"{link} still serves {Path(link).resolve()}")
         sys.exit(1)
+    click.echo(f"{link} serves {candidate}")
 
 
 @main.command("training-set")

@@ -80,8 +80,7 @@ def replay(spark, tmp_path_factory, redis_server):
                          aggregations=AGGREGATIONS)
     first = job.run(config, spark, progress=lambda _: None)
     # The reference model on the first run's TFRecords: its tables and dense part exported.
-    trained = train(first.output, root / "model", epochs=1, gbdt=False,
-                    progress=lambda _: None)
+    trained = train(first.output, root / "model", epochs=1, progress=lambda _: None)
 
     project = copy_project(root, ttl="3650d", api={"auth": {"enabled": False},
                                                    "data": str(first.output),
@@ -97,6 +96,7 @@ def replay(spark, tmp_path_factory, redis_server):
     stale: dict[tuple, list[dict]] = defaultdict(list)
     priced: set[str] = set()
     ranked: dict[tuple, list[float]] = defaultdict(list)
+    ranked_trees: dict[tuple, list[float]] = defaultdict(list)
     by_time: dict[str, list[dict]] = defaultdict(list)
     for event in new:
         by_time[event["ts"]].append(event)
@@ -123,6 +123,9 @@ def replay(spark, tmp_path_factory, redis_server):
                 scored = api.post("/v1/rank", json={**body, "model": "ranker"})
                 assert scored.status_code == 200, scored.text
                 ranked[key].append(scored.json()["items"][0]["score"])
+                scored = api.post("/v1/rank", json={**body, "model": "ranker-gbdt"})
+                assert scored.status_code == 200, scored.text
+                ranked_trees[key].append(scored.json()["items"][0]["score"])
             seen.update(event["item_id"] for event in by_time[ts])
             priced.update(e["item_id"] for e in by_time[ts] if e["item_id"] in repriced
                           and "price" in e)
@@ -161,7 +164,7 @@ def replay(spark, tmp_path_factory, redis_server):
     return {"first": first, "full": full, "served": served, "refused": refused,
             "bad": bad, "first_seen": first_seen, "ranked": ranked, "trained": trained,
             "many": many.json(), "url": url, "asked": {**asked, "at": new[-1]["ts"]},
-            "stale": stale}
+            "stale": stale, "ranked_trees": ranked_trees}
 
 
 def _examples(output: Path, day: str) -> list[dict]:
@@ -329,6 +332,40 @@ def test_served_scores_equal_the_trained_models_on_the_training_rows(replay):
         assert any(s == pytest.approx(served_score, rel=1e-6, abs=1e-7) for s in by_key[key])
 
 
+def test_the_trees_serve_the_scores_featureline_score_gives(replay):
+    """The gradient-boosted trees exported beside the model: /v1/rank's score of each
+    replayed event (LightGBM over the served features) equals `featureline score`'s of the
+    full run's example — and the booster's own on those rows."""
+    import lightgbm
+
+    from featureline.trainer.score import score
+
+    full, ranked = replay["full"], replay["ranked_trees"]
+    metadata = read_metadata(replay["first"].output)
+    cardinality = {f.name: f.cardinality for f in metadata.features if f.cardinality}
+    offline = score(full.output, replay["trained"].out, "valid", "ranker-gbdt").to_pylist()
+    by_key = defaultdict(list)
+    for r in offline:
+        by_key[(r["user_id"], r["item_id"], _micros(r["ts"]))].append(r["score"])
+    rows = 0
+    for row in _examples(full.output, LAST_DAY):
+        key = (row["user_id"], row["item_id"], _micros(row["ts"]))
+        if key in replay["stale"] or any(
+                v >= n for name, n in cardinality.items() for v in _listed(row[name])):
+            continue  # served the old price, or an id the published fit does not have
+        assert any(s == pytest.approx(t, rel=1e-5, abs=1e-6)
+                   for s in by_key[key] for t in ranked[key]), key
+        rows += 1
+    assert rows > 300
+    trees = lightgbm.Booster(model_file=str(replay["trained"].out / "gbdt.txt"))
+    frame = (ds.dataset(full.output / "examples", format="parquet", partitioning="hive")
+             .to_table(filter=ds.field("split") == "valid").to_pandas())
+    layout = json.loads((replay["trained"].out / "gbdt.json").read_text())
+    frame = frame[layout["columns"]].astype({c: "category" for c in layout["categorical"]})
+    assert np.allclose([r["score"] for r in offline], trees.predict(frame), atol=1e-6)
+    assert np.std([r["score"] for r in offline]) > 0
+
+
 def test_a_hundred_candidates_come_back_in_the_models_order(replay):
     """/v1/rank of 100 candidates: sorted best first, each score the Keras model's on the
     input row it returns."""
@@ -401,16 +438,24 @@ def test_the_gate_keeps_a_worse_model_out_and_a_reload_swaps_whole_models(replay
                 {k: rng.normal(0, 0.5, v.shape) for k, v in dense.weights.items()})
     ran = CliRunner().invoke(main, ["promote", str(untrained), "--data", str(full),
                                     "--served", str(link)])
-    assert ran.exit_code == 1 and "REFUSED: worse than the served model" in ran.output
-    refused = Verdict(**json.loads((untrained / "gate.json").read_text()))
+    assert ran.exit_code == 1 and "REFUSED: ranker is worse than the served model" in ran.output
+    (refused,) = [Verdict(**v) for v in json.loads((untrained / "gate.json").read_text())[
+        "models"]]
     assert not refused.promoted
     assert refused.reference["version"] == DenseModel.load(a).version
     assert refused.candidate["auc"] < refused.reference["auc"] - 0.05
     assert link.resolve() == a.resolve()
     assert 'featureline_model_gate_refused{model="ranker"} 1.0' in (a / "gate.prom").read_text()
 
+    # A copy of the served export: the dense part and the trees, each as good as served.
+    again = shutil.copytree(a, tmp_path / "again")
+    verdicts = promote(full, again, link, GateConfig())
+    assert {v.model: v.promoted for v in verdicts} == {"ranker": True, "ranker-gbdt": True}
+    assert all(v.reference["name"] == "served model" and v.candidate["auc"] == v.reference["auc"]
+               for v in verdicts)
+    assert link.resolve() == again.resolve()
     b = _variant(a, tmp_path / "b", noise=1e-3, bias=0.02, seed=2)
-    accepted = promote(full, b, link, GateConfig())
+    (accepted,) = promote(full, b, link, GateConfig())
     assert accepted.promoted and accepted.reference["name"] == "served model", accepted.reason
     assert link.resolve() == b.resolve()
     point(link, a)

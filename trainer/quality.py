@@ -30,9 +30,10 @@ from featureline.core.errors import ConfigError
 from featureline.core.metadata import Metadata, encoded_name, present, read_metadata
 from featureline.core.scoring import (
     GATE_METRICS,
-    DenseModel,
     ModelFileError,
     ModelNotExportedError,
+    Ranker,
+    load_rankers,
 )
 from featureline.etl.tfrecord.reader import read_numpy
 from featureline.trainer.settings import GateConfig
@@ -94,8 +95,9 @@ def popularity_scores(metadata: Metadata, split: str = "valid") -> dict[str, flo
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the gate decided, on which rows, against what."""
+    """What the gate decided of one model, on which rows, against what."""
 
+    model: str
     promoted: bool
     reason: str
     candidate: dict[str, Any]  # path, version, auc, log_loss
@@ -120,54 +122,65 @@ class Verdict:
                           if "log_loss" in self.reference else ""))
         word = ("REFUSED" if not self.promoted else
                 f"promoted (forced: {self.forced})" if self.forced else "promoted")
-        return f"{word}: {self.reason} ({self.rows:,} validation rows: {scores})"
+        return f"{word}: {self.model} {self.reason} ({self.rows:,} validation rows: {scores})"
 
 
-def _scored(data: Path, model: Path, label: str) -> dict[str, Any]:
-    """The examples' labels and ``model``'s scores, validation split."""
+def _scored(data: Path, model: Path, label: str, name: str) -> dict[str, Any]:
+    """The examples' labels and the scores of the model ``name`` exported in ``model``,
+    validation split."""
     from featureline.trainer.score import SCORE, score
 
-    table = score(data, model)
+    table = score(data, model, name=name)
     return {"labels": table.column(label).to_numpy(), "scores": table.column(SCORE).to_numpy()}
 
 
 def judge(data: str | Path, candidate: str | Path, served: str | Path | None,
-          gate: GateConfig) -> Verdict:
-    """Score ``candidate`` and the model ``served`` points at on ``data``'s validation split
-    and decide whether the candidate may replace it."""
+          gate: GateConfig) -> list[Verdict]:
+    """Score every model exported in ``candidate`` (the dense part, the trees) and the
+    served model of its name on ``data``'s validation split, and decide whether each may
+    replace it."""
     data, candidate = Path(data), Path(candidate)
+    models = load_rankers(candidate)
+    if not models:
+        raise ModelNotExportedError(candidate)
+    return [_judged(data, candidate, served, gate, name, model)
+            for name, model in models.items()]
+
+
+def _judged(data: Path, candidate: Path, served: str | Path | None, gate: GateConfig,
+            name: str, model: Ranker) -> Verdict:
     metadata = read_metadata(data)
     fit = metadata.fit.version if metadata.fit else None
-    model = DenseModel.load(candidate)
     if model.versions.get("fit") != fit:
         raise ConfigError("--data", f"{candidate} was trained on examples of fit "
                           f"{model.versions.get('fit')}; {data} is of fit {fit}")
     label = present(metadata.label, metadata, "label").name
-    mine = _scored(data, candidate, label)
+    mine = _scored(data, candidate, label, name)
     ours: dict[str, Any] = {"path": str(candidate.resolve()), "version": model.version,
-            **evaluate(mine["labels"], mine["scores"])}
+                            **evaluate(mine["labels"], mine["scores"])}
 
     def verdict(promoted: bool, reason: str, reference: dict[str, Any] | None) -> Verdict:
-        return Verdict(promoted, reason, ours, reference, len(mine["labels"]),
+        return Verdict(name, promoted, reason, ours, reference, len(mine["labels"]),
                        metadata.dataset_version, gate.model_dump(), time.time())
 
     if served is None or not Path(served).exists():
-        return verdict(True, "no model is served yet", None)
+        return verdict(True, "is the first served", None)
     served = Path(served)
     if served.resolve() == candidate.resolve():
-        return verdict(True, "the candidate is the served model", None)
+        return verdict(True, "is the served model", None)
     try:
-        current = DenseModel.load(served)
-        unread = (None if current.versions.get("fit") == fit else
-                  f"the served model is of fit {current.versions.get('fit')}, the day's "
-                  f"examples of {fit}")
-    except (ModelNotExportedError, ModelFileError) as exc:
-        unread = f"the served model cannot be read ({exc})"
-    if unread is None:
-        theirs = _scored(data, served, label)
+        current = load_rankers(served).get(name)
+        unread = ("is not served yet" if current is None else
+                  None if current.versions.get("fit") == fit else
+                  f"is served of fit {current.versions.get('fit')}, the day's examples of "
+                  f"{fit}")
+    except ModelFileError as exc:
+        current, unread = None, f"cannot be read where served ({exc})"
+    if current is not None and unread is None:
+        theirs = _scored(data, served, label, name)
         reference: dict[str, Any] = {"name": "served model", "path": str(served.resolve()),
-                     "version": current.version,
-                     **evaluate(theirs["labels"], theirs["scores"])}
+                                     "version": current.version,
+                                     **evaluate(theirs["labels"], theirs["scores"])}
         worse = []
         if ours["auc"] < reference["auc"] - gate.max_auc_drop:
             worse.append(f"AUC {ours['auc']:.4f} < {reference['auc']:.4f} - "
@@ -175,8 +188,8 @@ def judge(data: str | Path, candidate: str | Path, served: str | Path | None,
         if ours["log_loss"] > reference["log_loss"] + gate.max_log_loss_rise:
             worse.append(f"log-loss {ours['log_loss']:.4f} > {reference['log_loss']:.4f} + "
                          f"{gate.max_log_loss_rise:g}")
-        reason = ("worse than the served model: " + "; ".join(worse) if worse else
-                  "not worse than the served model")
+        reason = ("is worse than the served model: " + "; ".join(worse) if worse else
+                  "is not worse than the served model")
         return verdict(not worse, reason, reference)
     baseline: dict[str, Any] = {"name": "popularity", **popularity_scores(metadata)}
     del baseline["log_loss"]  # the model is held to the baseline's ranking, not its calibration
@@ -201,46 +214,51 @@ def point(link: Path, target: Path) -> None:
     os.replace(staged, link)
 
 
-def prometheus(verdict: Verdict, model: str) -> str:
-    """The verdict in Prometheus' text format (the API's /metrics exports the served
-    model's file; the FeaturelineModelRefused alert reads it)."""
+def prometheus(verdicts: list[Verdict]) -> str:
+    """The verdicts in Prometheus' text format (the API's /metrics exports the served
+    folder's file; the FeaturelineModelRefused alert reads it)."""
     registry = CollectorRegistry()
-    Gauge("featureline_model_gate_refused", "1 when the newest candidate was refused and the "
-          "model served before it still serves, else 0", ["model"],
-          registry=registry).labels(model).set(int(not verdict.promoted))
+    refused = Gauge("featureline_model_gate_refused", "1 when the newest candidate of the model "
+                    "was refused and the one served before it still serves, else 0",
+                    ["model"], registry=registry)
     scores = Gauge("featureline_model_gate_score", "The validation day's scores the gate "
                    "compared", ["model", "role", "metric"], registry=registry)
-    for role, values in (("candidate", verdict.candidate), ("reference", verdict.reference)):
-        for metric in ("auc", "log_loss"):
-            if values is not None and metric in values:
-                scores.labels(model, role, metric).set(values[metric])
+    for verdict in verdicts:
+        refused.labels(verdict.model).set(int(not verdict.promoted))
+        for role, values in (("candidate", verdict.candidate),
+                             ("reference", verdict.reference)):
+            for metric in ("auc", "log_loss"):
+                if values is not None and metric in values:
+                    scores.labels(verdict.model, role, metric).set(values[metric])
     Gauge("featureline_model_gate_run_timestamp_seconds", "When the gate decided (Unix time)",
-          registry=registry).set(verdict.decided_at)
+          registry=registry).set(max((v.decided_at for v in verdicts), default=time.time()))
     return generate_latest(registry).decode()
 
 
 def promote(data: str | Path, candidate: str | Path, served: str | Path, gate: GateConfig,
-            *, force: str | None = None, keep: int | None = None) -> Verdict:
-    """Judge ``candidate`` against the model ``served`` links to; when it may replace it (or
-    ``force`` gives the reason to), point ``served`` at it. The verdict is written to the
-    candidate's folder (``gate.json``) and, in Prometheus' format, to the folder served
-    afterwards (``gate.prom``). ``keep``: then delete all but the newest ``keep`` folders
-    beside the candidate (the served one always stays)."""
+            *, force: str | None = None, keep: int | None = None) -> list[Verdict]:
+    """Judge every model in ``candidate`` against the one of its name ``served`` links to;
+    when none is worse (or ``force`` gives the reason to serve them all the same), point
+    ``served`` at the candidate. The verdicts are written to the candidate's folder
+    (``gate.json``) and, in Prometheus' format, to the folder served afterwards
+    (``gate.prom``). ``keep``: then delete all but the newest ``keep`` folders beside the
+    candidate (the served one always stays)."""
     candidate, served = Path(candidate), Path(served)
-    verdict = judge(data, candidate, served, gate)
-    if force and not verdict.promoted:
-        verdict = dataclasses.replace(verdict, promoted=True, forced=force)
-    (candidate / VERDICT_FILE).write_text(json.dumps(verdict.to_json(), indent=2))
-    if verdict.promoted:
+    verdicts = judge(data, candidate, served, gate)
+    if force and not all(v.promoted for v in verdicts):
+        verdicts = [dataclasses.replace(v, promoted=True, forced=force) for v in verdicts]
+    promoted = all(v.promoted for v in verdicts)
+    (candidate / VERDICT_FILE).write_text(json.dumps(
+        {"promoted": promoted, "models": [v.to_json() for v in verdicts]}, indent=2))
+    if promoted:
         point(served, candidate)
-    model = DenseModel.load(candidate).layout["model"]
     if served.exists():
         staged = served / f".{GATE_METRICS}.{os.getpid()}"
-        staged.write_text(prometheus(verdict, model))
+        staged.write_text(prometheus(verdicts))
         os.replace(staged, served / GATE_METRICS)
     if keep is not None:
         prune(candidate.parent, keep, served.resolve())
-    return verdict
+    return verdicts
 
 
 def prune(folder: Path, keep: int, served: Path) -> list[Path]:

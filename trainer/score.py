@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 
 from featureline.core.errors import ConfigError
 from featureline.core.metadata import read_metadata
-from featureline.core.scoring import DenseModel
+from featureline.core.scoring import ModelNotExportedError, TreeModel, load_rankers
 from featureline.hps.config import load_hps_config
 from featureline.hps.formats import read_hugectr
 from featureline.trainer.export import HPS_CONFIG
@@ -44,43 +44,62 @@ def _tables(model_dir: Path, model_name: str) -> dict[str, tuple[np.ndarray, flo
     return tables
 
 
-def score(data: str | Path, model_dir: str | Path, split: str = "valid") -> pa.Table:
+def score(data: str | Path, model_dir: str | Path, split: str = "valid",
+          name: str | None = None) -> pa.Table:
     """The keys (``metadata.keys``) of ``data``'s ``split`` examples, their label and each
-    one's score."""
+    one's score by the model ``name`` exported in ``model_dir`` (default: its dense part;
+    ``<name>-gbdt``: the trees)."""
     data, model_dir = Path(data), Path(model_dir)
     metadata = read_metadata(data)
-    model = DenseModel.load(model_dir)
-    tables = _tables(model_dir, model.layout["model"])
+    models = load_rankers(model_dir)
+    if not models:
+        raise ModelNotExportedError(model_dir)
+    model = models.get(name) if name else next(iter(models.values()))
+    if model is None:
+        raise ConfigError("--model-name", f"{model_dir} holds no model {name!r}; it holds "
+                          f"{', '.join(sorted(models))}")
+    if isinstance(model, TreeModel):
+        trees = model
+        columns = list(trees.layout["columns"])
 
-    def lookup(table: str, ids: np.ndarray) -> np.ndarray:
-        rows, default = tables[table]
-        inside = ids < len(rows)
-        vectors = np.full((len(ids), rows.shape[1]), default, dtype=np.float32)
-        vectors[inside] = rows[ids[inside]]
-        return vectors
+        def rank(batch: pa.RecordBatch) -> np.ndarray:
+            return trees.predict({c: batch.column(c).to_numpy(zero_copy_only=False)
+                                  for c in columns})
+    else:
+        dense = model
+        tables = _tables(model_dir, dense.layout["model"])
 
-    columns = [c["name"] for g in model.layout["groups"] for c in g["columns"]]
+        def lookup(table: str, ids: np.ndarray) -> np.ndarray:
+            rows, default = tables[table]
+            inside = ids < len(rows)
+            vectors = np.full((len(ids), rows.shape[1]), default, dtype=np.float32)
+            vectors[inside] = rows[ids[inside]]
+            return vectors
+
+        columns = [c["name"] for g in dense.layout["groups"] for c in g["columns"]]
+
+        def rank(batch: pa.RecordBatch) -> np.ndarray:
+            groups = {}
+            for group in dense.layout["groups"]:
+                blocks = [np.asarray(batch.column(c["name"]).to_pylist()
+                                     ).reshape(batch.num_rows, -1) for c in group["columns"]]
+                groups[group["name"]] = np.hstack(blocks)
+            return dense.scores(groups, lookup)
+
     kept = [*metadata.keys, *([metadata.label.name] if metadata.label else [])]
     examples = ds.dataset(data / "examples", format="parquet", partitioning="hive")
     table = examples.to_table(columns=list(dict.fromkeys([*kept, *columns])),
                               filter=pc.field("split") == split)
-    scores = []
-    for batch in table.to_batches(BATCH_ROWS):
-        groups = {}
-        for group in model.layout["groups"]:
-            blocks = [np.asarray(batch.column(c["name"]).to_pylist()).reshape(batch.num_rows, -1)
-                      for c in group["columns"]]
-            groups[group["name"]] = np.hstack(blocks)
-        scores.append(model.scores(groups, lookup))
+    scores = [rank(batch) for batch in table.to_batches(BATCH_ROWS)]
     keys = table.select(kept)
     values = np.concatenate(scores) if scores else np.zeros(0, dtype=np.float32)
-    return keys.append_column(SCORE, pa.array(values, pa.float32()))
+    return keys.append_column(SCORE, pa.array(values.astype(np.float32), pa.float32()))
 
 
 def write_scores(data: str | Path, model_dir: str | Path, out: str | Path,
-                 split: str = "valid") -> int:
+                 split: str = "valid", name: str | None = None) -> int:
     """:func:`score` written to ``out`` (Parquet); the rows written."""
-    scored = score(data, model_dir, split)
+    scored = score(data, model_dir, split, name)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(scored, out)
     return scored.num_rows

@@ -22,6 +22,7 @@ import numpy as np
 
 from featureline.core.errors import ConfigError, MetadataFormatError
 from featureline.core.metadata import Metadata, encoded_name, read_metadata
+from featureline.core.scoring import TREES_LAYOUT, TREES_MODEL
 from featureline.etl.tfrecord.reader import dataset, read_numpy
 from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
@@ -170,15 +171,20 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
                   "model": evaluate(labels, predicted),
                   "baseline": {"name": "item popularity (smoothed training click rate)",
                                "prior": prior, **evaluate(labels, item_rate[items])}}
+    exported_trees = False
     if gbdt:
         progress("training the gradient-boosted trees baseline on the Parquet examples")
-        trees = gbdt_baseline(metadata, seed)
+        trees = gbdt_baseline(metadata, seed, Path(out), model_name)
         if "rows" in trees and (trees["rows"], trees["positives"]) != (len(labels),
                                                                       int(labels.sum())):
             raise MetadataFormatError(str(data), "the Parquet examples' validation split "
                                       f"({trees['rows']:,} rows) is not the TFRecords' "
                                       f"({len(labels):,})")
         validation["gbdt"] = trees
+        exported_trees = "rounds" in trees
+    if not exported_trees:  # nor any of an earlier run in the folder
+        for name in (TREES_MODEL, TREES_LAYOUT):
+            (Path(out) / name).unlink(missing_ok=True)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fit = (None if metadata.fit is None else

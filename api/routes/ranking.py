@@ -25,7 +25,7 @@ from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
 from featureline.core.aggregations import INPUTS_PREFIX
 from featureline.core.events import micros_of
-from featureline.core.scoring import DenseModel
+from featureline.core.scoring import Ranker
 from featureline.feature_store.online import OnlineFeatures
 
 router = APIRouter(prefix="/v1", tags=["ranking"], dependencies=[Depends(require("read"))])
@@ -112,11 +112,11 @@ def rank(body: RankRequest, services: Services = Depends(get_services)) -> FastJ
     tiers, one forward pass of the dense part for every candidate."""
     server = services.parameter_server()
 
-    def ranked() -> tuple[DenseModel, dict[str, np.ndarray], int, np.ndarray]:
+    def ranked() -> tuple[Ranker, dict[str, np.ndarray], int, np.ndarray]:
         model = services.ranker(body.model)
-        _, groups, at_us = _inputs(body, services)
+        features, groups, at_us = _inputs(body, services)
         lookup = functools.partial(server.lookup, body.model)
-        return model, groups, at_us, model.scores(groups, lookup)
+        return model, groups, at_us, model.rank(features, groups, lookup)
 
     model, groups, at_us, scores = services.swap.read(ranked)
     order = np.argsort(-scores, kind="stable")[:body.top_k]
