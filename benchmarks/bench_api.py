@@ -581,8 +581,8 @@ class _Reloads(threading.Thread):
 
 def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                       events: int = 400_000, days: int = 30, rate: float = 500,
-                      seconds: float = 5.0, rounds: int = 2, rank: bool = False
-                      ) -> dict[str, Any]:
+                      seconds: float = 5.0, rounds: int = 2, rank: bool = False,
+                      workers: int = 1) -> dict[str, Any]:
     """``/v1/features`` for 1 user and 1 item: the entity views' features alone (A) against
     the same plus every aggregation of ``benchmarks/aggregations.yaml`` (B: 15 values over 5
     windows, merged from tiles at the request time), steps of A and B interleaved (A B B A
@@ -595,7 +595,9 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
     added) at 300 req/s, and ``/v1/model-inputs`` for the same kind of request (the model's
     whole input per candidate) at 200 req/s; with ``rank``, ``/v1/rank`` for it at 100 req/s
     (the reference model exported untrained: the ranking calls then look their embeddings up
-    too). Without ``output``, a log of ``events`` over ``days`` ending now is
+    too), the gradient-boosted trees trained on the output for it, and ``/v1/rank`` while
+    a thread reloads another model every ``seconds / 2``. ``workers``: the API's processes.
+    Without ``output``, a log of ``events`` over ``days`` ending now is
     generated and run through the ETL with the spec (the tiles' windows then hold events at
     the request time)."""
     import pyarrow.parquet as pq
@@ -608,7 +610,7 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version()},
-        "rate": rate, "seconds_per_step": seconds, "rounds": rounds}
+        "rate": rate, "seconds_per_step": seconds, "rounds": rounds, "workers": workers}
     spec = yaml.safe_load((Path(__file__).parent / "aggregations.yaml").read_text())
     with tempfile.TemporaryDirectory() as tmp, EmbeddedRedis(Path(tmp) / "redis") as redis:
         root = Path(tmp)
@@ -634,10 +636,14 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
                                     "api": {"data": str(output), "auth": {"enabled": False}}}
         link = root / "ranker"
         if rank:  # the reference model, untrained, exported for /v1/rank (two of them)
+            from featureline.trainer.gbdt import gbdt_baseline
             from featureline.trainer.quality import point
 
             models = [_exported_model(metadata, root / f"model-{seed}", seed).parent
                       for seed in (0, 1)]
+            started = time.perf_counter()
+            report["gbdt"] = gbdt_baseline(metadata, 0, models[0])  # its trees: ranker-gbdt
+            report["gbdt"]["train_s"] = round(time.perf_counter() - started, 1)
             point(link, models[0])
             settings["api"]["hps"] = str(link / "hps.yaml")
         repo = open_repo(parse_config(settings).feature_store, output, url=redis.url)
@@ -661,7 +667,8 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
         config_file.write_text(yaml.safe_dump({**settings, "api": {**settings["api"],
                                                                     "port": port}}))
         process = subprocess.Popen(
-            [str(BIN / "featureline"), "serve", "--config", str(config_file)],
+            [str(BIN / "featureline"), "serve", "--config", str(config_file),
+             "--workers", str(workers)],
             env={**os.environ, "REDIS_URL": redis.url}, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
         base = f"http://127.0.0.1:{port}"
@@ -721,7 +728,9 @@ def aggregations_cost(output: Path | None = None, *, users: int = 20_000,
             if rank:
                 loads["rank, 1 + 100"] = ("/v1/rank", LARGER_RATES["rank"], lambda: {
                     **candidates(), "context": {"device": "mobile"}, "model": "ranker"})
-                # The same load while the served model changes every second.
+                loads["rank trees, 1 + 100"] = ("/v1/rank", LARGER_RATES["rank"], lambda: {
+                    **candidates(), "context": {"device": "mobile"}, "model": "ranker-gbdt"})
+                # The same load as the model's while the served model changes.
                 loads["rank during reloads"] = loads["rank, 1 + 100"]
             for name, (path, load_rate, body) in loads.items():
                 load_rate = min(load_rate, rate)
@@ -787,13 +796,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--events", type=int, default=400_000, help="with --aggregations")
     parser.add_argument("--rate", type=float, default=500, help="with --aggregations")
     parser.add_argument("--rounds", type=int, default=2, help="with --aggregations")
+    parser.add_argument("--workers", type=int, default=1, help="with --aggregations: the "
+                        "API's processes")
     parser.add_argument("--rank", action="store_true",
                         help="with --aggregations: /v1/rank too (an untrained model exported; "
                              "the ranking calls then look their embeddings up)")
     args = parser.parse_args(argv)
     if args.aggregations:
         report = aggregations_cost(users=args.users, events=args.events, rate=args.rate,
-                                   seconds=args.seconds, rounds=args.rounds, rank=args.rank)
+                                   seconds=args.seconds, rounds=args.rounds, rank=args.rank,
+                                   workers=args.workers)
     elif args.smoke:
         report = run(200, seconds=0.5, rates=[10, 20], logging_rounds=1)
     else:

@@ -13,6 +13,7 @@ with the vectors a lookup returns — the same pass for every candidate of a req
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -260,13 +261,29 @@ class TreeModel:
 
     def predict(self, columns: Mapping[str, Any]) -> np.ndarray:
         """The score per row of ``columns`` (name → values; model-ready, as the examples
-        hold them). A categorical value training never saw is missing to the trees."""
-        import pandas as pd
+        hold them). A categorical value is its category's code among the training split's
+        (LightGBM's own mapping of a pandas column, done in NumPy); one training never saw
+        is missing to the trees."""
+        rows = len(columns[self.layout["columns"][0]])
+        matrix = np.empty((rows, len(self.layout["columns"])), dtype=np.float64)
+        for index, name in enumerate(self.layout["columns"]):
+            values = np.asarray(columns[name])
+            if name in self._categories:
+                known = self._categories[name]
+                codes = np.searchsorted(known, values).clip(0, max(len(known) - 1, 0))
+                found = (known[codes] == values) if len(known) else np.zeros(rows, bool)
+                matrix[:, index] = np.where(found, codes, np.nan)
+            else:
+                matrix[:, index] = values
+        return np.asarray(self.booster.predict(matrix, num_threads=1), dtype=np.float64)
 
-        frame = pd.DataFrame({name: np.asarray(columns[name]) for name in self.layout["columns"]})
-        for name in self.layout["categorical"]:
-            frame[name] = frame[name].astype("category")
-        return np.asarray(self.booster.predict(frame, num_threads=1), dtype=np.float64)
+    @functools.cached_property
+    def _categories(self) -> dict[str, np.ndarray]:
+        """Each categorical column's training categories (sorted), as the booster keeps
+        them."""
+        kept = self.booster.pandas_categorical or []
+        return {name: np.asarray(values) for name, values
+                in zip(self.layout["categorical"], kept, strict=True)}
 
 
 # A model /v1/rank scores with.

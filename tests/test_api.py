@@ -449,3 +449,22 @@ def test_model_inputs_of_an_output_without_them_is_a_404_that_says_why(client):
         "user_id": "u1", "item_ids": ["i1"], "context": {"device": "mobile"}})
     assert answer.status_code == 404
     assert "run the ETL again" in answer.json()["message"]
+
+
+def test_every_field_of_the_openapi_document_is_described(client):
+    """The reference a ranking service reads: every field of every request and response
+    model has a description, and every error is an ErrorBody (what the handlers answer),
+    not FastAPI's default validation error."""
+    document = client.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    bare = [f"{name}.{field}" for name, schema in schemas.items()
+            for field, spec in schema.get("properties", {}).items() if "description" not in spec]
+    assert bare == []
+    assert "HTTPValidationError" not in schemas
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status.startswith(("4", "5")) and path != "/readyz":  # 503: its Health
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/ErrorBody"}, (
+                        method, path, status)

@@ -9,7 +9,7 @@ from featureline.api.models import ReloadResponse, error_responses
 from featureline.api.services import Services, get_services
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"], dependencies=[Depends(require("admin"))])
-ERRORS = error_responses(401, 403, 404, 503)
+ERRORS = error_responses(401, 403, 404, 422, 500, 503)
 
 
 @router.post("/models/{name}/reload", response_model=ReloadResponse, responses=ERRORS)
