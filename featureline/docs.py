@@ -249,19 +249,35 @@ def api_reference(openapi: dict[str, Any] | None = None) -> str:
 _LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
 
 
-def site_markdown(text: str) -> str:
-    """A repository page (the README, benchmarks/README.md) as a page of the site: links into
-    docs/ point at the site's pages, benchmarks/README.md at the benchmarks page, and a link
-    to any other file of the repository keeps its text only (the site holds no such file)."""
+# Repository files a page links to, and the site's page for each (README.md is the home page).
+SITE_PAGES = {"README.md": "index.md", "benchmarks/README.md": "benchmarks.md",
+              "featureline.yaml": "reference/configuration.md",
+              "api/models.py": "reference/api.md"}
+
+
+def site_markdown(text: str, folder: str = "") -> str:
+    """A repository page as a page of the site. ``folder``: the page's folder in the
+    repository (``docs`` for the guide's pages; the README's and benchmarks/README.md's
+    links start at the root). A link into docs/ points at the site's page; a link to a
+    file the site renders (:data:`SITE_PAGES`: the benchmarks, the annotated
+    featureline.yaml as the configuration reference, the API's models as the API reference)
+    at that page; a link to any other file of the repository keeps its text only. A guide
+    page's links to its neighbours stay as they are."""
 
     def relink(match: re.Match[str]) -> str:
         label, target = match.group(1), match.group(2)
         if target.startswith(("http://", "https://", "#", "mailto:")):
             return match.group(0)
-        if target.startswith("docs/"):
-            return f"[{label}]({target.removeprefix('docs/')})"
-        if target.split("#")[0] == "benchmarks/README.md":
-            return f"[{label}](benchmarks.md)"
+        path, _, anchor = target.partition("#")
+        if folder:
+            if not path.startswith("../"):
+                return match.group(0)  # a neighbour in the guide
+            path = path.removeprefix("../")
+        suffix = f"#{anchor}" if anchor else ""
+        if path.startswith("docs/"):
+            return f"[{label}]({path.removeprefix('docs/')}{suffix})"
+        if path in SITE_PAGES:
+            return f"[{label}]({SITE_PAGES[path]}{suffix})"
         return label
 
     return _LINK.sub(relink, text)

@@ -23,3 +23,10 @@ def on_files(files: Any, config: Any) -> Any:
     for uri, content in pages.items():
         files.append(File.generated(config, uri, content=content))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """A guide page's links to the repository's files (read on GitHub) as the site's pages."""
+    if page.file.generated_by is not None:
+        return markdown
+    return site_markdown(markdown, "docs")

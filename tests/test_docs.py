@@ -130,9 +130,33 @@ def test_the_api_reference_covers_every_operation_and_schema():
 
 def test_repository_links_become_site_links():
     text = ("[ETL](docs/etl.md), [figures](benchmarks/README.md), "
-            "[yaml](featureline.yaml), [out](https://spark.apache.org), [here](#two-commands)")
-    assert site_markdown(text) == ("[ETL](etl.md), [figures](benchmarks.md), yaml, "
+            "[keys](featureline.yaml), [make](Makefile), [out](https://spark.apache.org), "
+            "[here](#two-commands)")
+    assert site_markdown(text) == ("[ETL](etl.md), [figures](benchmarks.md), "
+                                   "[keys](reference/configuration.md), make, "
                                    "[out](https://spark.apache.org), [here](#two-commands)")
+    # A guide page: its neighbours stay, the repository's files become the site's pages.
+    page = ("[API](api.md#scoring), [figures](../benchmarks/README.md#the-test-suite), "
+            "[schemas](../api/models.py), [home](../README.md), [k8s](../k8s/README.md)")
+    assert site_markdown(page, "docs") == (
+        "[API](api.md#scoring), [figures](benchmarks.md#the-test-suite), "
+        "[schemas](reference/api.md), [home](index.md), k8s")
+
+
+def test_every_link_works_on_github_too():
+    """A relative link of the README or a guide page names a file of the repository (the
+    site build checks the site's links strictly)."""
+    import re
+
+    broken = []
+    for page in [REPO / "README.md", *(REPO / "docs").rglob("*.md")]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if path and not target.startswith(("http://", "https://", "mailto:")) \
+                    and not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+    assert broken == []
 
 
 def test_the_readme_is_a_front_door():
