@@ -32,12 +32,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from featureline.api.settings import FeatureLoggingConfig
 from featureline.core.files import partial_path
 from featureline.feature_store.feature_log import (
+    INPUT_PREFIX,
+    INPUTS_CONTEXT,
     STATUS_SUFFIX,
     TIMESTAMP_SUFFIX,
     key_columns,
@@ -50,6 +54,8 @@ logger = logging.getLogger("featureline.api")
 _HASH_SPACE = 2.0**64
 # Requests turned into one Arrow record batch at a time in the background.
 BATCH_REQUESTS = 16
+# The endpoints whose rows are the model inputs served (``log_inputs``).
+INPUT_ENDPOINTS = ("model-inputs", "rank")
 # The background thread works when a response has gone and no request is in flight; it
 # looks at least this often (a logger no middleware drives, a request still in flight).
 POLL_S = 0.05
@@ -103,12 +109,13 @@ class FeatureLogger:
                  versions: Callable[[], tuple[str, str]],
                  activity: Activity | None = None,
                  aggregations: tuple[Mapping[str, tuple[str, pa.DataType]],
-                                     Mapping[str, Sequence[str]]] = ({}, {})) -> None:
+                                     Mapping[str, Sequence[str]]] = ({}, {}),
+                 inputs: Mapping[str, pa.DataType] | None = None) -> None:
         assert config.path is not None
         self.config = config
         self.folder = Path(config.path)
         grouped, group_keys = aggregations  # feature_store.feature_log.logged_aggregations
-        self.schema = log_schema(features, grouped, group_keys)
+        self.schema = log_schema(features, grouped, group_keys, inputs)
         self.keys = set(key_columns(group_keys))
         self.view_of = {name: view for name, (view, _) in {**features, **grouped}.items()}
         # A view or group keyed by one column → that join key (a ranking request's rows).
@@ -150,6 +157,15 @@ class FeatureLogger:
         if sampled(user, self.config.sample):
             self._put(("ranking-inputs", "ranking", _request_time(result), user, items,
                        result))
+
+    def log_inputs(self, endpoint: str, user: Any, items: Sequence[Any],
+                   context: Mapping[str, Any], item_context: Mapping[str, Sequence[Any]],
+                   at_us: int, features: Mapping[str, Any]) -> None:
+        """A model-inputs request's rows (``/v1/model-inputs``, ``/v1/rank``): one per
+        candidate, its features as served."""
+        if sampled(user, self.config.sample):
+            self._put((endpoint, None, at_us, user, items, context, item_context, features,
+                       time.time()))
 
     def _put(self, request: tuple[Any, ...]) -> None:
         if len(self.queue) >= self.config.queue_requests:
@@ -235,6 +251,17 @@ class FeatureLogger:
             values = {name: spread(result.values[name], self.view_of[name]) for name in logged}
             status = {name: spread(result.status[name], self.view_of[name]) for name in logged}
             stamps = {view: spread(column, view) for view, column in result.timestamps.items()}
+        elif endpoint in INPUT_ENDPOINTS:
+            user, items, context, item_context, features, served_at = request[3:]
+            n = len(items)
+            keys = {"user_id": [user] * n, "item_id": list(items)}
+            values = {f"{INPUT_PREFIX}{name}": np.asarray(column).tolist()
+                      for name, column in features.items()}
+            values[INPUTS_CONTEXT] = [orjson.dumps({
+                "context": context, "served_at": served_at,
+                "item_context": {column: row[i] for column, row in item_context.items()},
+            }).decode() for i in range(n)]
+            status, stamps = {}, {}
         else:
             keys, result, rows = request[3:]
             values, status, stamps = result.values, result.status, result.timestamps

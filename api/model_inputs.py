@@ -8,7 +8,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -26,7 +26,6 @@ from featureline.core.model_inputs import (
     model_inputs,
     tfrecord_groups,
 )
-from featureline.feature_store.online import OnlineReader
 
 ARTIFACTS = "artifacts"
 
@@ -48,6 +47,18 @@ def _table(output: Path, name: str, column: str) -> dict[str, float]:
     table = pq.read_table(output / ARTIFACTS / name, columns=["value", column])
     return {str(value): float(number) for value, number in zip(
         table["value"].to_pylist(), table[column].to_pylist(), strict=True)}
+
+
+class EngineReader(Protocol):
+    """Where the engine's outputs at a moment come from: the online store's tiles
+    (``OnlineReader``), or events read one by one (``api.inputs_consistency``)."""
+
+    @property
+    def groups(self) -> Mapping[str, Any]:
+        """Each group by name (its ``keys`` are read)."""
+
+    def read(self, references: list[tuple[str, str]], entities: Mapping[str, Sequence[Any]],
+             at_us: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,7 @@ class ServedInputs:
         read |= {c for s in self.inputs.features.values() for c in s.columns}
         return sorted(read & set(self.columns_with("request")))
 
-    def answer(self, reader: OnlineReader, vocabularies: Vocabularies, user: str,
+    def answer(self, reader: EngineReader, vocabularies: Vocabularies, user: str,
                items: list[str], context: Mapping[str, Any],
                item_context: Mapping[str, Sequence[Any]], at_us: int
                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -163,7 +174,7 @@ class ServedInputs:
             (s.group, s.output) for s in self.inputs.features.values()
             if s.group is not None and s.output is not None and s.group not in inputs))
 
-    def _engine(self, reader: OnlineReader, raw: Mapping[str, list[Any]], at_us: int
+    def _engine(self, reader: EngineReader, raw: Mapping[str, list[Any]], at_us: int
                 ) -> tuple[dict[str, list[Any]], list[tuple[str, str]]]:
         """The engine outputs at ``at_us`` of every group keyed by columns the request gives
         (the input groups, aggregations keyed by the ids or request columns: one round trip;
@@ -180,7 +191,7 @@ class ServedInputs:
         return _read(reader, [*self._input_references, *now], raw, at_us), later
 
 
-def _read(reader: OnlineReader, references: list[tuple[str, str]],
+def _read(reader: EngineReader, references: list[tuple[str, str]],
           raw: Mapping[str, list[Any]], at_us: int) -> dict[str, list[Any]]:
     keys = {key for group, _ in references for key in reader.groups[group].keys}
     entities = {key: [None if v is None else str(v) for v in raw[key]] for key in keys}

@@ -33,6 +33,7 @@ from featureline.core.scoring import GATE_METRICS, Ranker, load_rankers
 from featureline.feature_store.feature_log import (
     REPORT_METRICS,
     feature_types,
+    input_types,
     logged_aggregations,
 )
 from featureline.feature_store.online import OnlineReader, ValueCache
@@ -247,7 +248,8 @@ def open_services(config: ServingConfig, *, output: str | Path | None = None,
             {name: layout.join_key for name, layout in reader.views.items()},
             lambda: (services.dataset_version, json.dumps(embedding_versions(services))),
             services.activity, logged_aggregations(repo.definitions.group_views,
-                                                   repo.definitions.join_keys))
+                                                   repo.definitions.join_keys),
+            input_types(dataset.inputs.features) if dataset.inputs is not None else None)
         metrics.watch_feature_log(services.feature_log)
         metrics.watch_report(Path(config.api.feature_logging.path) / REPORT_METRICS)
     if cache is not None:

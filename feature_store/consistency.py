@@ -35,7 +35,7 @@ fails (exit status 1) when a feature's ratio exceeds ``max_mismatch``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -170,11 +170,18 @@ class ConsistencyReport:
         return "\n".join(lines) + "\n"
 
 
+# More rows to compare (the model inputs the API logged: api/inputs_consistency.py): given the
+# connection whose ``log`` view holds the log, and the log's columns.
+MoreRows = Callable[[duckdb.DuckDBPyConnection, set[str]], list["FeatureConsistency"]]
+
+
 def check_consistency(log: str | Path, output: str | Path, settings: FeatureStoreConfig, *,
                       max_mismatch: float = 0.0, top: int = 5,
-                      expected: StreamExpectation | None = None) -> ConsistencyReport:
+                      expected: StreamExpectation | None = None,
+                      more: MoreRows | None = None) -> ConsistencyReport:
     """Compare the feature log ``log`` with the ETL output ``output`` (and the rows the
-    stream processor wrote with what ``expected`` says it should have served)."""
+    stream processor wrote with what ``expected`` says it should have served, and what
+    ``more`` compares)."""
     metadata = read_metadata(output)
     definitions = build(output, settings)
     folder = Path(output)
@@ -218,8 +225,10 @@ def check_consistency(log: str | Path, output: str | Path, settings: FeatureStor
         types = {f.name: f.dtype.to_value_type().name for f in view.features}
         for name in names:
             numeric = types[name] in ("INT32", "INT64", "FLOAT", "DOUBLE")
-            reports.append(_feature(connection, entity, name, numeric, top))
+            reports.append(feature_consistency(connection, entity, name, numeric, top))
     reports += _aggregations(connection, metadata, columns, expected, top)
+    if more is not None:
+        reports += more(connection, columns)
     if not reports:
         raise FeatureLogError(str(log), "its rows hold none of the output's features")
     return ConsistencyReport(str(log), str(output), metadata.dataset_version, rows, reports,
@@ -269,6 +278,8 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         row_keys = list(zip(*(logged[f"__key{i}"].to_pylist() for i in range(len(keys))),
                             strict=True))
         wanted = set(row_keys)
+        if not wanted:  # no row asked for the group (a log of model inputs alone)
+            continue
         batch = accepted_events(metadata.events_folder(), group, wanted)
         pushed: dict[tuple[str, ...], list[PushedEvent]] = {}
         for event in expected.pushed_events() if expected is not None else ():
@@ -309,7 +320,8 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         connection.unregister("__aggregations")
         for name, kind in served.items():
             numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
-            reports.append(_feature(connection, group.name, name, numeric, top, defined=True))
+            reports.append(feature_consistency(connection, group.name, name, numeric, top,
+                                               defined=True))
     return reports
 
 
@@ -355,8 +367,9 @@ def _settle(connection: duckdb.DuckDBPyConnection, entity: str, names: list[str]
     connection.unregister("__expected")
 
 
-def _feature(connection: duckdb.DuckDBPyConnection, entity: str, name: str, numeric: bool,
-             top: int, defined: bool = False) -> FeatureConsistency:
+def feature_consistency(connection: duckdb.DuckDBPyConnection, entity: str, name: str,
+                        numeric: bool, top: int, defined: bool = False
+                        ) -> FeatureConsistency:
     """``defined``: every key has a value (an aggregation: a key without events reads the
     value of none, served ``not_found``), so a row is compared whatever its status, a
     missing value equal to a missing one."""

@@ -10,8 +10,11 @@ view ``<view>__timestamp`` (the served row's event timestamp: the batch snapshot
 stream processor's), and per feature of the repository its value and ``<feature>__status``
 (present / not_found / outside_ttl; null where the row did not ask for it) — every
 aggregation group's too, as ``<group>:<feature>`` (no timestamp: each is its value at the
-request time). Files are published whole under ``date=YYYY-MM-DD/`` folders; hidden names
-are files being written.
+request time). A ``/v1/model-inputs`` or ``/v1/rank`` request's rows are its candidates:
+each example feature served as ``input:<feature>`` and the request's columns as JSON
+(``inputs_context``: ``context``, the candidate's ``item_context`` values, and ``served_at``:
+when it was answered, Unix seconds; ``request_time`` is the time the row holds at). Files are
+published whole under ``date=YYYY-MM-DD/`` folders; hidden names are files being written.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ REQUEST_COLUMNS = {"request_id": pa.string(), "request_time": pa.timestamp("us",
                    "endpoint": pa.string(), "service": pa.string(),
                    "dataset_version": pa.string(), "embedding_versions": pa.string()}
 STATUS_SUFFIX = "__status"
+# A served model input's column, and the request columns it was computed with.
+INPUT_PREFIX = "input:"
+INPUTS_CONTEXT = "inputs_context"
 TIMESTAMP_SUFFIX = "__timestamp"
 # The latest consistency report's metrics (Prometheus text), in the log's folder: the API
 # exports them with its own.
@@ -65,6 +71,14 @@ def logged_aggregations(group_views: Mapping[str, Any], join_keys: Callable[[str
     return features, keys
 
 
+def input_types(features: Sequence[Mapping[str, Any]]) -> dict[str, pa.DataType]:
+    """Each example feature (metadata.json's ``features``) → its Arrow type in the log: a
+    multi-hot list's ids as a list."""
+    types = {"int64": pa.int64(), "float32": pa.float32()}
+    return {f["name"]: pa.list_(types[f["dtype"]]) if f["kind"] == "multi_hot"
+            else types[f["dtype"]] for f in features}
+
+
 def key_columns(group_keys: Mapping[str, Sequence[str]] | None = None) -> list[str]:
     """The log's key columns: ``KEYS``, then the groups' other key columns by name."""
     more = {column for columns in (group_keys or {}).values() for column in columns}
@@ -73,15 +87,20 @@ def key_columns(group_keys: Mapping[str, Sequence[str]] | None = None) -> list[s
 
 def log_schema(features: Mapping[str, tuple[str, pa.DataType]],
                aggregations: Mapping[str, tuple[str, pa.DataType]] | None = None,
-               group_keys: Mapping[str, Sequence[str]] | None = None) -> pa.Schema:
-    """The log's columns for the repository's features (name → its view and Arrow type) and
-    ``aggregations`` keyed by ``group_keys`` (those of :func:`logged_aggregations`)."""
+               group_keys: Mapping[str, Sequence[str]] | None = None,
+               inputs: Mapping[str, pa.DataType] | None = None) -> pa.Schema:
+    """The log's columns for the repository's features (name → its view and Arrow type),
+    ``aggregations`` keyed by ``group_keys`` (those of :func:`logged_aggregations`) and the
+    model's ``inputs`` (:func:`input_types`)."""
     fields = [*(pa.field(name, kind) for name, kind in REQUEST_COLUMNS.items()),
               *(pa.field(key, pa.string()) for key in key_columns(group_keys))]
     for view in dict.fromkeys(view for view, _ in features.values()):
         fields.append(pa.field(f"{view}{TIMESTAMP_SUFFIX}", pa.timestamp("s", tz="UTC")))
     for name, (_, dtype) in {**features, **(aggregations or {})}.items():
         fields += [pa.field(name, dtype), pa.field(f"{name}{STATUS_SUFFIX}", pa.string())]
+    if inputs:
+        fields.append(pa.field(INPUTS_CONTEXT, pa.string()))
+        fields += [pa.field(f"{INPUT_PREFIX}{name}", dtype) for name, dtype in inputs.items()]
     return pa.schema(fields)
 
 

@@ -25,9 +25,11 @@ STAGES = {name for name in LAYERS if name != LAUNCHER}
 # What one stage may use of another: the API serves from the feature store and the
 # parameter server through these modules, and reaches into nothing else.
 PUBLIC = {
-    # It writes the feature log in the format the consistency job reads.
+    # It writes the feature log in the format the consistency job reads, and compares the
+    # model inputs it logged in that job's terms.
     "api": {"feature_store.settings", "feature_store.online", "feature_store.online_store",
-            "feature_store.repo", "feature_store.errors", "feature_store.feature_log", "hps",
+            "feature_store.repo", "feature_store.errors", "feature_store.feature_log",
+            "feature_store.consistency", "hps",
             "hps.errors", "hps.updates", "stream.settings", "stream.log", "stream.push"},
     # The stream processor writes through the online store's protocol, in Feast's layout,
     # and the aggregations' tiles in theirs.

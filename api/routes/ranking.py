@@ -100,6 +100,7 @@ def model_inputs(body: ModelInputsRequest,
     fit, windows and histories from the engine's tiles, the model-ready transforms), in the
     TFRecords' names and layout."""
     features, groups, at_us = _inputs(body, services)
+    _log(services, "model-inputs", body, at_us, features)
     return FastJSONResponse({
         **_as_json(features, groups), "unserved": _served(services).inputs.unserved,
         **_stamp(services, at_us)})
@@ -112,13 +113,15 @@ def rank(body: RankRequest, services: Services = Depends(get_services)) -> FastJ
     tiers, one forward pass of the dense part for every candidate."""
     server = services.parameter_server()
 
-    def ranked() -> tuple[Ranker, dict[str, np.ndarray], int, np.ndarray]:
+    def ranked() -> tuple[Ranker, dict[str, np.ndarray], dict[str, np.ndarray], int,
+                          np.ndarray]:
         model = services.ranker(body.model)
         features, groups, at_us = _inputs(body, services)
         lookup = functools.partial(server.lookup, body.model)
-        return model, groups, at_us, model.rank(features, groups, lookup)
+        return model, features, groups, at_us, model.rank(features, groups, lookup)
 
-    model, groups, at_us, scores = services.swap.read(ranked)
+    model, features, groups, at_us, scores = services.swap.read(ranked)
+    _log(services, "rank", body, at_us, features)
     order = np.argsort(-scores, kind="stable")[:body.top_k]
     answer: dict[str, Any] = {
         "items": [{"item_id": body.item_ids[i], "score": float(scores[i])} for i in order],
@@ -126,6 +129,15 @@ def rank(body: RankRequest, services: Services = Depends(get_services)) -> FastJ
     if body.return_inputs:
         answer["groups"] = {name: rows[order].tolist() for name, rows in groups.items()}
     return FastJSONResponse(answer)
+
+
+def _log(services: Services, endpoint: str, body: ModelInputsRequest, at_us: int,
+         features: dict[str, np.ndarray]) -> None:
+    """The rows served, to the feature log (``api.feature_logging``) when it is on."""
+    if services.feature_log is not None:
+        services.feature_log.log_inputs(endpoint, str(body.user_id),
+                                        [str(i) for i in body.item_ids], body.context,
+                                        body.item_context, at_us, features)
 
 
 def _served(services: Services) -> ServedInputs:
