@@ -143,19 +143,21 @@ def compare_inputs(connection: duckdb.DuckDBPyConnection, columns: set[str], *,
         "__key": [f"{r['user_id']}|{r['item_id']}" for r in rows],
         "__row": list(range(len(rows))), "__settled": settled, "__streamed": streamed,
         "__offline": settled})
-    for name in names:
-        kind = logged.schema.field(f"{INPUT_PREFIX}{name}").type
-        table = table.append_column(f"served:{name}", logged[f"{INPUT_PREFIX}{name}"])
-        table = table.append_column(f"status:{name}", pa.array(["present"] * len(rows)))
-        table = table.append_column(f"offline:{name}", pa.array(offline[name], kind))
+    for name in names:  # named as the log names them: input:<feature>
+        column = f"{INPUT_PREFIX}{name}"
+        kind = logged.schema.field(column).type
+        table = table.append_column(f"served:{column}", logged[column])
+        table = table.append_column(f"status:{column}", pa.array(["present"] * len(rows)))
+        table = table.append_column(f"offline:{column}", pa.array(offline[name], kind))
     connection.register("__inputs", table)
     connection.execute("CREATE OR REPLACE TEMP TABLE joined AS SELECT * FROM __inputs")
     connection.unregister("__inputs")
     reports = []
     for name in names:
-        kind = logged.schema.field(f"{INPUT_PREFIX}{name}").type
+        column = f"{INPUT_PREFIX}{name}"
+        kind = logged.schema.field(column).type
         numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind)
-        reports.append(feature_consistency(connection, ENTITY, name, numeric, top))
+        reports.append(feature_consistency(connection, ENTITY, column, numeric, top))
     return reports
 
 

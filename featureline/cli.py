@@ -8,7 +8,6 @@ never loads the ETL's Spark code.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import json
 import logging
@@ -548,10 +547,9 @@ def consistency(path: str | None, data: str | None, log: str | None, max_mismatc
                 top: int, metrics_file: str | None, archive: str | None,
                 as_json: bool) -> None:
     """Compare what the API served (its feature log) with the ETL output, point in time."""
-    from featureline.api.inputs_consistency import compare_inputs
     from featureline.core.files import write_whole
     from featureline.core.metadata import read_metadata
-    from featureline.feature_store.consistency import check_consistency
+    from featureline.served import check_served
     from featureline.stream.expected import ArchivedStream
 
     config = _config(path)
@@ -563,10 +561,8 @@ def consistency(path: str | None, data: str | None, log: str | None, max_mismatc
             and read_metadata(output).events is not None):
         archive = config.stream.archive
     expected = ArchivedStream(archive, output) if archive else None
-    report = check_consistency(log, output, config.feature_store, max_mismatch=max_mismatch,
-                               top=top, expected=expected,
-                               more=functools.partial(compare_inputs, output=output,
-                                                      expected=expected, top=top))
+    report = check_served(log, output, config.feature_store, max_mismatch=max_mismatch,
+                          top=top, expected=expected)
     if metrics_file:
         write_whole(Path(metrics_file), lambda file: file.write_text(report.prometheus()))
     click.echo(json.dumps(report.to_json(), default=str) if as_json else

@@ -327,15 +327,16 @@ def report_consistency(config: FeaturelineConfig, output: Path, log: Path, archi
                        echo: Callable[[str], None]) -> None:
     """``featureline consistency`` over what the API logged of the calls above (the rows of
     entities the pushed events touched against the stream processor's archive of this run's
-    pushes); its metrics land beside the log, where the API exports them."""
+    pushes; the model inputs and ranked candidates' rows too); its metrics land beside the
+    log, where the API exports them."""
     from featureline.core.files import write_whole
-    from featureline.feature_store.consistency import check_consistency
     from featureline.feature_store.feature_log import REPORT_METRICS
+    from featureline.served import check_served
     from featureline.stream.expected import ArchivedStream
 
     time.sleep(2 * LOG_ROLL_S)  # the API writes its log once per LOG_ROLL_S
-    report = check_consistency(log, output, config.feature_store,
-                               expected=ArchivedStream(archive, output))
+    report = check_served(log, output, config.feature_store,
+                          expected=ArchivedStream(archive, output))
     write_whole(log / REPORT_METRICS, lambda path: path.write_text(report.prometheus()))
     echo(f"featureline consistency --log {log} --data {output} --archive {archive}")
     for line in report.lines():

@@ -540,7 +540,8 @@ def test_the_logged_model_inputs_equal_their_definition_at_request_time(replay):
                                expected=expected, more=functools.partial(
                                    compare_inputs, output=first, expected=expected))
     seconds = time.perf_counter() - started
-    inputs = {f.feature: f for f in report.features if f.entity == ENTITY}
+    inputs = {f.feature.removeprefix("input:"): f for f in report.features
+              if f.entity == ENTITY}
     assert set(inputs) == {f.name for f in read_metadata(first).features}
     for name, feature in inputs.items():
         assert (feature.mismatch, feature.missing, feature.extra) == (0, 0, 0), (
@@ -552,6 +553,7 @@ def test_the_logged_model_inputs_equal_their_definition_at_request_time(replay):
     # them: the windows over them differ, the rows' request columns do not.
     lost = check_consistency(replay["log"], first, replay["project"].feature_store,
                              more=functools.partial(compare_inputs, output=first))
-    differing = {f.feature for f in lost.features if f.entity == ENTITY and f.mismatch}
+    differing = {f.feature.removeprefix("input:") for f in lost.features
+                 if f.entity == ENTITY and f.mismatch}
     assert {"user_events_1h", "ui_events_24h", "user_secs_since_prev"} <= differing
     assert "device_cat" not in differing
