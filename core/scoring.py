@@ -46,8 +46,8 @@ class ModelNotExportedError(NotFoundError):
 
 
 class ModelFileError(FeaturelineError):
-    """An exported dense part that cannot be read: a damaged file, a layer without its
-    weights, weights that do not chain."""
+    """An exported model that cannot be read: a damaged file, a dense layer without its
+    weights, dense weights that do not chain, trees without LightGBM."""
 
     exit_code = 2
     hint = "export the model again with `featureline train`"

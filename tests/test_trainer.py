@@ -266,3 +266,25 @@ def test_the_auc_is_the_share_of_ordered_pairs_and_the_log_loss_the_mean():
     assert measured["log_loss"] == pytest.approx(
         -np.mean(labels * np.log(clipped) + (1 - labels) * np.log(1 - clipped)))
     assert evaluate(np.array([1, 1, 0]), np.array([0.9, 0.8, 0.1]))["auc"] == 1.0
+
+
+def test_promote_keeps_the_newest_model_folders_the_served_one_and_anything_else(tmp_path):
+    """`featureline promote --keep N` deletes only folders holding an exported model, never
+    the served one nor a folder of anything else beside them."""
+    import os
+
+    from featureline.core.scoring import DENSE_LAYOUT
+    from featureline.trainer.quality import prune
+
+    folders = []
+    for age, name in enumerate(["d4", "d3", "d2", "d1"]):  # d1 the oldest
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / DENSE_LAYOUT).write_text("{}")
+        os.utime(folder, (1_000_000 - age * 100, 1_000_000 - age * 100))
+        folders.append(folder)
+    (tmp_path / "output").mkdir()  # not a model
+    (tmp_path / "ranker").symlink_to(tmp_path / "d1")
+    gone = prune(tmp_path, 2, (tmp_path / "ranker").resolve())
+    assert sorted(p.name for p in gone) == ["d2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d1", "d3", "d4", "output", "ranker"]

@@ -13,10 +13,12 @@ reads it there."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from featureline.core.errors import ConfigError
 from featureline.core.metadata import Metadata, encoded_name, present, read_metadata
 from featureline.core.scoring import (
+    DENSE_LAYOUT,
     GATE_METRICS,
     ModelFileError,
     ModelNotExportedError,
@@ -143,13 +146,15 @@ def judge(data: str | Path, candidate: str | Path, served: str | Path | None,
     models = load_rankers(candidate)
     if not models:
         raise ModelNotExportedError(candidate)
-    return [_judged(data, candidate, served, gate, name, model)
+    metadata = read_metadata(data)
+    baseline = functools.cache(lambda: popularity_scores(metadata))  # read once, if needed
+    return [_judged(data, metadata, baseline, candidate, served, gate, name, model)
             for name, model in models.items()]
 
 
-def _judged(data: Path, candidate: Path, served: str | Path | None, gate: GateConfig,
-            name: str, model: Ranker) -> Verdict:
-    metadata = read_metadata(data)
+def _judged(data: Path, metadata: Metadata, baseline_scores: Callable[[], dict[str, float]],
+            candidate: Path, served: str | Path | None, gate: GateConfig, name: str,
+            model: Ranker) -> Verdict:
     fit = metadata.fit.version if metadata.fit else None
     if model.versions.get("fit") != fit:
         raise ConfigError("--data", f"{candidate} was trained on examples of fit "
@@ -191,7 +196,7 @@ def _judged(data: Path, candidate: Path, served: str | Path | None, gate: GateCo
         reason = ("is worse than the served model: " + "; ".join(worse) if worse else
                   "is not worse than the served model")
         return verdict(not worse, reason, reference)
-    baseline: dict[str, Any] = {"name": "popularity", **popularity_scores(metadata)}
+    baseline: dict[str, Any] = {"name": "popularity", **baseline_scores()}
     del baseline["log_loss"]  # the model is held to the baseline's ranking, not its calibration
     note = f"{unread}: held to popularity's AUC"
     if ours["auc"] < baseline["auc"] - gate.max_auc_drop:
@@ -262,9 +267,10 @@ def promote(data: str | Path, candidate: str | Path, served: str | Path, gate: G
 
 
 def prune(folder: Path, keep: int, served: Path) -> list[Path]:
-    """Delete the model folders in ``folder`` but the newest ``keep`` and ``served``; the
-    deleted ones."""
-    models = sorted((p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()),
+    """Delete the model folders in ``folder`` (those holding an exported dense part) but the
+    newest ``keep`` and ``served``; the deleted ones. Any other folder there stays."""
+    models = sorted((p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()
+                     and (p / DENSE_LAYOUT).is_file()),
                     key=lambda p: p.stat().st_mtime, reverse=True)
     gone = [p for p in models[keep:] if p.resolve() != served]
     for path in gone:
