@@ -5,7 +5,7 @@ model's input (docs/ARCHITECTURE.md, "Model inputs")."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -59,6 +59,13 @@ class EngineReader(Protocol):
 
     def read(self, references: list[tuple[str, str]], entities: Mapping[str, Sequence[Any]],
              at_us: int) -> Any: ...
+
+
+class AsyncEngineReader(EngineReader, Protocol):
+    """An :class:`EngineReader` whose reads can be awaited (the online store's)."""
+
+    async def read_async(self, references: list[tuple[str, str]],
+                         entities: Mapping[str, Sequence[Any]], at_us: int) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -120,11 +127,42 @@ class ServedInputs:
                ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The features per candidate and the TFRecord groups' rows (arrays with a row
         per candidate)."""
+        steps = self._answering(reader.groups, vocabularies, user, items, context,
+                                item_context, at_us)
+        try:
+            wanted = next(steps)
+            while True:
+                wanted = steps.send(_outputs(reader.read(*wanted, at_us)))
+        except StopIteration as done:
+            return done.value
+
+    async def answer_async(self, reader: AsyncEngineReader, vocabularies: Vocabularies,
+                           user: str, items: list[str], context: Mapping[str, Any],
+                           item_context: Mapping[str, Sequence[Any]], at_us: int
+                           ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """:meth:`answer` for a caller on an event loop: the engine's reads are awaited."""
+        steps = self._answering(reader.groups, vocabularies, user, items, context,
+                                item_context, at_us)
+        try:
+            wanted = next(steps)
+            while True:
+                wanted = steps.send(_outputs(await reader.read_async(*wanted, at_us)))
+        except StopIteration as done:
+            return done.value
+
+    def _answering(self, groups: Mapping[str, Any], vocabularies: Vocabularies, user: str,
+                   items: list[str], context: Mapping[str, Any],
+                   item_context: Mapping[str, Sequence[Any]], at_us: int
+                   ) -> Generator[Wanted, dict[str, list[Any]],
+                                  tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+        """:meth:`answer` without its reads: yields the engine outputs wanted and the
+        entities keying them, is sent their values. One implementation for both drivers."""
         self._check(items, context, item_context, at_us)
         n = len(items)
         raw: dict[str, list[Any]] = {"user_id": [user] * n, "item_id": list(items)}
         raw.update({column: [value] * n for column, value in context.items()})
-        engine, later = self._engine(reader, raw, at_us)
+        now, later = self._references(groups, raw)
+        engine = yield now, _entities(groups, now, raw)
         for column in self.columns_with("user"):
             if column not in context:
                 raw[column] = engine.get(f"{USER_INPUTS}:{attribute_name(column)}", [None] * n)
@@ -132,7 +170,7 @@ class ServedInputs:
             raw[column] = (list(item_context[column]) if column in item_context else
                            engine.get(f"{ITEM_INPUTS}:{attribute_name(column)}", [None] * n))
         if later:  # keyed by attributes: read once those are known
-            engine.update(_read(reader, later, raw, at_us))
+            engine.update((yield later, _entities(groups, later, raw)))
         fitted = Fitted(self.counts, self.targets, self.prior, vocabularies.encode)
         values = model_inputs(self.inputs, self.features, Candidates(at_us, raw, engine), fitted)
         return values, tfrecord_groups(self.groups, values)
@@ -174,27 +212,33 @@ class ServedInputs:
             (s.group, s.output) for s in self.inputs.features.values()
             if s.group is not None and s.output is not None and s.group not in inputs))
 
-    def _engine(self, reader: EngineReader, raw: Mapping[str, list[Any]], at_us: int
-                ) -> tuple[dict[str, list[Any]], list[tuple[str, str]]]:
-        """The engine outputs at ``at_us`` of every group keyed by columns the request gives
-        (the input groups, aggregations keyed by the ids or request columns: one round trip;
-        the user's keys read once), and the aggregations left, keyed by attributes."""
+    def _references(self, groups: Mapping[str, Any], raw: Mapping[str, list[Any]]
+                    ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        """The engine outputs of every group keyed by columns the request gives (the input
+        groups, aggregations keyed by the ids or request columns: one round trip; the user's
+        keys read once), and the aggregations left, keyed by attributes."""
         for group, _ in self._aggregation_references:
-            if group not in reader.groups:
+            if group not in groups:
                 raise UnavailableError(f"the online store serves no group {group!r}: publish "
                                        f"the output again")
-        now: list[tuple[str, str]] = []
+        now: list[tuple[str, str]] = list(self._input_references)
         later: list[tuple[str, str]] = []
         for reference in self._aggregation_references:
-            keys = reader.groups[reference[0]].keys
+            keys = groups[reference[0]].keys
             (now if all(key in raw for key in keys) else later).append(reference)
-        return _read(reader, [*self._input_references, *now], raw, at_us), later
+        return now, later
 
 
-def _read(reader: EngineReader, references: list[tuple[str, str]],
-          raw: Mapping[str, list[Any]], at_us: int) -> dict[str, list[Any]]:
-    keys = {key for group, _ in references for key in reader.groups[group].keys}
-    entities = {key: [None if v is None else str(v) for v in raw[key]] for key in keys}
-    result = reader.read(references, entities, at_us)
+# An engine read: the outputs wanted (group, output) and the entities keying them.
+Wanted = tuple[list[tuple[str, str]], dict[str, list[Any]]]
+
+
+def _entities(groups: Mapping[str, Any], references: list[tuple[str, str]],
+              raw: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    keys = {key for group, _ in references for key in groups[group].keys}
+    return {key: [None if v is None else str(v) for v in raw[key]] for key in keys}
+
+
+def _outputs(result: Any) -> dict[str, list[Any]]:
+    """An engine read's values by ``<group>:<output>``."""
     return {name: result.values[name] for name in result.names}
-

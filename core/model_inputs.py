@@ -36,7 +36,7 @@ from featureline.core.ids import FIRST_ID, OOV_ID, PADDING_ID
 from featureline.core.operations import XXHASH_SEED
 from featureline.core.settings import Settings
 from featureline.core.time_rule import MICROS
-from featureline.core.transforms import LOG1P_STANDARDIZE, NONE, STANDARDIZE, apply
+from featureline.core.transforms import LOG1P_STANDARDIZE, NONE, STANDARDIZE, apply_rows
 
 # The engine groups of the features of earlier events, by their keys.
 USER_INPUTS = f"{INPUTS_PREFIX}user"
@@ -188,8 +188,9 @@ def _angle(at_us: int, period: Period) -> float:
 
 
 def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
-              transform: Mapping[str, Any] | None) -> list[Any]:
-    """One feature's value per candidate before the model-ready transform."""
+              transform: Mapping[str, Any] | None) -> Any:
+    """One feature's value per candidate before the model-ready transform: a list, or an
+    array (the engine's values and the seconds since them: float64, NaN where missing)."""
     n, raw, engine = candidates.size, candidates.raw, candidates.engine
     kind = source.kind
     if kind == "id":  # categorify: a missing value is out of vocabulary
@@ -199,23 +200,24 @@ def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
         default = 0.0 if kind == "count" else fitted.prior
         return [table.get(str(v), default) if v is not None else default
                 for v in raw[source.column or ""]]
-    if kind == "value":
-        return [None if v is None else float(v) for v in engine[source.reference or ""]]
+    if kind == "value":  # float64, NaN where the engine has no value
+        return np.array(engine[source.reference or ""], dtype=np.float64)
     if kind == "since":
-        at = candidates.at_us
-        return [None if v is None else (at - v) / MICROS for v in engine[source.reference or ""]]
+        held = np.array(engine[source.reference or ""], dtype=np.float64)  # µs: exact
+        return (candidates.at_us - held) / MICROS
     if kind == "ids":
         values = engine[source.reference or ""]
         if source.width is None:  # one id
             return _ids(fitted, source.column or "", values)
-        lists = [list(v or []) for v in values]
-        flat = _ids(fitted, source.column or "", [x for one in lists for x in one])
-        rows, at = [], 0
-        for one in lists:
+        # Each distinct list once: a user's history is every candidate's.
+        distinct = list(dict.fromkeys(tuple(v or ()) for v in values))
+        flat = _ids(fitted, source.column or "", [x for one in distinct for x in one])
+        padded, at = {}, 0
+        for one in distinct:
             ids = flat[at:at + len(one)]
             at += len(one)
-            rows.append(ids + [PADDING_ID] * (source.width - len(ids)))
-        return rows
+            padded[one] = ids + [PADDING_ID] * (source.width - len(ids))
+        return [padded[tuple(v or ())] for v in values]
     if kind == "cyclic":
         angle = _angle(candidates.at_us, source.period or "hour")
         return [math.sin(angle) if source.fn == "sin" else math.cos(angle)] * n
@@ -236,14 +238,15 @@ def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
     """Every served feature per candidate, as the examples hold it after the model-ready
     step (``features``: metadata.json's, in their order): an array with a row per candidate
     — int64 ids ([n], or [n, k] for a list), float32 values. A missing indicator follows its
-    feature's raw value."""
-    raw: dict[str, list[Any]] = {}
+    feature's raw value. The continuous features' transforms run on one matrix."""
+    raw: dict[str, Any] = {}
     out: dict[str, np.ndarray] = {}
+    shaped: list[tuple[str, np.ndarray, dict[str, Any]]] = []  # transformed together
     for feature in features:
         name = feature["name"]
         transform = feature.get("transform") or {}
         if transform.get("name") == "missing_indicator":
-            out[name] = np.array([v is None for v in raw[transform["of"]]], dtype=np.float32)
+            out[name] = _missing(raw[transform["of"]])
             continue
         source = inputs.features.get(name)
         if source is None:
@@ -254,11 +257,24 @@ def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
         elif source.kind == "normalize":
             out[name] = np.asarray(values, dtype=np.float32)
         else:
-            shaped = [math.nan if v is None else v for v in values]
-            out[name] = (apply(shaped, transform)
-                         if transform.get("name") in (LOG1P_STANDARDIZE, STANDARDIZE, NONE)
-                         else np.asarray(shaped, dtype=np.float32))
+            out[name] = np.empty(0, dtype=np.float32)  # its place in the order, filled below
+            shaped.append((name, np.asarray(values, dtype=np.float64), transform))
+    if shaped:
+        known = [s for s in shaped if s[2].get("name") in (LOG1P_STANDARDIZE, STANDARDIZE, NONE)]
+        if known:
+            rows = apply_rows(np.vstack([values for _, values, _ in known]),
+                              [transform for _, _, transform in known])
+            out.update((name, row) for (name, _, _), row in zip(known, rows, strict=True))
+        out.update((name, values.astype(np.float32)) for name, values, transform in shaped
+                   if transform.get("name") not in (LOG1P_STANDARDIZE, STANDARDIZE, NONE))
     return out
+
+
+def _missing(values: Any) -> np.ndarray:
+    """The 0/1 missing indicator of a feature's raw values (None, or NaN in an array)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        return np.isnan(values).astype(np.float32)
+    return np.array([v is None for v in values], dtype=np.float32)
 
 
 def tfrecord_groups(groups: Mapping[str, Mapping[str, Any]], values: Mapping[str, np.ndarray]

@@ -8,6 +8,7 @@ metadata.json gives each continuous feature's ``transform`` (docs/ARCHITECTURE.m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -36,3 +37,24 @@ def apply(values: Any, transform: dict[str, Any]) -> np.ndarray:
     shaped = np.log1p(np.maximum(raw, 0.0)) if name == LOG1P_STANDARDIZE else raw
     shaped = np.where(np.isnan(shaped), transform["mean"], shaped)
     return ((shaped - transform["mean"]) / transform["std"]).astype(np.float32)
+
+
+def apply_rows(rows: np.ndarray, transforms: Sequence[dict[str, Any]]) -> np.ndarray:
+    """:func:`apply` of each row's transform to a [features, n] float64 matrix, one NumPy
+    pass per kind of transform (the same arithmetic, so the same float32 values)."""
+    out = np.empty(rows.shape, dtype=np.float32)
+    for name in dict.fromkeys(t["name"] for t in transforms):
+        at = [i for i, t in enumerate(transforms) if t["name"] == name]
+        chosen = [transforms[i] for i in at]
+        raw = rows[at]
+        if name == NONE:
+            fill = np.array([[t.get("fill", 0.0)] for t in chosen])
+            out[at] = np.where(np.isnan(raw), fill, raw)
+            continue
+        if name not in (LOG1P_STANDARDIZE, STANDARDIZE):
+            raise ValueError(f"unknown transform {name!r} (known: {', '.join(TRANSFORMS)})")
+        mean = np.array([[t["mean"]] for t in chosen])
+        std = np.array([[t["std"]] for t in chosen])
+        shaped = np.log1p(np.maximum(raw, 0.0)) if name == LOG1P_STANDARDIZE else raw
+        out[at] = (np.where(np.isnan(shaped), mean, shaped) - mean) / std
+    return out

@@ -365,10 +365,11 @@ class OnlineReader:
             return done.value
 
     async def read_async(self, references: list[tuple[str, str]],
-                         entities: Mapping[str, Sequence[Any]]) -> OnlineFeatures:
+                         entities: Mapping[str, Sequence[Any]], at_us: int | None = None
+                         ) -> OnlineFeatures:
         """:meth:`read` for a caller on an event loop: the store's round trips are awaited,
         so the loop serves other requests meanwhile and the caller needs no worker thread."""
-        steps = self._reading(references, entities)
+        steps = self._reading(references, entities, at_us)
         try:
             keys = next(steps)
             while True:

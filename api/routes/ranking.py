@@ -81,28 +81,25 @@ def ranking_inputs(body: RankingInputsRequest,
         "embeddings": embeddings})
 
 
-def _as_json(features: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
-    """Arrays as JSON lists: float32 values as the floats they are, ids as integers."""
-    return {"features": {name: column.tolist() for name, column in features.items()},
-            "groups": {name: rows.tolist() for name, rows in groups.items()}}
-
-
 def _micros(at: datetime) -> int:
     """µs since the epoch, exactly (a time without a zone is UTC)."""
     return micros_of(at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc))
 
 
 @router.post("/model-inputs", response_model=ModelInputsResponse, responses=ERRORS)
-def model_inputs(body: ModelInputsRequest,
-                 services: Services = Depends(get_services)) -> FastJSONResponse:
+async def model_inputs(body: ModelInputsRequest,
+                       services: Services = Depends(get_services)) -> FastJSONResponse:
     """Each candidate's row of the model's input at the request time: every example feature
     computed from the same definitions as the ETL's (ids and encodings with the published
     fit, windows and histories from the engine's tiles, the model-ready transforms), in the
-    TFRecords' names and layout."""
-    features, groups, at_us = _inputs(body, services)
+    TFRecords' names and layout. On the event loop: the engine's reads are awaited."""
+    served, at_us = _request(body, services)
+    features, groups = await served.answer_async(
+        services.reader, services.vocabularies, str(body.user_id),
+        [str(i) for i in body.item_ids], body.context, body.item_context, at_us)
     _log(services, "model-inputs", body, at_us, features)
     return FastJSONResponse({
-        **_as_json(features, groups), "unserved": _served(services).inputs.unserved,
+        "features": features, "groups": groups, "unserved": _served(services).inputs.unserved,
         **_stamp(services, at_us)})
 
 
@@ -127,7 +124,7 @@ def rank(body: RankRequest, services: Services = Depends(get_services)) -> FastJ
         "items": [{"item_id": body.item_ids[i], "score": float(scores[i])} for i in order],
         "model": body.model, "model_version": model.version, **_stamp(services, at_us)}
     if body.return_inputs:
-        answer["groups"] = {name: rows[order].tolist() for name, rows in groups.items()}
+        answer["groups"] = {name: rows[order] for name, rows in groups.items()}
     return FastJSONResponse(answer)
 
 
@@ -146,12 +143,17 @@ def _served(services: Services) -> ServedInputs:
     return services.inputs
 
 
+def _request(body: ModelInputsRequest, services: Services) -> tuple[ServedInputs, int]:
+    """What serves the request's inputs, and its request time (µs)."""
+    services.check_limit("item_ids", len(body.item_ids), services.config.api.limits.max_entities)
+    served = _served(services)
+    return served, services.reader.clock() if body.at is None else _micros(body.at)
+
+
 def _inputs(body: ModelInputsRequest, services: Services
             ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
     """The candidates' features and TFRecord groups, and the request time (µs)."""
-    services.check_limit("item_ids", len(body.item_ids), services.config.api.limits.max_entities)
-    served = _served(services)
-    at_us = services.reader.clock() if body.at is None else _micros(body.at)
+    served, at_us = _request(body, services)
     features, groups = served.answer(services.reader, services.vocabularies, str(body.user_id),
                                      [str(i) for i in body.item_ids], body.context,
                                      body.item_context, at_us)
