@@ -52,7 +52,7 @@ from pyspark.sql import DataFrame, SparkSession
 from featureline.core.aggregations import GroupSpec
 from featureline.etl import job
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
-from featureline.etl.datagen import write_log
+from featureline.etl.datagen import log_day, write_log
 from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
 from featureline.etl.qualification import stage_times
 from featureline.etl.session import build_session
@@ -257,14 +257,6 @@ def run_aggregations(sizes: list[int], spec: Path, spark: SparkSession | None = 
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
             "runs": runs}
-
-
-def log_day(line: str) -> str | None:
-    """The UTC day (``YYYY-MM-DD``) of a raw log line with an ISO ``ts``; None without one.
-    A string search, not a JSON parse: the benchmarks split logs of 1.5 GB by day."""
-    marker = '"ts":"2'
-    start = line.find(marker)
-    return line[start + len(marker) - 1:start + len(marker) + 9] if start >= 0 else None
 
 
 def _split_days(raw: Path, folder: Path, day_lines: int | None = None

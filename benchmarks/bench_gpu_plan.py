@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_etl import log_day
 
-from featureline.etl.datagen import write_log
+from featureline.etl.datagen import last_day_apart, write_log
 from featureline.etl.rapids import RAPIDS_VERSION
 from featureline.tools import plugin_jar
 
@@ -44,18 +43,6 @@ def _run_ok(command: list[str], cwd: Path) -> float:
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command[:3])} failed: {done.stderr[-2000:]}")
     return seconds
-
-
-def _last_day_apart(raw: Path, folder: Path) -> tuple[Path, Path]:
-    """The log as two files: every line but the last UTC day's (lines without a date too),
-    and the last day's."""
-    with raw.open() as lines:
-        last = max(filter(None, map(log_day, lines)))
-    history, new = folder / "events-history.jsonl", folder / "events-new.jsonl"
-    with raw.open() as lines, history.open("w") as earlier, new.open("w") as latest:
-        for line in lines:
-            (latest if log_day(line) == last else earlier).write(line)
-    return history, new
 
 
 def run(events: int, pairs: int, log: Path | None = None, config: str | None = None,
@@ -77,7 +64,9 @@ def run(events: int, pairs: int, log: Path | None = None, config: str | None = N
         if config is not None:
             (folder / "featureline.yaml").write_text(config)
         if incremental:
-            raw, new_day = _last_day_apart(raw, folder)
+            history, new_day = folder / "events-history.jsonl", folder / "events-new.jsonl"
+            last_day_apart(raw, history, new_day)
+            raw = history
         common = ["--input", str(raw), "--refit-vocabularies"]
         cpu = [FEATURELINE, "etl", "run", "--profile", "cpu",
                "--output", str(folder / "cpu"), *common]

@@ -257,3 +257,22 @@ def write_log(
         text = _text_lines(good, bad, kinds, fmt, rng)
         write_whole(path, lambda p: p.write_text(text))
     return GeneratedLog(path=path, rows=events, bad_rows=tally)
+
+
+def log_day(line: str) -> str | None:
+    """The UTC day (``YYYY-MM-DD``) of a raw log line with an ISO ``ts``; None without one.
+    A string search, not a JSON parse: logs of gigabytes are split by day."""
+    marker = '"ts":"2'
+    start = line.find(marker)
+    return line[start + len(marker) - 1:start + len(marker) + 9] if start >= 0 else None
+
+
+def last_day_apart(raw: Path, earlier: Path, last: Path) -> str:
+    """``raw`` as two files: every line but the last UTC day's (lines without a day too) in
+    ``earlier``, the last day's in ``last``; that day."""
+    with raw.open() as lines:
+        day = max(filter(None, map(log_day, lines)))
+    with raw.open() as lines, earlier.open("w") as before, last.open("w") as latest:
+        for line in lines:
+            (latest if log_day(line) == day else before).write(line)
+    return day

@@ -12,6 +12,7 @@ import gc
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -199,12 +200,19 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     config = demo_repo(load_config(config_path(path)), Path(out), click.echo)
     raw = Path(out) / "raw" / "events.jsonl"
     output = Path(out) / "output"
-    steps = 5 if serve else 3
+    steps = 6 if serve else 3
     # The last 14 days, so that the online store's values are within their ttl today.
     today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
     progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))
+    next_day = None
+    if serve:  # the last day is the next day's run's (step 6)
+        from featureline.next_day import hold_out
+
+        next_day = hold_out(raw)
+        click.echo(f"the last day, {next_day.day}, held back for the next day's run: "
+                   f"{next_day.path}")
     progress(f"[2/{steps}] etl: local Spark job")
     from featureline.demo import demo_aggregations
 
@@ -221,7 +229,20 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
         progress(f"[4/{steps}] train: the reference model on the TFRecords → embedding tables")
         hps = train_tables(output, Path(out) / "hps", click.echo, progress)
         progress(f"[5/{steps}] serve: the trained tables → HPS, the API")
-        base = serve_demo(config, output, Path(out), redis_url, click.echo, hps)
+        base = serve_demo(config, output, Path(out), redis_url, click.echo, hps, next_day)
+        assert next_day is not None
+        # The day's run extends a copy: the API keeps serving the output its model knows.
+        extended = Path(out) / "next-day"
+        shutil.rmtree(extended, ignore_errors=True)
+        shutil.copytree(output, extended)
+        progress(f"[6/{steps}] the next day: a copy of {output} extended by etl run "
+                 f"--incremental --input {next_day.path} --output {extended}")
+        from featureline.next_day import show_rows
+
+        run = run_job(input_path=str(next_day.path), output=str(extended), incremental=True,
+                      aggregations=config.aggregations or demo_aggregations())
+        click.echo(summary(run))
+        show_rows(next_day, extended, click.echo)
         click.echo(f"the API is running at {base} with authentication OFF (local use only; "
                    f"{Path(out) / 'featureline.yaml'}: api.auth.enabled: false); "
                    f"stop it with: kill $(cat {Path(out) / 'api.pid'})")

@@ -32,6 +32,7 @@ from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.core.scoring import DENSE_LAYOUT
 from featureline.etl.features.base import LABEL, SPLIT
 from featureline.feature_store.redis_server import free_port
+from featureline.next_day import NextDay, ask
 from featureline.trainer.export import write_tables
 
 EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
@@ -262,9 +263,10 @@ def run_calls(base: str, user: str, items: list[str], echo: Callable[[str], None
 
 
 def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: str,
-               echo: Callable[[str], None], hps: Path) -> str:
+               echo: Callable[[str], None], hps: Path, next_day: NextDay | None = None) -> str:
     """The API in the background over the tables of ``hps`` (an hps.yaml), one call per
-    endpoint; its URL."""
+    endpoint (and the model's input of ``next_day``'s first impression, before any push);
+    its URL."""
     pid_file = out / "api.pid"
     stop_server(pid_file)
     port = config.api.port if _port_free(config.api.host, config.api.port) else free_port()
@@ -282,6 +284,8 @@ def serve_demo(config: FeaturelineConfig, output: Path, out: Path, redis_url: st
     run_calls(base, ids["user"][0], ids["item"], echo, scored)
     if scored:
         show_ranking(base, ids["user"][0], sample_ids(output, RANKED)["item"], echo)
+    if next_day is not None:
+        ask(next_day, base, output, config.etl, _call, echo)
     # The groups a user defines (and the entity tables'): the model inputs' show in /v1/rank.
     groups = [group for group in read_metadata(output).tile_groups()
               if not group.name.startswith(INPUTS_PREFIX)]

@@ -33,7 +33,10 @@ def test_demo_command_runs_end_to_end(demo_run):
     assert "rows: read 4,000 = accepted" in result.output
     assert "tfrecord:" in result.output and "demo finished" in result.output
     metadata = json.loads((out / "output" / "metadata.json").read_text())
-    assert sum(metadata["rows"]["quarantined"].values()) == 40 - metadata["rows"]["duplicates"]
+    # Every bad row of the log quarantined: the served output's, the next day's run's.
+    whole = json.loads((out / "next-day" / "metadata.json").read_text())["rows"]
+    assert sum(whole["quarantined"].values()) == 40 - whole["duplicates"]
+    assert metadata["rows"]["read"] < whole["read"] == 4000
     # Published: the sample rows it prints are what Redis now serves.
     assert f"online store {url}" in result.output
     users = pq.read_table(out / "output" / "entities" / "user").column("user_id")
@@ -72,6 +75,40 @@ def test_demo_command_runs_end_to_end(demo_run):
     assert new[:3] == [new[0]] * 3 and new[3:] == old[:2]
     assert metadata["tiles"]["groups"][0]["name"] == "user_activity"
     assert "authentication OFF" in result.output
+
+
+def test_the_served_model_input_equals_the_row_the_next_days_run_wrote(demo_run):
+    """The log's last day is held back: the API serves an impression of it at its own time,
+    then the day's incremental run writes its TFRecord row — every feature the same."""
+    out, result, _ = demo_run
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    (held,) = [line for line in lines if line.startswith("the last day, ")]
+    day = held.split()[3].rstrip(",")
+    assert (out / "raw" / f"events-{day}.jsonl").is_file()
+    assert (f"etl run --incremental --input {out / 'raw' / f'events-{day}.jsonl'} --output "
+            f"{out / 'next-day'}") in result.output
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("the model's input served for "))
+    assert f"({'tfrecord/valid/' + day}-part-" in lines[start]
+    assert lines[start + 1].split() == ["feature", "served", "written"]
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("  ") or len(line.split()) != 3:
+            break
+        rows.append(line.split())
+    metadata = json.loads((out / "next-day" / "metadata.json").read_text())
+    # Every example feature, the ids and the lists among them.
+    assert [name for name, _, _ in rows] == [
+        name for group in metadata["tfrecord"]["groups"].values() for name in group["columns"]
+        if name != "label"]
+    assert all(served == written for _, served, written in rows), rows
+    assert lines[start + 2 + len(rows)] == (f"  {len(rows)} features equal (ids exact, floats "
+                                            f"within 1e-06)")
+    # The copy now holds the day; the output the API serves does not.
+    assert any(f["day"] == day for f in metadata["tfrecord"]["files"])
+    served = json.loads((out / "output" / "metadata.json").read_text())
+    assert not any(f["day"] == day for f in served["tfrecord"]["files"])
 
 
 def test_the_demo_serves_the_embeddings_it_trained(demo_run):
