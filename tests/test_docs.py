@@ -167,6 +167,43 @@ def test_the_readme_is_a_front_door():
         assert (REPO / target).is_file(), target
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_demo_transcripts_show_the_demos_steps_now(page):
+    """The transcripts of ``make demo`` (scripts/demo_transcript.py writes the whole one)
+    name the steps ``featureline demo`` prints today, in order: a step added or renamed
+    fails here until the transcripts are made again."""
+    code = (REPO / "featureline" / "cli.py").read_text()
+    steps = re.findall(r'progress\(f"\[(\d)/\{steps\}\] ([^:"]+)', code)
+    assert len(steps) >= 6
+    shown = re.findall(r"^\[[\d:]+\] \[(\d)/(\d)\] ([^:\n]+)", (REPO / page).read_text(),
+                       flags=re.MULTILINE)
+    assert [(number, label) for number, _, label in shown] == steps
+    assert {total for _, total, _ in shown} == {str(len(steps))}
+
+
+def test_the_transcript_script_keeps_the_demos_lines_only(tmp_path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import demo_transcript
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    log = "\n".join([
+        ".venv/bin/featureline demo --out data/demo --events 200000",
+        "[01:47:50] [1/6] datagen: 200,000 events",
+        "WARNING: Using incubator modules: jdk.incubator.vector",
+        "26/12/06 01:47:53 WARN NativeCodeLoader: Unable to load native-hadoop library",
+        "[01:48:00] ingest: 5s, 1 Spark stage(s) running, tasks 0/2",
+        "[01:48:07] ingest done in 11.6s: 182,461 rows read",
+        f"checks: PASSED against {REPO}/data/demo/output"])
+    assert demo_transcript.transcript(log).splitlines() == [
+        "[01:47:50] [1/6] datagen: 200,000 events",
+        "[01:48:07] ingest done in 11.6s: 182,461 rows read",
+        "checks: PASSED against data/demo/output"]
+    page = "intro\n<!-- demo transcript -->\n\n```\nold\nlines\n```\nafter\n"
+    assert demo_transcript.splice(page, "new") == (
+        "intro\n<!-- demo transcript -->\n\n```\nnew\n```\nafter\n")
+
+
 @pytest.fixture
 def served(site) -> Iterator[str]:
     handler = functools.partial(_QuietHandler, directory=str(site))
