@@ -111,6 +111,27 @@ def test_the_served_model_input_equals_the_row_the_next_days_run_wrote(demo_run)
     assert not any(f["day"] == day for f in served["tfrecord"]["files"])
 
 
+def test_the_guides_transcript_is_todays_demo(demo_run):
+    """docs/getting-started.md shows a run of today's demo (scripts/demo_transcript.py writes
+    it): the same features, tables, categorical features and TFRecord groups, run by run."""
+    _, result, _ = demo_run
+    page = (REPO / "docs" / "getting-started.md").read_text()
+
+    def shown(text: str) -> list[str]:
+        kept = []
+        for line in text.splitlines():
+            if line.startswith("features: "):
+                kept.append(line)
+            elif line.startswith("tfrecord: "):
+                kept.append(line.split(", prebatch")[1])
+            elif re.match(r"^  \w+: [\d,]+ x \d+", line):
+                kept.append(line.split(":")[0])
+        return kept
+
+    assert shown(page) == shown(result.output)
+    assert len(shown(page)) > 10
+
+
 def test_the_demo_serves_the_embeddings_it_trained(demo_run):
     """The ranking call returns the exported tables' rows, trained on this very output."""
     out, result, _ = demo_run

@@ -162,7 +162,17 @@ def test_every_link_works_on_github_too():
 def test_the_readme_is_a_front_door():
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
-    assert "make demo" in readme and "make test" in readme and "| benchmark |" in readme
+    assert "make demo" in readme and "make test" in readme
+    # The figures a user plans with: a short table; every ratio says what it compares and
+    # which way is better.
+    figures = readme.split("## Current figures", 1)[1]
+    rows = [line for line in figures.splitlines() if line.startswith("| ")][1:]
+    assert 0 < len(rows) <= 15, len(rows)
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 3, row
+        if "×" in row:
+            assert cells[2].endswith(("(lower)", "(higher)")), row
     for target in re.findall(r"\]\((docs/[^)#]+)", readme):
         assert (REPO / target).is_file(), target
 
