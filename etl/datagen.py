@@ -9,6 +9,7 @@ kind the validator rejects (plus exact duplicates, which it removes and counts).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from collections.abc import Callable
@@ -45,6 +46,38 @@ DEFAULT_START = datetime(2026, 1, 5, tzinfo=timezone.utc)
 
 COLUMNS = ("user_id", "item_id", "event_type", "ts", "value", "price", "category", "device")
 
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A public log's shape, for trying Featureline on names that are not its own: the
+    columns written and their names (ours → theirs, in order), each event type's name
+    (None: such events are left out), the time as epoch milliseconds, ids as numbers."""
+
+    columns: dict[str, str]
+    event_types: dict[str, str | None]
+
+
+# Retailrocket's e-commerce events (timestamp in ms, visitorid, event, itemid), with the
+# item's category and price and the visit's device beside them.
+SHAPES = {"retailrocket": Shape(
+    columns={"ts": "timestamp", "user_id": "visitorid", "event_type": "event",
+             "item_id": "itemid", "category": "categoryid", "price": "price",
+             "device": "device"},
+    event_types={"view": "view", "click": None, "add_to_cart": "addtocart",
+                 "purchase": "transaction"})}
+
+
+def reshaped(events: pd.DataFrame, shape: Shape) -> pd.DataFrame:
+    """``events`` (ours) in ``shape``: renamed, ids as numbers, the time in epoch ms."""
+    kept = events[events["event_type"].map(shape.event_types).notna()].copy()
+    kept["event_type"] = kept["event_type"].map(shape.event_types)
+    kept["ts"] = (pd.to_datetime(kept["ts"], utc=True).astype("int64") // 1_000_000)
+    for column in ("user_id", "item_id", "category"):
+        kept[column] = kept[column].str.slice(1).astype("int64")
+    return kept[list(shape.columns)].rename(columns=shape.columns).reset_index(drop=True)
+
+
 # Every kind of bad row, named by the quarantine reason the validator gives it.
 BAD_KINDS_TEXT = (*REASONS, "duplicate")
 # A typed Parquet file cannot hold an unparseable line or a non-numeric value.
@@ -56,6 +89,9 @@ class GeneratedLog:
     path: Path
     rows: int
     bad_rows: dict[str, int]
+    # The log's last UTC day, written apart (split_last_day), and its rows.
+    last_day: Path | None = None
+    last_day_rows: int = 0
 
 
 def zipf_probabilities(n: int, alpha: float) -> np.ndarray:
@@ -239,10 +275,20 @@ def write_log(
     bad_fraction: float = 0.0,
     fmt: InputFormat = "jsonl",
     start: datetime = DEFAULT_START,
+    shape: str | None = None,
+    split_last_day: bool = False,
 ) -> GeneratedLog:
-    """Write ``events`` log rows to ``out``; ``bad_fraction`` of them are bad rows."""
+    """Write ``events`` log rows to ``out``; ``bad_fraction`` of them are bad rows.
+    ``shape``: a public log's names (:data:`SHAPES`; no bad rows, a text format; the events
+    its event types leave out are not written); with it, ``split_last_day`` writes the last
+    UTC day apart, to ``<stem>-<day><suffix>`` beside ``out`` (the next day of one log)."""
     if not 0.0 <= bad_fraction <= 1.0:
         raise ValueError(f"bad_fraction must be within [0, 1], got {bad_fraction}")
+    if shape is not None:
+        return _write_shaped(Path(out), SHAPES[shape], fmt, generate_events(
+            events, users, items, days, seed=seed, start=start), split_last_day)
+    if split_last_day:
+        raise ValueError("split_last_day needs a shape (the demo holds its day back itself)")
     bad_count = round(events * bad_fraction)
     good = generate_events(events - bad_count, users, items, days, seed=seed, start=start)
     rng = np.random.default_rng(seed + 1)
@@ -257,6 +303,32 @@ def write_log(
         text = _text_lines(good, bad, kinds, fmt, rng)
         write_whole(path, lambda p: p.write_text(text))
     return GeneratedLog(path=path, rows=events, bad_rows=tally)
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text)
+
+
+def _write_shaped(path: Path, shape: Shape, fmt: InputFormat, events: pd.DataFrame,
+                  split_last_day: bool) -> GeneratedLog:
+    if fmt not in ("csv", "jsonl"):
+        raise ValueError(f"a shaped log is text: csv or jsonl, not {fmt}")
+    days = events["ts"].str.slice(0, 10)  # ISO text: its UTC day
+    last = days.max()
+    parts = [(path, events[days < last] if split_last_day else events)]
+    if split_last_day:
+        parts.append((path.with_name(f"{path.stem}-{last}{path.suffix}"), events[days == last]))
+    written = []
+    for target, part in parts:
+        rows = reshaped(part, shape)
+        text = (rows.to_csv(index=False, lineterminator="\n") if fmt == "csv" else
+                rows.to_json(orient="records", lines=True, double_precision=10))
+        write_whole(target, functools.partial(_write_text, text=text))
+        written.append((target, len(rows)))
+    (main, rows_written), *apart = written
+    return GeneratedLog(path=main, rows=rows_written, bad_rows={},
+                        last_day=apart[0][0] if apart else None,
+                        last_day_rows=apart[0][1] if apart else 0)
 
 
 def log_day(line: str) -> str | None:

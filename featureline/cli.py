@@ -53,16 +53,50 @@ def main() -> None:
               help="Share of rows made bad, in every way the validator rejects.")
 @click.option("--format", "fmt", type=click.Choice(INPUT_FORMATS),
               default="jsonl", show_default=True)
+@click.option("--start", "first_day", metavar="DAY",
+              help="The log's first UTC day: YYYY-MM-DD, or today-<N>d (default: 2026-01-05)")
+@click.option("--shape", type=click.Choice(["retailrocket"]),
+              help="Write the log in a public dataset's names (retailrocket: timestamp in "
+                   "ms, visitorid, event, itemid, categoryid, price, device); no bad rows")
+@click.option("--split-last-day", is_flag=True,
+              help="With --shape: write the last UTC day apart, to <out>-<day> (the next "
+                   "day of the same log)")
 def datagen(events: int, users: int, items: int, days: int, out: str, seed: int,
-            bad_fraction: float, fmt: str) -> None:
+            bad_fraction: float, fmt: str, first_day: str | None, shape: str | None,
+            split_last_day: bool) -> None:
     """Write a synthetic interaction log (Zipf popularity, sessions, a purchase funnel)."""
-    from featureline.etl.datagen import write_log
+    from featureline.etl.datagen import DEFAULT_START, write_log
 
+    if shape is not None and bad_fraction:
+        raise click.BadParameter("a shaped log has no bad rows", param_hint="--bad-fraction")
+    if split_last_day and shape is None:
+        raise click.BadParameter("needs --shape", param_hint="--split-last-day")
     start = time.perf_counter()
     log = write_log(out, events=events, users=users, items=items, days=days, seed=seed,
-                    bad_fraction=bad_fraction, fmt=fmt)  # type: ignore[arg-type]
-    click.echo(json.dumps({"path": str(log.path), "rows": log.rows, "bad_rows": log.bad_rows,
-                           "seconds": round(time.perf_counter() - start, 2)}))
+                    bad_fraction=bad_fraction, fmt=fmt,  # type: ignore[arg-type]
+                    start=DEFAULT_START if first_day is None else _day(first_day), shape=shape,
+                    split_last_day=split_last_day)
+    written: dict[str, object] = {"path": str(log.path), "rows": log.rows,
+                                  "bad_rows": log.bad_rows}
+    if log.last_day is not None:
+        written.update(last_day=str(log.last_day), last_day_rows=log.last_day_rows)
+    click.echo(json.dumps({**written, "seconds": round(time.perf_counter() - start, 2)}))
+
+
+def _day(text: str) -> datetime:
+    """``YYYY-MM-DD`` or ``today-<N>d``: that UTC day's midnight."""
+    from datetime import timedelta
+
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    if text == "today":
+        return today
+    if text.startswith("today-") and text.endswith("d") and text[6:-1].isdigit():
+        return today - timedelta(days=int(text[6:-1]))
+    try:
+        return datetime.strptime(text, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: a day is YYYY-MM-DD or today-<N>d",
+                                 param_hint="--start") from None
 
 
 @main.group()

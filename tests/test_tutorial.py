@@ -1,0 +1,80 @@
+"""docs/tutorial.md, run as a reader runs it: every YAML block with a title written to its
+file, then every bash block in order in one shell (``set -euo pipefail``), in a fresh folder
+holding a copy of the Feast repository, against a Redis server of its own. The commands come
+from the page's own text, so the page cannot drift from what they do. The API's port is
+swapped for a free one; the rest is run as written (real Spark, Feast, Redis, TensorFlow).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PAGE = REPO / "docs" / "tutorial.md"
+BLOCK = re.compile(r"^```(\w+)([^\n]*)\n(.*?)^```", re.DOTALL | re.MULTILINE)
+PORT = "8010"
+
+
+def blocks(text: str, language: str) -> list[tuple[str, str]]:
+    """The page's code blocks of ``language``: (the fence's attributes, the text)."""
+    return [(info, body) for lang, info, body in BLOCK.findall(text) if lang == language]
+
+
+def test_the_page_has_its_steps():
+    """What the run below executes: the files it writes and the commands it runs."""
+    page = PAGE.read_text()
+    (files,) = [re.findall(r'title="([^"]+)"', info) for info, _ in blocks(page, "yaml")]
+    assert files == ["data/tutorial/shop.yaml"]
+    commands = "\n".join(body for _, body in blocks(page, "bash"))
+    for step in ("featureline datagen", "featureline etl run", "featureline publish",
+                 "featureline train", "featureline promote", "featureline serve",
+                 "/v1/features", "/v1/ranking-inputs", "/v1/rank", "--incremental",
+                 "/reload"):
+        assert step in commands, step
+
+
+@pytest.mark.slow
+def test_every_command_of_the_tutorial_runs(tmp_path):
+    from featureline.feature_store.redis_server import EmbeddedRedis, free_port
+    from featureline.feature_store.repo import copy_packaged_repo
+
+    page = PAGE.read_text()
+    port = str(free_port())
+    for info, body in blocks(page, "yaml"):
+        (name,) = re.findall(r'title="([^"]+)"', info)
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body.replace(PORT, port))
+    copy_packaged_repo(tmp_path / "feature_store" / "feast_repo")
+    script = "\n".join(["set -euo pipefail",
+                        *(body.replace(PORT, port) for _, body in blocks(page, "bash"))])
+    bin_dir = str(Path(sys.executable).parent)
+    with EmbeddedRedis(tmp_path / "redis") as redis:
+        env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+               "REDIS_URL": redis.url}
+        try:
+            done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=1500)
+        finally:
+            pid_file = tmp_path / "data" / "tutorial" / "api.pid"
+            if pid_file.is_file():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    output = done.stdout + done.stderr
+    (tmp_path / "tutorial.log").write_text(output)
+    assert done.returncode == 0, output[-4000:]
+    # What the page says the steps print.
+    assert "checks: profile.json written" in done.stdout
+    assert re.search(r"rows: read [\d,]+ = accepted", done.stdout)
+    assert '"items":[{"item_id":' in done.stdout  # /v1/rank's answer
+    assert '"model":"ranker","rows":' in done.stdout  # the reload's
+    served = tmp_path / "data" / "tutorial" / "models" / "served"
+    assert served.is_symlink() and (served / "hps.yaml").is_file()
+    print(output[-3000:])
