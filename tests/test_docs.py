@@ -192,11 +192,7 @@ def test_the_demo_transcripts_show_the_demos_steps_now(page):
 
 
 def test_the_transcript_script_keeps_the_demos_lines_only(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import demo_transcript
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    demo_transcript = _scripts_module("demo_transcript")
     log = "\n".join([
         ".venv/bin/featureline demo --out data/demo --events 200000",
         "[01:47:50] [1/6] datagen: 200,000 events",
@@ -212,6 +208,47 @@ def test_the_transcript_script_keeps_the_demos_lines_only(tmp_path):
     page = "intro\n<!-- demo transcript -->\n\n```\nold\nlines\n```\nafter\n"
     assert demo_transcript.splice(page, "new") == (
         "intro\n<!-- demo transcript -->\n\n```\nnew\n```\nafter\n")
+
+
+def _scripts_module(name: str) -> Any:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+
+
+# Guide pages not yet rewritten in plain sentences: reported, not held. A page leaves the list
+# when its rewrite passes (the test then says so).
+NOT_YET_PLAIN = {"docs/ARCHITECTURE.md", "docs/consistency.md", "docs/daily.md", "docs/etl.md",
+                 "docs/feature-store.md", "docs/features.md", "docs/fresh-features.md",
+                 "docs/getting-started.md", "docs/gpu.md", "docs/hps.md", "docs/kubernetes.md",
+                 "docs/notebooks.md", "docs/tfrecords.md", "docs/validation.md"}
+PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_plain_sentences(page):
+    """Each page's mean and 90th-percentile sentence length (prose only:
+    scripts/sentence_lengths.py) within MAX_MEAN and MAX_P90 words."""
+    lengths = _scripts_module("sentence_lengths")
+    mean, p90 = lengths.summary(lengths.sentence_lengths((REPO / page).read_text()))
+    print(f"{page}: mean {mean:.1f}, p90 {p90}")
+    plain = mean <= lengths.MAX_MEAN and p90 <= lengths.MAX_P90
+    if page in NOT_YET_PLAIN:
+        assert not plain, f"{page} reads plainly now: take it off NOT_YET_PLAIN"
+    else:
+        assert plain, (page, round(mean, 1), p90)
+
+
+def test_sentences_are_counted_in_prose_only():
+    lengths = _scripts_module("sentence_lengths")
+    page = ("# A heading of many words that are not a sentence at all\n\n"
+            "One two three. Four five `six seven eight` nine.\n\n"
+            "```bash\nthis is code and not counted at all\n```\n\n"
+            "| a | table | row |\n\n- An item here. [A link](x.md) ends it.\n")
+    assert lengths.sentence_lengths(page) == [3, 4, 3, 4]
+    assert lengths.summary([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == (5.5, 9)
 
 
 @pytest.fixture
