@@ -19,7 +19,7 @@ from pathlib import Path
 
 MAX_MEAN = 20
 MAX_P90 = 35
-_FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+_FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.DOTALL | re.MULTILINE)
 _END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\[(\"])")
 _LINK = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")
 
@@ -47,8 +47,10 @@ def sentence_lengths(markdown: str) -> list[int]:
     """Words per sentence of a page's prose."""
     lengths = []
     for paragraph in paragraphs(markdown):
-        plain = _LINK.sub(r"\1", re.sub(r"`[^`]*`", "code", paragraph))
-        lengths += [len(s.split()) for s in _END.split(plain) if s.split()]
+        for sentence in _END.split(paragraph):
+            plain = _LINK.sub(r"\1", re.sub(r"`[^`]*`", "code", sentence))
+            if plain.split():
+                lengths.append(len(plain.split()))
     return lengths
 
 
