@@ -218,9 +218,6 @@ def _scripts_module(name: str) -> Any:
         sys.path.remove(str(REPO / "scripts"))
 
 
-# Guide pages not yet rewritten in plain sentences: reported, not held. A page leaves the list
-# when its rewrite passes (the test then says so).
-NOT_YET_PLAIN = {"docs/daily.md"}
 PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
 
 
@@ -231,11 +228,7 @@ def test_plain_sentences(page):
     lengths = _scripts_module("sentence_lengths")
     mean, p90 = lengths.summary(lengths.sentence_lengths((REPO / page).read_text()))
     print(f"{page}: mean {mean:.1f}, p90 {p90}")
-    plain = mean <= lengths.MAX_MEAN and p90 <= lengths.MAX_P90
-    if page in NOT_YET_PLAIN:
-        assert not plain, f"{page} reads plainly now: take it off NOT_YET_PLAIN"
-    else:
-        assert plain, (page, round(mean, 1), p90)
+    assert mean <= lengths.MAX_MEAN and p90 <= lengths.MAX_P90, (page, round(mean, 1), p90)
 
 
 def test_sentences_are_counted_in_prose_only():
