@@ -43,15 +43,15 @@ def site(tmp_path_factory) -> Path:
     return site
 
 
+def _nav_pages(entries: list[Any]) -> Iterator[str]:
+    """Every page of the guide's navigation (mkdocs.yml's nav), in order."""
+    for entry in entries:
+        for value in entry.values():
+            yield from _nav_pages(value) if isinstance(value, list) else [value]
+
+
 def test_the_guide_builds_strictly_with_every_page(site):
-    nav = yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]
-
-    def pages(entries: list[Any]) -> Iterator[str]:
-        for entry in entries:
-            for value in entry.values():
-                yield from pages(value) if isinstance(value, list) else [value]
-
-    listed = list(pages(nav))
+    listed = list(_nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]))
     for page in listed:
         assert (site / page.replace(".md", ".html")).is_file(), page
     # Every Markdown file of docs/ is in the navigation (strict fails on one left out too).
@@ -260,12 +260,18 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @needs_chromium
-def test_two_pages_render_in_headless_chromium(served, tmp_path):
+def test_every_page_renders_in_headless_chromium(served, tmp_path):
+    listed = list(_nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"]))
     with headless_page(served) as visit:
         page = visit.page
-        for name, heading in (("index", "Featureline"), ("etl", "The ETL job")):
-            response = page.goto(f"{served}/{name}.html", wait_until="networkidle")
-            assert response is not None and response.status == 200
+        for name in listed:
+            response = page.goto(f"{served}/{name.replace('.md', '.html')}",
+                                 wait_until="networkidle")
+            assert response is not None and response.status == 200, name
+            assert page.locator("article h1").first.inner_text().strip("¶ \n"), name
+        for name, heading in (("index", "Featureline"), ("etl", "The ETL job"),
+                              ("tutorial", "Your data, end to end")):
+            page.goto(f"{served}/{name}.html", wait_until="networkidle")
             assert page.locator("article h1").first.inner_text().strip("¶ \n") == heading
             shot = tmp_path / f"{name}.png"
             page.screenshot(path=str(shot))
