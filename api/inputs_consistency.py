@@ -31,6 +31,7 @@ from featureline.core.aggregations import (
     accepted_events,
     applied_events,
     event_filter,
+    pushed_by_key,
     value_at,
 )
 from featureline.core.metadata import Metadata, read_metadata
@@ -61,12 +62,8 @@ class ReplayedReader:
         self.batch = {name: accepted_events(self.folder, self.groups[name], keys)
                       for name, keys in wanted.items() if keys}
         self.loaded = {name: set(keys) for name, keys in wanted.items()}
-        self.pushed: dict[str, dict[tuple[str, ...], list[PushedEvent]]] = {}
-        for name, group in self.groups.items():
-            for event in pushed:
-                own = group.key_of(event.event)
-                if event.ts >= metadata.tiles.cut_us and own is not None:
-                    self.pushed.setdefault(name, {}).setdefault(own, []).append(event)
+        self.pushed = {name: pushed_by_key(group, pushed, metadata.tiles.cut_us)
+                       for name, group in self.groups.items()}
         self.outputs = {name: {f.output: f for f in group.outputs()}
                         for name, group in self.groups.items()}
         self.keeps = {name: {f.output: event_filter(f.spec, metadata.events)

@@ -397,6 +397,19 @@ class PushedEvent(NamedTuple):
     finished: float | None
 
 
+def pushed_by_key(group: GroupSpec, pushed: Iterable[PushedEvent], cut_us: int
+                  ) -> dict[tuple[str, ...], list[PushedEvent]]:
+    """The pushed events from ``cut_us`` on (an output's cut: the earlier ones are in its
+    batch) by their key in ``group``; an event without the group's key columns counts for
+    none."""
+    by_key: dict[tuple[str, ...], list[PushedEvent]] = {}
+    for event in pushed:
+        own = group.key_of(event.event)
+        if event.ts >= cut_us and own is not None:
+            by_key.setdefault(own, []).append(event)
+    return by_key
+
+
 def applied_events(pushed: Iterable[PushedEvent], moment: float
                    ) -> list[tuple[int, dict[str, Any]]] | None:
     """The events of ``pushed`` the stream had applied at ``moment`` (epoch seconds), as

@@ -50,6 +50,7 @@ from featureline.core.aggregations import (
     accepted_events,
     applied_events,
     event_filter,
+    pushed_by_key,
     value_at,
 )
 from featureline.core.metadata import Metadata, read_metadata
@@ -281,11 +282,8 @@ def _aggregations(connection: duckdb.DuckDBPyConnection, metadata: Metadata,
         if not wanted:  # no row asked for the group (a log of model inputs alone)
             continue
         batch = accepted_events(metadata.events_folder(), group, wanted)
-        pushed: dict[tuple[str, ...], list[PushedEvent]] = {}
-        for event in expected.pushed_events() if expected is not None else ():
-            own = group.key_of(event.event)
-            if event.ts >= info.cut_us and own in wanted:
-                pushed.setdefault(own, []).append(event)
+        pushed = pushed_by_key(group, expected.pushed_events() if expected is not None else (),
+                               info.cut_us)
         keeps = {f.output: event_filter(f.spec, metadata.events) for f in outputs}
         offline: dict[str, list[Any]] = {name: [] for name in names}
         settled, streamed = [], []
