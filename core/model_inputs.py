@@ -36,7 +36,7 @@ from featureline.core.ids import FIRST_ID, OOV_ID, PADDING_ID
 from featureline.core.operations import XXHASH_SEED
 from featureline.core.settings import Settings
 from featureline.core.time_rule import MICROS
-from featureline.core.transforms import LOG1P_STANDARDIZE, NONE, STANDARDIZE, apply_rows
+from featureline.core.transforms import TRANSFORMS, apply_rows
 
 # The engine groups of the features of earlier events, by their keys.
 USER_INPUTS = f"{INPUTS_PREFIX}user"
@@ -259,14 +259,13 @@ def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
         else:
             out[name] = np.empty(0, dtype=np.float32)  # its place in the order, filled below
             shaped.append((name, np.asarray(values, dtype=np.float64), transform))
-    if shaped:
-        known = [s for s in shaped if s[2].get("name") in (LOG1P_STANDARDIZE, STANDARDIZE, NONE)]
-        if known:
-            rows = apply_rows(np.vstack([values for _, values, _ in known]),
-                              [transform for _, _, transform in known])
-            out.update((name, row) for (name, _, _), row in zip(known, rows, strict=True))
-        out.update((name, values.astype(np.float32)) for name, values, transform in shaped
-                   if transform.get("name") not in (LOG1P_STANDARDIZE, STANDARDIZE, NONE))
+    known = [s for s in shaped if s[2].get("name") in TRANSFORMS]
+    if known:
+        rows = apply_rows(np.vstack([values for _, values, _ in known]),
+                          [transform for _, _, transform in known])
+        out.update((name, row) for (name, _, _), row in zip(known, rows, strict=True))
+    out.update((name, values.astype(np.float32)) for name, values, transform in shaped
+               if transform.get("name") not in TRANSFORMS)
     return out
 
 

@@ -29,19 +29,12 @@ def apply(values: Any, transform: dict[str, Any]) -> np.ndarray:
     """``transform`` (a feature's entry in metadata.json) applied to raw values; NaN or None
     is a missing value. float32, as the examples hold them."""
     raw = np.asarray(values, dtype=np.float64)
-    name = transform["name"]
-    if name == NONE:
-        return np.nan_to_num(raw, nan=transform.get("fill", 0.0)).astype(np.float32)
-    if name not in (LOG1P_STANDARDIZE, STANDARDIZE):
-        raise ValueError(f"unknown transform {name!r} (known: {', '.join(TRANSFORMS)})")
-    shaped = np.log1p(np.maximum(raw, 0.0)) if name == LOG1P_STANDARDIZE else raw
-    shaped = np.where(np.isnan(shaped), transform["mean"], shaped)
-    return ((shaped - transform["mean"]) / transform["std"]).astype(np.float32)
+    return apply_rows(raw.reshape(1, -1), [transform])[0].reshape(raw.shape)
 
 
 def apply_rows(rows: np.ndarray, transforms: Sequence[dict[str, Any]]) -> np.ndarray:
-    """:func:`apply` of each row's transform to a [features, n] float64 matrix, one NumPy
-    pass per kind of transform (the same arithmetic, so the same float32 values)."""
+    """Each row's transform applied to a [features, n] float64 matrix, one NumPy pass per
+    kind of transform; float32."""
     out = np.empty(rows.shape, dtype=np.float32)
     for name in dict.fromkeys(t["name"] for t in transforms):
         at = [i for i, t in enumerate(transforms) if t["name"] == name]
