@@ -207,8 +207,11 @@ def parse_timestamp(text: str, unit: str) -> datetime | None:
         micros = epoch_micros(float(text), unit)
         return None if micros is None else datetime(1970, 1, 1, tzinfo=timezone.utc) + timedelta(
             microseconds=micros)
+    text = text.strip()
+    if text.endswith("Z"):  # UTC, as 3.11's fromisoformat reads it; 3.10's reads no "Z"
+        text = text[:-1] + "+00:00"
     try:
-        parsed = datetime.fromisoformat(text.strip())
+        parsed = datetime.fromisoformat(text)
     except ValueError:
         return None
     if parsed.tzinfo is None:  # the ETL's session time zone
