@@ -47,7 +47,6 @@ DEFAULT_START = datetime(2026, 1, 5, tzinfo=timezone.utc)
 COLUMNS = ("user_id", "item_id", "event_type", "ts", "value", "price", "category", "device")
 
 
-
 @dataclass(frozen=True)
 class Shape:
     """A public log's shape, for trying Featureline on names that are not its own: the

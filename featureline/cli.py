@@ -236,7 +236,7 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     output = Path(out) / "output"
     steps = 6 if serve else 3
     # The last 14 days, so that the online store's values are within their ttl today.
-    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    today = _day("today")
     progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from featureline.core.events import matcher, micros_of, parse_rule
+from featureline.core.events import matcher, micros_of, parse_rule, parse_timestamp
 from featureline.core.metadata import Metadata, read_metadata
 from featureline.etl.config import EtlConfig
 from featureline.etl.datagen import last_day_apart
@@ -48,12 +48,10 @@ def hold_out(raw: Path) -> NextDay:
     return NextDay(held.replace(raw.with_name(f"{raw.stem}-{day}{raw.suffix}")), day)
 
 
-def _at(event: dict[str, Any]) -> datetime | None:
-    try:
-        at = datetime.fromisoformat(str(event["ts"]).replace("Z", "+00:00"))
-    except (KeyError, ValueError):
-        return None
-    return at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)
+def _at(event: dict[str, Any], metadata: Metadata) -> datetime | None:
+    """The event's time as the ETL reads it (None: no time it accepts)."""
+    unit = metadata.events.ts_unit if metadata.events else "auto"
+    return None if event.get("ts") is None else parse_timestamp(str(event["ts"]), unit)
 
 
 def _numbers_ok(event: dict[str, Any], columns: list[str]) -> bool:
@@ -61,11 +59,12 @@ def _numbers_ok(event: dict[str, Any], columns: list[str]) -> bool:
                                          and math.isfinite(event[c])) for c in columns)
 
 
-def first_impression(day: NextDay, output: Path, etl: EtlConfig) -> dict[str, Any]:
+def first_impression(day: NextDay, output: Path, metadata: Metadata, etl: EtlConfig
+                     ) -> dict[str, Any]:
     """The day's first impression (an example: ``etl.label``'s ``of``, or any event) whose
-    user and item the published output knows and have no earlier event that day: its
-    served row reads the published tiles alone, nothing of the day pushed before it."""
-    metadata = read_metadata(output)
+    user and item the published output (``metadata``) knows and have no earlier event that
+    day: its served row reads the published tiles alone, nothing of the day pushed before
+    it."""
     assert metadata.events is not None
     known = {entity: set(pq.read_table(output / table.path, columns=[table.join_key])
                          .column(0).to_pylist())
@@ -74,13 +73,14 @@ def first_impression(day: NextDay, output: Path, etl: EtlConfig) -> dict[str, An
     example = ((lambda _: True) if join is None
                else matcher(parse_rule(str(join.of)), metadata.events))
     numeric = ["value", *metadata.events.continuous]
+    request = _request_columns(metadata)
     events = []
     for line in day.path.read_text().splitlines():
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        at = _at(event) if isinstance(event, dict) else None
+        at = _at(event, metadata) if isinstance(event, dict) else None
         if at is not None and event.get("user_id") and event.get("item_id"):
             events.append((at, event))
     events.sort(key=lambda pair: pair[0])
@@ -90,7 +90,7 @@ def first_impression(day: NextDay, output: Path, etl: EtlConfig) -> dict[str, An
         if (("user", user) not in seen and ("item", item) not in seen
                 and user in known["user"] and item in known["item"] and example(event)
                 and _numbers_ok(event, numeric)
-                and all(event.get(c) is not None for c in _request_columns(metadata))):
+                and all(event.get(c) is not None for c in request)):
             return event
         seen.update({("user", user), ("item", item)})
     raise RuntimeError(f"{day.path}: no impression of a known user and item without an "
@@ -115,8 +115,9 @@ def ask(day: NextDay, base: str, output: Path, etl: EtlConfig,
         echo: Callable[[str], None]) -> None:
     """The model's input of the day's first impression, asked at its own time before the
     day's run (``call``: the demo's HTTP call)."""
-    day.event = first_impression(day, output, etl)
-    body = model_inputs_body(day.event, read_metadata(output))
+    metadata = read_metadata(output)
+    day.event = first_impression(day, output, metadata, etl)
+    body = model_inputs_body(day.event, metadata)
     status, text = call(base, "POST", "/v1/model-inputs", body)
     if status != 200:
         raise RuntimeError(f"POST /v1/model-inputs answered {status}: {text[:500]}")
@@ -129,7 +130,7 @@ def written_row(output: Path, event: dict[str, Any]) -> tuple[str, int, dict[str
     """The TFRecord row the output holds for ``event``: its file, its index there and its
     values by feature — found by the examples' row of the event's user, item and time."""
     metadata = read_metadata(output)
-    at = _at(event)
+    at = _at(event, metadata)
     assert at is not None
     table = ds.dataset(output / "examples", format="parquet", partitioning="hive").to_table(
         filter=(ds.field("user_id") == str(event["user_id"]))
@@ -177,17 +178,15 @@ def show_rows(day: NextDay, output: Path, echo: Callable[[str], None]) -> None:
     assert day.event is not None and day.served is not None
     path, index, written = written_row(output, day.event)
     served = {name: values[0] for name, values in day.served["features"].items()}
-    differ = [name for name in written if name in served
-              and not _same(served[name], written[name])]
     echo(f"the model's input served for {day.event['user_id']} × {day.event['item_id']} at "
          f"{day.event['ts']}, before the day's run, beside the row the run wrote "
          f"({path}, row {index}):")
+    shown = [name for name in written if name in served]
+    differ = [name for name in shown if not _same(served[name], written[name])]
     width = max(map(len, written))
     echo(f"  {'feature':<{width}}  {'served':>14}  {'written':>14}")
-    for name, value in written.items():
-        if name in served:
-            echo(f"  {name:<{width}}  {_shown(served[name]):>14}  {_shown(value):>14}")
+    for name in shown:
+        echo(f"  {name:<{width}}  {_shown(served[name]):>14}  {_shown(written[name]):>14}")
     if differ:
         raise RuntimeError(f"the served row differs from the written one in {differ}")
-    echo(f"  {len([n for n in written if n in served])} features equal (ids exact, floats "
-         f"within {REL_TOL:g})")
+    echo(f"  {len(shown)} features equal (ids exact, floats within {REL_TOL:g})")

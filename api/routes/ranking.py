@@ -99,7 +99,7 @@ async def model_inputs(body: ModelInputsRequest,
         [str(i) for i in body.item_ids], body.context, body.item_context, at_us)
     _log(services, "model-inputs", body, at_us, features)
     return FastJSONResponse({
-        "features": features, "groups": groups, "unserved": _served(services).inputs.unserved,
+        "features": features, "groups": groups, "unserved": served.inputs.unserved,
         **_stamp(services, at_us)})
 
 
