@@ -1,50 +1,63 @@
 """The data validation gate's checks: a run's profile (``profile.json``, written by the ETL)
-against a reference profile — the served output's, or a pinned baseline — and the breaches
-they find (docs/ARCHITECTURE.md, "The validation gate").
+against a reference window — the days before it, pooled (``core/drift_window.py``) — and the
+breaches they find (docs/ARCHITECTURE.md, "The validation gate").
 
 A profile describes the newest UTC day of an output's events: per raw column and per feature
 its rows and missing share, and either a histogram (numbers) or its most frequent values
 (text and ids); plus events per day, the label rate and the quarantine's reasons. The checks
 compare distributions, not rows: a day whose rows are each valid can still be a bad day.
 
-- ``schema``: a column added, missing, or of another kind than the reference's;
-- ``volume``: the day's events against the reference day's: 1 − smaller ÷ larger (0.5: half
-  or twice as many; a day at 10 % volume is 0.9);
-- ``missing``: a column's missing share (absolute change);
-- ``linf``: categorical columns, the L-infinity distance of the value shares (TFDV's
-  comparator: the largest change of any one value's share);
-- ``unseen``: categorical columns of a closed domain (the reference lists every value, each
-  seen often: not ids), the share of the day's values the reference never had (a value
-  renamed upstream, a flood of a new one);
+The day's totals against the window's days — their median, and their spread (so that a log
+of uneven days is judged by its own unevenness; Deequ's anomaly strategies do the same):
+
+- ``volume``: the day's events against the median day: 1 − smaller ÷ larger (0.5: half or
+  twice as many); allowed: ``volume_change``, or ``spread_z`` robust deviations of the
+  window's log counts where that is more;
+- ``label_rate``: the day's positive share (relative change), the same way;
+- ``quarantine_rate``: the run's share of quarantined rows, against a multiple of the
+  window's median (with a floor, so a clean window does not make one bad row a breach).
+
+Each column against the window's pooled values:
+
+- ``schema``: a column added, missing, or of another kind than the window's;
+- ``missing``: a column's missing share (absolute change, or what chance allows a small day);
 - ``js``: numeric columns, the Jensen–Shannon divergence (base 2, 0 to 1) of their
   histograms. JS rather than PSI: it is bounded and symmetric, and an empty bin on either
   side (prices ×100 move every value into bins the reference never filled) needs no
   smoothing constant, where PSI divides by it;
-- ``label_rate``: the day's positive share (relative change);
-- ``quarantine_rate``: the run's share of quarantined rows, against a multiple of the
-  reference's (with a floor, so a clean reference does not make one bad row a breach);
+- ``linf``: categorical columns, the L-infinity distance of the value shares (TFDV's
+  comparator: the largest change of any one value's share);
+- ``unseen``: categorical columns of a closed domain (the window lists every value, each
+  seen often: not ids), the share of the day's values the window never had (a value renamed
+  upstream, a flood of a new one);
 - ``range``: declared bounds a column's values must stay within.
 
-The distribution checks (``js``, ``linf``, ``unseen``) compare a column only where both days
-have ``min_values`` values: a few hundred ratings from a handful of sessions (a MovieLens
-day) differ from the day before by chance as much as a real fault does. The ids of users
-and items (the profile marks them ``key``) are never a closed domain.
+``js`` and ``linf`` are effect sizes; a day breaches them only where a G-test also finds the
+difference significant (``p_value``): a few hundred ratings from a handful of sessions (a
+MovieLens day) differ from their window by chance. The test counts at most one value per
+user of the day, since a user's events are one session, not independent draws; a day with
+fewer than ``min_values`` such values is "not checked (n too small)". The ids of users and
+items (the profile marks them ``key``) are never a closed domain.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import Field
+from scipy.stats import chi2
 
-from featureline.core.metadata import METADATA_FILE, ChecksVerdict, Metadata, read_metadata
+from featureline.core.aggregations import ENTITIES
+from featureline.core.metadata import ChecksVerdict, Metadata
 from featureline.core.settings import Settings
 
 PROFILE_FILE = "profile.json"
@@ -74,6 +87,9 @@ QUANTILES = (0.01, 0.25, 0.5, 0.75, 0.99)
 # with no more values than this has them all listed: a closed domain, checked for new values.
 TOP_K = 100
 OTHER = "__other__"
+# The distribution checks' G-test merges cells until each expects this many of the day's
+# independent values (Cochran's rule: no expected count under 1).
+MIN_EXPECTED = 1
 # A column's values are a closed domain when each is seen this many times on average.
 CLOSED_DOMAIN_ROWS = 20
 
@@ -88,33 +104,47 @@ class RangeBound(Settings):
 
 
 class ChecksConfig(Settings):
-    """The validation gate: each run's profile against the reference's (the served output,
-    or ``reference``); a breach fails the run's verdict, and publish refuses it."""
+    """The validation gate: each run's newest day against a reference window — the days
+    before it (the output the run replaces, or ``reference``'s); a breach fails the run's
+    verdict, and publish refuses it."""
 
     # false: profiles are written, nothing is checked.
     enabled: bool = True
-    # A pinned baseline output whose profile.json is the reference; null: the output the run
-    # replaces (or, where that output's own day failed and was not published with
-    # --accept-drift, the reference it was checked against: a bad day sent again fails again).
+    # A pinned baseline output: its days are the reference window. null: the days before
+    # this run's, as the output it replaces kept them (days whose checks failed and were not
+    # published with --accept-drift are left out: a bad day sent again fails again).
     reference: str | None = None
+    # How many days before the run's day form the reference window, pooled.
+    reference_days: int = Field(default=14, ge=1)
+    # How far the day's events, label rate and quarantine rate may stray from the window's
+    # median, in robust standard deviations of the window's days (1.4826 × their median
+    # absolute deviation; events on a log scale). The thresholds below are the least
+    # allowed: a window of even days allows them.
+    spread_z: float = Field(default=3.5, gt=0)
+    # The distribution checks (js, linf) breach only where a G-test of the day's values
+    # against the window's finds the difference significant at this level, as well as
+    # larger than their threshold: a small day differs from its window by chance.
+    p_value: float = Field(default=1e-4, gt=0, lt=1)
     # Each threshold below may be null: that check is not made.
-    # Largest change of the day's events, 1 - smaller / larger (0.5: half or twice as many).
+    # Largest change of the day's events against the window's median day,
+    # 1 - smaller / larger (0.5: half or twice as many).
     volume_change: float | None = Field(default=0.5, gt=0, lt=1)
     # Largest absolute change of a column's missing share.
     missing_change: float | None = Field(default=0.1, gt=0, le=1)
     # Largest L-infinity distance of a categorical column's value shares.
     linf: float | None = Field(default=0.3, gt=0, le=1)
-    # Largest share of a categorical column's values that its reference never had (checked
-    # where the reference lists every value, and never on the ids of users and items).
+    # Largest share of a categorical column's values that the window never had (checked
+    # where the window lists every value, and never on the ids of users and items).
     unseen_share: float | None = Field(default=0.05, gt=0, le=1)
     # Largest Jensen-Shannon divergence (base 2) of a numeric column's histogram.
     js: float | None = Field(default=0.3, gt=0, le=1)
-    # The distribution checks (js, linf, unseen) compare a column only where both days have
-    # this many values: two small samples of one distribution differ by chance.
-    min_values: int = Field(default=500, ge=0)
+    # The distribution checks compare a column only where the day has this many independent
+    # values: its values, but at most one per user of the day (a user's events are one
+    # session, not independent draws). Fewer: "not checked (n too small)".
+    min_values: int = Field(default=8, ge=1)
     # Largest relative change of the label rate.
     label_rate_change: float | None = Field(default=0.5, gt=0)
-    # The quarantined share may grow to this multiple of the reference's (null: not
+    # The quarantined share may grow to this multiple of the window's median (null: not
     # checked) ...
     quarantine_rate_factor: float | None = Field(default=3.0, gt=1)
     # ... or to this share, whichever is larger.
@@ -238,7 +268,7 @@ def _relative(value: float, reference: float) -> float:
     return abs(value / reference - 1)
 
 
-def _volume_change(events: int, reference: int) -> float:
+def _volume_change(events: float, reference: float) -> float:
     larger = max(events, reference)
     return 1 - min(events, reference) / larger if larger else 0.0
 
@@ -249,19 +279,100 @@ def quarantine_rate(profile: dict[str, Any]) -> float:
     return sum(rows["quarantined"].values()) / rows["read"] if rows["read"] else 0.0
 
 
+def _logit(rate: float) -> float:
+    rate = min(max(rate, 1e-4), 1 - 1e-4)
+    return math.log(rate / (1 - rate))
+
+
+def _sigmoid(value: float) -> float:
+    return 1 / (1 + math.exp(-value))
+
+
+def robust_spread(values: Sequence[float]) -> float:
+    """1.4826 × the median absolute deviation: the standard deviation of normal values,
+    which one odd day in the window moves little."""
+    if len(values) < 2:
+        return 0.0
+    center = statistics.median(values)
+    return 1.4826 * statistics.median(abs(value - center) for value in values)
+
+
+def homogeneity_p(ours: dict[str, float], theirs: dict[str, float], order: Sequence[str],
+                  independent_values: float) -> float:
+    """The p-value of a G-test (the likelihood-ratio test of a 2 × k table) that two sets of
+    counts (bin or value → count) are draws of one distribution. Cells are merged in
+    ``order`` (keys missing from it last) until each expects ``MIN_EXPECTED`` of our values,
+    so that sparse cells do not inflate the statistic; the statistic is scaled where our
+    counts hold fewer independent values than their sum (``independent_values``)."""
+    keys = [*order, *sorted(set(ours) - set(order))]
+    a, b = _merged([ours.get(key, 0) for key in keys], [theirs.get(key, 0) for key in keys],
+                   MIN_EXPECTED * sum(theirs.values()) / max(independent_values, 1))
+    if len(a) < 2 or not a.sum() or not b.sum():
+        return 1.0
+    total = a + b
+    statistic = 0.0
+    for counts in (a, b):
+        expected = total * counts.sum() / total.sum()
+        seen = counts > 0
+        statistic += 2 * float(np.sum(counts[seen] * np.log(counts[seen] / expected[seen])))
+    weight = independent_values / a.sum()
+    return float(chi2.sf(max(statistic, 0.0) * weight, len(a) - 1))
+
+
+def _merged(ours: Sequence[float], theirs: Sequence[float], least: float
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """Adjacent cells added together until each of ``theirs`` holds ``least``; the rest
+    joins the last."""
+    a: list[float] = []
+    b: list[float] = []
+    held_a = held_b = 0.0
+    for mine, other in zip(ours, theirs, strict=True):
+        held_a, held_b = held_a + mine, held_b + other
+        if held_b >= least:
+            a.append(held_a)
+            b.append(held_b)
+            held_a = held_b = 0.0
+    if a:
+        a[-1], b[-1] = a[-1] + held_a, b[-1] + held_b
+    else:
+        a, b = [held_a], [held_b]
+    return np.array(a), np.array(b)
+
+
+def _value_counts(column: dict[str, Any]) -> dict[str, float]:
+    """A categorical column's top values' counts, the rest as one count."""
+    counts = {str(value): float(count) for value, count in column["top"]}
+    rest = present_values(column) - sum(counts.values())
+    if rest > 0.5:
+        counts[OTHER] = rest
+    return counts
+
+
+def independent(profile: dict[str, Any], count: float) -> float:
+    """How many independent values ``count`` values of a day hold: at most one per user of
+    the day (a user's events are one session: alike, not independent draws)."""
+    users = profile["columns"].get(ENTITIES["user"], {}).get("distinct")
+    return min(count, users) if users else count
+
+
 @dataclass(frozen=True)
 class Measurement:
     """One check of one column ("" for the whole day): the value found, the threshold, and
-    whether it crossed it."""
+    whether it crossed it; a distribution check's p-value where it made one."""
 
     check: str
     column: str
     value: float | str
     threshold: float | str
     breached: bool
+    p_value: float | None = None
 
     def breach(self) -> Breach:
         return Breach(self.check, self.column, self.value, self.threshold)
+
+
+# A distribution check of a column with too few independent values on its day.
+NOT_CHECKED = "not checked (n too small)"
 
 
 def check(profile: dict[str, Any], reference: dict[str, Any] | None,
@@ -272,45 +383,125 @@ def check(profile: dict[str, Any], reference: dict[str, Any] | None,
 
 def measure(profile: dict[str, Any], reference: dict[str, Any] | None,
             config: ChecksConfig) -> list[Measurement]:
-    """Every check of ``profile`` against ``reference``, breached or not (declared ranges only
-    without one): what the report and the metrics show."""
+    """Every check of ``profile`` against ``reference`` — a window's pooled profile
+    (``core/drift_window.py``) or one day's — breached or not (declared ranges only without
+    one): what the report and the metrics show."""
     found = [*_ranges(profile, config)]
     if reference is None:
         return found
-
-    def add(name: str, column: str, value: float, threshold: float | None) -> None:
-        if threshold is not None:
-            found.append(Measurement(name, column, value, threshold, value > threshold))
-
+    found += _day_rates(profile, reference, config)
     ours, theirs = profile["columns"], reference["columns"]
+    if theirs is None:  # a window of days known by their totals only
+        return found
     for name in sorted(set(theirs) - set(ours)):
         found.append(Measurement("schema", name, "missing", "present", True))
     for name in sorted(set(ours) - set(theirs)):
         found.append(Measurement("schema", name, "added", "absent", True))
-    add("volume", "", _volume_change(profile["day_events"], reference["day_events"]),
-        config.volume_change)
     for name in sorted(set(ours) & set(theirs)):
         a, b = ours[name], theirs[name]
         if a["kind"] != b["kind"]:
             found.append(Measurement("schema", name, a["kind"], b["kind"], True))
             continue
-        add("missing", name, abs(a["missing"] - b["missing"]), config.missing_change)
-        if min(present_values(a), present_values(b)) < config.min_values:
-            continue
-        if a["kind"] == "numeric":
-            add("js", name, js_divergence(a["histogram"], b["histogram"]), config.js)
-        else:
-            add("linf", name, linf_distance(a, b), config.linf)
-            unseen = None if a.get("key") else unseen_share(a, b)
-            if unseen is not None:
-                add("unseen", name, unseen, config.unseen_share)
-    add("label_rate", "label", _relative(profile["label_rate"], reference["label_rate"]),
-        config.label_rate_change)
-    if config.quarantine_rate_factor is not None:
-        allowed = max(quarantine_rate(reference) * config.quarantine_rate_factor,
-                      config.quarantine_rate_floor)
-        add("quarantine_rate", "", quarantine_rate(profile), round(allowed, 6))
+        found += _column(profile, name, a, b, config)
     return found
+
+
+def _day_rates(profile: dict[str, Any], reference: dict[str, Any],
+               config: ChecksConfig) -> Iterable[Measurement]:
+    """The day's events, label rate and quarantine rate against the window's days: each may
+    stray from their median by ``spread_z`` robust deviations, or by its threshold where
+    that is larger."""
+    days = window_days(reference)
+    z = config.spread_z
+    if config.volume_change is not None:
+        counts = [max(day["events"], 1) for day in days]
+        allowed = max(-math.log(1 - config.volume_change),
+                      z * robust_spread([math.log(count) for count in counts]))
+        value = _volume_change(profile["day_events"], statistics.median(counts))
+        threshold = round(1 - math.exp(-allowed), 4)
+        yield Measurement("volume", "", value, threshold, value > threshold)
+    if config.label_rate_change is not None:
+        rates = [day["label_rate"] for day in days]
+        center, rate = statistics.median(rates), profile["label_rate"]
+        # On the log-odds scale, where a rate near 0 or 1 is far: the window's days' spread
+        # and the chance a day of so many independent values has.
+        chance = 1 / (independent(profile, profile["day_events"])
+                      * max(center * (1 - center), 1e-4))
+        reach = z * math.sqrt(robust_spread([_logit(r) for r in rates]) ** 2 + chance)
+        bound = _sigmoid(_logit(center) + (reach if rate > center else -reach))
+        threshold = round(max(config.label_rate_change, _relative(bound, center)), 4)
+        value = _relative(rate, center)
+        yield Measurement("label_rate", "label", value, threshold, value > threshold)
+    if config.quarantine_rate_factor is not None:
+        rates = [day["quarantine_rate"] for day in days]
+        center = statistics.median(rates)
+        threshold = round(max(center * config.quarantine_rate_factor,
+                              config.quarantine_rate_floor,
+                              center + z * robust_spread(rates)), 6)
+        value = quarantine_rate(profile)
+        yield Measurement("quarantine_rate", "", value, threshold, value > threshold)
+
+
+def _column(profile: dict[str, Any], name: str, a: dict[str, Any], b: dict[str, Any],
+            config: ChecksConfig) -> Iterable[Measurement]:
+    """The checks of one column of the day (``a``) against the window's (``b``)."""
+    n = independent(profile, present_values(a))
+    if config.missing_change is not None:
+        # How far the day's missing share may stray by chance from the window's.
+        chance = config.spread_z * math.sqrt(b["missing"] * (1 - b["missing"])
+                                             / max(independent(profile, a["rows"]), 1))
+        threshold = round(max(config.missing_change, chance), 4)
+        value = abs(a["missing"] - b["missing"])
+        yield Measurement("missing", name, value, threshold, value > threshold)
+    if a.get("key"):  # which users and items come changes every day: ids have no shape
+        return
+    numeric = a["kind"] == "numeric"
+    checks = [("js", config.js)] if numeric else [("linf", config.linf),
+                                                  ("unseen", config.unseen_share)]
+    if n < config.min_values or not present_values(b):
+        yield from (Measurement(check, name, NOT_CHECKED, f"{config.min_values} values",
+                                False) for check, threshold in checks if threshold is not None)
+        return
+    if numeric:
+        if config.js is not None:
+            bins = sorted({*a["histogram"], *b["histogram"]}, key=int)
+            p = homogeneity_p(a["histogram"], b["histogram"], bins, n)
+            value = js_divergence(a["histogram"], b["histogram"])
+            threshold = _allowed(config.js, b, config)
+            yield Measurement("js", name, value, threshold,
+                              value > threshold and p < config.p_value, p)
+        return
+    if config.linf is not None:
+        theirs = _value_counts(b)
+        p = homogeneity_p(_value_counts(a), theirs, sorted(theirs, key=lambda v: -theirs[v]), n)
+        value = linf_distance(a, b)
+        threshold = _allowed(config.linf, b, config)
+        yield Measurement("linf", name, value, threshold,
+                          value > threshold and p < config.p_value, p)
+    unseen = unseen_share(a, b)
+    if unseen is not None and config.unseen_share is not None:
+        yield Measurement("unseen", name, unseen, config.unseen_share,
+                          unseen > config.unseen_share)
+
+
+def _allowed(threshold: float, window: dict[str, Any], config: ChecksConfig) -> float:
+    """A distribution check's threshold on a column of the window: ``threshold``, or, where
+    the window's own days differ from one another more (their ``spread``: each day against
+    the others), ``spread_z`` robust deviations above their median."""
+    spread = window.get("spread") or []
+    if not spread:
+        return threshold
+    return round(max(threshold, statistics.median(spread)
+                     + config.spread_z * robust_spread(spread)), 4)
+
+
+def window_days(reference: dict[str, Any]) -> list[dict[str, Any]]:
+    """The days of a reference window (``drift_window.pooled``'s ``days``): each day's
+    events, label rate and quarantine rate; a single day's profile is a window of one."""
+    return reference.get("days") or [{"day": reference["day"],
+                                      "events": reference["day_events"],
+                                      "label_rate": reference["label_rate"],
+                                      "quarantine_rate": quarantine_rate(reference)}]
 
 
 def present_values(column: dict[str, Any]) -> float:
@@ -369,25 +560,6 @@ def prometheus(measurements: list[Measurement], profile: dict[str, Any], *, comp
     return generate_latest(registry).decode()
 
 
-def replaced_reference(folder: str | Path) -> tuple[dict[str, Any] | None, str | None]:
-    """The reference of a run that replaces the output ``folder``, and its name: the output's
-    own profile when its day passed, or was published all the same (``--accept-drift``);
-    when its day failed and was not accepted, the profile *it* was checked against — the
-    last day that passed — so that a bad day sent again is refused again, not compared with
-    itself. (None, None) without a profile."""
-    own = read_profile(folder)
-    if own is None or not (Path(folder) / METADATA_FILE).is_file():
-        return own, (str(folder) if own is not None else None)
-    metadata = read_metadata(folder)
-    checks = latest_verdict(folder, metadata)
-    if checks is None or checks.passed or _accepted(folder, metadata.dataset_version):
-        return own, str(folder)
-    kept = read_profile(folder, REFERENCE_PROFILE_FILE)
-    if kept is None:
-        return None, None
-    return kept, f"{folder}'s reference (day {kept['day']}: {folder}'s own day failed)"
-
-
 def record_verdict(folder: str | Path, checked: dict[str, Any], dataset_version: str) -> None:
     """Append a ``featureline validate`` verdict (:func:`verdict`'s) on the output
     ``folder`` of ``dataset_version``."""
@@ -409,14 +581,6 @@ def latest_verdict(folder: str | Path, metadata: Metadata) -> ChecksVerdict | No
     latest = ours[-1]
     return ChecksVerdict(passed=latest["passed"], reference=latest.get("reference"),
                          breaches=latest.get("breaches", []))
-
-
-def _accepted(folder: str | Path, version: str) -> bool:
-    """Whether the output of dataset ``version`` was published with ``--accept-drift``."""
-    accepted = Path(folder) / ACCEPTED_DRIFT_FILE
-    return accepted.is_file() and any(
-        json.loads(line).get("dataset_version") == version
-        for line in accepted.read_text().splitlines() if line.strip())
 
 
 def read_profile(folder: str | Path, name: str = PROFILE_FILE) -> dict[str, Any] | None:

@@ -10,18 +10,21 @@ from a laptop, an object store or a CI artifact. The page is a Jinja2 template
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from featureline.core.drift import (
+    NOT_CHECKED,
     OTHER,
     ChecksConfig,
     Measurement,
     bin_edges,
     quarantine_rate,
     value_shares,
+    window_days,
 )
 
 # Values drawn per categorical column: the largest shares of either side.
@@ -32,13 +35,13 @@ SHOWN_DAYS = 45
 # What each check means, for the breaches' table.
 MEANINGS = {
     "schema": "the column is missing, new, or of another kind than the reference's",
-    "volume": "the day's events against the reference day's: 1 - smaller / larger",
+    "volume": "the day's events against the window's median day: 1 - smaller / larger",
     "missing": "change of the column's missing share",
-    "js": "Jensen-Shannon divergence of the histograms (0 same, 1 disjoint)",
-    "linf": "largest change of one value's share (L-infinity)",
-    "unseen": "share of the day's values the reference never had",
-    "label_rate": "relative change of the label rate",
-    "quarantine_rate": "share of rows quarantined, against a multiple of the reference's",
+    "js": "Jensen-Shannon divergence of the histograms (0 same, 1 disjoint), significant",
+    "linf": "largest change of one value's share (L-infinity), significant",
+    "unseen": "share of the day's values the window never had",
+    "label_rate": "relative change of the label rate from the window's median day",
+    "quarantine_rate": "share of rows quarantined, against a multiple of the window's median",
     "range": "a value outside the declared bounds",
 }
 
@@ -110,7 +113,7 @@ def _stats(ours: dict[str, Any], theirs: dict[str, Any] | None) -> list[tuple[st
 
 def _columns(profile: dict[str, Any], reference: dict[str, Any] | None,
              measurements: list[Measurement]) -> list[ColumnView]:
-    theirs_all = reference["columns"] if reference else {}
+    theirs_all = (reference or {}).get("columns") or {}
     views = []
     for name in sorted(set(profile["columns"]) | set(theirs_all)):
         ours, theirs = profile["columns"].get(name), theirs_all.get(name)
@@ -138,16 +141,19 @@ def render(profile: dict[str, Any], reference: dict[str, Any] | None,
                               trim_blocks=True, lstrip_blocks=True)
     breaches = [m for m in measurements if m.breached]
     days = list(profile["events_per_day"].items())[-SHOWN_DAYS:]
+    # A window's middle: its median day (core/drift_window.py).
     day = {
         "events": (profile["day_events"], reference["day_events"] if reference else None),
         "label_rate": (profile["label_rate"], reference["label_rate"] if reference else None),
-        "quarantined": (quarantine_rate(profile),
-                        quarantine_rate(reference) if reference else None),
+        "quarantined": (quarantine_rate(profile), statistics.median(
+            entry["quarantine_rate"] for entry in window_days(reference)) if reference else None),
     }
     return environment.get_template("report.html.j2").render(
         output=output, profile=profile, reference_name=reference_name,
         compared=reference is not None, enabled=config.enabled, breaches=breaches,
-        meanings=MEANINGS, day=day, reasons=profile["rows"]["quarantined"],
+        meanings=MEANINGS, day=day, not_checked=NOT_CHECKED,
+        window=reference.get("window") if reference else None,
+        reasons=profile["rows"]["quarantined"],
         days=days, most_per_day=max((count for _, count in days), default=1),
         day_checks=[m for m in measurements if m.column in ("", "label")],
         columns=_columns(profile, reference, measurements))

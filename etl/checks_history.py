@@ -1,7 +1,9 @@
 """The validation gate replayed over an output's history (``featureline etl checks-history``;
 docs/ARCHITECTURE.md, "The validation gate"): each of its last days profiled as a run ending
-on that day profiles its newest day, and checked against the day before — what the
-thresholds would have said of a user's own data, day by day, before they trust them.
+on that day profiles its newest day, and checked against its reference window as daily runs
+would have kept it — the ``reference_days`` days before it, less the days that breached —
+what the thresholds would have said of a user's own data, day by day, before they trust
+them.
 
 The run's row accounting stands for every day (the quarantine's reasons are not kept per
 day), so the quarantine check compares equal rates here.
@@ -16,6 +18,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from featureline.core.drift import Breach, ChecksConfig, check
+from featureline.core.drift_window import pooled, window
 from featureline.core.metadata import present, read_metadata
 from featureline.etl.config import EtlConfig
 from featureline.etl.data_profile import profile_columns, profiles
@@ -25,7 +28,7 @@ from featureline.etl.outputs import read_as_written
 
 @dataclass(frozen=True)
 class CheckedDay:
-    """One day of the history, checked against the day before it."""
+    """One day of the history, checked against its window."""
 
     day: str
     events: int
@@ -38,16 +41,22 @@ class CheckedDay:
 
 def replay(spark: SparkSession, output: str | Path, config: EtlConfig,
            checks: ChecksConfig, days: int) -> list[CheckedDay]:
-    """The last ``days`` days of ``output``, each checked against the one before."""
+    """The last ``days`` days of ``output``, each checked against the days before it."""
     metadata = read_metadata(output)
     rows = present(metadata.rows, metadata, "rows").model_dump()
     events = spark.read.parquet(str(Path(output) / STATE_DIR / EVENTS_DIR)).cache()
     examples = read_as_written(spark, Path(output) / "examples").cache()
     try:
         columns = profile_columns(config, [f.model_dump() for f in metadata.features])
-        checked = profiles(events, examples, days + 1, rows=rows, **columns)
+        every = profiles(events, examples, days + checks.reference_days, rows=rows, **columns)
     finally:
         events.unpersist()
         examples.unpersist()
-    return [CheckedDay(ours["day"], ours["day_events"], check(ours, reference, checks))
-            for ours, reference in zip(checked[1:], checked[:-1], strict=True)]
+    admitted, replayed = every[:-days], []
+    for ours in every[-days:]:
+        earlier = window(admitted, checks.reference_days)
+        breaches = check(ours, pooled(earlier), checks) if earlier else []
+        replayed.append(CheckedDay(ours["day"], ours["day_events"], breaches))
+        if not breaches:
+            admitted.append(ours)
+    return replayed

@@ -124,6 +124,23 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
              "columns": columns[day]} for day in chosen]
 
 
+def day_totals(events: DataFrame) -> dict[str, tuple[int, float]]:
+    """Every day's events and label rate: one aggregation, grouped by day."""
+    return {str(row[_DAY]): (int(row["count"]), float(row["label"] or 0.0))
+            for row in events.groupBy(F.to_date("ts").alias(_DAY)).agg(
+                F.count(F.lit(1)).alias("count"),
+                F.avg(F.col(LABEL).cast("double")).alias("label")).collect()}
+
+
+def seeded_totals(totals: Mapping[str, tuple[int, float]], before: str,
+                  rows: dict[str, Any]) -> list[dict[str, Any]]:
+    """The days before ``before`` known by their totals only (``day_totals``'), with the
+    run's row accounting: the start of a reference window (``core/drift_window.py``)."""
+    return [{"day": day, "day_events": events, "label_rate": rate,
+             "rows": {"read": rows["read"], "quarantined": dict(rows["quarantined"])}}
+            for day, (events, rate) in sorted(totals.items()) if day < before]
+
+
 def _aggregated(frame: DataFrame | GroupedData, numeric: Sequence[str],
                 categorical: Sequence[str], extra: Sequence[Column] = ()) -> list[Row]:
     """Rows, and per column its present values and (numbers) min / max / mean / std, with the

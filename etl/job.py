@@ -29,11 +29,16 @@ from featureline.core.drift import (
     Measurement,
     measure,
     prometheus,
-    read_profile,
-    replaced_reference,
     verdict,
 )
 from featureline.core.drift_report import render
+from featureline.core.drift_window import (
+    pinned_days,
+    pooled,
+    replaced_days,
+    window,
+    write_window,
+)
 from featureline.core.errors import ConfigError
 from featureline.core.events import REASONS, micros_of
 from featureline.core.files import staged_directory
@@ -58,7 +63,7 @@ from featureline.etl.aggregations import (
     output_tiles,
 )
 from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
-from featureline.etl.data_profile import profile, profile_columns
+from featureline.etl.data_profile import day_totals, profile_columns, profiles, seeded_totals
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import Resume, entity_rows, entity_snapshots, resume_from
 from featureline.etl.errors import NoInputError
@@ -790,35 +795,46 @@ class Checked:
 def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
                        rows: dict[str, Any], config: EtlConfig, staging: Path,
                        output: Path, counts: dict[str, int] | None = None) -> Checked:
-    """The run's profile, written beside metadata.json, checked against the reference's
-    (``checks.reference``, else the output this run replaces), a copy of which is kept beside
-    it so that ``featureline validate`` can check again later; the report and the checks'
+    """The run's profile, written beside metadata.json, checked against its reference window
+    (``core/drift_window.py``: the days before it that the output it replaces kept, or
+    ``checks.reference``'s), pooled; the window is kept beside it, and its pooled profile too,
+    so that ``featureline validate`` can check again later; the report and the checks'
     metrics beside them. ``counts``: every day's count of events, where ``events`` holds the
-    newest days only (``data_profile.profile``'s ``day_counts``)."""
+    newest days only (``data_profile.profiles``' ``day_counts``)."""
     this_run = rows.get("this_run", rows)
-    # The newest day lies in the validation split (the last valid_days days, at least one):
-    # only that partition of the examples is read.
-    examples = read_as_written(spark, staging / "examples").where(F.col(SPLIT) == VALID)
-    run_profile = profile(events, examples, rows=this_run, day_counts=counts,
-                          **profile_columns(config, [s.to_json() for s in specs]))
+    checks = config.checks
+    pinned = local_path(checks.reference) if checks.reference else None
+    carried, name = (pinned_days(pinned), str(pinned)) if pinned else replaced_days(output)
+    totals = day_totals(events) if counts is None else {}
+    every_day = counts if counts is not None else {d: n for d, (n, _) in totals.items()}
+    # A run with nothing to carry seeds its window: the day before its own profiled with it,
+    # the days before that by their totals (core/drift_window.py).
+    seeding = not carried and checks.enabled and len(totals) > 1
+    profiled = sorted(every_day)[-2 if seeding else -1:]
+    examples = read_as_written(spark, staging / "examples").where(
+        F.col(EXAMPLE_DAY) >= F.lit(profiled[0]).cast("date"))
+    *earlier, run_profile = profiles(events, examples, len(profiled), rows=this_run,
+                                     day_counts=every_day,
+                                     **profile_columns(config, [s.to_json() for s in specs]))
     write_json(run_profile, staging / PROFILE_FILE)
-    if config.checks.reference:
-        pinned = local_path(config.checks.reference)
-        reference = read_profile(pinned)
-        name = str(pinned) if reference is not None else None
-    else:
-        reference, name = replaced_reference(output)
+    if seeding:
+        carried = [*seeded_totals(totals, earlier[0]["day"], this_run), *earlier]
+        name = "this run's earlier days"
+    # The replaced output's days up to this run's; a pinned baseline's as they are.
+    days = window(carried, checks.reference_days, None if pinned else run_profile["day"])
+    reference = pooled(days) if days else None
     if reference is not None:
+        write_window(days, staging)
         write_json(reference, staging / REFERENCE_PROFILE_FILE)
-    measurements = measure(run_profile, reference, config.checks) \
-        if config.checks.enabled else []
+    name = name if reference is not None else None
+    measurements = measure(run_profile, reference, checks) if checks.enabled else []
     (staging / REPORT_FILE).write_text(render(
-        run_profile, reference, measurements, config.checks, output=str(output),
+        run_profile, reference, measurements, checks, output=str(output),
         reference_name=name))
     (staging / METRICS_FILE).write_text(prometheus(
-        measurements, run_profile, compared=reference is not None and config.checks.enabled,
+        measurements, run_profile, compared=reference is not None and checks.enabled,
         run_at=time.time()))
-    return Checked(measurements, name, config.checks.enabled)
+    return Checked(measurements, name, checks.enabled)
 
 
 def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:

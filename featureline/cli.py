@@ -152,7 +152,7 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
 @config_option
 @data_option
 @click.option("--days", type=click.IntRange(1), default=30, show_default=True,
-              help="The output's last days to check, each against the day before")
+              help="The output's last days to check, each against the days before it")
 @click.option("--json", "as_json", is_flag=True, help="Print the days as JSON")
 def etl_checks_history(path: str | None, data: str | None, days: int, as_json: bool) -> None:
     """Replay the validation gate over an output's last days: what the thresholds (checks:
@@ -370,6 +370,7 @@ def validate(path: str | None, output: str, reference: str | None, as_json: bool
         verdict,
     )
     from featureline.core.drift_report import render
+    from featureline.core.drift_window import pinned_days, pooled, window
     from featureline.core.files import write_whole
     from featureline.core.metadata import read_metadata
 
@@ -379,9 +380,10 @@ def validate(path: str | None, output: str, reference: str | None, as_json: bool
         raise ConfigError("OUTPUT", f"{Path(output) / PROFILE_FILE}: no profile (not an ETL "
                                     "output, or one written before the validation gate)")
     if reference is not None:
-        against = read_profile(reference)
-        if against is None:
+        days = window(pinned_days(reference), config.reference_days)
+        if not days:
             raise ConfigError("--reference", f"{Path(reference) / PROFILE_FILE}: no profile")
+        against = pooled(days)
     else:
         against = read_profile(output, REFERENCE_PROFILE_FILE)
     measurements = measure(profile, against, config)

@@ -7,12 +7,15 @@ import copy
 import math
 
 import pytest
+from scipy.stats import chi2, chi2_contingency
 
 from featureline.config import parse_config
 from featureline.core.drift import (
+    NOT_CHECKED,
     ChecksConfig,
     bin_edges,
     check,
+    homogeneity_p,
     js_divergence,
     linf_distance,
     measure,
@@ -162,18 +165,63 @@ def test_the_report_puts_breached_columns_first_and_escapes_values():
     assert 'id="verdict">PASSED' in clean and 'id="breaches"' not in clean
 
 
-def test_small_days_are_not_compared_by_distribution():
+def _small_day(users: int, histogram: dict[str, int]) -> dict:
     day = _profile()
-    day["columns"]["price"].update(histogram={"25": 30, "30": 40, "35": 30}, rows=100)
+    rows = sum(histogram.values())
+    day["day_events"] = rows
+    day["columns"]["price"].update(histogram=histogram, rows=rows)
+    day["columns"]["category"].update(rows=rows, top=[["c0", rows]], distinct=1)
+    day["columns"]["user_id"] = {"kind": "categorical", "source": "raw", "rows": rows,
+                                 "missing": 0.0, "distinct": users, "key": True,
+                                 "top": [[f"u{i}", 1] for i in range(users)]}
+    return day
+
+
+def test_a_small_day_is_judged_by_its_independent_values():
+    """At most one value per user counts: 100 prices of 5 users are not checked; prices ×100
+    (20 bins up) of 30 users breach with a tiny p-value; 12 prices of 12 users that differ
+    from the reference's shape by more than the threshold, but within chance, do not."""
+    config = ChecksConfig(js=0.1, volume_change=None, label_rate_change=None,
+                          quarantine_rate_factor=None)
     reference = _profile()
-    reference["day_events"] = day["day_events"] = 100
-    reference["columns"]["price"]["rows"] = 100
-    # 100 values a side: under min_values (500), prices are not compared ...
-    assert ("js", "price") not in {(m.check, m.column) for m in
-                                   measure(day, reference, ChecksConfig())}
-    # ... unless the threshold allows it.
-    [breach] = check(day, reference, ChecksConfig(min_values=100))
-    assert (breach.check, breach.column) == ("js", "price")
+    reference["columns"]["user_id"] = {**_small_day(400, {"5": 1})["columns"]["user_id"],
+                                       "rows": 1000}
+    few = {(m.check, m.column): m for m in
+           measure(_small_day(5, {"25": 30, "30": 40, "35": 30}), reference, config)}
+    assert few[("js", "price")].value == NOT_CHECKED and not few[("js", "price")].breached
+    assert few[("linf", "category")].value == NOT_CHECKED
+    assert few[("js", "price")].threshold == "8 values"
+    assert ("linf", "user_id") not in few  # ids are never compared by distribution
+
+    moved = {(m.check, m.column): m for m in
+             measure(_small_day(30, {"25": 30, "30": 40, "35": 30}), reference, config)}
+    assert moved[("js", "price")].breached and moved[("js", "price")].value == 1.0
+    assert moved[("js", "price")].p_value < 1e-10
+
+    chance = _small_day(12, {"5": 1, "10": 2, "15": 5, "20": 4})
+    measured = {(m.check, m.column): m for m in measure(chance, reference, config)}
+    js = measured[("js", "price")]
+    assert js.value > config.js and not js.breached
+    assert config.p_value < js.p_value < 0.5
+
+
+def test_homogeneity_p_is_the_g_test_of_the_merged_table():
+    """Against SciPy's log-likelihood test of the same 2 × k table: equal where every cell
+    expects a value of ours; sparse cells are merged with their neighbours first."""
+    ours, theirs = {"1": 12, "2": 30, "3": 9}, {"1": 300, "2": 400, "3": 200}
+    expected = chi2_contingency([[12, 30, 9], [300, 400, 200]], correction=False,
+                                lambda_="log-likelihood").pvalue
+    assert homogeneity_p(ours, theirs, ["1", "2", "3"], 51) == pytest.approx(expected)
+    # Bin 4 expects 0.5 of our 51 values: merged into bin 3.
+    sparse = homogeneity_p({**ours, "4": 3}, {**theirs, "4": 10}, ["1", "2", "3", "4"], 54)
+    merged = chi2_contingency([[12, 30, 12], [300, 400, 210]], correction=False,
+                              lambda_="log-likelihood").pvalue
+    assert sparse == pytest.approx(merged)
+    # Half the values independent: half the statistic.
+    halved = homogeneity_p(ours, theirs, ["1", "2", "3"], 25.5)
+    statistic = chi2_contingency([[12, 30, 9], [300, 400, 200]], correction=False,
+                                 lambda_="log-likelihood").statistic
+    assert halved == pytest.approx(chi2.sf(statistic / 2, 2))
 
 
 def test_ids_are_never_a_closed_domain():

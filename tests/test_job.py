@@ -280,10 +280,16 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
                                    f"{len(metadata['tiles']['tables'])} outputs")
     assert summary["artifacts"] == ""  # none: its tables are listed in metadata.json
     assert summary["state"] == f"{rows['accepted']:,} events"
-    # The first run at its path has nothing to be checked against; its profile is written.
-    assert summary["profile"] == "profile written; no reference to check against"
-    assert metadata["checks"] == {"passed": True, "reference": None, "breaches": []}
+    # The first run at its path is checked against its own earlier days (its window's seed:
+    # the day before its last profiled, the days before that by their totals).
+    assert summary["profile"] == "no breach against this run's earlier days"
+    assert metadata["checks"] == {"passed": True, "reference": "this run's earlier days",
+                                  "breaches": []}
     assert (result.output / "profile.json").is_file()
+    window = json.loads((result.output / "profile.reference.json").read_text())["window"]
+    assert (window["days"], window["profiled"]) == (5, 1), window
+    assert sorted(p.stem for p in (result.output / "profiles").glob("*.json"))[-1] \
+        == window["last"]
 
 
 def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):

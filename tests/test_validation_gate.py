@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from featureline.core.drift import METRICS_FILE, REPORT_FILE, ChecksConfig, check
+from featureline.core.drift_window import PROFILES_DIR, pooled
 from featureline.etl import job
 from featureline.etl.data_profile import profile, profile_columns, profiles
 from featureline.etl.datagen import write_log
@@ -145,8 +146,13 @@ FAULTS: dict[str, tuple[Callable[[DataFrame], DataFrame], str, str]] = {
 
 @pytest.fixture(scope="module")
 def day_before(month) -> dict[str, Any]:
-    """The reference of the faulty days: the clean profile of the day before the last."""
-    return _day_profile(month, _days(month)[-2])
+    """The reference of the faulty days: the clean profiles of the fourteen days before the
+    last, pooled, as daily runs keep them."""
+    earlier = profiles(month["events"].where(F.to_date("ts") < F.lit(_days(month)[-1])),
+                       month["examples"], ChecksConfig().reference_days,
+                       rows=month["metadata"]["rows"], **month["columns"])
+    assert len(earlier) == 14
+    return pooled(earlier)
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
@@ -194,6 +200,7 @@ def _the_report_shows_the_breach(report: Path, tmp_path: Path) -> None:
         page = visit.page
         page.goto(report.as_uri(), wait_until="load")
         assert page.locator("#verdict").inner_text() == "FAILED"
+        assert "Reference window: 6 days" in page.locator("#window").inner_text()
         rows = page.locator("#breaches + table tr.breached")
         assert ("js", "price") in {tuple(rows.nth(i).locator("td").all_inner_texts()[:2])
                                    for i in range(rows.count())}
@@ -240,7 +247,13 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
     verdict = metadata["checks"]
     assert not verdict["passed"] and verdict["reference"] == str(output)
     assert ("js", "price") in {(b["check"], b["column"]) for b in verdict["breaches"]}
-    assert (output / "profile.reference.json").is_file()
+    # The window it was checked against, kept: the log's six days — the first run's seed of
+    # five and its own day, which this run sends again (the earlier version passed).
+    window_days = sorted(path.stem for path in (output / PROFILES_DIR).glob("*.json"))
+    assert len(window_days) == 6 and window_days[-1] == last_day
+    reference = json.loads((output / "profile.reference.json").read_text())
+    assert reference["window"]["first"] == window_days[0]
+    assert reference["window"]["days"] == 6
 
     validated = CliRunner().invoke(main, ["validate", str(output)])
     assert validated.exit_code == 1, validated.output
@@ -253,7 +266,11 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
                               "--metrics-file", str(metrics)])
     assert "price" in again.read_text()
     _the_metrics_name_the_breach(samples(metrics.read_text()))
-    passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(output)])
+    # Against a baseline of the day alone, it passes.
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(output / "profile.json", alone / "profile.json")
+    passed = CliRunner().invoke(main, ["validate", str(output), "--reference", str(alone)])
     assert passed.exit_code == 0 and "PASSED" in passed.output, passed.output
     # The latest verdict stands: checked against the kept reference again, the day fails.
     assert CliRunner().invoke(main, ["validate", str(output)]).exit_code == 1
@@ -276,9 +293,10 @@ def test_a_bad_day_is_refused_at_publish(job_output, small_log, spark, redis_ser
                 (output / ACCEPTED_DRIFT_FILE).read_text().splitlines()]
     assert record["reason"] == "prices are in cents since today"
     assert record["dataset_version"] == metadata["dataset"]["version"]
-    # Accepted: the next run is checked against the accepted day.
+    # Accepted: the day starts a new window, the next run is checked against it alone.
     after = job.run(config, spark, progress=lambda _: None).metadata["checks"]
-    assert after["passed"] and after["reference"] == str(output), after
+    assert after["passed"] and "published with --accept-drift" in after["reference"], after
+    assert [path.stem for path in (output / PROFILES_DIR).glob("*.json")] == [last_day]
 
 
 def test_the_latest_validate_verdict_is_the_one_publish_enforces(job_output, redis_server,
