@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +21,13 @@ from pyspark.sql import functions as F
 from featureline.core.drift import METRICS_FILE, REPORT_FILE, ChecksConfig, check
 from featureline.core.drift_window import PROFILES_DIR, pooled
 from featureline.etl import job
-from featureline.etl.data_profile import profile, profile_columns, profiles
+from featureline.etl.data_profile import profiles
 from featureline.etl.datagen import write_log
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
-from featureline.etl.outputs import read_as_written
 from tests.browser import CHROMIUM, headless_page
 from tests.feast_data import copy_project, fresh_db
+from tests.gate_days import Fault, output_days
 from tests.job_config import make_config
 from tests.metric_samples import Samples, samples
 
@@ -49,38 +49,19 @@ def month(spark, tmp_path_factory) -> Iterator[dict[str, Any]]:
     result = job.run(config, spark, progress=lambda _: None)
     output = Path(result.output)
     # In memory: each test profiles them again, day by day.
-    events = spark.read.parquet(str(output / "state" / "events")).cache()
-    examples = read_as_written(spark, output / "examples").cache()
-    yield {
-        "root": root, "log": log, "config": config, "output": output,
-        "metadata": result.metadata, "events": events, "examples": examples,
-        "columns": profile_columns(config, result.metadata["features"]),
-    }
-    events.unpersist()
-    examples.unpersist()
+    with output_days(spark, output, config) as days:
+        yield {"root": root, "log": log, "config": config, "output": output,
+               "metadata": result.metadata, "events": days.events, "examples": days.examples,
+               "columns": days.columns, "days": days}
 
 
-def _day_profile(month: dict[str, Any], day: str,
-                 fault: Callable[[DataFrame], DataFrame] | None = None,
+def _day_profile(month: dict[str, Any], day: str, fault: Fault | None = None,
                  rows: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The profile a run ending on ``day`` writes, with ``fault`` applied to that day's
-    events (and their examples, where it drops rows)."""
-    events, examples = month["events"], month["examples"]
-    if fault is not None:
-        on_day = F.to_date("ts") == F.lit(day).cast("date")
-        changed = fault(events.where(on_day))
-        events = events.where(~on_day).unionByName(changed)
-        examples = examples.join(changed.select("user_id", "item_id", "ts").distinct(),
-                                 ["user_id", "item_id", "ts"], "left_semi") \
-            .unionByName(examples.where(~on_day))
-    until = F.to_date("ts") <= F.lit(day).cast("date")
-    return profile(events.where(until), examples.where(until),
-                   rows=rows or month["metadata"]["rows"], **month["columns"])
+    return month["days"].day_profile(day, fault, rows or month["metadata"]["rows"])
 
 
 def _days(month: dict[str, Any]) -> list[str]:
-    return sorted(str(row[0]) for row in
-                  month["events"].select(F.to_date("ts")).distinct().collect())
+    return month["days"].days()
 
 
 def test_ten_clean_consecutive_days_raise_no_breach(month, spark, tmp_path):
@@ -131,7 +112,7 @@ def _no_positives(day: DataFrame) -> DataFrame:
     return day.withColumn("event_type", F.lit("view")).withColumn(LABEL, F.lit(0))
 
 
-FAULTS: dict[str, tuple[Callable[[DataFrame], DataFrame], str, str]] = {
+FAULTS: dict[str, tuple[Fault, str, str]] = {
     "prices x100": (lambda d: d.withColumn("price", F.col("price") * 100), "js", "price"),
     "the top category renamed": (_top_renamed, "unseen", "category"),
     "a day at 10 % volume": (lambda d: d.sample(fraction=0.1, seed=3), "volume", ""),
