@@ -456,32 +456,38 @@ def _column(profile: dict[str, Any], name: str, a: dict[str, Any], b: dict[str, 
     if a.get("key"):  # which users and items come changes every day: ids have no shape
         return
     numeric = a["kind"] == "numeric"
-    checks = [("js", config.js)] if numeric else [("linf", config.linf),
-                                                  ("unseen", config.unseen_share)]
+    made = [("js", config.js)] if numeric else [("linf", config.linf),
+                                                ("unseen", config.unseen_share)]
     if n < config.min_values or not present_values(b):
-        yield from (Measurement(check, name, NOT_CHECKED, f"{config.min_values} values",
-                                False) for check, threshold in checks if threshold is not None)
+        yield from (Measurement(kind, name, NOT_CHECKED, f"{config.min_values} values", False)
+                    for kind, threshold in made if threshold is not None)
         return
     if numeric:
         if config.js is not None:
             bins = sorted({*a["histogram"], *b["histogram"]}, key=int)
-            p = homogeneity_p(a["histogram"], b["histogram"], bins, n)
-            value = js_divergence(a["histogram"], b["histogram"])
-            threshold = _allowed(config.js, b, config)
-            yield Measurement("js", name, value, threshold,
-                              value > threshold and p < config.p_value, p)
+            yield _distribution("js", name, js_divergence(a["histogram"], b["histogram"]),
+                                a["histogram"], b["histogram"], bins, n, b, config.js, config)
         return
     if config.linf is not None:
         theirs = _value_counts(b)
-        p = homogeneity_p(_value_counts(a), theirs, sorted(theirs, key=lambda v: -theirs[v]), n)
-        value = linf_distance(a, b)
-        threshold = _allowed(config.linf, b, config)
-        yield Measurement("linf", name, value, threshold,
-                          value > threshold and p < config.p_value, p)
+        yield _distribution("linf", name, linf_distance(a, b), _value_counts(a), theirs,
+                            sorted(theirs, key=lambda v: -theirs[v]), n, b, config.linf, config)
     unseen = unseen_share(a, b)
     if unseen is not None and config.unseen_share is not None:
         yield Measurement("unseen", name, unseen, config.unseen_share,
                           unseen > config.unseen_share)
+
+
+def _distribution(kind: str, name: str, value: float, ours: dict[str, Any],
+                  theirs: dict[str, Any], order: Sequence[str], n: float,
+                  window: dict[str, Any], threshold: float,
+                  config: ChecksConfig) -> Measurement:
+    """A distribution check: breached where ``value`` (the effect) is above the threshold
+    the window allows and the G-test of the day's ``n`` independent values finds the
+    difference significant."""
+    p = homogeneity_p(ours, theirs, order, n)
+    allowed = _allowed(threshold, window, config)
+    return Measurement(kind, name, value, allowed, value > allowed and p < config.p_value, p)
 
 
 def _allowed(threshold: float, window: dict[str, Any], config: ChecksConfig) -> float:

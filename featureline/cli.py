@@ -156,7 +156,7 @@ def etl_qualify(event_log: str | None, as_json: bool, **options: str | None) -> 
 @click.option("--json", "as_json", is_flag=True, help="Print the days as JSON")
 def etl_checks_history(path: str | None, data: str | None, days: int, as_json: bool) -> None:
     """Replay the validation gate over an output's last days: what the thresholds (checks:
-    in featureline.yaml) would have said of each day against the day before it."""
+    in featureline.yaml) would have said of each day against its window of days before."""
     from featureline.etl.checks_history import replay
     from featureline.etl.session import build_session, spark_properties
 
