@@ -46,14 +46,16 @@ def _run_ok(command: list[str], cwd: Path) -> float:
 
 
 def run(events: int, pairs: int, log: Path | None = None, config: str | None = None,
-        incremental: bool = False) -> dict[str, Any]:
+        incremental: bool = False, baseline: bool = True) -> dict[str, Any]:
     """``log``: the events to run on (else ``events`` generated ones); ``config``: the text of
     a ``featureline.yaml`` every command reads (an aggregations spec, say). ``check_report``
     is the last check's own JSON report and ``check_exit`` its exit status (1 when any
     operator is off the GPU) — what the gpu-check test reads, without a run of its own.
     ``incremental``: the runs take every day but the last, and a last check plans the
     incremental run of the last day on the output the check before wrote
-    (``incremental_report``, ``incremental_exit``, ``gpu_check_incremental_s``)."""
+    (``incremental_report``, ``incremental_exit``, ``gpu_check_incremental_s``).
+    ``baseline``: False runs the checks alone, without the cpu runs and their ratio (the
+    test suite reads only the checks' reports)."""
     jar = plugin_jar()
     with tempfile.TemporaryDirectory(prefix="bench-gpu-plan-") as work:
         folder = Path(work)
@@ -74,11 +76,11 @@ def run(events: int, pairs: int, log: Path | None = None, config: str | None = N
                  "--output", str(folder / "check"), *common]
         runs = []
         for _ in range(pairs):
-            baseline = _run_ok(cpu, folder)
+            cpu_seconds = _run_ok(cpu, folder) if baseline else None
             seconds, checked = _timed(check, folder)
             if not checked.stdout:  # it failed before planning: no report
                 raise RuntimeError(f"etl gpu-check failed: {checked.stderr[-2000:]}")
-            runs.append((baseline, seconds))
+            runs.append((cpu_seconds, seconds))
         if incremental:
             day_check = [FEATURELINE, "etl", "gpu-check", "--jar", str(jar), "--json",
                          "--output", str(folder / "check"), "--input", str(new_day),
@@ -87,14 +89,16 @@ def run(events: int, pairs: int, log: Path | None = None, config: str | None = N
             if not day_checked.stdout:
                 raise RuntimeError(f"etl gpu-check --incremental failed: "
                                    f"{day_checked.stderr[-2000:]}")
-    ratios = [c / b for b, c in runs]
+    timed = [(b, c) for b, c in runs if b is not None]
     report = {
         "benchmark": "gpu_plan", "machine": platform.machine(), "python": platform.python_version(),
         "plugin": RAPIDS_VERSION, "events": events if log is None else None, "pairs": pairs,
-        "etl_run_cpu_s": [round(b, 1) for b, _ in runs],
+        "etl_run_cpu_s": [round(b, 1) for b, _ in timed],
         "gpu_check_s": [round(c, 1) for _, c in runs],
-        "extra_s_median": round(statistics.median(c - b for b, c in runs), 1),
-        "ratio_vs_etl_run_median": round(statistics.median(ratios), 3),
+        "extra_s_median": (round(statistics.median(c - b for b, c in timed), 1)
+                           if timed else None),
+        "ratio_vs_etl_run_median": (round(statistics.median(c / b for b, c in timed), 3)
+                                    if timed else None),
         "check_exit": checked.returncode,
         "check_report": json.loads(checked.stdout),
         "check_stderr_tail": checked.stderr[-3000:] if checked.returncode else "",

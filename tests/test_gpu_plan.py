@@ -182,8 +182,9 @@ def gpu_plan_bench(small_log):
         pytest.skip(f"the plugin jar cannot be fetched here: {error}")
     from tests.test_benchmarks import _load
 
+    # The checks alone: their cpu baseline and its ratio are the benchmark's, not the suite's.
     return _load("bench_gpu_plan").run(0, pairs=1, log=small_log, config=GPU_AGGREGATIONS,
-                                       incremental=True)
+                                       incremental=True, baseline=False)
 
 
 @pytest.mark.slow
@@ -218,7 +219,9 @@ def test_the_incremental_run_of_a_day_is_planned_on_the_gpu_by_the_plugin(gpu_pl
 
 @pytest.mark.slow
 def test_bench_gpu_plan_smoke(gpu_plan_bench):
-    (cpu,), (check,) = gpu_plan_bench["etl_run_cpu_s"], gpu_plan_bench["gpu_check_s"]
-    assert cpu > 0 and check > 0 and gpu_plan_bench["gpu_check_incremental_s"] > 0
-    assert gpu_plan_bench["ratio_vs_etl_run_median"] == pytest.approx(check / cpu, rel=0.05)
+    (check,) = gpu_plan_bench["gpu_check_s"]
+    assert check > 0 and gpu_plan_bench["gpu_check_incremental_s"] > 0
+    # Run without its cpu baseline: no cpu time, and no ratio made up.
+    assert gpu_plan_bench["etl_run_cpu_s"] == []
+    assert gpu_plan_bench["ratio_vs_etl_run_median"] is None
     json.dumps(gpu_plan_bench)

@@ -84,7 +84,8 @@ class Aggregations(FeatureOp):
         narrow = self.keep(rows.select(*sorted(needed & set(rows.columns))))
         self.cut = events_cut(narrow)
         # Every group's values go onto the events' distinct keys and times first, and onto
-        # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill").
+        # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill, the
+        # tiles, serving").
         keys = list(dict.fromkeys([ENTITIES["user"],
                                    *(key for group in self.groups for key in group.keys)]))
         values = narrow.select(*keys, TS_MICROS).distinct()
