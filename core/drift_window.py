@@ -8,9 +8,10 @@ one plus the output's own day where it passed, up to the next run's day: its las
 fails again. A day published all the same (``--accept-drift``: the change was meant) starts
 a new window of its own.
 
-A run with no window to carry (a first run) seeds one from its own events: the day before
-its newest profiled in full, the days before that by their totals only (events, label rate)
-— profiling every day would cost the run a tenth more.
+A run with no window to carry (a first run) seeds one for the runs after it from its own
+events: the day before its newest profiled in full, the days before that by their totals
+only (events, label rate) — profiling every day would cost the run a tenth more. Its own day
+is not checked against the seed: nothing is served yet, and a log's last day may be partial.
 """
 
 from __future__ import annotations

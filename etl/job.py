@@ -807,8 +807,9 @@ def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[Featu
     carried, name = (pinned_days(pinned), str(pinned)) if pinned else replaced_days(output)
     totals = day_totals(events) if counts is None else {}
     every_day = counts if counts is not None else {d: n for d, (n, _) in totals.items()}
-    # A run with nothing to carry seeds its window: the day before its own profiled with it,
-    # the days before that by their totals (core/drift_window.py).
+    # A run with nothing to carry seeds the next run's window: the day before its own
+    # profiled with it, the days before that by their totals (core/drift_window.py). Its own
+    # day is not checked: nothing is served yet, and its newest day may be a partial one.
     seeding = not carried and checks.enabled and len(totals) > 1
     profiled = sorted(every_day)[-2 if seeding else -1:]
     examples = read_as_written(spark, staging / "examples").where(
@@ -819,12 +820,11 @@ def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[Featu
     write_json(run_profile, staging / PROFILE_FILE)
     if seeding:
         carried = [*seeded_totals(totals, earlier[0]["day"], this_run), *earlier]
-        name = "this run's earlier days"
     # The replaced output's days up to this run's; a pinned baseline's as they are.
     days = window(carried, checks.reference_days, None if pinned else run_profile["day"])
-    reference = pooled(days) if days else None
+    write_window(days, staging)
+    reference = pooled(days) if days and not seeding else None
     if reference is not None:
-        write_window(days, staging)
         write_json(reference, staging / REFERENCE_PROFILE_FILE)
     name = name if reference is not None else None
     measurements = measure(run_profile, reference, checks) if checks.enabled else []

@@ -280,16 +280,18 @@ def test_each_stage_says_what_it_wrote_when_done(job_run):
                                    f"{len(metadata['tiles']['tables'])} outputs")
     assert summary["artifacts"] == ""  # none: its tables are listed in metadata.json
     assert summary["state"] == f"{rows['accepted']:,} events"
-    # The first run at its path is checked against its own earlier days (its window's seed:
-    # the day before its last profiled, the days before that by their totals).
-    assert summary["profile"] == "no breach against this run's earlier days"
-    assert metadata["checks"] == {"passed": True, "reference": "this run's earlier days",
-                                  "breaches": []}
+    # The first run at its path has nothing to be checked against; its profile is written,
+    # and the next run's window seeded: the day before its last profiled, the days before
+    # that by their totals.
+    assert summary["profile"] == "profile written; no reference to check against"
+    assert metadata["checks"] == {"passed": True, "reference": None, "breaches": []}
     assert (result.output / "profile.json").is_file()
-    window = json.loads((result.output / "profile.reference.json").read_text())["window"]
-    assert (window["days"], window["profiled"]) == (5, 1), window
-    assert sorted(p.stem for p in (result.output / "profiles").glob("*.json"))[-1] \
-        == window["last"]
+    seeded = [json.loads(p.read_text()) for p in sorted((result.output / "profiles").glob("*"))]
+    every_day = json.loads((result.output / "profile.json").read_text())["events_per_day"]
+    assert [day["day"] for day in seeded] == sorted(every_day)[:-1]  # the log's six days
+    assert [day["day_events"] for day in seeded] == [every_day[d] for d in sorted(every_day)[:-1]]
+    assert [day.get("columns") is not None for day in seeded] == [False] * 4 + [True]
+    assert not (result.output / "profile.reference.json").exists()
 
 
 def test_a_long_stage_reports_its_spark_progress(spark, monkeypatch):
