@@ -501,13 +501,16 @@ def _allowed(threshold: float, window: dict[str, Any], config: ChecksConfig) -> 
                      + config.spread_z * robust_spread(spread)), 4)
 
 
+def day_summary(profile: dict[str, Any]) -> dict[str, Any]:
+    """A day's totals, as a window lists its days: events, label rate, quarantine rate."""
+    return {"day": profile["day"], "events": profile["day_events"],
+            "label_rate": profile["label_rate"], "quarantine_rate": quarantine_rate(profile)}
+
+
 def window_days(reference: dict[str, Any]) -> list[dict[str, Any]]:
-    """The days of a reference window (``drift_window.pooled``'s ``days``): each day's
-    events, label rate and quarantine rate; a single day's profile is a window of one."""
-    return reference.get("days") or [{"day": reference["day"],
-                                      "events": reference["day_events"],
-                                      "label_rate": reference["label_rate"],
-                                      "quarantine_rate": quarantine_rate(reference)}]
+    """The days of a reference window (``drift_window.pooled``'s ``days``); a single day's
+    profile is a window of one."""
+    return reference.get("days") or [day_summary(reference)]
 
 
 def present_values(column: dict[str, Any]) -> float:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,12 @@ from featureline.core.drift import (
     ACCEPTED_DRIFT_FILE,
     REFERENCE_PROFILE_FILE,
     TOP_K,
+    day_summary,
     js_divergence,
     latest_verdict,
     linf_distance,
     present_values,
     quantiles,
-    quarantine_rate,
     read_profile,
 )
 from featureline.core.metadata import METADATA_FILE, read_metadata
@@ -46,8 +46,7 @@ def pooled(days: Sequence[dict[str, Any]]) -> dict[str, Any]:
     medians, and every column of the newest profiled day with its values pooled over the
     profiled days (``columns`` None where no day was profiled in full)."""
     profiled = [day for day in days if day.get("columns") is not None]
-    totals = [{"day": day["day"], "events": day["day_events"], "label_rate": day["label_rate"],
-               "quarantine_rate": quarantine_rate(day)} for day in days]
+    totals = [day_summary(day) for day in days]
     columns = None
     if profiled:
         columns = {}
@@ -85,8 +84,7 @@ def _pooled_column(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         column["histogram"] = dict(sorted(histogram.items(), key=lambda item: int(item[0])))
         column.update(_moments(entries, present))
         column["quantiles"] = quantiles(column)
-        column["spread"] = [js_divergence(day, _less(histogram, day))
-                            for day in days if len(days) > 1 and sum(day.values())]
+        column["spread"] = _spread(days, histogram, js_divergence)
         return column
     days = [{str(value): count for value, count in entry["top"]} for entry in entries]
     counts = _added(days)
@@ -96,9 +94,17 @@ def _pooled_column(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     distinct = max([len(counts), *(entry.get("distinct", 0) for entry in entries)])
     column.update(top=[[value, count] for value, count in top],
                   distinct=distinct if listed_all else max(distinct, len(top) + 1))
-    column["spread"] = [linf_distance(_listed(day), _listed(_less(counts, day)))
-                        for day in days if len(days) > 1 and sum(day.values())]
+    column["spread"] = _spread(days, counts,
+                               lambda day, rest: linf_distance(_listed(day), _listed(rest)))
     return column
+
+
+def _spread(days: Sequence[dict[str, int]], total: dict[str, int],
+            divergence: Callable[[dict[str, int], dict[str, int]], float]) -> list[float]:
+    """Each day's divergence from the window's other days (none in a window of one)."""
+    if len(days) < 2:
+        return []
+    return [divergence(day, _less(total, day)) for day in days if sum(day.values())]
 
 
 def _added(days: Sequence[dict[str, int]]) -> dict[str, int]:

@@ -11,17 +11,19 @@ day), so the quarantine check compares equal rates here.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.drift import Breach, ChecksConfig, check
 from featureline.core.drift_window import pooled, window
 from featureline.core.metadata import present, read_metadata
 from featureline.etl.config import EtlConfig
-from featureline.etl.data_profile import profile_columns, profiles
+from featureline.etl.data_profile import ProfileColumns, profile_columns, profiles
 from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
 from featureline.etl.outputs import read_as_written
 
@@ -39,19 +41,38 @@ class CheckedDay:
                 "breaches": [b.to_json() for b in self.breaches]}
 
 
-def replay(spark: SparkSession, output: str | Path, config: EtlConfig,
-           checks: ChecksConfig, days: int) -> list[CheckedDay]:
-    """The last ``days`` days of ``output``, each checked against the days before it."""
+@dataclass(frozen=True)
+class OutputDays:
+    """An output's stored events and examples (cached), its row accounting and the columns
+    its runs profile."""
+
+    events: DataFrame
+    examples: DataFrame
+    rows: dict[str, Any]
+    columns: ProfileColumns
+
+
+@contextmanager
+def output_days(spark: SparkSession, output: str | Path, config: EtlConfig
+                ) -> Iterator[OutputDays]:
+    """The output's days in memory while the block runs."""
     metadata = read_metadata(output)
-    rows = present(metadata.rows, metadata, "rows").model_dump()
     events = spark.read.parquet(str(Path(output) / STATE_DIR / EVENTS_DIR)).cache()
     examples = read_as_written(spark, Path(output) / "examples").cache()
     try:
-        columns = profile_columns(config, [f.model_dump() for f in metadata.features])
-        every = profiles(events, examples, days + checks.reference_days, rows=rows, **columns)
+        yield OutputDays(events, examples, present(metadata.rows, metadata, "rows").model_dump(),
+                         profile_columns(config, [f.model_dump() for f in metadata.features]))
     finally:
         events.unpersist()
         examples.unpersist()
+
+
+def replay(spark: SparkSession, output: str | Path, config: EtlConfig,
+           checks: ChecksConfig, days: int) -> list[CheckedDay]:
+    """The last ``days`` days of ``output``, each checked against the days before it."""
+    with output_days(spark, output, config) as kept:
+        every = profiles(kept.events, kept.examples, days + checks.reference_days,
+                         rows=kept.rows, **kept.columns)
     admitted, replayed = every[:-days], []
     for ours in every[-days:]:
         earlier = window(admitted, checks.reference_days)

@@ -430,9 +430,10 @@ def test_movielens_faults_are_caught_in_small_days(movielens, spark, tmp_path):
     from featureline.core.drift import NOT_CHECKED, ChecksConfig, check, measure
     from featureline.core.drift_report import render
     from featureline.core.drift_window import pooled
+    from featureline.etl.checks_history import output_days
     from featureline.etl.data_profile import profiles
     from tests.browser import CHROMIUM, headless_page
-    from tests.gate_days import output_days
+    from tests.gate_days import day_profile
 
     output, config = _movielens_gate(movielens)
     checks = ChecksConfig()
@@ -441,7 +442,7 @@ def test_movielens_faults_are_caught_in_small_days(movielens, spark, tmp_path):
         names = [p["day"] for p in every]
         window = pooled(every[-15:-1])
         for name, (fault, check_name, column) in MOVIELENS_FAULTS.items():
-            found = check(days.day_profile(names[-1], fault), window, checks)
+            found = check(day_profile(days, names[-1], fault), window, checks)
             assert (check_name, column) in {(b.check, b.column) for b in found}, (name, found)
     small = every[names.index("1998-04-12")]
     assert small["columns"]["user_id"]["distinct"] < checks.min_values

@@ -21,13 +21,14 @@ from pyspark.sql import functions as F
 from featureline.core.drift import METRICS_FILE, REPORT_FILE, ChecksConfig, check
 from featureline.core.drift_window import PROFILES_DIR, pooled
 from featureline.etl import job
+from featureline.etl.checks_history import output_days
 from featureline.etl.data_profile import profiles
 from featureline.etl.datagen import write_log
 from featureline.etl.features.base import LABEL
 from featureline.etl.features.cyclic_time import SAME_ALL_DAY
 from tests.browser import CHROMIUM, headless_page
 from tests.feast_data import copy_project, fresh_db
-from tests.gate_days import Fault, output_days
+from tests.gate_days import Fault, day_profile, days_of
 from tests.job_config import make_config
 from tests.metric_samples import Samples, samples
 
@@ -57,11 +58,11 @@ def month(spark, tmp_path_factory) -> Iterator[dict[str, Any]]:
 
 def _day_profile(month: dict[str, Any], day: str, fault: Fault | None = None,
                  rows: dict[str, Any] | None = None) -> dict[str, Any]:
-    return month["days"].day_profile(day, fault, rows or month["metadata"]["rows"])
+    return day_profile(month["days"], day, fault, rows or month["metadata"]["rows"])
 
 
 def _days(month: dict[str, Any]) -> list[str]:
-    return month["days"].days()
+    return days_of(month["days"])
 
 
 def test_ten_clean_consecutive_days_raise_no_breach(month, spark, tmp_path):
