@@ -826,15 +826,15 @@ def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[Featu
     reference = pooled(days) if days and not seeding else None
     if reference is not None:
         write_json(reference, staging / REFERENCE_PROFILE_FILE)
-    name = name if reference is not None else None
+    against = name if reference is not None else None
     measurements = measure(run_profile, reference, checks) if checks.enabled else []
     (staging / REPORT_FILE).write_text(render(
         run_profile, reference, measurements, checks, output=str(output),
-        reference_name=name))
+        reference_name=against))
     (staging / METRICS_FILE).write_text(prometheus(
         measurements, run_profile, compared=reference is not None and checks.enabled,
         run_at=time.time()))
-    return Checked(measurements, name, checks.enabled)
+    return Checked(measurements, against, checks.enabled)
 
 
 def _write_artifacts(pipeline: FeaturePipeline, path: Path) -> dict[str, Any]:

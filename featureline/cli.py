@@ -17,7 +17,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -379,6 +379,7 @@ def validate(path: str | None, output: str, reference: str | None, as_json: bool
     if profile is None:
         raise ConfigError("OUTPUT", f"{Path(output) / PROFILE_FILE}: no profile (not an ETL "
                                     "output, or one written before the validation gate)")
+    against: dict[str, Any] | None
     if reference is not None:
         days = window(pinned_days(reference), config.reference_days)
         if not days:
