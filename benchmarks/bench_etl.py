@@ -38,6 +38,7 @@ import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,8 +116,7 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
                          ) -> dict[str, Any]:
     """The job's time without (A) and with (B) the spec's groups on one log, in ``order``;
     with ``event_log`` (the session's), each run's stage times and slowest Spark stages."""
-    groups = [GroupSpec.model_validate(g)
-              for g in yaml.safe_load(spec.read_text())["aggregations"]]
+    groups = _spec_groups(spec)
     raw = workdir / f"events-{events}.jsonl"
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
               days=28, seed=1, bad_fraction=0.001)
@@ -340,8 +340,14 @@ class _History:
         return Path(self.base.output.path)
 
 
+def _spec_groups(spec: Path) -> list[GroupSpec]:
+    """The ``aggregations:`` groups of a spec file."""
+    return [GroupSpec.model_validate(g) for g in yaml.safe_load(spec.read_text())["aggregations"]]
+
+
 def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
-             day_lines: int | None, day_before: bool = True) -> _History:
+             day_lines: int | None, day_before: bool = True,
+             groups: Sequence[GroupSpec] = ()) -> _History:
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     write_log(raw, events=events, users=users, items=items, days=31, seed=1,
@@ -351,7 +357,7 @@ def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
     base = with_overrides(EtlConfig(), input_path=str(history),
                           output=str(workdir / f"history-{events}"))
     base = base.model_copy(update={"incremental": base.incremental.model_copy(
-        update={"allow_late": True})})
+        update={"allow_late": True}), "aggregations": list(groups)})
     if keep_fit:
         base = base.model_copy(update={"fit": base.fit.model_copy(
             update={"refit_every": "30d"})})
@@ -399,7 +405,7 @@ def _full(spark: SparkSession, history: _History, workdir: Path, keep_fit: bool
 def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                     keep_fit: bool = False, day_lines: int | None = None,
                     event_log: Path | None = None, passes: int = 2,
-                    day_before: bool = True) -> dict[str, Any]:
+                    day_before: bool = True, spec: Path | None = None) -> dict[str, Any]:
     """Every size's history first (not timed); then, timed, each size's incremental run in
     the sizes' order, each size's full recompute, and (``passes`` 2) each size's incremental
     run again in the reverse order (A B, the full runs, B A): each ratio is of means over
@@ -407,15 +413,18 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
     same new day on 1M and 10M of history was 1.24x in one run and 1.82x in another when the
     sizes ran one after the other, benchmarks/README.md). ``event_log``: the session's, whose
     slowest Spark stages of each size's first incremental run are listed (``--profile``).
-    ``day_before`` off: each history is one full run (the new day follows a new fit)."""
+    ``day_before`` off: each history is one full run (the new day follows a new fit).
+    ``spec``: an ``aggregations:`` spec every run computes."""
     if passes not in (1, 2):
         raise ValueError(f"passes: 1 or 2, not {passes}")
     spark = spark or build_session(BENCH_SPARK)
+    groups = _spec_groups(spec) if spec is not None else []
     tables = ("examples", "entities/user", "entities/item", "artifacts/categorify/user_id",
-              "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}")
+              "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}",
+              *(f"aggregations/{group.name}" for group in groups))
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
         workdir = Path(tmp)
-        histories = [_history(spark, events, workdir, keep_fit, day_lines, day_before)
+        histories = [_history(spark, events, workdir, keep_fit, day_lines, day_before, groups)
                      for events in sizes]
         timed = {h.events: [_incremental(spark, h, workdir, 1)] for h in histories}
         full = {h.events: _full(spark, h, workdir, keep_fit) for h in histories}
@@ -454,7 +463,8 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
         entry["incremental_s_vs_smallest"] = round(
             entry["incremental_s"] / smallest["incremental_s"], 2)
     return {"benchmark": "etl --incremental" + (" --keep-fit" if keep_fit else "")
-                         + (f" --day-lines {day_lines}" if day_lines else ""),
+                         + (f" --day-lines {day_lines}" if day_lines else "")
+                         + (f" --aggregations {spec.name}" if spec else ""),
             "machine": {"platform": platform.platform(), "python": platform.python_version(),
                         "spark_master": spark.sparkContext.master, "spark": spark.version},
             "order": "A B, full runs, B A" if passes == 2 else "A B, full runs",
@@ -507,7 +517,8 @@ def main(argv: list[str] | None = None) -> None:
                              "that ran each (from an event log)")
     parser.add_argument("--aggregations", nargs="?", const=str(AGGREGATIONS), default=None,
                         metavar="SPEC", help="the job without and with an aggregations spec "
-                                             "(default benchmarks/aggregations.yaml)")
+                                             "(default benchmarks/aggregations.yaml); with "
+                                             "--incremental: every run computes it")
     parser.add_argument("--checks", action="store_true",
                         help="the job without and with its profile stage (the validation "
                              "gate), interleaved: without, with, with, without")
@@ -542,23 +553,24 @@ def main(argv: list[str] | None = None) -> None:
                 "runs": [measure_model_inputs(spark, events, Path(tmp)) for events in sizes]},
                 indent=2))
         return
-    if args.aggregations and not args.profile:
+    spec = Path(args.aggregations) if args.aggregations else None
+    if args.aggregations and not args.profile and not args.incremental:
         print(json.dumps(run_aggregations(sizes, Path(args.aggregations)), indent=2))
         return
     if not args.profile:
         print(json.dumps(run_incremental(sizes, keep_fit=args.keep_fit,
-                                         day_lines=args.day_lines) if args.incremental
-                         else run(sizes), indent=2))
+                                         day_lines=args.day_lines, spec=spec)
+                         if args.incremental else run(sizes), indent=2))
         return
     with tempfile.TemporaryDirectory(prefix="bench-etl-events-") as event_log:
         spark = build_session(_profiled(BENCH_SPARK, Path(event_log)))
         try:
-            if args.aggregations:
+            if args.incremental:
+                report = run_incremental(sizes, spark, args.keep_fit, args.day_lines,
+                                         Path(event_log), spec=spec)
+            elif args.aggregations:
                 report = run_aggregations(sizes, Path(args.aggregations), spark,
                                           event_log=Path(event_log))
-            elif args.incremental:
-                report = run_incremental(sizes, spark, args.keep_fit, args.day_lines,
-                                         Path(event_log))
             else:
                 report = run(sizes, spark, Path(event_log))
             print(json.dumps(report, indent=2))

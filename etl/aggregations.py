@@ -712,19 +712,32 @@ def _named(prefix: str) -> Getter:
 
 
 
-def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int) -> DataFrame:
+def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int,
+                     after: int | None = None) -> DataFrame:
     """The group's keys and the day starts (``TS_MICROS``) its values are snapshotted at,
     as the entity tables are: the day after each day a key had events, then each following
     day while an event of it can still leave a window (the longest window and its hop),
-    up to the day after the log's last event (``cut``: µs, just after it)."""
+    up to the day after the log's last event (``cut``: µs, just after it). ``after`` (µs):
+    only the days after it, from the events of the days that reach them."""
     keys = list(group.keys)
+    if after is not None:
+        events = events.where(F.col(TS_MICROS) >= after - (decay_days(group) + 1) * DAY)
     active = events.select(*keys, (next_midnight(F.col(TS_MICROS)) / DAY).cast("long")
                            .alias("_agg_after")).distinct()
     end = last_snapshot(cut) // DAY
     days = F.sequence(F.col("_agg_after"), F.least(F.col("_agg_after") + decay_days(group),
                                                   F.lit(end).cast("long")))
-    return active.select(*keys, F.explode(days).alias("_agg_day")).distinct().select(
+    anchors = active.select(*keys, F.explode(days).alias("_agg_day")).distinct().select(
         *keys, (F.col("_agg_day") * DAY).alias(TS_MICROS))
+    return anchors if after is None else anchors.where(F.col(TS_MICROS) > after)
+
+
+def reach(group: GroupSpec, since: int) -> int | None:
+    """The first event time (µs) the group's values at or after ``since`` read: where its
+    longest window starts at ``since``; None where an output reads the whole lifetime."""
+    starts = [feature.window.start(since) for feature in group.outputs()]
+    return None if any(start is None for start in starts) else min(
+        start for start in starts if start is not None)
 
 
 def last_snapshot(cut: int) -> int:

@@ -57,9 +57,9 @@ STATE_FILE = "state.json"
 WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
 DAY = "state_day"
-# Raised when what the state holds, or how, changes: an older state is refused. 7: the
-# entity tables' rows kept per day (``ENTITY_ROWS_DIR``).
-STATE_VERSION = 7
+# Raised when what the state holds, or how, changes: an older state is refused. 8: the
+# aggregations' snapshots a file per day (a day's run links the earlier days').
+STATE_VERSION = 8
 # Per entity table, its lifetime partials: what the next run's snapshots start from.
 LIFETIME_DIR = "lifetime"
 # Per entity table, the events as it reads them (``entities.entity_rows``: a row per key, day

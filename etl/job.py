@@ -452,7 +452,7 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
         staging)
     shutil.rmtree(work)
     split_rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
-    featured, written_since = _fitted(pipeline, split_rows, numbered_anew, since)
+    featured, written_since = _fitted(pipeline, split_rows, numbered_anew, since, state.latest)
     return featured, state_rows, written_since
 
 
@@ -480,20 +480,23 @@ def _window_rows(pipeline: FeaturePipeline, stored: DataFrame, state: State,
 
 
 def _fitted(pipeline: FeaturePipeline, split_rows: DataFrame, numbered_anew: DataFrame,
-            since: datetime) -> tuple[DataFrame, date | None]:
+            since: datetime, latest: datetime) -> tuple[DataFrame, date | None]:
     """The fitted ops and the model-ready step over the state's rows, and the first day
     whose files the run writes (None: every day). A new fit moves every row's fitted
     features. A kept fit: the rows before ``since`` keep their kept features, and every
     fitted one but the ids of values the vocabularies number this run (``_renumbered``): the
-    days before both keep their files. The aggregations read the earlier events (and write
-    every snapshot): those see every row."""
+    days before both keep their files. The aggregations read the earlier events: their
+    values from ``since`` on are computed, their snapshots after the earlier of it and the
+    output's last (``latest``: its latest event)."""
     if pipeline.frozen is None:
         return pipeline.transform_fitted(split_rows), None
     renumbered = _renumbered(pipeline, numbered_anew)
     if renumbered is not None:
         since = min(since, _midnight(renumbered))
-    if pipeline.op(Aggregations) is None:
+    aggregations = pipeline.op(Aggregations)
+    if not isinstance(aggregations, Aggregations):
         return pipeline.transform_fitted(split_rows.where(from_day(since))), since.date()
+    aggregations.since = min(micros_of(since), last_snapshot(micros_of(latest) + 1))
     moved = F.col("ts") >= F.lit(since)
     return pipeline.transform_fitted(split_rows).where(moved), since.date()
 
@@ -658,16 +661,21 @@ def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, stag
             "groups": [group.model_dump(mode="json") for group in groups]}
 
 
-def _write_group_snapshots(aggregations: Aggregations, staging: Path) -> dict[str, Any]:
-    """Each group's daily snapshots (``aggregations/<group>``) up to the day after the last
-    event, computed by the examples' backfill: what Feast's offline store joins
-    (docs/ARCHITECTURE.md, "Features as definitions")."""
+def _write_group_snapshots(aggregations: Aggregations, staging: Path, previous: Path
+                           ) -> dict[str, Any]:
+    """Each group's daily snapshots (``aggregations/<group>``, a file per day) up to the day
+    after the last event, computed by the examples' backfill: what Feast's offline store
+    joins (docs/ARCHITECTURE.md, "Features as definitions"). Where the backfill computed
+    them after ``aggregations.since`` only, the earlier days' files are ``previous``'s (the
+    output the run extends)."""
     tables = {}
     for group in aggregations.groups:
         frame = aggregations.snapshots(group)
         relative = f"{AGGREGATIONS_DIR}/{group.name}"
-        write_parquet(frame.orderBy(EVENT_TIMESTAMP, *group.keys), staging / relative,
-                      files=None)
+        if aggregations.since is not None:
+            link_table_days(previous / relative, staging / relative,
+                            _midnight(aggregations.since).date())
+        write_parquet_days(frame, staging / relative, EVENT_TIMESTAMP, *group.keys)
         tables[group.name] = {"path": relative, "keys": _schema(frame, list(group.keys)),
                               "timestamp_field": EVENT_TIMESTAMP,
                               "features": _schema(frame, [f.output for f in group.outputs()])}
@@ -1093,7 +1101,7 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
                                                          cut, t.days.resumed(job, cut))
         snapshots = {}
         if isinstance(aggregations, Aggregations):
-            snapshots = _write_group_snapshots(aggregations, staging)
+            snapshots = _write_group_snapshots(aggregations, staging, job.output)
         inputs = pipeline.inputs()
         tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read)
         stage.summary = ", ".join([*entities, *snapshots]) + (

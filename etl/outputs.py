@@ -73,15 +73,16 @@ def write_each(writes: Sequence[tuple[DataFrame, Path]], *,
         future.result()
 
 
-def write_parquet_days(frame: DataFrame, path: Path, stamp: str, key: str) -> None:
+def write_parquet_days(frame: DataFrame, path: Path, stamp: str, *keys: str) -> None:
     """Write ``frame`` as one Parquet file per UTC day of its ``stamp`` column, named
     ``YYYY-MM-DD-part-00000.parquet`` in one folder (the day a file name's prefix, not a
-    partition column: readers see the table's columns only), rows by ``stamp`` and ``key``
-    within a day; a frame without rows as one file without a day."""
+    partition column: readers see the table's columns only), rows by ``stamp`` and ``keys``
+    within a day; a frame without rows as one file without a day (where the folder holds
+    none yet)."""
     days = path / "_days"
     day = "_day"
     dated = frame.withColumn(day, F.to_date(stamp))
-    write_parquet(dated.repartition(day).sortWithinPartitions(stamp, key),
+    write_parquet(dated.repartition(day).sortWithinPartitions(stamp, *keys),
                   days, files=None, partition_by=day)
     path.mkdir(parents=True, exist_ok=True)
     for folder in sorted(days.glob(f"{day}=*")):

@@ -27,7 +27,14 @@ AGGREGATIONS = [{"name": "user_recent", "keys": ["user_id"], "features": [
                     {"op": "count", "windows": ["1d"]}, {"op": "last_k", "column": "item_id",
                                                         "k": 2}]},
                 {"name": "item_recent", "keys": ["item_id"], "features": [
-                    {"op": "sum", "column": "value", "windows": ["7d"]}]}]
+                    {"op": "sum", "column": "value", "windows": ["7d"]}]},
+                # Windows short enough that a day's run reads the stored events from an hour
+                # before its first changed day only: every plan of the backfill.
+                {"name": "item_hour", "keys": ["item_id"], "features": [
+                    {"op": "count", "windows": ["1h"]},
+                    {"op": "mean", "column": "value", "windows": ["1h"]},
+                    {"op": "approx_distinct", "column": "user_id", "windows": ["1h"]},
+                    {"op": "last", "column": "category", "windows": ["1h"]}]}]
 
 
 def _split_log(log: Path, folder: Path) -> dict[str, Path]:
@@ -280,18 +287,23 @@ def kept(runs, spark):
     root = runs["root"]
     output = root / "kept"
     shutil.copytree(root / "base", output)
-    inodes = _inodes(output)
+    inodes, snapshots = _inodes(output), _inodes(output, "aggregations")
     config = _new_day(runs, output, allow_late=True)
     incremental = job.run(config.model_copy(update={"fit": config.fit.model_copy(
         update={"refit_every": "30d", "refit": False})}), spark, progress=lambda _: None)
     full = job.run(make_config(root / "kept-full", root / "raw", incremental={"allow_late": True},
                                fit={"from_output": str(root / "base")},
                                aggregations=AGGREGATIONS), spark, progress=lambda _: None)
-    return {"incremental": incremental, "full": full, "inodes": inodes, "output": output}
+    return {"incremental": incremental, "full": full, "inodes": inodes, "output": output,
+            "snapshot_inodes": snapshots}
 
 
-def _inodes(output: Path) -> dict[tuple[str, str], int]:
-    """(day, file name) → inode of the examples' and TFRecords' files under ``output``."""
+def _inodes(output: Path, snapshots: str | None = None) -> dict[tuple[str, str], int]:
+    """(day, file name) → inode of the examples' and TFRecords' files under ``output``;
+    with ``snapshots``, of the daily files under that folder instead."""
+    if snapshots is not None:
+        return {(path.name[:10], str(path.relative_to(output))): path.stat().st_ino
+                for path in (output / snapshots).rglob("????-??-??-part-*.parquet")}
     inodes = {}
     for path in (output / "examples").rglob("*.parquet"):
         inodes[(path.parent.name.partition("=")[2], path.name)] = path.stat().st_ino
@@ -314,6 +326,19 @@ def test_a_kept_fit_writes_only_the_days_it_changes(kept):
                   "artifacts/target_encode/item_id"):
         assert _table(ours.output / table).to_pylist() == _table(theirs.output / table
                                                                  ).to_pylist(), table
+    # The aggregations' snapshots: the days after the first changed one computed, the
+    # earlier days' files the output's (sums of doubles: in another order).
+    for group in AGGREGATIONS:
+        table = f"aggregations/{group['name']}"
+        assert _table(ours.output / table).to_pylist() == [
+            pytest.approx(row, rel=1e-12) for row in _table(theirs.output / table).to_pylist()]
+    # The snapshot days up to the first changed one keep their files; the later ones not.
+    after = _inodes(kept["output"], "aggregations")
+    same = {day for key, inode in kept["snapshot_inodes"].items() if after.get(key) == inode
+            for day in [key[0]]}
+    written = {key[0] for key, inode in after.items()
+               if kept["snapshot_inodes"].get(key) != inode}
+    assert same and written and max(same) < min(written)
     files = {f["path"] for f in theirs.metadata["tfrecord"]["files"]}
     assert files == {f["path"] for f in ours.metadata["tfrecord"]["files"]}
     for path in files:

@@ -28,6 +28,7 @@ from featureline.etl.aggregations import (
     events_cut,
     group_snapshots,
     group_values,
+    reach,
     snapshot_anchors,
 )
 from featureline.etl.features.base import (
@@ -57,6 +58,9 @@ class Aggregations(FeatureOp):
         # group its values at every anchor and its snapshot days.
         self.cut = 0
         self.values: dict[str, tuple[DataFrame, DataFrame]] = {}
+        # Set by an incremental run keeping its fit (µs, a midnight): the values before it
+        # are the output's, so only the examples and snapshots from it on are computed.
+        self.since: int | None = None
 
     def _as_ids(self, feature: AggregateFeature) -> bool:
         return feature.operation().ordered and feature.spec.column in self.encoded
@@ -88,19 +92,28 @@ class Aggregations(FeatureOp):
         # tiles, serving").
         keys = list(dict.fromkeys([ENTITIES["user"],
                                    *(key for group in self.groups for key in group.keys)]))
-        values = narrow.select(*keys, TS_MICROS).distinct()
+        since = self.since
+        queried = narrow if since is None else narrow.where(F.col(TS_MICROS) >= since)
+        values = queried.select(*keys, TS_MICROS).distinct()
         for group in self.groups:
-            days = snapshot_anchors(narrow, group, self.cut)
-            anchors = narrow.select(*group.keys, TS_MICROS).unionByName(days).distinct()
-            at = self._cut(group_values(narrow, anchors, group, self.numeric, reads))
+            days = snapshot_anchors(narrow, group, self.cut, since)
+            anchors = queried.select(*group.keys, TS_MICROS).unionByName(days).distinct()
+            at = self._cut(group_values(self._read(narrow, group), anchors, group,
+                                        self.numeric, reads))
             self.values[group.name] = (at, days)
             values = values.join(at, on=[*group.keys, TS_MICROS], how="left")
         return _joined(events, values, keys).withColumns(
             {f.column_name: self._column(f) for f in self.outputs})
 
+    def _read(self, events: DataFrame, group: GroupSpec) -> DataFrame:
+        """The events the group's values from :attr:`since` on read: from where its longest
+        window starts there (``etl.aggregations.reach``)."""
+        start = None if self.since is None else reach(group, self.since)
+        return events if start is None else events.where(F.col(TS_MICROS) >= start)
+
     def snapshots(self, group: GroupSpec) -> DataFrame:
         """The group's daily snapshots as of the last transform's events, for Feast
-        (``etl.aggregations.group_snapshots``)."""
+        (``etl.aggregations.group_snapshots``); after :attr:`since` only, where set."""
         values, days = self.values[group.name]
         return group_snapshots(values, days, group)
 
