@@ -14,7 +14,7 @@ frames serves both.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -97,19 +97,30 @@ class Aggregations(FeatureOp):
         values = queried.select(*keys, TS_MICROS).distinct()
         for group in self.groups:
             days = snapshot_anchors(narrow, group, self.cut, since)
-            anchors = queried.select(*group.keys, TS_MICROS).unionByName(days).distinct()
-            at = self._cut(group_values(self._read(narrow, group), anchors, group,
-                                        self.numeric, reads))
+            at = self._cut(self._group_values(narrow, queried, days, group, reads))
             self.values[group.name] = (at, days)
             values = values.join(at, on=[*group.keys, TS_MICROS], how="left")
         return _joined(events, values, keys).withColumns(
             {f.column_name: self._column(f) for f in self.outputs})
 
-    def _read(self, events: DataFrame, group: GroupSpec) -> DataFrame:
-        """The events the group's values from :attr:`since` on read: from where its longest
-        window starts there (``etl.aggregations.reach``)."""
-        start = None if self.since is None else reach(group, self.since)
-        return events if start is None else events.where(F.col(TS_MICROS) >= start)
+    def _group_values(self, narrow: DataFrame, queried: DataFrame, days: DataFrame,
+                      group: GroupSpec, reads: Mapping[str, Column]) -> DataFrame:
+        """The group's values at the ``queried`` events' times and at its snapshot ``days``.
+        From :attr:`since` on, the events read are those from where its longest window
+        starts there (``etl.aggregations.reach``), and the examples' values are computed
+        apart, from the events of their own keys: a day's examples hold a few keys."""
+        keys = list(group.keys)
+        examples = queried.select(*keys, TS_MICROS).distinct()
+        if self.since is None:
+            return group_values(narrow, examples.unionByName(days).distinct(), group,
+                                self.numeric, reads)
+        start = reach(group, self.since)
+        read = narrow if start is None else narrow.where(F.col(TS_MICROS) >= start)
+        at_examples = group_values(_of_keys(read, examples, keys), examples, group,
+                                   self.numeric, reads)
+        at_days = group_values(read, days, group, self.numeric, reads).join(
+            examples, on=[*keys, TS_MICROS], how="left_anti")
+        return at_examples.unionByName(at_days)
 
     def snapshots(self, group: GroupSpec) -> DataFrame:
         """The group's daily snapshots as of the last transform's events, for Feast
@@ -181,6 +192,15 @@ def _joined(events: DataFrame, values: DataFrame, keys: Sequence[str]) -> DataFr
     condition = [events[key] == values[name] if key in present
                  else events[key].eqNullSafe(values[name]) for key, name in right.items()]
     return events.join(values, condition, "left").drop(*right.values())
+
+
+def _of_keys(events: DataFrame, queried: DataFrame, keys: Sequence[str]) -> DataFrame:
+    """The ``events`` of the keys ``queried`` holds, a missing key matched null to null."""
+    right = {key: f"_agg_key_{key}" for key in keys}
+    distinct = queried.select(*(F.col(key).alias(name) for key, name in right.items())
+                              ).distinct()
+    return events.join(distinct, [
+        events[key].eqNullSafe(distinct[name]) for key, name in right.items()], "left_semi")
 
 
 def _description(feature: AggregateFeature) -> dict[str, Any]:
