@@ -32,6 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, DataType, IntegralType, StructType
 
 from featureline.core.aggregations import LABEL, MICROS, AggregateFeature, GroupSpec
+from featureline.core.aggregations import Window as TimeWindow
 from featureline.core.events import LabelSpec, compares_text, label_text
 from featureline.core.metadata import EVENT_TIMESTAMP
 from featureline.core.operations import (
@@ -499,32 +500,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     by_register = [*keys, _REGISTER]
     rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
                        register.alias(_REGISTER), rank.alias(_RANK), F.lit(_EVENT).alias(_KIND))
-    window = feature.window
-    changes = rows.select(*by_register, (F.col(TS_MICROS) + 1).alias(TS_MICROS))
-    if window.hop is not None:
-        hop, span = window.hop * MICROS, (window.seconds or 0) * MICROS
-        hop_column = f"{_HOP}{hop}"
-        rows = rows.withColumn(hop_column, hop_start(hop))
-        tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK))
-        changes = changes.unionByName(tiles.select(
-            *by_register, expires(F.col(hop_column), span, hop).alias(TS_MICROS)))
-    change_rows = changes.distinct().select(
-        *keys, TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
-        F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))
-    if window.hop is None:
-        ranked = rows.unionByName(change_rows).select(
-            *by_register, TS_MICROS, _KIND, F.max(_RANK).over(_before(by_register)).alias(_RANK))
-    else:
-        change_rows = change_rows.withColumn(hop_column, hop_start(hop))
-        # The register's greatest rank of the whole hops before a change's hop, then of the
-        # hop's events before it (a change row holds none).
-        whole = _whole_hop_rows(
-            tiles, change_rows.select(*by_register, hop_column).distinct(), by_register, hop,
-            [(span, lambda frame: [F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK)))
-                                   .over(frame).alias(_RANK)])])
-        ranked = rows.unionByName(whole).unionByName(change_rows).select(
-            *by_register, TS_MICROS, _KIND,
-            F.max(_RANK).over(_before(by_register, hop_column)).alias(_RANK))
+    ranked = _ranks_at_changes(rows, by_register, feature.window)
     # What the register adds to the two sums from each change on, less what it added before.
     present = F.col(_RANK).isNotNull()
     zero = F.lit(0).cast("long")
@@ -547,6 +523,37 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     return sums.where(F.col(_KIND) == _ANCHOR).select(
         *keys, TS_MICROS, ApproxDistinct.estimate_column(F.col("registers"), F.col("powers"))
         .alias(feature.column_name))
+
+
+def _ranks_at_changes(rows: DataFrame, by_register: list[str], window: TimeWindow
+                      ) -> DataFrame:
+    """Each register's greatest rank in the ``window`` where it can change (just after one
+    of its events, where a hop of them leaves the window), as anchor rows beside the event
+    ``rows``: the lifetime's over every earlier row, a window's of its whole hops before the
+    change's hop and of that hop's events before it (a change row holds none)."""
+    def change_rows(changes: DataFrame) -> DataFrame:
+        return changes.distinct().select(
+            *by_register[:-1], TS_MICROS, (F.col(TS_MICROS) - 1).alias(_AT), _REGISTER,
+            F.lit(None).cast("int").alias(_RANK), F.lit(_ANCHOR).alias(_KIND))
+
+    after_events = rows.select(*by_register, (F.col(TS_MICROS) + 1).alias(TS_MICROS))
+    if window.hop is None:
+        return rows.unionByName(change_rows(after_events)).select(
+            *by_register, TS_MICROS, _KIND, F.max(_RANK).over(_before(by_register)).alias(_RANK))
+    hop, span = window.hop * MICROS, (window.seconds or 0) * MICROS
+    hop_column = f"{_HOP}{hop}"
+    rows = rows.withColumn(hop_column, hop_start(hop))
+    tiles = rows.groupBy(*by_register, hop_column).agg(F.max(_RANK).alias(_RANK))
+    leaving = tiles.select(*by_register, expires(F.col(hop_column), span, hop).alias(TS_MICROS))
+    changes = change_rows(after_events.unionByName(leaving)).withColumn(hop_column,
+                                                                       hop_start(hop))
+    whole = _whole_hop_rows(
+        tiles, changes.select(*by_register, hop_column).distinct(), by_register, hop,
+        [(span, lambda frame: [F.max(F.when(F.col(_KIND) == _TILE, F.col(_RANK)))
+                               .over(frame).alias(_RANK)])])
+    return rows.unionByName(whole).unionByName(changes).select(
+        *by_register, TS_MICROS, _KIND,
+        F.max(_RANK).over(_before(by_register, hop_column)).alias(_RANK))
 
 
 def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],

@@ -638,17 +638,23 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
 
 
 def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, staging: Path,
-                 cut: int, lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame]
-                 ) -> dict[str, Any]:
+                 cut: int, lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame],
+                 aggregations: object = None) -> dict[str, Any]:
     """The tiles as of ``cut`` (µs, after the last event) of the aggregations' groups, the
     model inputs' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
-    definitions"). An entity table's come from its ``lifetimes`` and the rows it was
-    computed from (``table_rows``: its ``entity_rows``), those from their end on."""
+    definitions"). The aggregations' come from the rows their op cached, where it ran; an
+    entity table's from its ``lifetimes`` and the rows it was computed from
+    (``table_rows``: its ``entity_rows``), those from their end on."""
     events = with_time_key(events)
     numeric = config.event_contract().numeric
+    read = (aggregations.rows if isinstance(aggregations, Aggregations)
+            and aggregations.rows is not None else events)
+    tiles = [tile for group in config.aggregations
+             for tile in output_tiles(read, group, numeric, cut)]
+    tiles += [tile for group in inputs.groups
+              for tile in output_tiles(events, group, numeric, cut)]
     groups = [*config.aggregations, *inputs.groups]
-    tiles = [tile for group in groups for tile in output_tiles(events, group, numeric, cut)]
     for entity, prior in lifetimes.items():
         group = entity_group(entity, config.entities.recent_days)
         rows = table_rows[entity].where(F.col(TS_MICROS) >= prior.before)
@@ -1064,6 +1070,28 @@ def _cut(aggregations: object, events: DataFrame) -> int:
     return events_cut(with_time_key(events))
 
 
+def _examples_written(job: _Run, t: _Transformed, specs: list[FeatureSpec]) -> str:
+    """The examples, the days before ``t.days.since`` linked from the output the run
+    extends; with a label join, its accounting in ``t.rows``. The stage's line."""
+    since = t.days.since
+    _write_examples(t.featured, specs, job.config, job.staging / "examples",
+                    t.joined.examples if t.joined is not None else None)
+    summary = f"{t.rows['accepted']:,} examples"
+    if since is not None:
+        kept = link_example_days(job.output, job.staging, since,
+                                 datetime.fromisoformat(t.split["valid_from"]))
+        summary += (f" ({len(kept)} earlier days' files kept, the days from "
+                    f"{since:%Y-%m-%d} written)")
+    if t.joined is None:
+        return summary
+    t.split["rows"] = _example_counts(job.spark, job.staging)
+    t.rows["label_join"] = joined = label_join.accounting(
+        t.rows["accepted"], sum(t.split["rows"].values()), t.joined.counts, t.joined.previous)
+    return (f"{joined['examples']:,} examples of {t.rows['accepted']:,} events "
+            f"({joined['positives']:,} positives, {joined['held_open']:,} impressions held "
+            "open)")
+
+
 def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, Any]:
     """The writes every run shares — examples, TFRecords, entity tables, snapshots and
     tiles, artifacts, the profile and its check, the state — and the metadata; the days
@@ -1071,22 +1099,7 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
     config, pipeline, staging, t = job.config, job.pipeline, job.staging, transformed
     specs, since = pipeline.features(), t.days.since
     with job.timer(stages.WRITE_EXAMPLES) as stage:
-        _write_examples(t.featured, specs, config, staging / "examples",
-                        t.joined.examples if t.joined is not None else None)
-        stage.summary = f"{t.rows['accepted']:,} examples"
-        if since is not None:
-            kept = link_example_days(job.output, staging, since,
-                                     datetime.fromisoformat(t.split["valid_from"]))
-            stage.summary += (f" ({len(kept)} earlier days' files kept, the days from "
-                              f"{since:%Y-%m-%d} written)")
-        if t.joined is not None:
-            t.split["rows"] = _example_counts(job.spark, staging)
-            t.rows["label_join"] = joined = label_join.accounting(
-                t.rows["accepted"], sum(t.split["rows"].values()), t.joined.counts,
-                t.joined.previous)
-            stage.summary = (f"{joined['examples']:,} examples of {t.rows['accepted']:,} "
-                             f"events ({joined['positives']:,} positives, "
-                             f"{joined['held_open']:,} impressions held open)")
+        stage.summary = _examples_written(job, t, specs)
     tfrecord = None
     if config.tfrecord.enabled:
         with job.timer(stages.WRITE_TFRECORD) as stage:
@@ -1103,7 +1116,8 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
         if isinstance(aggregations, Aggregations):
             snapshots = _write_group_snapshots(aggregations, staging, job.output)
         inputs = pipeline.inputs()
-        tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read)
+        tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read,
+                             aggregations)
         stage.summary = ", ".join([*entities, *snapshots]) + (
             f"; tiles of {len(tiles['tables'])} outputs")
     with job.timer(stages.ARTIFACTS):

@@ -42,9 +42,9 @@ from featureline.etl.features.base import (
 
 class Aggregations(FeatureOp):
     name = "aggregations"
-    # Not kept by an incremental run: a group's value at an event reads other users' events
-    # (an item's, a category's), so every run computes it over every event, as it does the
-    # fitted ops' outputs.
+    # Not kept per user by an incremental run: a group's value at an event reads other
+    # users' events (an item's, a category's), so a run computes it as it does the fitted
+    # ops' outputs — from a day on (:attr:`since`) where it keeps its fit.
     fitted = True
 
     def __init__(self, groups: Sequence[GroupSpec], numeric: Sequence[str],
@@ -58,6 +58,8 @@ class Aggregations(FeatureOp):
         # group its values at every anchor and its snapshot days.
         self.cut = 0
         self.values: dict[str, tuple[DataFrame, DataFrame]] = {}
+        # The events it read (cached): what the job's tiles of its groups read too.
+        self.rows: DataFrame | None = None
         # Set by an incremental run keeping its fit (µs, a midnight): the values before it
         # are the output's, so only the examples and snapshots from it on are computed.
         self.since: int | None = None
@@ -85,7 +87,7 @@ class Aggregations(FeatureOp):
                     for column in feature.columns())}
         # Cached: each hop's tiles, the frames and the anchors read these rows.
         rows = events if source is None else source
-        narrow = self.keep(rows.select(*sorted(needed & set(rows.columns))))
+        narrow = self.rows = self.keep(rows.select(*sorted(needed & set(rows.columns))))
         self.cut = events_cut(narrow)
         # Every group's values go onto the events' distinct keys and times first, and onto
         # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill, the
@@ -105,22 +107,13 @@ class Aggregations(FeatureOp):
 
     def _group_values(self, narrow: DataFrame, queried: DataFrame, days: DataFrame,
                       group: GroupSpec, reads: Mapping[str, Column]) -> DataFrame:
-        """The group's values at the ``queried`` events' times and at its snapshot ``days``.
-        From :attr:`since` on, the events read are those from where its longest window
-        starts there (``etl.aggregations.reach``), and the examples' values are computed
-        apart, from the events of their own keys: a day's examples hold a few keys."""
-        keys = list(group.keys)
-        examples = queried.select(*keys, TS_MICROS).distinct()
-        if self.since is None:
-            return group_values(narrow, examples.unionByName(days).distinct(), group,
-                                self.numeric, reads)
-        start = reach(group, self.since)
+        """The group's values at the ``queried`` events' times and at its snapshot ``days``;
+        from :attr:`since` on, from the events from where its longest window starts there
+        (``etl.aggregations.reach``)."""
+        anchors = queried.select(*group.keys, TS_MICROS).unionByName(days).distinct()
+        start = None if self.since is None else reach(group, self.since)
         read = narrow if start is None else narrow.where(F.col(TS_MICROS) >= start)
-        at_examples = group_values(_of_keys(read, examples, keys), examples, group,
-                                   self.numeric, reads)
-        at_days = group_values(read, days, group, self.numeric, reads).join(
-            examples, on=[*keys, TS_MICROS], how="left_anti")
-        return at_examples.unionByName(at_days)
+        return group_values(read, anchors, group, self.numeric, reads)
 
     def snapshots(self, group: GroupSpec) -> DataFrame:
         """The group's daily snapshots as of the last transform's events, for Feast
@@ -192,15 +185,6 @@ def _joined(events: DataFrame, values: DataFrame, keys: Sequence[str]) -> DataFr
     condition = [events[key] == values[name] if key in present
                  else events[key].eqNullSafe(values[name]) for key, name in right.items()]
     return events.join(values, condition, "left").drop(*right.values())
-
-
-def _of_keys(events: DataFrame, queried: DataFrame, keys: Sequence[str]) -> DataFrame:
-    """The ``events`` of the keys ``queried`` holds, a missing key matched null to null."""
-    right = {key: f"_agg_key_{key}" for key in keys}
-    distinct = queried.select(*(F.col(key).alias(name) for key, name in right.items())
-                              ).distinct()
-    return events.join(distinct, [
-        events[key].eqNullSafe(distinct[name]) for key, name in right.items()], "left_semi")
 
 
 def _description(feature: AggregateFeature) -> dict[str, Any]:
