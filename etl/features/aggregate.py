@@ -73,7 +73,8 @@ class Aggregations(FeatureOp):
         return any(self._as_ids(feature) for feature in self.outputs)
 
     def transform(self, events: DataFrame, source: DataFrame | None = None) -> DataFrame:
-        """``events`` with every output; the groups read ``source`` where given: the same
+        """``events`` with every output (those from :attr:`since` on, where set: the rows a
+        day's run writes); the groups read ``source`` where given: the same
         events before the other ops (with categorify's ids where :attr:`reads_ids`) — the
         columns they read of ``events`` would compute its whole plan again, its windows and
         joins included, for the cached copy below."""
@@ -102,6 +103,8 @@ class Aggregations(FeatureOp):
             at = self._cut(self._group_values(narrow, queried, days, group, reads))
             self.values[group.name] = (at, days)
             values = values.join(at, on=[*group.keys, TS_MICROS], how="left")
+        if since is not None:  # the earlier rows' values are the output's
+            events = events.where(F.col(TS_MICROS) >= since)
         return _joined(events, values, keys).withColumns(
             {f.column_name: self._column(f) for f in self.outputs})
 
