@@ -496,7 +496,7 @@ def _fitted(pipeline: FeaturePipeline, split_rows: DataFrame, numbered_anew: Dat
     aggregations = pipeline.op(Aggregations)
     if not isinstance(aggregations, Aggregations):
         return pipeline.transform_fitted(split_rows.where(from_day(since))), since.date()
-    aggregations.since = min(micros_of(since), last_snapshot(micros_of(latest) + 1))
+    aggregations.since = _snapshots_change_after(since, latest)
     moved = F.col("ts") >= F.lit(since)
     return pipeline.transform_fitted(split_rows).where(moved), since.date()
 
@@ -639,19 +639,18 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
 
 def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, staging: Path,
                  cut: int, lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame],
-                 aggregations: object = None) -> dict[str, Any]:
+                 spec_rows: DataFrame | None = None) -> dict[str, Any]:
     """The tiles as of ``cut`` (µs, after the last event) of the aggregations' groups, the
     model inputs' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
-    definitions"). The aggregations' come from the rows their op cached, where it ran; an
-    entity table's from its ``lifetimes`` and the rows it was computed from
+    definitions"). The aggregations' come from ``spec_rows`` (the rows their op cached)
+    where given; an entity table's from its ``lifetimes`` and the rows it was computed from
     (``table_rows``: its ``entity_rows``), those from their end on."""
     events = with_time_key(events)
     numeric = config.event_contract().numeric
-    read = (aggregations.rows if isinstance(aggregations, Aggregations)
-            and aggregations.rows is not None else events)
     tiles = [tile for group in config.aggregations
-             for tile in output_tiles(read, group, numeric, cut)]
+             for tile in output_tiles(events if spec_rows is None else spec_rows, group,
+                                      numeric, cut)]
     tiles += [tile for group in inputs.groups
               for tile in output_tiles(events, group, numeric, cut)]
     groups = [*config.aggregations, *inputs.groups]
@@ -700,6 +699,13 @@ class Resumed:
     since: date
 
 
+def _snapshots_change_after(since: datetime, latest: datetime) -> int:
+    """The snapshot day (µs) after which a day's run writes the snapshots again: the earlier
+    of the first day whose rows change (``since``) and the extended output's last snapshot
+    day (``latest``: its latest event) — the days between have no snapshot yet."""
+    return min(micros_of(since), last_snapshot(micros_of(latest) + 1))
+
+
 def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: int,
              config: EtlConfig, new: DataFrame) -> Resumed:
     """The entity tables an incremental run keeping its fit takes up after the earlier of
@@ -713,8 +719,8 @@ def _resumed(spark: SparkSession, state: State, output: Path, since: date, cut: 
         return stored_events(spark, state, columns, since=moment).unionByName(
             new.select(*columns))
 
-    after = min(micros_of(datetime.combine(since, datetime.min.time(), timezone.utc)),
-                last_snapshot(micros_of(state.latest) + 1))
+    after = _snapshots_change_after(datetime.combine(since, datetime.min.time(), timezone.utc),
+                                    state.latest)
     resumes = {}
     for entity in ENTITIES:
         lifetime = state.lifetime(spark, entity)
@@ -1112,12 +1118,13 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
         cut = _cut(aggregations, t.newest)
         entities, lifetimes, rows_read = _write_entities(t.events, pipeline, config, staging,
                                                          cut, t.days.resumed(job, cut))
-        snapshots = {}
+        snapshots, spec_rows = {}, None
         if isinstance(aggregations, Aggregations):
             snapshots = _write_group_snapshots(aggregations, staging, job.output)
+            spec_rows = aggregations.rows
         inputs = pipeline.inputs()
         tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read,
-                             aggregations)
+                             spec_rows)
         stage.summary = ", ".join([*entities, *snapshots]) + (
             f"; tiles of {len(tiles['tables'])} outputs")
     with job.timer(stages.ARTIFACTS):

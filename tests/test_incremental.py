@@ -287,7 +287,7 @@ def kept(runs, spark):
     root = runs["root"]
     output = root / "kept"
     shutil.copytree(root / "base", output)
-    inodes, snapshots = _inodes(output), _inodes(output, "aggregations")
+    inodes, snapshots = _inodes(output), _snapshot_inodes(output)
     config = _new_day(runs, output, allow_late=True)
     incremental = job.run(config.model_copy(update={"fit": config.fit.model_copy(
         update={"refit_every": "30d", "refit": False})}), spark, progress=lambda _: None)
@@ -298,12 +298,14 @@ def kept(runs, spark):
             "snapshot_inodes": snapshots}
 
 
-def _inodes(output: Path, snapshots: str | None = None) -> dict[tuple[str, str], int]:
-    """(day, file name) → inode of the examples' and TFRecords' files under ``output``;
-    with ``snapshots``, of the daily files under that folder instead."""
-    if snapshots is not None:
-        return {(path.name[:10], str(path.relative_to(output))): path.stat().st_ino
-                for path in (output / snapshots).rglob("????-??-??-part-*.parquet")}
+def _snapshot_inodes(output: Path) -> dict[tuple[str, str], int]:
+    """(day, path) → inode of the aggregations' snapshot files (a file per day)."""
+    return {(path.name[:10], str(path.relative_to(output))): path.stat().st_ino
+            for path in (output / "aggregations").rglob("????-??-??-part-*.parquet")}
+
+
+def _inodes(output: Path) -> dict[tuple[str, str], int]:
+    """(day, file name) → inode of the examples' and TFRecords' files under ``output``."""
     inodes = {}
     for path in (output / "examples").rglob("*.parquet"):
         inodes[(path.parent.name.partition("=")[2], path.name)] = path.stat().st_ino
@@ -333,7 +335,7 @@ def test_a_kept_fit_writes_only_the_days_it_changes(kept):
         assert _table(ours.output / table).to_pylist() == [
             pytest.approx(row, rel=1e-12) for row in _table(theirs.output / table).to_pylist()]
     # The snapshot days up to the first changed one keep their files; the later ones not.
-    after = _inodes(kept["output"], "aggregations")
+    after = _snapshot_inodes(kept["output"])
     same = {day for key, inode in kept["snapshot_inodes"].items() if after.get(key) == inode
             for day in [key[0]]}
     written = {key[0] for key, inode in after.items()
