@@ -1,5 +1,5 @@
 """The daemon the job's Python tasks run under (``spark.python.daemon.module``): PySpark's own,
-with two fixed costs of every task taken out (docs/ARCHITECTURE.md, "Python tasks"):
+with two fixed costs of every task taken out (docs/ARCHITECTURE.md, "Local runs"):
 
 - before each task PySpark's worker calls ``importlib.invalidate_caches()``, which on Python
   before 3.12 re-reads the whole directory of every zip archive on the path (CPython

@@ -7,7 +7,7 @@ JSON array of the view's timestamp and values), which this reader reads: one MGE
 of decoding per entity where the hash costs a protobuf per feature. The vectors belong to a
 generation that the publication stamp names; the stamp is read in the same round trip, after
 the values, and a read whose generation is no longer the served one is read again in the new
-one — so an answer never mixes two datasets (docs/ARCHITECTURE.md, "Atomic publication").
+one — so an answer never mixes two datasets (docs/ARCHITECTURE.md, "Publishing").
 The keys are Feast's (``_redis_key``), the values those Feast's SDK returns (tested). On
 top, each value gets a status: present, not found, or outside the view's ttl.
 

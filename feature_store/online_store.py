@@ -1,6 +1,6 @@
 """The online store's interface: what the API, ``featureline publish`` and the reload
 broadcast ask of the store that holds the served feature values (docs/ARCHITECTURE.md,
-"Extending").
+"Where new things go").
 
 Modelled on Feast's ``OnlineStore`` (``online_read`` / ``online_write_batch``), at the level
 our reader and writer work at: the values are written in Feast's layout (one hash per entity

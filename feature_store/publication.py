@@ -4,7 +4,7 @@ values, so that every API worker can tell which dataset and vocabularies it serv
 
 One hash per Feast project, ``featureline:publication:<project>``: the dataset version, the
 ETL output it came from, when, each vocabulary's version and lineage, and the generation of
-entity vectors readers read (docs/ARCHITECTURE.md, "Atomic publication").
+entity vectors readers read (docs/ARCHITECTURE.md, "Publishing").
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ registry, as a materialization would). ``full`` replaces in any case.
 Each entity is also written as one vector per view, the form our reader reads. A replace
 writes its vectors as the next generation, beside the served one; stamping the store with the
 new generation switches every reader at once, then the old generation is deleted — so no
-answer of the API mixes two datasets (docs/ARCHITECTURE.md, "Atomic publication"). Feast's
+answer of the API mixes two datasets (docs/ARCHITECTURE.md, "Publishing"). Feast's
 layout is written in place, as Feast's own materialization does. The output's tiles — of its
 aggregation groups and of its entity tables' groups, where the stream adds pushed events —
 go with the vectors: each key's tiles, written into the new generation

@@ -129,7 +129,7 @@ class RedisOnlineStore:
     def read_vectors(self, keys: Sequence[bytes], project: str
                      ) -> tuple[list[bytes | None], list[bytes | None]]:
         # The stamp after the values: if it still names their generation, they were all
-        # read while it was the served one (docs/ARCHITECTURE.md, "Atomic publication").
+        # read while it was the served one (docs/ARCHITECTURE.md, "Publishing").
         with online_store_errors(self.url):
             answers = self._execute(self._read_commands(keys, project))
         return answers[-1], answers[0] if keys else []

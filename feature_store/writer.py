@@ -252,7 +252,7 @@ def _plain(column: pa.Array, feast_type: ValueType) -> list[Any]:
 def encode_vectors(rows: pa.Table, layout: Layout) -> list[bytes]:
     """Each row's entity vector: one JSON array of the view's timestamp (Unix seconds), then
     its features' values in the view's order, missing ones null (docs/ARCHITECTURE.md,
-    "Entity vectors"). Decoding one costs a few µs where the view's hash fields cost a
+    "Publishing"). Decoding one costs a few µs where the view's hash fields cost a
     protobuf each."""
     seconds = _unix_seconds(_array(rows[layout.timestamp_field])).to_pylist()
     columns = [_plain(_array(rows[name]), value_type) for name, value_type in layout.features]

@@ -1,8 +1,8 @@
 """Embedding table files: HugeCTR sparse-model folders, ``.npy`` pairs and Parquet.
 
-HugeCTR's layout (docs/ARCHITECTURE.md's interchange format) is a folder with two raw little-endian
-files: ``key`` (N × int64) and ``emb_vector`` (N × dim × float32); dim is not stored, it
-comes from the configuration.
+HugeCTR's layout (docs/ARCHITECTURE.md, "Embeddings") is a folder with two raw
+little-endian files: ``key`` (N × int64) and ``emb_vector`` (N × dim × float32); dim is not
+stored, it comes from the configuration.
 """
 
 from __future__ import annotations

@@ -210,6 +210,22 @@ def test_the_architecture_lists_every_environment_variable_the_code_reads():
     assert environment_variables_read() == listed
 
 
+def test_every_section_the_code_cites_is_in_the_architecture():
+    """Every section of docs/ARCHITECTURE.md that a comment or docstring cites (the file,
+    a comma, the section's name in quotes) is one of its headings: a renamed or merged section
+    leaves no citation pointing nowhere."""
+    text = (REPO / "docs" / "ARCHITECTURE.md").read_text()
+    headings = {match.strip() for match in re.findall(r"^#+ (.+)$", text, re.MULTILINE)}
+    cited: dict[str, str] = {}
+    for folder in [*LAYERS, "tests", "benchmarks", "scripts"]:
+        for path in (REPO / folder).rglob("*.py"):
+            for name in re.findall(r'ARCHITECTURE\.md,\s*(?:#\s*)?"([^"]+)"', path.read_text()):
+                # A name wrapped across comment lines: its words without the "#".
+                cited[" ".join(name.replace("#", " ").split())] = path.name
+    assert len(cited) > 20
+    assert {name: where for name, where in cited.items() if name not in headings} == {}
+
+
 def test_the_parameter_server_reaches_its_tiers_through_their_interfaces():
     """Stores and caches are chosen by the registries in their own modules (``type:``)."""
     concrete = {"RocksDBStore", "HashMapStore", "RedisStore", "HostCache", "GpuCache"}
