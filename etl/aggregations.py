@@ -136,8 +136,11 @@ def backfill(events: DataFrame, queries: DataFrame, groups: Sequence[GroupSpec],
 
 def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
                  numeric: Sequence[str], values: Mapping[str, Column] | None = None,
-                 aligned: int | None = None, prior: Lifetime | None = None) -> DataFrame:
-    """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each.
+                 aligned: int | None = None, prior: Lifetime | None = None,
+                 outputs: Sequence[AggregateFeature] | None = None,
+                 days: DataFrame | None = None) -> DataFrame:
+    """One group's outputs at ``anchors`` (distinct keys and ``TS_MICROS``): a row each
+    (``outputs``: those of the group's only).
 
     Every output but approx_distinct comes from one union of the group's events, its tiles
     (one set per hop) and the anchors, and one select of window functions over it: the
@@ -146,9 +149,11 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
     frames run, which see no single event; no ``anchors`` with it: the end of each span a
     key had events in (the entity tables' midnights after each active day). ``prior`` (with
     ``aligned`` and ``anchors``): the lifetime outputs' partials of the events before
-    ``events``' (``prior.before``, a multiple of ``aligned``), folded in as their span."""
+    ``events``' (``prior.before``, a multiple of ``aligned``), folded in as their span.
+    ``days``: the :func:`day_partials` of the days before ``events``', each read as one event
+    at its day's start (``outputs`` then on days only, :func:`on_days`)."""
     keys = list(group.keys)
-    outputs = group.outputs()
+    outputs = list(group.outputs() if outputs is None else outputs)
     own_plan = {"distinct": _distinct_at, "latest": _latest_at}
     framed = [f for f in outputs if f.operation().plan not in own_plan]
     if anchors is None and not (aligned and framed):
@@ -157,11 +162,14 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
                               or len(framed) < len(outputs)):
         raise ValueError("group_values: a prior needs anchors, aligned spans it starts one "
                          "of, and framed outputs only")
+    if days is not None and (anchors is None or aligned or not all(map(on_days, outputs))):
+        raise ValueError("group_values: day partials need anchors, no aligned spans, and "
+                         "outputs on days only")
     for feature in outputs:
         _reads_rows_as_events(feature, events)
     if framed:
         at = _framed_values(events, anchors, keys, framed, numeric, values or {}, aligned,
-                            prior)
+                            prior, days)
     elif anchors is not None:
         at = anchors
     if anchors is None:
@@ -200,10 +208,12 @@ def _read(feature: AggregateFeature, values: Mapping[str, Column]) -> Column:
 def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str],
                    features: list[AggregateFeature], numeric: Sequence[str],
                    values: Mapping[str, Column], aligned: int | None = None,
-                   prior: Lifetime | None = None) -> DataFrame:
+                   prior: Lifetime | None = None, days: DataFrame | None = None
+                   ) -> DataFrame:
     """The outputs of the frames plan at ``anchors`` (or, with ``aligned`` and none, at the
-    end of each folded span): one union of the event rows, the exit rows, the whole-hop rows
-    and the anchors, and each output's columns over frames of it (:func:`plan_for`)."""
+    end of each folded span): one union of the event rows (``days``' rows among them), the
+    exit rows, the whole-hop rows and the anchors, and each output's columns over frames of
+    it (:func:`plan_for`)."""
     plans = [plan_for(index, feature, aligned, events.schema)
              for index, feature in enumerate(features)]
     state = {name: column for plan in plans
@@ -211,6 +221,12 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     hops = sorted({plan.hop for plan in plans if isinstance(plan, TilesAndHead)})
     if aligned:
         events = _folded(events, keys, plans, state, aligned, prior)
+        state = {name: F.col(name) for name in state}
+    if days is not None:  # each day's partial: an event row at the day's start
+        events = events.select(*keys, TS_MICROS, *(c.alias(n) for n, c in state.items()))
+        events = events.unionByName(days.select(*keys, TS_MICROS, *(
+            F.col(_partial_column(plan.feature, field)).alias(plan.column(STATE, field))
+            for plan in plans for field in plan.fields)))
         state = {name: F.col(name) for name in state}
     rows, union, queried = _rows_and_anchors(events, anchors, keys, state, hops, aligned)
     union = _with_exits(union, rows, keys, [p for p in plans if isinstance(p, Exits)], aligned)
@@ -247,7 +263,7 @@ def _folded(events: DataFrame, keys: list[str], plans: Sequence[FramedPlan],
         return events
     return events.unionByName(prior.frame.select(
         *keys, F.lit(prior.before - aligned).alias(TS_MICROS),
-        *(F.col(f"{plan.feature.column_name}__{field}").alias(plan.column(STATE, field))
+        *(F.col(_partial_column(plan.feature, field)).alias(plan.column(STATE, field))
           for plan in plans if plan.feature.window.seconds is None for field in plan.fields)),
         allowMissingColumns=True)
 
@@ -654,7 +670,7 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
         if prior is not None and start is None:
             state = state.unionByName(prior.frame.select(
                 *keys, F.lit(0).cast("long").alias(TILE),
-                *(F.col(f"{feature.column_name}__{name}").alias(name)
+                *(F.col(_partial_column(feature, name)).alias(name)
                   for name in _fields(operation))), allowMissingColumns=True)
         per = [] if operation.per is None else [operation.per.name]
         frame = state.groupBy(*keys, TILE, *per).agg(*_merged(operation, F.col))
@@ -693,7 +709,7 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
     # execution replaces by a relation the RAPIDS Accelerator does not run); the keys
     # without an earlier one are left out.
     earlier = F.col(TS_MICROS) < before
-    state = [F.when(earlier & _keeps(f, numeric), column).alias(f"{f.column_name}__{name}")
+    state = [F.when(earlier & _keeps(f, numeric), column).alias(_partial_column(f, name))
              for f in features
              for name, column in _state(f, _read(f, {}), rows).items()]
     rows = rows.select(*keys, earlier.cast("int").alias(_EARLIER), *state)
@@ -703,6 +719,39 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
         f.operation(), _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")]
     frame = rows.groupBy(*keys).agg(*merged, F.max(_EARLIER).alias(_EARLIER))
     return Lifetime(frame.where(F.col(_EARLIER) == 1).drop(_EARLIER), before)
+
+
+# --- day partials: where a day's run starts its values on days from ----------------------
+
+def on_days(feature: AggregateFeature) -> bool:
+    """Whether the feature's window starts at a midnight at every time (the lifetime, or a
+    hop of whole days) and the frames plan computes it: its values after a day read that
+    day's partial (:func:`day_partials`) as they read its events."""
+    hop = feature.window.hop
+    return feature.operation().plan == "frames" and (hop is None or hop * MICROS % DAY == 0)
+
+
+def day_partials(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
+                 values: Mapping[str, Column] | None = None) -> DataFrame | None:
+    """Per key and UTC day with events, the partials of the group's outputs on days
+    (:func:`on_days`) of the events that day: its keys, ``TS_MICROS`` (the day's start) and
+    ``<output's column>__<partial>`` columns. None: the group has no such output."""
+    keys = list(group.keys)
+    features = [f for f in group.outputs() if on_days(f)]
+    if not features:
+        return None
+    state = [F.when(_keeps(f, numeric), column).alias(_partial_column(f, name))
+             for f in features
+             for name, column in _state(f, _read(f, values or {}), events).items()]
+    rows = events.select(*keys, floor_to(F.col(TS_MICROS), DAY).alias(TS_MICROS), *state)
+    return rows.groupBy(*keys, TS_MICROS).agg(*(
+        column for f in features for column in _merged(
+            f.operation(), _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")))
+
+
+def _partial_column(feature: AggregateFeature, field: str) -> str:
+    """The column of an output's partial's ``field`` in the stored partials."""
+    return f"{feature.column_name}__{field}"
 
 
 def _fields(operation: Operation) -> list[str]:
@@ -739,10 +788,10 @@ def snapshot_anchors(events: DataFrame, group: GroupSpec, cut: int,
     return anchors if after is None else anchors.where(F.col(TS_MICROS) > after)
 
 
-def reach(group: GroupSpec, since: int) -> int | None:
-    """The first event time (µs) the group's values at or after ``since`` read: where its
-    longest window starts at ``since``; None where an output reads the whole lifetime."""
-    starts = [feature.window.start(since) for feature in group.outputs()]
+def reach(outputs: Sequence[AggregateFeature], since: int) -> int | None:
+    """The first event time (µs) the ``outputs``' values at or after ``since`` read: where
+    the longest window starts at ``since``; None where an output reads the whole lifetime."""
+    starts = [feature.window.start(since) for feature in outputs]
     return None if any(start is None for start in starts) else min(
         start for start in starts if start is not None)
 

@@ -58,13 +58,17 @@ WORK_DIR = "_work"
 # The state's events are written a folder per UTC day of the events: ``state_day=YYYY-MM-DD``.
 DAY = "state_day"
 # Raised when what the state holds, or how, changes: an older state is refused. 8: the
-# aggregations' snapshots a file per day (a day's run links the earlier days').
-STATE_VERSION = 8
+# aggregations' snapshots a file per day (a day's run links the earlier days'); 9: the
+# groups' day partials.
+STATE_VERSION = 9
 # Per entity table, its lifetime partials: what the next run's snapshots start from.
 LIFETIME_DIR = "lifetime"
 # Per entity table, the events as it reads them (``entities.entity_rows``: a row per key, day
 # and label), a folder per UTC day (``DAY``): a later run reads the days it keeps from there.
 ENTITY_ROWS_DIR = "entity_rows"
+# Per aggregation group with outputs on days, its day partials (``etl.aggregations.
+# day_partials``), a file per day: a later run reads the days it keeps from there.
+DAY_PARTIALS_DIR = "day_partials"
 LATE_EVENT = "late_event"
 # Beside the rows the kept features are computed over: whether the result is the output's.
 KEEP = "_keep"
@@ -134,6 +138,11 @@ class State:
 def lifetime_folder(output: Path, entity: str) -> Path:
     """Where an output keeps an entity table's lifetime partials (``entities.Resume``)."""
     return output / STATE_DIR / LIFETIME_DIR / entity
+
+
+def day_partials_folder(output: Path, group: str) -> Path:
+    """Where an output keeps an aggregation group's day partials (``DAY_PARTIALS_DIR``)."""
+    return output / STATE_DIR / DAY_PARTIALS_DIR / group
 
 
 def entity_rows_folder(output: Path, entity: str) -> Path:

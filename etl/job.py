@@ -8,7 +8,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from featureline.core import __version__
-from featureline.core.aggregations import ENTITIES, entity_group
+from featureline.core.aggregations import ENTITIES, GroupSpec, entity_group
 from featureline.core.drift import (
     METRICS_FILE,
     PROFILE_FILE,
@@ -94,6 +94,7 @@ from featureline.etl.incremental import (
     cumulative,
     cuts,
     day_counts,
+    day_partials_folder,
     entity_rows_folder,
     extend_state_events,
     from_day,
@@ -452,7 +453,7 @@ def _features_incremental(pipeline: FeaturePipeline, events: DataFrame, state: S
         staging)
     shutil.rmtree(work)
     split_rows = with_time_key(state_rows).withColumn(SPLIT, split_column(valid_from))
-    featured, written_since = _fitted(pipeline, split_rows, numbered_anew, since, state.latest)
+    featured, written_since = _fitted(pipeline, split_rows, numbered_anew, since, state)
     return featured, state_rows, written_since
 
 
@@ -480,14 +481,14 @@ def _window_rows(pipeline: FeaturePipeline, stored: DataFrame, state: State,
 
 
 def _fitted(pipeline: FeaturePipeline, split_rows: DataFrame, numbered_anew: DataFrame,
-            since: datetime, latest: datetime) -> tuple[DataFrame, date | None]:
+            since: datetime, state: State) -> tuple[DataFrame, date | None]:
     """The fitted ops and the model-ready step over the state's rows, and the first day
     whose files the run writes (None: every day). A new fit moves every row's fitted
     features. A kept fit: the rows before ``since`` keep their kept features, and every
     fitted one but the ids of values the vocabularies number this run (``_renumbered``): the
     days before both keep their files. The aggregations read the earlier events: their
     values from ``since`` on are computed, their snapshots after the earlier of it and the
-    output's last (``latest``: its latest event)."""
+    output's last, from the day partials the output keeps of the days before."""
     if pipeline.frozen is None:
         return pipeline.transform_fitted(split_rows), None
     renumbered = _renumbered(pipeline, numbered_anew)
@@ -496,9 +497,48 @@ def _fitted(pipeline: FeaturePipeline, split_rows: DataFrame, numbered_anew: Dat
     aggregations = pipeline.op(Aggregations)
     if not isinstance(aggregations, Aggregations):
         return pipeline.transform_fitted(split_rows.where(from_day(since))), since.date()
-    aggregations.since = _snapshots_change_after(since, latest)
+    aggregations.since = _snapshots_change_after(since, state.latest)
+    aggregations.days_before = _days_before(split_rows.sparkSession, state.folder.parent,
+                                            aggregations.groups, aggregations.since)
     moved = F.col("ts") >= F.lit(since)
     return pipeline.transform_fitted(split_rows).where(moved), since.date()
+
+
+# A stored day partial's day (its start, a timestamp: the files are a day's each).
+_PARTIALS_DAY = "day"
+
+
+def _days_before(spark: SparkSession, output: Path, groups: Sequence[GroupSpec], before: int
+                 ) -> dict[str, DataFrame]:
+    """Per group whose day partials ``output`` keeps, those of the days before ``before``
+    (µs, a midnight)."""
+    found = {}
+    for group in groups:
+        folder = day_partials_folder(output, group.name)
+        if folder.is_dir():
+            stored = read_as_written(spark, folder)
+            found[group.name] = stored.select(
+                F.unix_micros(_PARTIALS_DAY).alias(TS_MICROS),
+                *(c for c in stored.columns if c != _PARTIALS_DAY)
+            ).where(F.col(TS_MICROS) < before)
+    return found
+
+
+def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Path) -> None:
+    """Each group's day partials into the state, a file per day: those the last transform
+    computed, and where it computed them from ``aggregations.since`` on, the earlier days'
+    files of ``previous`` (the output the run extends)."""
+    for group in aggregations.groups:
+        frame = aggregations.day_partials.get(group.name)
+        if frame is None:
+            continue
+        folder = day_partials_folder(staging, group.name)
+        if aggregations.since is not None:
+            link_table_days(day_partials_folder(previous, group.name), folder,
+                            (_midnight(aggregations.since) - timedelta(days=1)).date())
+        write_parquet_days(frame.select(
+            F.timestamp_micros(TS_MICROS).alias(_PARTIALS_DAY),
+            *(c for c in frame.columns if c != TS_MICROS)), folder, _PARTIALS_DAY, *group.keys)
 
 
 def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies | None,
@@ -1121,6 +1161,7 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
         snapshots, spec_rows = {}, None
         if isinstance(aggregations, Aggregations):
             snapshots = _write_group_snapshots(aggregations, staging, job.output)
+            _write_day_partials(aggregations, staging, job.output)
             spec_rows = aggregations.rows
         inputs = pipeline.inputs()
         tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read,

@@ -12,7 +12,13 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from featureline.core.aggregations import GroupSpec
-from featureline.etl.aggregations import DAY, backfill, group_values
+from featureline.etl.aggregations import (
+    DAY,
+    backfill,
+    day_partials,
+    group_values,
+    on_days,
+)
 from featureline.etl.features.base import TS_MICROS
 from tests.aggregation_reference import LABEL, MICROS, ORIGIN, OUTPUTS, SPEC, reference, same_value
 
@@ -50,16 +56,16 @@ def _as_reference(event: dict) -> dict:
     return {**event, "ts": event[TS_MICROS]}
 
 
-def _check(rows, log, group):
-    """Every output of ``group`` (keyed by user_id) in ``rows`` equals the brute-force
-    reference at the row's time."""
+def _check(rows, log, group, outputs=None):
+    """Every output of ``group`` (keyed by user_id; ``outputs``: those only) in ``rows``
+    equals the brute-force reference at the row's time."""
     by_user: dict[str, list[dict]] = {}
     for event in log:
         by_user.setdefault(event["user_id"], []).append(_as_reference(event))
     differ = []
     for row in rows:
         own = by_user.get(row["user_id"], [])
-        for feature in group.outputs():
+        for feature in group.outputs() if outputs is None else outputs:
             expected = reference(feature, own, row[TS_MICROS])
             got = row[feature.column_name]
             if not same_value(feature, got, expected):
@@ -276,3 +282,43 @@ def test_rows_standing_for_equal_events_give_the_events_values(spark):
         group_values(weighted, anchors, SPEC, NUMERIC)
     with pytest.raises(ValueError, match="last_k reads every event"):
         output_tiles(weighted, SPEC, NUMERIC, cut)
+
+
+# Windows that start at midnights (a hop of whole days, the lifetime) and one that does not.
+ON_DAYS = GroupSpec.model_validate({"name": "user_days", "keys": ["user_id"], "features": [
+    {"op": "count", "windows": ["30d", "all"]},
+    {"op": "count", "name": "purchases", "filter": "event_type in (purchase)",
+     "windows": ["30d"]},
+    {"op": "sum", "column": "value", "windows": ["all"]},
+    {"op": "mean", "column": "price", "windows": ["30d"]},
+    {"op": "max", "column": "value", "windows": ["14d"], "hop": "2d"},
+    {"op": "count", "windows": ["1d"]},
+]})
+
+
+def test_the_days_partials_and_the_later_events_give_the_definition_after_them(spark):
+    """A day's run's plan for the outputs on days: the partials of the days before a
+    midnight (one row per key and day) and the events from it on give each output's value
+    at times from it on — exits, the lifetime's frame, whole hops (of 2 days: one starting
+    the day before) — as the events alone do."""
+    log = _log(7, events=300)
+    events = spark.createDataFrame(log, EVENT_SCHEMA)
+    since = ORIGIN + 5 * DAY
+    on = [feature for feature in ON_DAYS.outputs() if on_days(feature)]
+    assert [f.output for f in ON_DAYS.outputs() if f not in on] == ["count_1d"]
+    days = day_partials(events.where(F.col(TS_MICROS) < since), ON_DAYS, NUMERIC)
+    assert days is not None
+    assert days.count() == len({(e["user_id"], e[TS_MICROS] // DAY) for e in log
+                                if e[TS_MICROS] < since})
+    rng = random.Random(7)
+    anchors = spark.createDataFrame(sorted(
+        {(e["user_id"], e[TS_MICROS]) for e in log if e[TS_MICROS] >= since}
+        | {(u, since + rng.randrange(0, 40 * 24) * 3_600 * MICROS + rng.choice([0, 1]))
+           for u in ("u1", "u2", "u3", "u4") for _ in range(20)}),
+        "user_id string, _ts_us long")
+    later = events.where(F.col(TS_MICROS) >= since)
+    rows = group_values(later, anchors, ON_DAYS, NUMERIC, outputs=on, days=days).collect()
+    assert len(rows) == anchors.count()
+    _check(rows, log, ON_DAYS, on)
+    with pytest.raises(ValueError, match="outputs on days only"):
+        group_values(later, anchors, ON_DAYS, NUMERIC, days=days)

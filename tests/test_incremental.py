@@ -25,7 +25,11 @@ NEW_DAYS = ("2026-01-09", "2026-01-10")
 # events): an incremental run computes them as a full run does.
 AGGREGATIONS = [{"name": "user_recent", "keys": ["user_id"], "features": [
                     {"op": "count", "windows": ["1d"]}, {"op": "last_k", "column": "item_id",
-                                                        "k": 2}]},
+                                                        "k": 2},
+                    # On days (a day's run reads the earlier days' partials): a frame of
+                    # exits, the lifetime's, and whole hops with the head.
+                    {"op": "mean", "column": "label", "windows": ["30d", "all"]},
+                    {"op": "max", "column": "value", "windows": ["30d"]}]},
                 {"name": "item_recent", "keys": ["item_id"], "features": [
                     {"op": "sum", "column": "value", "windows": ["7d"]}]},
                 # Windows short enough that a day's run reads the stored events from an hour
@@ -159,6 +163,7 @@ def runs(spark, small_log, tmp_path_factory):
                                    "quarantine", f"{STATE_DIR}/events",
                                    f"{STATE_DIR}/entity_rows/user",
                                    f"{STATE_DIR}/entity_rows/item",
+                                   f"{STATE_DIR}/day_partials/user_recent",
                                    "artifacts/categorify/user_id",
                                    "artifacts/categorify/category",
                                    "aggregations/user_recent", "aggregations/item_recent",
@@ -288,6 +293,7 @@ def kept(runs, spark):
     output = root / "kept"
     shutil.copytree(root / "base", output)
     inodes, snapshots = _inodes(output), _snapshot_inodes(output)
+    partials = _snapshot_inodes(output, f"{STATE_DIR}/day_partials")
     config = _new_day(runs, output, allow_late=True)
     incremental = job.run(config.model_copy(update={"fit": config.fit.model_copy(
         update={"refit_every": "30d", "refit": False})}), spark, progress=lambda _: None)
@@ -295,13 +301,15 @@ def kept(runs, spark):
                                fit={"from_output": str(root / "base")},
                                aggregations=AGGREGATIONS), spark, progress=lambda _: None)
     return {"incremental": incremental, "full": full, "inodes": inodes, "output": output,
-            "snapshot_inodes": snapshots}
+            "snapshot_inodes": snapshots, "partial_inodes": partials}
 
 
-def _snapshot_inodes(output: Path) -> dict[tuple[str, str], int]:
-    """(day, path) → inode of the aggregations' snapshot files (a file per day)."""
+def _snapshot_inodes(output: Path, folder: str = "aggregations"
+                     ) -> dict[tuple[str, str], int]:
+    """(day, path) → inode of the files of a table written a file per day under ``folder``
+    (the aggregations' snapshots; the state's day partials)."""
     return {(path.name[:10], str(path.relative_to(output))): path.stat().st_ino
-            for path in (output / "aggregations").rglob("????-??-??-part-*.parquet")}
+            for path in (output / folder).rglob("????-??-??-part-*.parquet")}
 
 
 def _inodes(output: Path) -> dict[tuple[str, str], int]:
@@ -334,13 +342,18 @@ def test_a_kept_fit_writes_only_the_days_it_changes(kept):
         table = f"aggregations/{group['name']}"
         assert _table(ours.output / table).to_pylist() == [
             pytest.approx(row, rel=1e-12) for row in _table(theirs.output / table).to_pylist()]
-    # The snapshot days up to the first changed one keep their files; the later ones not.
-    after = _snapshot_inodes(kept["output"])
-    same = {day for key, inode in kept["snapshot_inodes"].items() if after.get(key) == inode
-            for day in [key[0]]}
-    written = {key[0] for key, inode in after.items()
-               if kept["snapshot_inodes"].get(key) != inode}
-    assert same and written and max(same) < min(written)
+    # The day partials a day's run starts from: the full run's.
+    assert _table(ours.output / STATE_DIR / "day_partials/user_recent").to_pylist() == _table(
+        theirs.output / STATE_DIR / "day_partials/user_recent").to_pylist()
+    # The snapshot days up to the first changed one keep their files, and the partials of
+    # the days before it theirs; the later ones not.
+    for folder, before in (("aggregations", "snapshot_inodes"),
+                           (f"{STATE_DIR}/day_partials", "partial_inodes")):
+        after = _snapshot_inodes(kept["output"], folder)
+        same = {day for key, inode in kept[before].items() if after.get(key) == inode
+                for day in [key[0]]}
+        written = {key[0] for key, inode in after.items() if kept[before].get(key) != inode}
+        assert same and written and max(same) < min(written), folder
     files = {f["path"] for f in theirs.metadata["tfrecord"]["files"]}
     assert files == {f["path"] for f in ours.metadata["tfrecord"]["files"]}
     for path in files:

@@ -25,9 +25,11 @@ from featureline.core.metadata import PADDING_ID, encoded_name
 from featureline.core.model_inputs import Served, Source
 from featureline.core.transforms import LOG1P_STANDARDIZE, STANDARDIZE
 from featureline.etl.aggregations import (
+    day_partials,
     events_cut,
     group_snapshots,
     group_values,
+    on_days,
     reach,
     snapshot_anchors,
 )
@@ -61,8 +63,13 @@ class Aggregations(FeatureOp):
         # The events it read (cached): what the job's tiles of its groups read too.
         self.rows: DataFrame | None = None
         # Set by an incremental run keeping its fit (µs, a midnight): the values before it
-        # are the output's, so only the examples and snapshots from it on are computed.
+        # are the output's, so only the examples and snapshots from it on are computed; per
+        # group, the day partials of the days before it (the output's).
         self.since: int | None = None
+        self.days_before: dict[str, DataFrame] = {}
+        # What the last transform computed per group: the day partials from :attr:`since`
+        # on (every day's without it), which the job keeps in the state.
+        self.day_partials: dict[str, DataFrame] = {}
 
     def _as_ids(self, feature: AggregateFeature) -> bool:
         return feature.operation().ordered and feature.spec.column in self.encoded
@@ -103,6 +110,9 @@ class Aggregations(FeatureOp):
             at = self._cut(self._group_values(narrow, queried, days, group, reads))
             self.values[group.name] = (at, days)
             values = values.join(at, on=[*group.keys, TS_MICROS], how="left")
+            partials = day_partials(queried, group, self.numeric, reads)
+            if partials is not None:
+                self.day_partials[group.name] = partials
         if since is not None:  # the earlier rows' values are the output's
             events = events.where(F.col(TS_MICROS) >= since)
         return _joined(events, values, keys).withColumns(
@@ -110,13 +120,30 @@ class Aggregations(FeatureOp):
 
     def _group_values(self, narrow: DataFrame, queried: DataFrame, days: DataFrame,
                       group: GroupSpec, reads: Mapping[str, Column]) -> DataFrame:
-        """The group's values at the ``queried`` events' times and at its snapshot ``days``;
-        from :attr:`since` on, from the events from where its longest window starts there
+        """The group's values at the ``queried`` events' times and at its snapshot ``days``.
+        From :attr:`since` on: its outputs on days (``etl.aggregations.on_days``) from the
+        events from then on and the day partials before (:attr:`days_before`), the others
+        from the events from where their longest window starts then
         (``etl.aggregations.reach``)."""
         anchors = queried.select(*group.keys, TS_MICROS).unionByName(days).distinct()
-        start = None if self.since is None else reach(group, self.since)
-        read = narrow if start is None else narrow.where(F.col(TS_MICROS) >= start)
-        return group_values(read, anchors, group, self.numeric, reads)
+        if self.since is None:
+            return group_values(narrow, anchors, group, self.numeric, reads)
+        before = self.days_before.get(group.name)
+        on = [f for f in group.outputs() if before is not None and on_days(f)]
+        rest = [f for f in group.outputs() if f not in on]
+        parts = []
+        if on:
+            parts.append(group_values(queried, anchors, group, self.numeric, reads,
+                                      outputs=on, days=before))
+        if rest:
+            start = reach(rest, self.since)
+            read = narrow if start is None else narrow.where(F.col(TS_MICROS) >= start)
+            parts.append(group_values(read, anchors, group, self.numeric, reads,
+                                      outputs=rest))
+        at = parts[0]
+        for part in parts[1:]:
+            at = at.join(part, on=[*group.keys, TS_MICROS], how="left")
+        return at
 
     def snapshots(self, group: GroupSpec) -> DataFrame:
         """The group's daily snapshots as of the last transform's events, for Feast
