@@ -639,7 +639,7 @@ def events_cut(events: DataFrame) -> int:
 
 
 def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
-                 cut: int, prior: Lifetime | None = None
+                 cut: int, prior: Lifetime | None = None, days: DataFrame | None = None
                  ) -> list[tuple[AggregateFeature, DataFrame]]:
     """Per output of ``group``, its tiles as of ``cut`` (µs, after every event): a row per key
     and hop — the group's keys, ``tile`` and the operation's partial columns (the names
@@ -648,13 +648,17 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
     (start 0) per key. Merged at a request time ``t ≥ cut`` they give the value at ``t``
     (``core.aggregations.value_from_tiles``): what the online store starts from. ``prior``:
     the lifetime partials of the events before ``events``' (``prior.before``, before every
-    window's start at ``cut``)."""
+    window's start at ``cut``). ``days``: every day's :func:`day_partials`, which the outputs
+    on days read instead of the events (a day's partial: its events')."""
     keys = list(group.keys)
     tiles = []
     for feature in group.outputs():
-        kept = events.where(_keeps(feature, numeric))
         window = feature.window
         start = window.start(cut)
+        if days is not None and on_days(feature):
+            tiles.append((feature, _tiles_of_days(days, keys, feature, start)))
+            continue
+        kept = events.where(_keeps(feature, numeric))
         if prior is not None and start is not None and start < prior.before:
             raise ValueError(f"{feature.qualified}: its window at {cut} µs starts before "
                              f"the prior's events end ({prior.before} µs)")
@@ -679,6 +683,25 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
                 F.collect_list(name).alias(name) for name in _fields(operation)))
         tiles.append((feature, frame))
     return tiles
+
+
+def _tiles_of_days(days: DataFrame, keys: list[str], feature: AggregateFeature,
+                   start: int | None) -> DataFrame:
+    """An output on days' tiles (:func:`output_tiles`) from every day's partials: those of
+    the days from ``start`` on merged per key and hop (the lifetime's: per key); a key
+    whose days hold no event it counts has none."""
+    operation = feature.operation()
+    fields = _fields(operation)
+    hop = feature.window.hop
+    tile = (F.lit(0).cast("long") if start is None or hop is None
+            else hop_start(hop * MICROS))
+    rows = days if start is None else days.where(F.col(TS_MICROS) >= start)
+    counted = F.lit(False)
+    for field in fields:
+        counted = counted | F.col(_partial_column(feature, field)).isNotNull()
+    state = rows.where(counted).select(*keys, tile.alias(TILE), *(
+        F.col(_partial_column(feature, field)).alias(field) for field in fields))
+    return state.groupBy(*keys, TILE).agg(*_merged(operation, F.col))
 
 
 # --- lifetime partials: where a day's run starts its lifetime values from --------------------

@@ -76,6 +76,7 @@ from featureline.etl.features.base import (
     TS_MICROS,
     VALID,
     FeatureSpec,
+    epoch_micros,
     with_time_key,
 )
 from featureline.etl.features.categorify import Categorify
@@ -516,18 +517,24 @@ def _days_before(spark: SparkSession, output: Path, groups: Sequence[GroupSpec],
     for group in groups:
         folder = day_partials_folder(output, group.name)
         if folder.is_dir():
-            stored = read_as_written(spark, folder)
-            found[group.name] = stored.select(
-                F.unix_micros(_PARTIALS_DAY).alias(TS_MICROS),
-                *(c for c in stored.columns if c != _PARTIALS_DAY)
-            ).where(F.col(TS_MICROS) < before)
+            found[group.name] = _day_partials_read(spark, folder).where(
+                F.col(TS_MICROS) < before)
     return found
 
 
-def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Path) -> None:
+def _day_partials_read(spark: SparkSession, folder: Path) -> DataFrame:
+    """The day partials a state keeps in ``folder``, each day's start as ``TS_MICROS``."""
+    stored = read_as_written(spark, folder)
+    return stored.select(epoch_micros(F.col(_PARTIALS_DAY)).alias(TS_MICROS),
+                         *(c for c in stored.columns if c != _PARTIALS_DAY))
+
+
+def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Path
+                        ) -> dict[str, DataFrame]:
     """Each group's day partials into the state, a file per day: those the last transform
     computed, and where it computed them from ``aggregations.since`` on, the earlier days'
-    files of ``previous`` (the output the run extends)."""
+    files of ``previous`` (the output the run extends). Per group, every day's, read back."""
+    written = {}
     for group in aggregations.groups:
         frame = aggregations.day_partials.get(group.name)
         if frame is None:
@@ -539,6 +546,8 @@ def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Pat
         write_parquet_days(frame.select(
             F.timestamp_micros(TS_MICROS).alias(_PARTIALS_DAY),
             *(c for c in frame.columns if c != TS_MICROS)), folder, _PARTIALS_DAY, *group.keys)
+        written[group.name] = _day_partials_read(frame.sparkSession, folder)
+    return written
 
 
 def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies | None,
@@ -679,18 +688,21 @@ def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlC
 
 def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, staging: Path,
                  cut: int, lifetimes: dict[str, Lifetime], table_rows: dict[str, DataFrame],
-                 spec_rows: DataFrame | None = None) -> dict[str, Any]:
+                 spec_rows: DataFrame | None = None,
+                 spec_days: dict[str, DataFrame] | None = None) -> dict[str, Any]:
     """The tiles as of ``cut`` (µs, after the last event) of the aggregations' groups, the
     model inputs' groups and the entity tables' groups under ``tiles/<group>/<feature>``,
     where the online store's values start (docs/ARCHITECTURE.md, "Features as
     definitions"). The aggregations' come from ``spec_rows`` (the rows their op cached)
-    where given; an entity table's from its ``lifetimes`` and the rows it was computed from
+    where given, and the outputs on days' from the groups' day partials (``spec_days``: of
+    every day); an entity table's from its ``lifetimes`` and the rows it was computed from
     (``table_rows``: its ``entity_rows``), those from their end on."""
     events = with_time_key(events)
     numeric = config.event_contract().numeric
+    spec_days = spec_days or {}
     tiles = [tile for group in config.aggregations
              for tile in output_tiles(events if spec_rows is None else spec_rows, group,
-                                      numeric, cut)]
+                                      numeric, cut, days=spec_days.get(group.name))]
     tiles += [tile for group in inputs.groups
               for tile in output_tiles(events, group, numeric, cut)]
     groups = [*config.aggregations, *inputs.groups]
@@ -1158,14 +1170,14 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
         cut = _cut(aggregations, t.newest)
         entities, lifetimes, rows_read = _write_entities(t.events, pipeline, config, staging,
                                                          cut, t.days.resumed(job, cut))
-        snapshots, spec_rows = {}, None
+        snapshots, spec_rows, spec_days = {}, None, None
         if isinstance(aggregations, Aggregations):
             snapshots = _write_group_snapshots(aggregations, staging, job.output)
-            _write_day_partials(aggregations, staging, job.output)
             spec_rows = aggregations.rows
+            spec_days = _write_day_partials(aggregations, staging, job.output)
         inputs = pipeline.inputs()
         tiles = _write_tiles(t.events, config, inputs, staging, cut, lifetimes, rows_read,
-                             spec_rows)
+                             spec_rows, spec_days)
         stage.summary = ", ".join([*entities, *snapshots]) + (
             f"; tiles of {len(tiles['tables'])} outputs")
     with job.timer(stages.ARTIFACTS):

@@ -322,3 +322,13 @@ def test_the_days_partials_and_the_later_events_give_the_definition_after_them(s
     _check(rows, log, ON_DAYS, on)
     with pytest.raises(ValueError, match="outputs on days only"):
         group_values(later, anchors, ON_DAYS, NUMERIC, days=days)
+    # The online tiles after the last event: from every day's partials as from the events.
+    from featureline.etl.aggregations import output_tiles
+
+    cut = max(e[TS_MICROS] for e in log) + 1
+    every_day = day_partials(events, ON_DAYS, NUMERIC)
+    for (feature, tiles), (_, expected) in zip(
+            output_tiles(events, ON_DAYS, NUMERIC, cut, days=every_day),
+            output_tiles(events, ON_DAYS, NUMERIC, cut), strict=True):
+        assert sorted(map(str, tiles.collect())) == sorted(map(str, expected.collect())), \
+            feature.output

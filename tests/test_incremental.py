@@ -168,6 +168,9 @@ def runs(spark, small_log, tmp_path_factory):
                                    "artifacts/categorify/category",
                                    "aggregations/user_recent", "aggregations/item_recent",
                                    "tiles/user_recent/item_id_last_k",
+                                   "tiles/user_recent/label_mean_30d",
+                                   "tiles/user_recent/label_mean_all",
+                                   "tiles/user_recent/value_max_30d",
                                    "tiles/item_recent/value_sum_7d"])
 def test_every_table_equals_the_full_runs(runs, table):
     ours, theirs = (_table(runs[name].output / table) for name in ("incremental", "full"))
