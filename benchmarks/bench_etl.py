@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import platform
 import shutil
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +53,9 @@ import yaml
 from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.aggregations import GroupSpec
-from featureline.etl import job
+from featureline.etl import datagen, job
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
-from featureline.etl.datagen import log_day, write_log
+from featureline.etl.datagen import log_day
 from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
 from featureline.etl.qualification import stage_times
 from featureline.etl.session import build_session
@@ -65,6 +67,14 @@ BENCH_SPARK = SparkSettings(master="local[2]", properties={
 # Spark stages listed per size with --profile.
 PROFILE_TOP = 10
 AGGREGATIONS = Path(__file__).with_name("aggregations.yaml")
+
+
+def write_log_apart(raw: Path, **options: Any) -> None:
+    """``datagen.write_log`` in a process of its own: at 10M events it holds the whole log's
+    text and frames in memory (some 14 GB), which beside the session's JVM outgrew this
+    24 GB machine; the process's memory goes back when it ends."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as apart:
+        apart.submit(datagen.write_log, raw, **options).result()
 
 
 def _profiled(settings: SparkSettings, event_log: Path) -> SparkSettings:
@@ -88,8 +98,8 @@ def measure(spark: SparkSession, events: int, workdir: Path) -> dict[str, Any]:
     raw = workdir / f"events-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     start = time.perf_counter()
-    write_log(raw, events=events, users=users, items=items, days=28, seed=1,
-              bad_fraction=0.001)
+    write_log_apart(raw, events=events, users=users, items=items, days=28, seed=1,
+                    bad_fraction=0.001)
     datagen_s = time.perf_counter() - start
     read_s = _read_baseline(spark, raw)
     config = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
@@ -118,8 +128,8 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
     with ``event_log`` (the session's), each run's stage times and slowest Spark stages."""
     groups = _spec_groups(spec)
     raw = workdir / f"events-{events}.jsonl"
-    write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
-              days=28, seed=1, bad_fraction=0.001)
+    write_log_apart(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+                    days=28, seed=1, bad_fraction=0.001)
     base = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
     times: dict[str, list[float]] = {"without": [], "with": []}
     profiles: list[dict[str, Any]] = []
@@ -152,8 +162,8 @@ def measure_label_join(spark: SparkSession, events: int, workdir: Path,
     (B: "with") on one log, in ``order``, after a run that only warms the JVM up
     (``warm_up``); the examples and the join's accounting."""
     raw = workdir / f"events-{events}.jsonl"
-    write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
-              days=28, seed=1, bad_fraction=0.001)
+    write_log_apart(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+                    days=28, seed=1, bad_fraction=0.001)
     configs = {"with": with_overrides(EtlConfig(), input_path=str(raw),
                                       output=str(workdir / "out")),
                "without": with_overrides(EtlConfig(), input_path=str(raw),
@@ -190,8 +200,8 @@ def _measure_without(spark: SparkSession, events: int, workdir: Path, owner: Any
     of it on one log, in ``order``, after a run that only warms the JVM up (``warm_up``; its
     time is left out); ``stage``: the stage whose time the "with" runs report."""
     raw = workdir / f"events-{events}.jsonl"
-    write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
-              days=28, seed=1, bad_fraction=0.001)
+    write_log_apart(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+                    days=28, seed=1, bad_fraction=0.001)
     config = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
     times: dict[str, list[float]] = {"without": [], "with": []}
     stages: dict[str, list[float]] = {"without": [], "with": []}
@@ -350,8 +360,8 @@ def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
              groups: Sequence[GroupSpec] = ()) -> _History:
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
-    write_log(raw, events=events, users=users, items=items, days=31, seed=1,
-              bad_fraction=0.001)
+    write_log_apart(raw, events=events, users=users, items=items, days=31, seed=1,
+                    bad_fraction=0.001)
     history, before, new, new_lines = _split_days(raw, workdir / f"raw-{events}", day_lines)
     raw.unlink()
     base = with_overrides(EtlConfig(), input_path=str(history),
