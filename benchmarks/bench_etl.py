@@ -54,6 +54,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.aggregations import GroupSpec
 from featureline.etl import datagen, job
+from featureline.etl.aggregations import on_days
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import log_day
 from featureline.etl.incremental import EVENTS_DIR, STATE_DIR
@@ -355,15 +356,22 @@ def _spec_groups(spec: Path) -> list[GroupSpec]:
     return [GroupSpec.model_validate(g) for g in yaml.safe_load(spec.read_text())["aggregations"]]
 
 
-def _history(spark: SparkSession, events: int, workdir: Path, keep_fit: bool,
-             day_lines: int | None, day_before: bool = True,
-             groups: Sequence[GroupSpec] = ()) -> _History:
+def _raw_days(events: int, workdir: Path, day_lines: int | None
+              ) -> tuple[Path, Path, Path, int]:
+    """A generated log of ``events`` as :func:`_split_days` leaves it."""
     raw = workdir / f"all-{events}.jsonl"
     users, items = max(100, events // 40), max(50, events // 100)
     write_log_apart(raw, events=events, users=users, items=items, days=31, seed=1,
                     bad_fraction=0.001)
-    history, before, new, new_lines = _split_days(raw, workdir / f"raw-{events}", day_lines)
+    days = _split_days(raw, workdir / f"raw-{events}", day_lines)
     raw.unlink()
+    return days
+
+
+def _history(spark: SparkSession, events: int, raw: tuple[Path, Path, Path, int],
+             workdir: Path, keep_fit: bool, day_before: bool = True,
+             groups: Sequence[GroupSpec] = ()) -> _History:
+    history, before, new, new_lines = raw
     base = with_overrides(EtlConfig(), input_path=str(history),
                           output=str(workdir / f"history-{events}"))
     base = base.model_copy(update={"incremental": base.incremental.model_copy(
@@ -427,15 +435,20 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
     ``spec``: an ``aggregations:`` spec every run computes."""
     if passes not in (1, 2):
         raise ValueError(f"passes: 1 or 2, not {passes}")
-    spark = spark or build_session(BENCH_SPARK)
     groups = _spec_groups(spec) if spec is not None else []
     tables = ("examples", "entities/user", "entities/item", "artifacts/categorify/user_id",
               "artifacts/categorify/item_id", f"{STATE_DIR}/{EVENTS_DIR}",
-              *(f"aggregations/{group.name}" for group in groups))
+              *(f"aggregations/{group.name}" for group in groups),
+              *(f"{STATE_DIR}/day_partials/{group.name}" for group in groups
+                if any(map(on_days, group.outputs()))))
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
         workdir = Path(tmp)
-        histories = [_history(spark, events, workdir, keep_fit, day_lines, day_before, groups)
-                     for events in sizes]
+        # Every log before the session starts: at 10M, generating one beside a JVM grown
+        # by a history's runs outgrew this 24 GB machine.
+        raws = {events: _raw_days(events, workdir, day_lines) for events in sizes}
+        spark = spark or build_session(BENCH_SPARK)
+        histories = [_history(spark, events, raws[events], workdir, keep_fit, day_before,
+                              groups) for events in sizes]
         timed = {h.events: [_incremental(spark, h, workdir, 1)] for h in histories}
         full = {h.events: _full(spark, h, workdir, keep_fit) for h in histories}
         for history in reversed(histories) if passes == 2 else ():
