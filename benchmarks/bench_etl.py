@@ -443,8 +443,8 @@ def run_incremental(sizes: list[int], spark: SparkSession | None = None,
                 if any(map(on_days, group.outputs()))))
     with tempfile.TemporaryDirectory(prefix="bench-etl-incremental-") as tmp:
         workdir = Path(tmp)
-        # Every log before the session starts: at 10M, generating one beside a JVM grown
-        # by a history's runs outgrew this 24 GB machine.
+        # Every log before the session runs a job: at 10M, generating one beside a JVM
+        # grown by a history's runs outgrew this 24 GB machine.
         raws = {events: _raw_days(events, workdir, day_lines) for events in sizes}
         spark = spark or build_session(BENCH_SPARK)
         histories = [_history(spark, events, raws[events], workdir, keep_fit, day_before,
