@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 ROLES = ("user_id", "item_id", "event_type", "ts", "value")
 REQUIRED_ROLES = ("user_id", "item_id", "event_type", "ts")
+# The type of every event of a log without an event type column (its contract's typed_events).
+UNTYPED_EVENT = "event"
 # Numeric timestamps at or above this are milliseconds under ts_unit: auto (year 5138 in s).
 MILLIS_THRESHOLD = 1e11
 # Epoch times beyond this many microseconds (the threshold in seconds) are unreadable.
@@ -126,6 +128,8 @@ class EventContract(BaseModel):
     ts_unit: Literal["auto", "s", "ms"] = "auto"
     future_tolerance_s: float | None = None
     value: bool = True
+    # Whether the log has an event type column; False: every event's type is "event".
+    typed_events: bool = True
     continuous: list[str] = Field(default_factory=list)
     categorical: list[str] = Field(default_factory=list)
     # When each of those columns is known: etl.source.roles.
@@ -262,6 +266,8 @@ class EventValidator:
         if not isinstance(record, Mapping):
             return None, Rejection("malformed_record", None)
         roles = {role: (field_text(record.get(role)) or "").strip() for role in REQUIRED_ROLES}
+        if not self.contract.typed_events:
+            roles["event_type"] = UNTYPED_EVENT
         numbers_text = {n: _number_text(record.get(n)) for n in self.numeric}
         numbers = {n: None if t is None else parse_number(t) for n, t in numbers_text.items()}
         ts = parse_timestamp(roles["ts"], self.contract.ts_unit) if roles["ts"] else None

@@ -22,7 +22,14 @@ from featureline.core.aggregations import LABEL as LABEL_COLUMN
 from featureline.core.aggregations import GroupSpec, check_groups
 from featureline.core.drift import ChecksConfig
 from featureline.core.errors import ConfigError
-from featureline.core.events import ROLES, ColumnRole, EventContract, LabelSpec, parse_rule
+from featureline.core.events import (
+    ROLES,
+    UNTYPED_EVENT,
+    ColumnRole,
+    EventContract,
+    LabelSpec,
+    parse_rule,
+)
 from featureline.core.metadata import DEFAULT_OUTPUT
 from featureline.core.settings import Duration, Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
@@ -45,6 +52,8 @@ from featureline.etl.features.target_encode import TargetEncodeSettings
 from featureline.etl.stages import InputFormat
 
 SHORT_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,2}$")
+# A value of etl.source.options: Spark's reader takes every option as text.
+ReaderOption = str | bool | int | float
 
 
 class RoleColumns(Settings):
@@ -54,8 +63,9 @@ class RoleColumns(Settings):
     user_id: str = "user_id"
     # The column holding the item's id.
     item_id: str = "item_id"
-    # The column holding the event's type (one of etl.validation.event_types).
-    event_type: str = "event_type"
+    # The column holding the event's type (one of etl.validation.event_types); null: the log
+    # has none, and every event's type is "event" (UNTYPED_EVENT).
+    event_type: str | None = "event_type"
     # The column holding the event's time: ISO-8601 text or epoch seconds / milliseconds.
     ts: str = "ts"
     # The column holding an optional number (rating, price, dwell time); null: none.
@@ -85,12 +95,33 @@ class SourceConfig(Settings):
     # source does not declare is ignored.
     roles: dict[str, ColumnRole] = Field(default_factory=_demo_roles)
 
+    # Options of Spark's reader for the format, as Spark names them (csv: sep, header, quote,
+    # escape, encoding, nullValue, comment, …; parquet: mergeSchema, …). CSV files have a
+    # header line unless header is false; a headerless file's columns are _c0, _c1, …
+    options: dict[str, ReaderOption] = Field(default_factory=dict)
+
     @field_validator("roles", mode="before")
     @classmethod
     def _over_the_defaults(cls, roles: Any) -> Any:
         return {**_demo_roles(), **roles} if isinstance(roles, dict) else roles
-    # The field separator of CSV files.
-    csv_delimiter: str = ","
+
+    @model_validator(mode="before")
+    @classmethod
+    def _delimiter_into_options(cls, data: Any) -> Any:
+        """``csv_delimiter`` (the older key) is Spark's ``sep`` option."""
+        if not isinstance(data, dict) or "csv_delimiter" not in data:
+            return data
+        data = dict(data)
+        delimiter = data.pop("csv_delimiter")
+        options = dict(data.get("options") or {})
+        if options.setdefault("sep", delimiter) != delimiter:
+            raise ValueError("csv_delimiter: give the separator once, as options.sep")
+        return {**data, "options": options}
+
+    def reader_options(self) -> dict[str, str]:
+        """``options`` as Spark's reader takes them: every value as text (true, not True)."""
+        return {name: str(value).lower() if isinstance(value, bool) else str(value)
+                for name, value in self.options.items()}
 
     @model_validator(mode="after")
     def _context_columns_distinct(self) -> SourceConfig:
@@ -414,6 +445,40 @@ class EtlConfig(Settings):
     def label_join(self) -> LabelJoin | None:
         return self.label if isinstance(self.label, LabelJoin) else None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_type_without_event_types(cls, data: Any) -> Any:
+        """A log without an event type column has events of one type, UNTYPED_EVENT: the
+        accepted types default to it."""
+        if not isinstance(data, dict):
+            return data
+        source = data.get("source")
+        columns = source.get("columns") if isinstance(source, dict) else None
+        validation = data.get("validation") or {}
+        if not (isinstance(columns, dict) and "event_type" in columns
+                and columns["event_type"] is None and isinstance(validation, dict)
+                and "event_types" not in validation):
+            return data
+        return {**data, "validation": {**validation, "event_types": [UNTYPED_EVENT]}}
+
+    @model_validator(mode="after")
+    def _event_types_of_a_log_without_them(self) -> EtlConfig:
+        if self.source.columns.event_type is not None:
+            return self
+        if UNTYPED_EVENT not in self.validation.event_types:
+            raise ValueError(f"validation.event_types: the log has no event type column "
+                             f"(etl.source.columns.event_type: null), so every event's type "
+                             f"is {UNTYPED_EVENT!r}: list it, or leave event_types out")
+        join = self.label_join
+        rules = [("label", self.label)] if join is None else [("label.of", join.of),
+                                                              ("label.positive", join.positive)]
+        for key, rule in rules:
+            if rule.column == "event_type" and (rule.op != "in" or rule.value != [UNTYPED_EVENT]):
+                raise ValueError(f"{key}: the log has no event type column "
+                                 f"(etl.source.columns.event_type: null); label by another "
+                                 f"column, e.g. value >= 4")
+        return self
+
     @model_validator(mode="after")
     def _features_refer_to_known_columns(self) -> EtlConfig:
         check_features(self)
@@ -458,6 +523,7 @@ class EtlConfig(Settings):
             ts_max=validation.ts_max, ts_unit=validation.ts_unit,
             future_tolerance_s=duration_seconds(tolerance) if tolerance else None,
             value=self.source.columns.value is not None,
+            typed_events=self.source.columns.event_type is not None,
             continuous=self.source.continuous, categorical=self.source.categorical,
             roles=self.source.declared_roles(),
             label=LabelSpec(column=self.positive.column, op=self.positive.op,

@@ -23,12 +23,21 @@ class RawLogSchemaError(FeaturelineError):
     exit_code = 2
     hint = "map the role onto the log's column in etl.source.columns, or fix the log"
 
-    def __init__(self, path: str, column: str, available: list[str]) -> None:
+    def __init__(self, path: str, column: str, available: list[str], *,
+                 separated: bool = False) -> None:
         self.path = path
         self.column = column
-        super().__init__(
-            f"{path}: column {column!r} not found in the raw log (columns: {', '.join(available)})"
-        )
+        message = f"{path}: column {column!r} not found in the raw log (columns: " \
+                  f"{', '.join(available)})"
+        if separated and len(available) == 1:
+            found = [name for sep, name in _SEPARATORS.items() if sep in available[0]]
+            message += (f"; the header reads as one column: is it {found[0]}-separated? "
+                        "set etl.source.options.sep" if found else "")
+        super().__init__(message)
+
+
+# Separators a header read as one column may hold, by name.
+_SEPARATORS = {"\t": "tab", ";": "semicolon", "|": "pipe", ",": "comma", " ": "space"}
 
 
 class NoInputError(FeaturelineError):

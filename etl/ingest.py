@@ -26,6 +26,7 @@ from featureline.core.events import (
     MAX_EPOCH_MICROS,
     MILLIS_THRESHOLD,
     REQUIRED_ROLES,
+    UNTYPED_EVENT,
     check_fields,
 )
 from featureline.etl.config import EtlConfig, SourceConfig, ValidationConfig
@@ -87,34 +88,40 @@ def _parsed_text(text: DataFrame, parsed: Column, malformed: Column,
     )
 
 
-def _lines(spark: SparkSession, paths: str | list[str]) -> DataFrame:
+def _lines(spark: SparkSession, paths: str | list[str], encoding: str | None = None
+           ) -> DataFrame:
     """Every line of the files that holds more than whitespace, as ``value``, untouched, and
     its file as ``_file`` (named while the line is read: after a shuffle, as the CSV reader's
-    repeated header lines go through, ``input_file_name`` is empty).
+    repeated header lines go through, ``input_file_name`` is empty); ``encoding``: the
+    files' character set (UTF-8 by default).
 
     Read by Spark's CSV scan with one column, no quoting and a separator that text logs do
     not hold (U+0001), because the RAPIDS Accelerator runs that scan on the GPU and not the
     text one (docs/ARCHITECTURE.md, "GPU"). Unlike ``spark.read.text`` it skips blank lines,
     which hold no record; a line holding U+0001 keeps the text before it (and fails parsing).
     """
-    return (spark.read.schema("value STRING")
-            .options(sep=LINE_SEPARATOR, quote="", header="false", mode="PERMISSIVE",
-                     ignoreLeadingWhiteSpace="false", ignoreTrailingWhiteSpace="false")
-            .csv(paths).withColumn(_FILE, F.input_file_name()))
+    reader = (spark.read.schema("value STRING")
+              .options(sep=LINE_SEPARATOR, quote="", header="false", mode="PERMISSIVE",
+                       ignoreLeadingWhiteSpace="false", ignoreTrailingWhiteSpace="false"))
+    if encoding:
+        reader = reader.option("encoding", encoding)
+    return reader.csv(paths).withColumn(_FILE, F.input_file_name())
 
 
 def _read_jsonl(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
     """A line is a record when it is one JSON object. Told by ``get_json_object`` rather than
     from_json's corrupt-record column, which the RAPIDS Accelerator leaves to the CPU
     (docs/ARCHITECTURE.md, "GPU"); from_json reads a malformed line as all nulls."""
-    text = _lines(spark, source.path)
-    parsed = F.from_json("value", _string_schema(columns), {"mode": "PERMISSIVE"})
+    options = source.reader_options()
+    text = _lines(spark, source.path, options.pop("encoding", None))
+    parsed = F.from_json("value", _string_schema(columns), {**options, "mode": "PERMISSIVE"})
     is_object = F.coalesce(F.get_json_object(F.col("value"), "$").startswith("{"),
                            F.lit(False))
     return _parsed_text(text, parsed, ~is_object, columns)
 
 
-def csv_headers(spark: SparkSession, pattern: str) -> dict[str, list[str]]:
+def csv_headers(spark: SparkSession, pattern: str, encoding: str = "UTF-8"
+                ) -> dict[str, list[str]]:
     """The first line of every file the path or glob names (through Spark's own file system,
     so it works wherever Spark reads: local, HDFS, S3), grouped: header line → files. Empty
     files have no header and hold no rows."""
@@ -130,7 +137,7 @@ def csv_headers(spark: SparkSession, pattern: str) -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for file in files:
         reader = jvm.java.io.BufferedReader(jvm.java.io.InputStreamReader(fs.open(file),
-                                                                           "UTF-8"))
+                                                                           encoding))
         try:
             line = reader.readLine()
         finally:
@@ -140,50 +147,124 @@ def csv_headers(spark: SparkSession, pattern: str) -> dict[str, list[str]]:
     return groups
 
 
+@dataclass(frozen=True)
+class CsvDialect:
+    """How ``etl.source.options`` reads a CSV file: Spark's own option names and defaults."""
+
+    options: dict[str, str]
+
+    # Options the split of a plain line honours; any other one sends every line to Spark's
+    # CSV parser.
+    _SPLIT_HONOURS = frozenset({"sep", "delimiter", "header", "encoding", "charset", "quote",
+                                "nullValue", "comment"})
+
+    @property
+    def sep(self) -> str:
+        sep = self.options.get("sep", self.options.get("delimiter", ","))
+        return "\t" if sep == "\\t" else sep
+
+    @property
+    def header(self) -> bool:
+        return self.options.get("header", "true").lower() == "true"
+
+    @property
+    def encoding(self) -> str:
+        return self.options.get("encoding", self.options.get("charset", "UTF-8"))
+
+    @property
+    def quote(self) -> str:
+        return self.options.get("quote", '"')
+
+    def names(self, first_line: str) -> list[str]:
+        """The columns: the header's names, or Spark's ``_c0``, ``_c1``, … for a file without
+        a header, as many as its first line has fields."""
+        quoting = {"quotechar": self.quote} if self.quote else {"quoting": csv.QUOTE_NONE}
+        line = first_line.removeprefix("\ufeff")  # a byte order mark is no part of a name
+        fields = next(csv.reader([line], delimiter=self.sep, **quoting))  # type: ignore[call-overload]
+        return fields if self.header else [f"_c{i}" for i in range(len(fields))]
+
+    def parser_options(self) -> dict[str, str]:
+        """The options of ``from_csv`` for one line: the file-level ones left out."""
+        line_level = {k: v for k, v in self.options.items()
+                      if k not in ("header", "encoding", "charset", "delimiter")}
+        return {**line_level, "sep": self.sep, "mode": "PERMISSIVE",
+                "columnNameOfCorruptRecord": _CORRUPT}
+
+    def split_plain(self, line: Column, width: int) -> tuple[Column, Column]:
+        """Whether a line can be split as it is, without a CSV parser (no quote character, one
+        field per column: an operator the GPU runs), and its fields."""
+        fields = F.split(line, re.escape(self.sep), -1)
+        if not set(self.options) <= self._SPLIT_HONOURS:
+            return F.lit(False), fields
+        plain = F.size(fields) == width
+        if self.quote:
+            plain = plain & ~line.contains(self.quote)
+        return plain, fields
+
+    def missing(self, field: Column) -> Column:
+        """Whether a split field is a null: empty, or the nullValue option."""
+        null_value = self.options.get("nullValue")
+        empty = field == ""
+        return empty | (field == null_value) if null_value else empty
+
+
+def _ddl(names: list[str]) -> str:
+    """A schema of text columns in Spark's DDL, any name quoted."""
+    return ", ".join(f"`{name.replace('`', '``')}` STRING" for name in names)
+
+
 def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
-    """Each file parsed with its own header (files of one header are read together); a file
-    whose header lacks a mapped column is a :class:`RawLogSchemaError` naming it. A file's
+    """Each file parsed with its own header (files of one header are read together), or
+    without one (``header: false``: files of one width together, columns ``_c0``, …); a file
+    whose columns lack a mapped one is a :class:`RawLogSchemaError` naming it. A file's
     header line is dropped once; a data line that repeats it is a row like any other (and
     fails validation)."""
-    groups = csv_headers(spark, source.path)
+    dialect = CsvDialect(source.reader_options())
+    groups = csv_headers(spark, source.path, dialect.encoding)
     if not groups:
         raise NoInputError(f"{source.path}: no file matches the source path, or every file "
                            "is empty")
+    by_names: dict[tuple[str, ...], tuple[str, list[str]]] = {}
+    for first_line, files in groups.items():
+        names = tuple(dialect.names(first_line))
+        header_line = first_line if dialect.header else None
+        by_names.setdefault(names, (header_line or "", []))[1].extend(files)
     frames = []
-    for header_line, files in groups.items():
-        header = next(csv.reader([header_line], delimiter=source.csv_delimiter))
+    for names, (header_line, files) in by_names.items():
         for name in columns.names:
-            if name not in header:
-                raise RawLogSchemaError(files[0], name, header)
-        # Read every header column so that a row's field count is checked against the header.
-        schema = T.StructType([T.StructField(name, T.StringType()) for name in header]
-                              + [T.StructField(_CORRUPT, T.StringType())])
-        options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT,
-                   "sep": source.csv_delimiter}
-        text = _lines(spark, files)
-        is_header = F.col("value") == F.lit(header_line)
-        # One header line per file goes; any other copy of it is kept as data.
-        repeats = (text.where(is_header)
-                   .withColumn("_copy", F.row_number().over(Window.partitionBy(_FILE)
-                                                            .orderBy(_FILE)))
-                   .where(F.col("_copy") > 1).drop("_copy"))
-        body = text.where(~is_header).unionByName(repeats)
-        # A line without quotes and with one field per header column is split as it is (an
-        # operator the GPU runs); the others go through Spark's CSV parser, from_csv, which
-        # it does not: quoting is what needs a parser (docs/ARCHITECTURE.md, "GPU").
-        fields = F.split(F.col("value"), re.escape(source.csv_delimiter), -1)
-        plain = ~F.col("value").contains('"') & (F.size(fields) == len(header))
-        split = F.struct(*(F.when(fields[i] != "", fields[i]).alias(name)
-                           for i, name in enumerate(header)))
-        parsed = F.from_csv("value", schema.simpleString(), options)
+            if name not in names:
+                raise RawLogSchemaError(files[0], name, list(names), separated=True)
+        text = _lines(spark, files, dialect.encoding)
+        comment = dialect.options.get("comment")
+        if comment:
+            text = text.where(~F.col("value").startswith(comment))
+        body = _without_headers(text, header_line) if dialect.header else text
+        # A plain line is split as it is (an operator the GPU runs); the others go through
+        # Spark's CSV parser, from_csv, which it does not: quoting is what needs a parser
+        # (docs/ARCHITECTURE.md, "GPU"). Every header column is read so that a row's field
+        # count is checked against the header.
+        plain, fields = dialect.split_plain(F.col("value"), len(names))
+        split = F.struct(*(F.when(~dialect.missing(fields[i]), fields[i]).alias(name)
+                           for i, name in enumerate(names)))
+        parsed = F.from_csv("value", _ddl([*names, _CORRUPT]), dialect.parser_options())
         frames += [_parsed_text(body.where(plain), split, F.lit(False), columns),
                    _parsed_text(body.where(~plain), parsed, parsed[_CORRUPT].isNotNull(),
                                 columns)]
     return functools.reduce(DataFrame.unionByName, frames)
 
 
+def _without_headers(text: DataFrame, header_line: str) -> DataFrame:
+    """The lines less one header line per file; any other copy of it is kept as data."""
+    is_header = F.col("value") == F.lit(header_line)
+    repeats = (text.where(is_header)
+               .withColumn("_copy", F.row_number().over(Window.partitionBy(_FILE)
+                                                        .orderBy(_FILE)))
+               .where(F.col("_copy") > 1).drop("_copy"))
+    return text.where(~is_header).unionByName(repeats)
+
+
 def _read_parquet(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
-    table = spark.read.parquet(source.path)
+    table = spark.read.options(**source.reader_options()).parquet(source.path)
     for name in columns.names:
         if name not in table.columns:
             raise RawLogSchemaError(source.path, name, table.columns)
@@ -227,11 +308,14 @@ def require_local_input(source: SourceConfig) -> None:
 def read_raw(spark: SparkSession, source: SourceConfig) -> DataFrame:
     """The raw log as (record, source_file, _malformed, one string column per canonical name)."""
     try:
-        return _READERS[source.format](spark, source, SourceColumns.of(source))
+        raw = _READERS[source.format](spark, source, SourceColumns.of(source))
     except Exception as exc:  # Spark's own "path does not exist" is an AnalysisException
         if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
             raise NoInputError(f"{source.path}: no file matches the source path") from None
         raise
+    if source.columns.event_type is None:
+        raw = raw.withColumn("event_type", F.lit(UNTYPED_EVENT))
+    return raw
 
 
 def _unquoted(column: Column) -> Column:

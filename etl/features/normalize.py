@@ -60,6 +60,8 @@ class Normalize(FeatureOp):
         return F.log1p(F.greatest(filled, F.lit(0.0))) if self.log1p else filled
 
     def fit(self, train: DataFrame) -> None:
+        if not self.columns:  # a log without numeric columns: nothing to normalise
+            return
         fills = {"mean": F.mean, "median": F.median}
         if self.fill in fills:
             row = train.agg(*[fills[self.fill](c).alias(c) for c in self.columns]).collect()[0]
