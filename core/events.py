@@ -123,8 +123,9 @@ class EventContract(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     event_types: list[str]
-    ts_min: datetime
-    ts_max: datetime
+    # The accepted time window's bounds; None: unbounded on that side.
+    ts_min: datetime | None = None
+    ts_max: datetime | None = None
     ts_unit: Literal["auto", "s", "ms"] = "auto"
     future_tolerance_s: float | None = None
     value: bool = True
@@ -147,13 +148,19 @@ class EventContract(BaseModel):
         """The columns of an accepted event, in order (the ETL's ``event_columns``)."""
         return ["user_id", "item_id", "event_type", "ts", *self.numeric, *self.categorical]
 
-    def latest_accepted(self, now: datetime | None = None) -> datetime:
+    def latest_accepted(self, now: datetime | None = None) -> datetime | None:
         """The end of the accepted time window: ``ts_max``, or ``now`` plus the future
-        tolerance when that is earlier."""
+        tolerance when that is earlier; None: unbounded."""
         if self.future_tolerance_s is None:
             return self.ts_max
         now = now or datetime.now(timezone.utc)
-        return min(self.ts_max, now + timedelta(seconds=self.future_tolerance_s))
+        tolerated = now + timedelta(seconds=self.future_tolerance_s)
+        return tolerated if self.ts_max is None else min(self.ts_max, tolerated)
+
+    def in_window(self, ts: datetime, now: datetime | None = None) -> bool:
+        """Whether an event time is inside the accepted window."""
+        end = self.latest_accepted(now)
+        return (self.ts_min is None or self.ts_min <= ts) and (end is None or ts < end)
 
 
 @dataclass(frozen=True)
@@ -258,7 +265,7 @@ class EventValidator:
         self.categorical = contract.categorical
         self.columns = contract.columns
         self.event_types = frozenset(contract.event_types)
-        self.window = (contract.ts_min, contract.latest_accepted(now))
+        self.now = now
         self.checks = [(check.reason, name, check.test) for check in CHECKS
                        for name in check_fields(check, self.numeric)]
 
@@ -290,7 +297,7 @@ class EventValidator:
         if test == "bad_timestamp":
             return ts is None
         if test == "out_of_window":
-            return ts is not None and not self.window[0] <= ts < self.window[1]
+            return ts is not None and not self.contract.in_window(ts, self.now)
         if test == "unknown_value":
             return roles[str(name)] not in self.event_types
         if test == "bad_number":

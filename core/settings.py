@@ -7,10 +7,11 @@ whose key is the dotted path a user finds in the file (``etl.features[2].columns
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
@@ -70,14 +71,51 @@ def validate(model: type[Model], data: Any, *, origin: str, prefix: Sequence[str
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        error = exc.errors()[0]
+        errors = exc.errors()
+        # A misspelt key also leaves the key it meant missing: name the misspelling.
+        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         key = _location(error["loc"], prefix, tags)
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key" + _nearest(str(error["loc"][-1]),
+                                               _known_keys(model, error["loc"][:-1]))
         inner = _INNER_KEY.match(message)
         if inner:
             key = inner.group(1) if key == "(root)" else f"{key}.{inner.group(1)}"
             message = inner.group(2)
         raise ConfigError(key, f"{message} (in {origin})") from None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The settings models a field's annotation holds (through lists, unions, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]
+
+
+def _known_keys(model: type[BaseModel], loc: Sequence[Any]) -> set[str]:
+    """The keys the section at ``loc`` may hold (every model of a union's, merged)."""
+    models = [model]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        inner = [m for current in models if part in current.model_fields
+                 for m in _models_in(current.model_fields[part].annotation)]
+        models = inner or models  # a union's tag names no field: the same models
+    return {name for current in models for name in current.model_fields}
+
+
+# Spark reader options a user may write beside etl.source's keys.
+_READER_OPTIONS = {"sep", "delimiter", "header", "quote", "escape", "encoding", "charset",
+                   "nullValue", "comment", "multiLine", "inferSchema", "mergeSchema"}
+
+
+def _nearest(unknown: str, known: set[str]) -> str:
+    """``; did you mean `x`?`` for the known key nearest an unknown one, or nothing."""
+    if unknown in _READER_OPTIONS and "options" in known:
+        return f"; a reader option: write it under `options` ({{{unknown}: ...}})"
+    close = difflib.get_close_matches(unknown, sorted(known), n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
 
 
 def read_yaml(path: str | Path, key: str = "--config") -> dict[str, Any]:

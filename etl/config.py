@@ -72,8 +72,13 @@ class RoleColumns(Settings):
     value: str | None = "value"
 
 
+def _value_role() -> dict[str, ColumnRole]:
+    """The value role (a rating, a dwell time) is observed after the event, unless listed."""
+    return {"value": "outcome"}
+
+
 def _demo_roles() -> dict[str, ColumnRole]:
-    return {"value": "outcome", "category": "item", "price": "item", "device": "request"}
+    return {**_value_role(), "category": "item", "price": "item", "device": "request"}
 
 
 class SourceConfig(Settings):
@@ -90,9 +95,10 @@ class SourceConfig(Settings):
     continuous: list[str] = Field(default_factory=lambda: ["price"])
     # When each column is known: request (the caller sends it), user or item (an attribute
     # of that entity), outcome (observed after the event: the label and aggregations over
-    # earlier events read it, never a feature of its own example). The file's entries update
-    # the defaults; a declared column listed nowhere is a request column, a listed column the
-    # source does not declare is ignored.
+    # earlier events read it, never a feature of its own example). A declared column listed
+    # nowhere is a request column, a listed column the source does not declare is ignored.
+    # The defaults are the demo's columns' roles; a source that lists roles or declares its
+    # own columns (categorical, continuous) starts with value: outcome alone.
     roles: dict[str, ColumnRole] = Field(default_factory=_demo_roles)
 
     # Options of Spark's reader for the format, as Spark names them (csv: sep, header, quote,
@@ -100,10 +106,18 @@ class SourceConfig(Settings):
     # header line unless header is false; a headerless file's columns are _c0, _c1, …
     options: dict[str, ReaderOption] = Field(default_factory=dict)
 
-    @field_validator("roles", mode="before")
+    @model_validator(mode="before")
     @classmethod
-    def _over_the_defaults(cls, roles: Any) -> Any:
-        return {**_demo_roles(), **roles} if isinstance(roles, dict) else roles
+    def _own_columns_own_roles(cls, data: Any) -> Any:
+        """The default roles are those of the demo's columns: a source that declares its own
+        context columns starts with none (every column a request column unless listed)."""
+        if not isinstance(data, dict):
+            return data
+        own = {"categorical", "continuous"} & data.keys()
+        roles = data.get("roles")
+        if isinstance(roles, dict) or own:
+            return {**data, "roles": {**_value_role(), **(roles or {})}}
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -151,10 +165,11 @@ class ValidationConfig(Settings):
     event_types: list[str] = Field(
         default_factory=lambda: ["view", "click", "add_to_cart", "purchase"], min_length=1
     )
-    # Events before this time are timestamp_out_of_window.
-    ts_min: datetime = datetime(2000, 1, 1, tzinfo=timezone.utc)
-    # Events at or after this time are timestamp_out_of_window.
-    ts_max: datetime = datetime(2100, 1, 1, tzinfo=timezone.utc)
+    # Events before this time are timestamp_out_of_window; None: no lower bound (a run warns
+    # when its events span an implausible time).
+    ts_min: datetime | None = None
+    # Events at or after this time are timestamp_out_of_window; None: no upper bound.
+    ts_max: datetime | None = None
     # How numeric timestamps are read; "auto" takes values above 1e11 as milliseconds.
     ts_unit: Literal["auto", "s", "ms"] = "auto"
     # Events later than the run's start by more than this are out of the window (a clock gone
@@ -163,12 +178,12 @@ class ValidationConfig(Settings):
 
     @field_validator("ts_min", "ts_max")
     @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return value if value is None or value.tzinfo else value.replace(tzinfo=timezone.utc)
 
     @model_validator(mode="after")
     def _window_ordered(self) -> ValidationConfig:
-        if self.ts_min >= self.ts_max:
+        if self.ts_min is not None and self.ts_max is not None and self.ts_min >= self.ts_max:
             raise ValueError("ts_min must be before ts_max")
         return self
 

@@ -47,6 +47,18 @@ class NoInputError(FeaturelineError):
     hint = "check --input (etl.source.path): a file, a folder or a glob of raw logs"
 
 
+class MostlyQuarantinedError(FeaturelineError):
+    """One reason quarantined more than half the rows read: most likely a setting that does
+    not fit the log (the message names it); nothing is written."""
+
+    exit_code = 2
+
+    def __init__(self, reason: str, rows: int, read: int, setting: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason} quarantined {rows:,} of {read:,} rows, more than half: "
+                         f"check {setting}; nothing was written")
+
+
 class RapidsJarNotFoundError(ConfigError):
     """The gpu profile was asked for but the RAPIDS Accelerator jar is nowhere to be found."""
 

@@ -8,9 +8,7 @@ row, whatever the format. The first failing check names the row's quarantine rea
 from __future__ import annotations
 
 import contextlib
-import csv
 import functools
-import glob
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,6 +29,7 @@ from featureline.core.events import (
 )
 from featureline.etl.config import EtlConfig, SourceConfig, ValidationConfig
 from featureline.etl.errors import NoInputError, RawLogSchemaError
+from featureline.etl.source_files import CsvDialect, source_columns
 
 RECORD = "record"
 REASON = "reason"
@@ -60,11 +59,7 @@ class SourceColumns:
 
     @classmethod
     def of(cls, source: SourceConfig) -> SourceColumns:
-        roles = source.columns.model_dump()
-        mapping = {name: role for role, name in roles.items() if name}
-        for column in [*source.categorical, *source.continuous]:
-            mapping[column] = column
-        return cls(mapping)
+        return cls(source_columns(source))
 
     @property
     def names(self) -> list[str]:
@@ -147,65 +142,23 @@ def csv_headers(spark: SparkSession, pattern: str, encoding: str = "UTF-8"
     return groups
 
 
-@dataclass(frozen=True)
-class CsvDialect:
-    """How ``etl.source.options`` reads a CSV file: Spark's own option names and defaults."""
+def _split_plain(dialect: CsvDialect, line: Column, width: int) -> tuple[Column, Column]:
+    """Whether a line can be split as it is, without a CSV parser (no quote character, one
+    field per column: an operator the GPU runs), and its fields."""
+    fields = F.split(line, re.escape(dialect.sep), -1)
+    if not set(dialect.options) <= dialect.SPLIT_HONOURS:
+        return F.lit(False), fields
+    plain = F.size(fields) == width
+    if dialect.quote:
+        plain = plain & ~line.contains(dialect.quote)
+    return plain, fields
 
-    options: dict[str, str]
 
-    # Options the split of a plain line honours; any other one sends every line to Spark's
-    # CSV parser.
-    _SPLIT_HONOURS = frozenset({"sep", "delimiter", "header", "encoding", "charset", "quote",
-                                "nullValue", "comment"})
-
-    @property
-    def sep(self) -> str:
-        sep = self.options.get("sep", self.options.get("delimiter", ","))
-        return "\t" if sep == "\\t" else sep
-
-    @property
-    def header(self) -> bool:
-        return self.options.get("header", "true").lower() == "true"
-
-    @property
-    def encoding(self) -> str:
-        return self.options.get("encoding", self.options.get("charset", "UTF-8"))
-
-    @property
-    def quote(self) -> str:
-        return self.options.get("quote", '"')
-
-    def names(self, first_line: str) -> list[str]:
-        """The columns: the header's names, or Spark's ``_c0``, ``_c1``, … for a file without
-        a header, as many as its first line has fields."""
-        quoting = {"quotechar": self.quote} if self.quote else {"quoting": csv.QUOTE_NONE}
-        line = first_line.removeprefix("\ufeff")  # a byte order mark is no part of a name
-        fields = next(csv.reader([line], delimiter=self.sep, **quoting))  # type: ignore[call-overload]
-        return fields if self.header else [f"_c{i}" for i in range(len(fields))]
-
-    def parser_options(self) -> dict[str, str]:
-        """The options of ``from_csv`` for one line: the file-level ones left out."""
-        line_level = {k: v for k, v in self.options.items()
-                      if k not in ("header", "encoding", "charset", "delimiter")}
-        return {**line_level, "sep": self.sep, "mode": "PERMISSIVE",
-                "columnNameOfCorruptRecord": _CORRUPT}
-
-    def split_plain(self, line: Column, width: int) -> tuple[Column, Column]:
-        """Whether a line can be split as it is, without a CSV parser (no quote character, one
-        field per column: an operator the GPU runs), and its fields."""
-        fields = F.split(line, re.escape(self.sep), -1)
-        if not set(self.options) <= self._SPLIT_HONOURS:
-            return F.lit(False), fields
-        plain = F.size(fields) == width
-        if self.quote:
-            plain = plain & ~line.contains(self.quote)
-        return plain, fields
-
-    def missing(self, field: Column) -> Column:
-        """Whether a split field is a null: empty, or the nullValue option."""
-        null_value = self.options.get("nullValue")
-        empty = field == ""
-        return empty | (field == null_value) if null_value else empty
+def _missing(dialect: CsvDialect, field: Column) -> Column:
+    """Whether a split field is a null: empty, or the nullValue option."""
+    null_value = dialect.options.get("nullValue")
+    empty = field == ""
+    return empty | (field == null_value) if null_value else empty
 
 
 def _ddl(names: list[str]) -> str:
@@ -243,10 +196,10 @@ def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns)
         # Spark's CSV parser, from_csv, which it does not: quoting is what needs a parser
         # (docs/ARCHITECTURE.md, "GPU"). Every header column is read so that a row's field
         # count is checked against the header.
-        plain, fields = dialect.split_plain(F.col("value"), len(names))
-        split = F.struct(*(F.when(~dialect.missing(fields[i]), fields[i]).alias(name)
+        plain, fields = _split_plain(dialect, F.col("value"), len(names))
+        split = F.struct(*(F.when(~_missing(dialect, fields[i]), fields[i]).alias(name)
                            for i, name in enumerate(names)))
-        parsed = F.from_csv("value", _ddl([*names, _CORRUPT]), dialect.parser_options())
+        parsed = F.from_csv("value", _ddl([*names, _CORRUPT]), dialect.parser_options(_CORRUPT))
         frames += [_parsed_text(body.where(plain), split, F.lit(False), columns),
                    _parsed_text(body.where(~plain), parsed, parsed[_CORRUPT].isNotNull(),
                                 columns)]
@@ -294,17 +247,6 @@ def _as_text(column: Column, dtype: str) -> Column:
 _READERS = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
 
 
-def require_local_input(source: SourceConfig) -> None:
-    """A local source path that matches nothing is an error before Spark starts (Spark says
-    so only once it runs, amid its own log lines). Remote URLs, and globs with braces, which
-    only Spark expands, are left to Spark."""
-    path = source.path
-    if ("://" in path and not path.startswith("file://")) or "{" in path:
-        return
-    if not glob.glob(path.removeprefix("file://")):
-        raise NoInputError(f"{path}: no file or folder matches the source path")
-
-
 def read_raw(spark: SparkSession, source: SourceConfig) -> DataFrame:
     """The raw log as (record, source_file, _malformed, one string column per canonical name)."""
     try:
@@ -337,6 +279,12 @@ def _timestamp(text: Column, validation: ValidationConfig) -> Column:
     readable = ~F.isnan(micros) & (F.abs(micros) < MAX_EPOCH_MICROS)
     from_number = F.when(readable, F.timestamp_micros(F.floor(micros + 0.5)))
     return F.when(number.isNotNull(), from_number).otherwise(text.cast("timestamp"))
+
+
+def _outside(ts: Column, start: datetime | None, end: datetime | None) -> Column:
+    """Whether ``ts`` is outside ``[start, end)`` (None: unbounded on that side)."""
+    before = ts < F.lit(start) if start is not None else F.lit(False)
+    return before | (ts >= F.lit(end)) if end is not None else before
 
 
 def _is_infinite(column: Column) -> Column:
@@ -388,13 +336,13 @@ def validate(raw: DataFrame, config: EtlConfig, now: datetime | None = None) -> 
 
     # The event contract's window: what the push checks pushed events against.
     contract = config.event_contract()
-    window = (F.lit(contract.ts_min), F.lit(contract.latest_accepted(now)))
+    start, end = contract.ts_min, contract.latest_accepted(now)
     # core.events.CHECKS, each test as a Spark column (the API evaluates the same list).
     tests: dict[str, Callable[[str], Column]] = {
         "malformed": lambda _: F.col(_MALFORMED),
         "missing": lambda name: F.col(name).isNull() | (F.col(name) == ""),
         "bad_timestamp": lambda _: ts.isNull(),
-        "out_of_window": lambda _: (ts < window[0]) | (ts >= window[1]),
+        "out_of_window": lambda _: _outside(ts, start, end),
         "unknown_value": lambda name: ~F.col(name).isin(config.validation.event_types),
         "bad_number": lambda name: (F.col(f"_{name}_text") != "") & F.col(name).isNull(),
         "non_finite": lambda name: F.isnan(name) | _is_infinite(F.col(name)),

@@ -66,7 +66,7 @@ from featureline.etl.config import EtlConfig, LabelRule, categorical_columns
 from featureline.etl.data_profile import day_totals, profile_columns, profiles, seeded_totals
 from featureline.etl.embedding_plan import embedding_plan
 from featureline.etl.entities import Resume, entity_rows, entity_snapshots, resume_from
-from featureline.etl.errors import NoInputError
+from featureline.etl.errors import MostlyQuarantinedError, NoInputError
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
     LABEL,
@@ -252,9 +252,59 @@ def _validated(spark: SparkSession, config: EtlConfig,
     validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(validated)
     counts = _account(validated)
-    if sum(counts.values()) == 0:
+    read = sum(counts.values())
+    if read == 0:
         raise NoInputError(f"{config.source.path}: the source holds no rows")
+    for reason, rows in counts.items():
+        if reason is not None and 2 * rows > read:
+            raise MostlyQuarantinedError(reason, rows, read, _setting_of(reason, config,
+                                                                         validated))
     return validated, counts
+
+
+# Events before this time, where etl.validation.ts_min is unset, are likely a zero or a time
+# in another unit: the run warns of them.
+PLAUSIBLE_SINCE = datetime(1980, 1, 1, tzinfo=timezone.utc)
+# Events spanning more years than this, the same.
+PLAUSIBLE_YEARS = 30
+
+
+def _warn_of_span(events: DataFrame, config: EtlConfig) -> None:
+    """A warning where the accepted events span an implausible time and no bound was set."""
+    if config.validation.ts_min is not None:
+        return
+    first, last = events.agg(F.min("ts"), F.max("ts")).collect()[0]
+    first, last = (t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t
+                   for t in (first, last))
+    if first < PLAUSIBLE_SINCE or (last - first).days > 365 * PLAUSIBLE_YEARS:
+        logger.warning("the events span %s to %s: a zero or a time in another unit? "
+                       "etl.validation.ts_unit reads numbers; etl.validation.ts_min and "
+                       "ts_max quarantine events outside a window",
+                       first.date().isoformat(), last.date().isoformat())
+
+
+def _setting_of(reason: str, config: EtlConfig, validated: DataFrame) -> str:
+    """The setting most likely behind a reason that quarantines most rows, as a user reads
+    it: the key, and what the rows hold where that helps."""
+    role = reason.removeprefix("missing_")
+    if reason == "timestamp_out_of_window":
+        validation = config.validation
+        first, last = (validated.where(F.col(ingest.REASON) == reason)
+                       .agg(F.min("ts"), F.max("ts")).collect()[0])
+        return (f"etl.validation.ts_min ({validation.ts_min}) and ts_max ({validation.ts_max}),"
+                f" or etl.validation.ts_unit: those rows are dated {first} to {last}")
+    settings = {
+        "malformed_record": "etl.source.format and etl.source.options (sep, quote, header)",
+        "bad_timestamp": f"etl.source.columns.ts ({config.source.columns.ts!r}) and "
+                         "etl.validation.ts_unit",
+        "unknown_event_type": f"etl.validation.event_types ({config.validation.event_types})"
+                              " or etl.source.columns.event_type",
+        "bad_number": "etl.source.continuous and etl.source.columns.value (numeric columns)",
+        "non_finite_number": "etl.source.continuous and etl.source.columns.value",
+    }
+    if role in ("user_id", "item_id", "event_type", "ts"):
+        return f"etl.source.columns.{role} ({getattr(config.source.columns, role)!r})"
+    return settings.get(reason, "etl.source and etl.validation")
 
 
 def _labelled(events: DataFrame, config: EtlConfig,
@@ -285,6 +335,7 @@ def _ingest(spark: SparkSession, config: EtlConfig, staging: Path,
     events, accepted = _labelled(events, config, cached)
     if accepted == 0:
         raise NoInputError(f"{config.source.path}: every row was quarantined: {counts}")
+    _warn_of_span(events, config)
     removed = ingest.duplicates(validated, events, config, valid_rows - accepted)
     # A log without duplicates skips the search and gets an empty list with the columns.
     write_parquet(removed if valid_rows > accepted else removed.limit(0),

@@ -114,6 +114,22 @@ def etl_run(**options: str | None) -> None:
     exit_if_refused(run)
 
 
+@etl.command("check")
+@job_options
+def etl_check(**options: str | None) -> None:
+    """Check the configuration and the input files against it, without Spark: every key, the
+    files' columns (a wrong separator, a misspelt column); exit 2 naming the key or the file."""
+    from featureline.etl_runs import checked_config
+
+    config = checked_config(**options)  # type: ignore[arg-type]
+    source = config.source
+    click.echo(f"ok: {source.path} ({source.format}): user_id={source.columns.user_id!r}, "
+               f"item_id={source.columns.item_id!r}, ts={source.columns.ts!r}, "
+               f"event_type={source.columns.event_type!r}, value={source.columns.value!r}; "
+               f"categorical {source.categorical}, continuous {source.continuous}; "
+               f"label: {config.label}")
+
+
 @etl.command("qualify")
 @job_options
 @click.option("--event-log", type=click.Path(exists=True),

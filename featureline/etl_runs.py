@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -16,6 +17,9 @@ from featureline.core.aggregations import GroupSpec
 from featureline.core.drift import REPORT_FILE, Breach
 from featureline.core.metadata import Metadata, present
 from featureline.serving import config_path
+
+if TYPE_CHECKING:
+    from featureline.etl.config import EtlConfig
 
 
 def progress(message: str) -> None:
@@ -37,6 +41,30 @@ class FinishedRun:
     metadata: Metadata
 
 
+def checked_config(path: str | None = None, input_path: str | None = None,
+                   input_format: str | None = None, output: str | None = None,
+                   profile: str | None = None, label: str | None = None,
+                   categorical: str | None = None, continuous: str | None = None,
+                   vocabulary_from: str | None = None, refit_vocabularies: bool = False,
+                   fit_from: str | None = None, refit: bool = False,
+                   valid_days: int | None = None, incremental: bool = False) -> EtlConfig:
+    """The ETL's configuration with the flags applied, and its input files checked against
+    it (they exist; they hold the columns it maps): every check that needs no Spark
+    (``featureline etl check``, and each run before Spark starts)."""
+    from featureline.config import load_config
+    from featureline.etl.incremental import dated
+    from featureline.etl.source_files import check_source
+
+    config = load_config(config_path(path), etl_flags=dict(
+        input_path=dated(input_path) if input_path else None, input_format=input_format,
+        output=output, profile=profile, label=label, categorical=_split_list(categorical),
+        continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
+        refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
+        valid_days=valid_days, incremental=incremental)).etl
+    check_source(config.source)
+    return config
+
+
 def run_job(path: str | None = None, input_path: str | None = None,
             input_format: str | None = None, output: str | None = None,
             profile: str | None = None, label: str | None = None,
@@ -52,17 +80,12 @@ def run_job(path: str | None = None, input_path: str | None = None,
     ``submitted``: running under spark-submit, which has applied the properties file;
     ``aggregations``: a spec in place of the configuration's.
     """
-    from featureline.config import load_config
-    from featureline.etl.config import check_aggregations
-    from featureline.etl.incremental import dated
-
-    config = load_config(config_path(path), etl_flags=dict(
-        input_path=dated(input_path) if input_path else None, input_format=input_format,
-        output=output, profile=profile, label=label, categorical=_split_list(categorical),
-        continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
-        refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
-        valid_days=valid_days, incremental=incremental)).etl
+    config = checked_config(path, input_path, input_format, output, profile, label, categorical,
+                            continuous, vocabulary_from, refit_vocabularies, fit_from, refit,
+                            valid_days, incremental)
     if aggregations is not None:
+        from featureline.etl.config import check_aggregations
+
         config = config.model_copy(update={"aggregations": aggregations})
         check_aggregations(config)
     if properties:
@@ -70,12 +93,10 @@ def run_job(path: str | None = None, input_path: str | None = None,
             update={"properties": {**config.spark.properties, **properties}})
         config = config.model_copy(update={"spark": settings})
     from featureline.etl import job
-    from featureline.etl.ingest import require_local_input
     from featureline.etl.session import build_session, spark_properties
 
-    # Before Spark starts: the settings (the profile, the RAPIDS jar), then the input.
+    # Before Spark starts: the settings (the profile, the RAPIDS jar); the input is checked.
     spark_properties(config.spark, from_profile=not submitted)
-    require_local_input(config.source)
 
     spark = build_session(config.spark, from_profile=not submitted)
     result = job.run(config, spark, progress=progress)

@@ -45,7 +45,7 @@ def test_bad_label_rule_names_the_key(expression):
 @pytest.mark.parametrize(
     ("data", "key", "fragment"),
     [
-        ({"etl": {"source": {"pth": "x"}}}, "etl.source.pth", "Extra inputs"),
+        ({"etl": {"source": {"pth": "x"}}}, "etl.source.pth", "unknown key; did you mean `path`?"),
         ({"etl": {"source": {"format": "xml"}}}, "etl.source.format", "jsonl"),
         ({"etl": {"features": [{"op": "categorify", "columns": ["genre"]}]}},
          "etl.features[0].columns", "unknown column 'genre'"),
@@ -112,7 +112,12 @@ def test_an_outcome_is_never_its_own_examples_feature():
     dwell = parse_config({"etl": {"source": {
         "continuous": ["price", "dwell"], "roles": {"dwell": "outcome"}}}}).etl
     assert dwell.column_roles().expand(["@continuous"]) == ["price"]
-    assert dwell.source.role("price") == "item"  # the file's roles update the defaults
+    # A file that declares its own columns starts from value: outcome, not the demo's roles.
+    assert dwell.source.role("price") == "request"
+    assert dwell.source.role("value") == "outcome"
+    assert parse_config({"etl": {"source": {"categorical": ["category"]}}}).etl.source.role(
+        "category") == "request"
+    assert parse_config({}).etl.source.role("category") == "item"  # the demo's defaults
     assert parse_config({"etl": {"source": {"roles": {"value": "request"}}}}).etl.column_roles(
         ).expand(["@continuous"]) == ["value", "price"]
     with pytest.raises(ConfigError, match="'dwell' is an outcome"):

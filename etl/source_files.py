@@ -1,0 +1,152 @@
+"""The raw log's files, read as Spark's reader will read them, checked before Spark starts.
+
+``CsvDialect`` is ``etl.source.options`` for CSV files, with Spark's option names and
+defaults. ``check_source`` reads the first line (or the schema) of each local file and fails
+in one line naming the file and the key where a mapped column is not there, so a wrong
+separator or a misspelt column costs a second, not a Spark job (docs/ARCHITECTURE.md,
+"Raw events").
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import glob
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from featureline.core.errors import ConfigError
+from featureline.etl.config import SourceConfig
+from featureline.etl.errors import NoInputError, RawLogSchemaError
+
+
+@dataclass(frozen=True)
+class CsvDialect:
+    """How ``etl.source.options`` reads a CSV file: Spark's own option names and defaults."""
+
+    options: dict[str, str]
+
+    # Options the ETL's split of a plain line honours; any other one sends every line to
+    # Spark's CSV parser.
+    SPLIT_HONOURS = frozenset({"sep", "delimiter", "header", "encoding", "charset", "quote",
+                               "nullValue", "comment"})
+
+    @property
+    def sep(self) -> str:
+        sep = self.options.get("sep", self.options.get("delimiter", ","))
+        return "\t" if sep == "\\t" else sep
+
+    @property
+    def header(self) -> bool:
+        return self.options.get("header", "true").lower() == "true"
+
+    @property
+    def encoding(self) -> str:
+        return self.options.get("encoding", self.options.get("charset", "UTF-8"))
+
+    @property
+    def quote(self) -> str:
+        return self.options.get("quote", '"')
+
+    def names(self, first_line: str) -> list[str]:
+        """The columns: the header's names, or Spark's ``_c0``, ``_c1``, … for a file without
+        a header, as many as its first line has fields."""
+        line = first_line.removeprefix("\ufeff")  # a byte order mark is no part of a name
+        if self.quote:
+            fields = next(csv.reader([line], delimiter=self.sep, quotechar=self.quote))
+        else:
+            fields = next(csv.reader([line], delimiter=self.sep, quoting=csv.QUOTE_NONE))
+        return fields if self.header else [f"_c{i}" for i in range(len(fields))]
+
+    def parser_options(self, corrupt_column: str) -> dict[str, str]:
+        """The options of Spark's ``from_csv`` for one line: the file-level ones left out."""
+        line_level = {k: v for k, v in self.options.items()
+                      if k not in ("header", "encoding", "charset", "delimiter")}
+        return {**line_level, "sep": self.sep, "mode": "PERMISSIVE",
+                "columnNameOfCorruptRecord": corrupt_column}
+
+
+def source_columns(source: SourceConfig) -> dict[str, str]:
+    """Source column name → the name the job gives it: a role's name, or the column's own."""
+    mapping = {name: role for role, name in source.columns.model_dump().items() if name}
+    for column in [*source.categorical, *source.continuous]:
+        mapping[column] = column
+    return mapping
+
+
+def _local_files(path: str) -> list[str] | None:
+    """The files a local path or glob names (folders expanded, hidden files left out, as
+    Spark's reader does); None for a remote URL or a brace glob, which only Spark reads."""
+    if ("://" in path and not path.startswith("file://")) or "{" in path:
+        return None
+    files = []
+    for found in sorted(glob.glob(path.removeprefix("file://"))):
+        if os.path.isdir(found):
+            files += [os.path.join(found, name) for name in sorted(os.listdir(found))
+                      if not name.startswith((".", "_"))
+                      and os.path.isfile(os.path.join(found, name))]
+        else:
+            files.append(found)
+    return files
+
+
+def _first_lines(file: str, encoding: str) -> Iterator[str]:
+    with open(file, encoding=encoding, errors="replace", newline="") as text:
+        for line in text:
+            if line.strip():
+                yield line.rstrip("\r\n")
+
+
+def check_source(source: SourceConfig, key: str = "etl.source") -> list[str]:
+    """The local files of ``source`` hold the columns it maps (CSV: every mapped column in the
+    header; JSON lines: the required roles in the first record; Parquet: every mapped column
+    in the schema): the files checked; a :class:`RawLogSchemaError` naming the file and the
+    column, or a :class:`ConfigError` naming the key, otherwise. Remote paths are left to
+    Spark."""
+    files = _local_files(source.path)
+    if files is None:
+        return []
+    if not files:
+        raise NoInputError(f"{source.path}: no file or folder matches the source path")
+    options = source.reader_options()
+    encoding = options.get("encoding", options.get("charset", "UTF-8"))
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ConfigError(f"{key}.options.encoding", f"unknown encoding {encoding!r}") from None
+    wanted = source_columns(source)
+    for file in files:
+        if source.format == "parquet":
+            import pyarrow.parquet as pq
+
+            names = pq.read_schema(file).names
+            missing = [name for name in wanted if name not in names]
+        else:
+            first = next(_first_lines(file, encoding), None)
+            if first is None:
+                continue
+            if source.format == "csv":
+                names = CsvDialect(options).names(first)
+                missing = [name for name in wanted if name not in names]
+            else:
+                names, missing = _json_names(first, wanted, source, file)
+        if missing:
+            raise RawLogSchemaError(file, missing[0], names, separated=source.format == "csv")
+    return files
+
+
+def _json_names(line: str, wanted: dict[str, str], source: SourceConfig, file: str
+                ) -> tuple[list[str], list[str]]:
+    """The first record's members, and the required roles it lacks (other columns may be
+    missing from a record: that record is quarantined, not the file refused)."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise RawLogSchemaError(file, "(a JSON object per line)", [line[:80]])
+    required = {getattr(source.columns, role) for role in ("user_id", "item_id", "ts",
+                                                            "event_type")} - {None}
+    return list(record), [name for name in wanted if name in required and name not in record]
