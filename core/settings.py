@@ -72,8 +72,12 @@ def validate(model: type[Model], data: Any, *, origin: str, prefix: Sequence[str
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors()
-        # A misspelt key also leaves the key it meant missing: name the misspelling.
-        error = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+        # A union's branches are named in the locations by their model: not keys of the file.
+        tags = {*tags, *_model_names(model)}
+        # A misspelt key also leaves the key it meant missing: name the misspelling (one that
+        # no branch of a union knows).
+        error = next((e for e in errors if e["type"] == "extra_forbidden" and str(e["loc"][-1])
+                      not in _known_keys(model, e["loc"][:-1])), errors[0])
         key = _location(error["loc"], prefix, tags)
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
@@ -93,15 +97,26 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return [model for arg in get_args(annotation) for model in _models_in(arg)]
 
 
+def _model_names(model: type[BaseModel], seen: set[str] | None = None) -> set[str]:
+    """The names of every settings model reachable from ``model``."""
+    seen = set() if seen is None else seen
+    if model.__name__ not in seen:
+        seen.add(model.__name__)
+        for field in model.model_fields.values():
+            for inner in _models_in(field.annotation):
+                _model_names(inner, seen)
+    return seen
+
+
 def _known_keys(model: type[BaseModel], loc: Sequence[Any]) -> set[str]:
-    """The keys the section at ``loc`` may hold (every model of a union's, merged)."""
+    """The keys the section at ``loc`` may hold (every branch of a union's, merged)."""
     models = [model]
     for part in loc:
         if isinstance(part, int):
             continue
         inner = [m for current in models if part in current.model_fields
                  for m in _models_in(current.model_fields[part].annotation)]
-        models = inner or models  # a union's tag names no field: the same models
+        models = inner or models  # a union's tag or branch names no field: the same models
     return {name for current in models for name in current.model_fields}
 
 

@@ -72,6 +72,43 @@ class RoleColumns(Settings):
     value: str | None = "value"
 
 
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+
+
+def safe_name(column: str) -> str:
+    """The name a column of the file goes by in the job, its features and its TFRecords:
+    every character but ASCII letters, digits and ``_`` made ``_`` (``occupation:token`` →
+    ``occupation_token``), ``c_`` before a leading digit."""
+    safe = _UNSAFE.sub("_", column)
+    return f"c_{safe}" if safe[:1].isdigit() else safe
+
+
+def _renamed(data: dict[str, Any], kinds: tuple[str, ...]) -> dict[str, Any]:
+    """A section's context columns by their safe names, ``source_names`` keeping each
+    renamed one's name in the file; two names made one are an error naming the key."""
+    names = dict(data.get("source_names") or {})
+    data = dict(data)
+    for kind in kinds:
+        columns = data.get(kind)
+        if not isinstance(columns, list):
+            continue
+        safe = []
+        for column in columns:
+            if not isinstance(column, str) or not column:
+                safe.append(column)
+                continue
+            name = safe_name(column)
+            if name != column and names.setdefault(name, column) != column:
+                raise ValueError(f"{kind}: {column!r} and {names[name]!r} both go by "
+                                     f"{name!r} in the features: rename one in the file")
+            safe.append(name)
+        data[kind] = safe
+    if isinstance(data.get("roles"), dict):
+        data["roles"] = {safe_name(k) if isinstance(k, str) and k else k: v
+                         for k, v in data["roles"].items()}
+    return {**data, "source_names": names} if names else data
+
+
 def _value_role() -> dict[str, ColumnRole]:
     """The value role (a rating, a dwell time) is observed after the event, unless listed."""
     return {"value": "outcome"}
@@ -81,7 +118,76 @@ def _demo_roles() -> dict[str, ColumnRole]:
     return {**_value_role(), "category": "item", "price": "item", "device": "request"}
 
 
-class SourceConfig(Settings):
+class ReaderSettings(Settings):
+    """A file Spark reads: where, in which format, with which of the reader's options."""
+
+    # A path or a glob.
+    path: str
+    # The files' format.
+    format: InputFormat = "csv"
+    # Options of Spark's reader for the format, as Spark names them (csv: sep, header, quote,
+    # escape, encoding, nullValue, comment, …; parquet: mergeSchema, …). CSV files have a
+    # header line unless header is false; a headerless file's columns are _c0, _c1, …
+    options: dict[str, ReaderOption] = Field(default_factory=dict)
+    # The file's own name of each context column renamed to a safe name (filled in from the
+    # declared columns; see safe_name).
+    source_names: dict[str, str] = Field(default_factory=dict)
+
+    def reader_options(self) -> dict[str, str]:
+        """``options`` as Spark's reader takes them: every value as text (true, not True)."""
+        return {name: str(value).lower() if isinstance(value, bool) else str(value)
+                for name, value in self.options.items()}
+
+    def source_name(self, column: str) -> str:
+        """A column's name in the file."""
+        return self.source_names.get(column, column)
+
+
+class AttributeFile(ReaderSettings):
+    """A table of user or item attributes beside the log (docs/ARCHITECTURE.md, "Raw
+    events"): each event reads its key's row, or with ``valid_from`` the row valid at the
+    event's time (never a later one). Its columns are context columns of the events, known
+    as attributes of the key's entity."""
+
+    # The table's name, in messages.
+    name: str
+    # The role the table is keyed by and the file's column holding it: {item_id: movie_id}.
+    key: dict[Literal["user_id", "item_id"], str] = Field(min_length=1, max_length=1)
+    # Its categorical columns.
+    categorical: list[str] = Field(default_factory=list)
+    # Its numeric columns.
+    continuous: list[str] = Field(default_factory=list)
+    # The file's column of the time from which a row holds (ISO-8601 or epoch, read as
+    # etl.validation.ts_unit says); null: one row per key, always valid.
+    valid_from: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _safe_names(cls, data: Any) -> Any:
+        return _renamed(data, ("categorical", "continuous")) if isinstance(data, dict) else data
+
+    @model_validator(mode="after")
+    def _columns_distinct(self) -> AttributeFile:
+        both = set(self.categorical) & set(self.continuous)
+        if both:
+            raise ValueError(f"columns declared both categorical and continuous: {sorted(both)}")
+        return self
+
+    @property
+    def key_role(self) -> Literal["user_id", "item_id"]:
+        return next(iter(self.key))
+
+    @property
+    def role(self) -> ColumnRole:
+        return "user" if self.key_role == "user_id" else "item"
+
+    @property
+    def columns(self) -> list[str]:
+        """Its attribute columns, by their safe names."""
+        return [*self.categorical, *self.continuous]
+
+
+class SourceConfig(ReaderSettings):
     """The raw log: where it is, its format, and what its columns mean."""
 
     # A path or a glob; --input overrides it.
@@ -101,11 +207,6 @@ class SourceConfig(Settings):
     # own columns (categorical, continuous) starts with value: outcome alone.
     roles: dict[str, ColumnRole] = Field(default_factory=_demo_roles)
 
-    # Options of Spark's reader for the format, as Spark names them (csv: sep, header, quote,
-    # escape, encoding, nullValue, comment, …; parquet: mergeSchema, …). CSV files have a
-    # header line unless header is false; a headerless file's columns are _c0, _c1, …
-    options: dict[str, ReaderOption] = Field(default_factory=dict)
-
     @model_validator(mode="before")
     @classmethod
     def _own_columns_own_roles(cls, data: Any) -> Any:
@@ -116,8 +217,8 @@ class SourceConfig(Settings):
         own = {"categorical", "continuous"} & data.keys()
         roles = data.get("roles")
         if isinstance(roles, dict) or own:
-            return {**data, "roles": {**_value_role(), **(roles or {})}}
-        return data
+            data = {**data, "roles": {**_value_role(), **(roles or {})}}
+        return _renamed(data, ("categorical", "continuous"))
 
     @model_validator(mode="before")
     @classmethod
@@ -131,11 +232,6 @@ class SourceConfig(Settings):
         if options.setdefault("sep", delimiter) != delimiter:
             raise ValueError("csv_delimiter: give the separator once, as options.sep")
         return {**data, "options": options}
-
-    def reader_options(self) -> dict[str, str]:
-        """``options`` as Spark's reader takes them: every value as text (true, not True)."""
-        return {name: str(value).lower() if isinstance(value, bool) else str(value)
-                for name, value in self.options.items()}
 
     @model_validator(mode="after")
     def _context_columns_distinct(self) -> SourceConfig:
@@ -437,6 +533,9 @@ class EtlConfig(Settings):
     # output's state.
     mode: Literal["full", "incremental"] = "full"
     incremental: IncrementalConfig = IncrementalConfig()
+    # Tables of user or item attributes beside the log, joined onto each event by its key
+    # (AttributeFile); their columns are context columns of the events, with the key's role.
+    attributes: list[AttributeFile] = Field(default_factory=list)
     # featureline.yaml's top-level ``aggregations:`` (the stream and the API read it too),
     # copied here by the launcher: the examples hold its values.
     aggregations: list[GroupSpec] = Field(default_factory=list)
@@ -459,6 +558,53 @@ class EtlConfig(Settings):
     @property
     def label_join(self) -> LabelJoin | None:
         return self.label if isinstance(self.label, LabelJoin) else None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _attributes_are_context_columns(cls, data: Any) -> Any:
+        """Each attribute file's columns join the source's context columns (by their safe
+        names), known as attributes of the key's entity unless the roles say otherwise."""
+        if not isinstance(data, dict) or not data.get("attributes"):
+            return data
+        source = data.get("source") or {}
+        if not isinstance(source, dict) or not isinstance(data["attributes"], list):
+            return data
+        source = dict(source)
+        roles = dict(source.get("roles") or {})
+        defaults = SourceConfig.model_fields
+        for entry in data["attributes"]:
+            if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
+                continue
+            role = "user" if "user_id" in entry["key"] else "item"
+            for kind in ("categorical", "continuous"):
+                declared = list(source.get(kind, defaults[kind].get_default(
+                    call_default_factory=True)))
+                for column in entry.get(kind) or []:
+                    name = safe_name(column) if isinstance(column, str) and column else column
+                    if name not in declared:
+                        declared.append(name)
+                    roles.setdefault(name, role)
+                source[kind] = declared
+        return {**data, "source": {**source, "roles": roles}}
+
+    @model_validator(mode="after")
+    def _attribute_columns_once(self) -> EtlConfig:
+        seen: dict[str, str] = {}
+        names: set[str] = set()
+        for index, table in enumerate(self.attributes):
+            if table.name in names:
+                raise ValueError(f"attributes[{index}].name: {table.name!r} names two files")
+            names.add(table.name)
+            for column in table.columns:
+                if column in seen:
+                    raise ValueError(f"attributes[{index}]: {table.name} and {seen[column]} "
+                                     f"both hold {column!r}")
+                seen[column] = table.name
+        return self
+
+    def attribute_columns(self) -> list[str]:
+        """The context columns the attribute files hold (not the log)."""
+        return [column for table in self.attributes for column in table.columns]
 
     @model_validator(mode="before")
     @classmethod
@@ -485,8 +631,8 @@ class EtlConfig(Settings):
                              f"(etl.source.columns.event_type: null), so every event's type "
                              f"is {UNTYPED_EVENT!r}: list it, or leave event_types out")
         join = self.label_join
-        rules = [("label", self.label)] if join is None else [("label.of", join.of),
-                                                              ("label.positive", join.positive)]
+        rules = [("label", self.positive)] if join is None else [
+            ("label.of", join.of), ("label.positive", join.positive)]
         for key, rule in rules:
             if rule.column == "event_type" and (rule.op != "in" or rule.value != [UNTYPED_EVENT]):
                 raise ValueError(f"{key}: the log has no event type column "

@@ -47,6 +47,21 @@ class NoInputError(FeaturelineError):
     hint = "check --input (etl.source.path): a file, a folder or a glob of raw logs"
 
 
+class AttributeFileError(FeaturelineError):
+    """An attribute file holds a key on two rows (of the same time, with ``valid_from``)."""
+
+    exit_code = 2
+    hint = ("keep one row per key, or give valid_from: the column from which each row "
+            "holds (etl.attributes)")
+
+    def __init__(self, name: str, path: str, column: str, key: str,
+                 valid_from: str | None) -> None:
+        self.name = name
+        when = f" from the same {valid_from}" if valid_from else ""
+        super().__init__(f"{path} ({name}): key {key!r} of column {column!r} is on two "
+                         f"rows{when}")
+
+
 class MostlyQuarantinedError(FeaturelineError):
     """One reason quarantined more than half the rows read: most likely a setting that does
     not fit the log (the message names it); nothing is written."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,9 +27,15 @@ from featureline.core.events import (
     UNTYPED_EVENT,
     check_fields,
 )
-from featureline.etl.config import EtlConfig, SourceConfig, ValidationConfig
-from featureline.etl.errors import NoInputError, RawLogSchemaError
-from featureline.etl.source_files import CsvDialect, source_columns
+from featureline.etl.config import AttributeFile, EtlConfig, ReaderSettings, SourceConfig
+from featureline.etl.errors import AttributeFileError, NoInputError, RawLogSchemaError
+from featureline.etl.source_files import (
+    KEY,
+    VALID_FROM,
+    CsvDialect,
+    attribute_columns,
+    source_columns,
+)
 
 RECORD = "record"
 REASON = "reason"
@@ -41,6 +47,9 @@ COPIES = "_copies"
 # Up to this many duplicate rows, their keys are broadcast to find their record text.
 BROADCAST_DUPLICATES = 1_000_000
 _MALFORMED = "_malformed"
+# An event's row number and time while the attributes valid at its time are joined.
+_ROW = "_row"
+_EVENT_TS = "_event_ts"
 _FILE = "_file"
 _CORRUPT = "_corrupt_record"
 # The column separator of the one-column CSV scan that reads text lines (never in a log line).
@@ -58,8 +67,9 @@ class SourceColumns:
     mapping: dict[str, str]
 
     @classmethod
-    def of(cls, source: SourceConfig) -> SourceColumns:
-        return cls(source_columns(source))
+    def of(cls, source: SourceConfig, attributes: Sequence[str] = ()) -> SourceColumns:
+        """The log's columns (``attributes``: the context columns attribute files hold)."""
+        return cls(source_columns(source, attributes))
 
     @property
     def names(self) -> list[str]:
@@ -103,7 +113,8 @@ def _lines(spark: SparkSession, paths: str | list[str], encoding: str | None = N
     return reader.csv(paths).withColumn(_FILE, F.input_file_name())
 
 
-def _read_jsonl(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
+def _read_jsonl(spark: SparkSession, source: ReaderSettings, columns: SourceColumns
+                ) -> DataFrame:
     """A line is a record when it is one JSON object. Told by ``get_json_object`` rather than
     from_json's corrupt-record column, which the RAPIDS Accelerator leaves to the CPU
     (docs/ARCHITECTURE.md, "GPU"); from_json reads a malformed line as all nulls."""
@@ -166,7 +177,8 @@ def _ddl(names: list[str]) -> str:
     return ", ".join(f"`{name.replace('`', '``')}` STRING" for name in names)
 
 
-def _read_csv(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
+def _read_csv(spark: SparkSession, source: ReaderSettings, columns: SourceColumns
+              ) -> DataFrame:
     """Each file parsed with its own header (files of one header are read together), or
     without one (``header: false``: files of one width together, columns ``_c0``, …); a file
     whose columns lack a mapped one is a :class:`RawLogSchemaError` naming it. A file's
@@ -216,7 +228,8 @@ def _without_headers(text: DataFrame, header_line: str) -> DataFrame:
     return text.where(~is_header).unionByName(repeats)
 
 
-def _read_parquet(spark: SparkSession, source: SourceConfig, columns: SourceColumns) -> DataFrame:
+def _read_parquet(spark: SparkSession, source: ReaderSettings, columns: SourceColumns
+                  ) -> DataFrame:
     table = spark.read.options(**source.reader_options()).parquet(source.path)
     for name in columns.names:
         if name not in table.columns:
@@ -247,17 +260,65 @@ def _as_text(column: Column, dtype: str) -> Column:
 _READERS = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet}
 
 
-def read_raw(spark: SparkSession, source: SourceConfig) -> DataFrame:
-    """The raw log as (record, source_file, _malformed, one string column per canonical name)."""
-    try:
-        raw = _READERS[source.format](spark, source, SourceColumns.of(source))
-    except Exception as exc:  # Spark's own "path does not exist" is an AnalysisException
-        if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
-            raise NoInputError(f"{source.path}: no file matches the source path") from None
-        raise
+def read_raw(spark: SparkSession, source: SourceConfig,
+             attributes: Sequence[AttributeFile] = (), ts_unit: str = "auto") -> DataFrame:
+    """The raw log as (record, source_file, _malformed, one string column per canonical name),
+    each attribute file's columns joined on by its key (``ts_unit``: how the events' and the
+    files' numeric times read)."""
+    columns = [column for table in attributes for column in table.columns]
+    raw = _read(spark, source, SourceColumns.of(source, columns))
     if source.columns.event_type is None:
         raw = raw.withColumn("event_type", F.lit(UNTYPED_EVENT))
+    for table in attributes:
+        raw = _with_attributes(raw, attribute_table(spark, table, ts_unit), table, ts_unit)
     return raw
+
+
+def _read(spark: SparkSession, files: ReaderSettings, columns: SourceColumns) -> DataFrame:
+    try:
+        return _READERS[files.format](spark, files, columns)
+    except Exception as exc:  # Spark's own "path does not exist" is an AnalysisException
+        if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+            raise NoInputError(f"{files.path}: no file matches the source path") from None
+        raise
+
+
+def attribute_table(spark: SparkSession, table: AttributeFile, ts_unit: str) -> DataFrame:
+    """An attribute file's rows as the join reads them: the key (trimmed), ``valid_from`` as a
+    time where the file has one, each attribute as text. A row without a key, or one that
+    does not parse, is left out; a key on two rows without ``valid_from`` (or two rows of a
+    key from the same time) is an :class:`AttributeFileError` naming the file and the key."""
+    rows = _read(spark, table, SourceColumns(attribute_columns(table)))
+    key = F.trim(F.col(KEY))
+    rows = rows.where(~F.col(_MALFORMED) & key.isNotNull() & (key != "")).select(
+        key.alias(KEY),
+        *([_timestamp(F.trim(F.col(VALID_FROM)), ts_unit).alias(VALID_FROM)]
+          if table.valid_from else []),
+        *table.columns)
+    unique = [KEY, *([VALID_FROM] if table.valid_from else [])]
+    repeated = rows.groupBy(*unique).count().where(F.col("count") > 1).limit(1).collect()
+    if repeated:
+        raise AttributeFileError(table.name, table.path, table.key[table.key_role],
+                                 str(repeated[0][KEY]), table.valid_from)
+    return rows
+
+
+def _with_attributes(raw: DataFrame, rows: DataFrame, table: AttributeFile,
+                     ts_unit: str) -> DataFrame:
+    """Each raw row with the attributes of its key: the one row of the key, or with
+    ``valid_from`` the latest row valid at the event's time (``valid_from <= ts``; none before
+    its first). A key the file lacks reads nulls."""
+    key = F.trim(F.col(table.key_role))
+    if not table.valid_from:
+        return raw.join(rows, key == F.col(KEY), "left").drop(KEY)
+    ts = _timestamp(F.trim(F.col("ts")), ts_unit)
+    numbered = raw.withColumn(_ROW, F.monotonically_increasing_id()).withColumn(_EVENT_TS, ts)
+    matched = numbered.join(rows, (key == F.col(KEY)) & (F.col(VALID_FROM) <= F.col(_EVENT_TS)),
+                            "left")
+    latest = Window.partitionBy(_ROW).orderBy(F.col(VALID_FROM).desc_nulls_last())
+    return (matched.withColumn("_rank", F.row_number().over(latest))
+            .where(F.col("_rank") == 1)
+            .drop("_rank", _ROW, _EVENT_TS, KEY, VALID_FROM))
 
 
 def _unquoted(column: Column) -> Column:
@@ -265,13 +326,14 @@ def _unquoted(column: Column) -> Column:
     return F.btrim(F.trim(column), F.lit('"'))
 
 
-def _timestamp(text: Column, validation: ValidationConfig) -> Column:
-    """ISO-8601 text or epoch seconds / milliseconds → timestamp; null when unparseable."""
+def _timestamp(text: Column, ts_unit: str) -> Column:
+    """ISO-8601 text or epoch seconds / milliseconds (``ts_unit``: s, ms, or auto) →
+    timestamp; null when unparseable."""
     # Gate the numeric parse: a failed cast costs far more than the pattern test.
     number = F.when(text.rlike(EPOCH_PATTERN), text.cast("double"))
-    if validation.ts_unit == "ms":
+    if ts_unit == "ms":
         micros = number * 1_000
-    elif validation.ts_unit == "s":
+    elif ts_unit == "s":
         micros = number * 1_000_000
     else:
         micros = number * F.when(F.abs(number) >= MILLIS_THRESHOLD, 1_000).otherwise(1_000_000)
@@ -320,7 +382,7 @@ def _typed(raw: DataFrame, config: EtlConfig, numeric: list[str]) -> DataFrame:
             *(F.trim(F.col(c)).alias(c) for c in config.source.categorical),
         ).select(
             "*",
-            _timestamp(F.col("ts"), config.validation).alias("_ts"),
+            _timestamp(F.col("ts"), config.validation.ts_unit).alias("_ts"),
             *(F.col(f"_{n}_text").cast("double").alias(n) for n in numeric),
         )
 

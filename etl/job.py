@@ -248,7 +248,8 @@ def _validated(spark: SparkSession, config: EtlConfig,
     """The raw rows of ``config.source``, validated and cached, and their count by reason
     (None: valid)."""
     # Parse once; the record text stays for the quarantine and the duplicates lists.
-    validated = ingest.validate(ingest.read_raw(spark, config.source), config)
+    raw = ingest.read_raw(spark, config.source, config.attributes, config.validation.ts_unit)
+    validated = ingest.validate(raw, config)
     validated = validated.persist(StorageLevel.MEMORY_AND_DISK)
     cached.append(validated)
     counts = _account(validated)

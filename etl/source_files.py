@@ -14,11 +14,11 @@ import csv
 import glob
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from featureline.core.errors import ConfigError
-from featureline.etl.config import SourceConfig
+from featureline.etl.config import AttributeFile, EtlConfig, ReaderSettings, SourceConfig
 from featureline.etl.errors import NoInputError, RawLogSchemaError
 
 
@@ -68,12 +68,31 @@ class CsvDialect:
                 "columnNameOfCorruptRecord": corrupt_column}
 
 
-def source_columns(source: SourceConfig) -> dict[str, str]:
-    """Source column name → the name the job gives it: a role's name, or the column's own."""
+def source_columns(source: SourceConfig, attributes: Sequence[str] = ()) -> dict[str, str]:
+    """The log's column name → the name the job gives it: a role's name, or the column's safe
+    name (``safe_name``); ``attributes``: context columns the attribute files hold, not the
+    log."""
     mapping = {name: role for role, name in source.columns.model_dump().items() if name}
     for column in [*source.categorical, *source.continuous]:
-        mapping[column] = column
+        if column not in attributes:
+            mapping[source.source_name(column)] = column
     return mapping
+
+
+def attribute_columns(table: AttributeFile) -> dict[str, str]:
+    """An attribute file's column name → the name the job gives it: its key ``KEY``, its
+    ``valid_from`` ``VALID_FROM``, each attribute its safe name."""
+    mapping = {table.key[table.key_role]: KEY}
+    if table.valid_from is not None:
+        mapping[table.valid_from] = VALID_FROM
+    for column in table.columns:
+        mapping[table.source_name(column)] = column
+    return mapping
+
+
+# An attribute file's key and valid_from columns, as the job names them.
+KEY = "_attribute_key"
+VALID_FROM = "_valid_from"
 
 
 def _local_files(path: str) -> list[str] | None:
@@ -99,24 +118,38 @@ def _first_lines(file: str, encoding: str) -> Iterator[str]:
                 yield line.rstrip("\r\n")
 
 
-def check_source(source: SourceConfig, key: str = "etl.source") -> list[str]:
-    """The local files of ``source`` hold the columns it maps (CSV: every mapped column in the
-    header; JSON lines: the required roles in the first record; Parquet: every mapped column
-    in the schema): the files checked; a :class:`RawLogSchemaError` naming the file and the
-    column, or a :class:`ConfigError` naming the key, otherwise. Remote paths are left to
-    Spark."""
+def check_config_files(config: EtlConfig) -> None:
+    """``check_source`` of the log and of every attribute file."""
+    check_source(config.source, source_columns(config.source, config.attribute_columns()))
+    for index, table in enumerate(config.attributes):
+        check_source(table, attribute_columns(table), key=f"etl.attributes[{index}]",
+                     required=list(attribute_columns(table)))
+
+
+def check_source(source: ReaderSettings, wanted: dict[str, str], key: str = "etl.source",
+                 required: Sequence[str] | None = None) -> list[str]:
+    """The local files of ``source`` hold the columns ``wanted`` maps (CSV: every one in the
+    header; JSON lines: the ``required`` ones, by default the roles, in the first record;
+    Parquet: every one in the schema): the files checked; a :class:`RawLogSchemaError`
+    naming the file and the column, or a :class:`ConfigError` naming the key, otherwise.
+    Remote paths are left to Spark."""
     files = _local_files(source.path)
     if files is None:
         return []
-    if not files:
+    if not files and key == "etl.source":
         raise NoInputError(f"{source.path}: no file or folder matches the source path")
+    if not files:
+        raise ConfigError(f"{key}.path", f"{source.path}: no file or folder matches it")
     options = source.reader_options()
     encoding = options.get("encoding", options.get("charset", "UTF-8"))
     try:
         codecs.lookup(encoding)
     except LookupError:
         raise ConfigError(f"{key}.options.encoding", f"unknown encoding {encoding!r}") from None
-    wanted = source_columns(source)
+    if required is None and isinstance(source, SourceConfig):
+        required = [getattr(source.columns, role) for role in ("user_id", "item_id", "ts",
+                                                                 "event_type")
+                    if getattr(source.columns, role) is not None]
     for file in files:
         if source.format == "parquet":
             import pyarrow.parquet as pq
@@ -131,15 +164,14 @@ def check_source(source: SourceConfig, key: str = "etl.source") -> list[str]:
                 names = CsvDialect(options).names(first)
                 missing = [name for name in wanted if name not in names]
             else:
-                names, missing = _json_names(first, wanted, source, file)
+                names, missing = _json_names(first, list(required or []), file)
         if missing:
             raise RawLogSchemaError(file, missing[0], names, separated=source.format == "csv")
     return files
 
 
-def _json_names(line: str, wanted: dict[str, str], source: SourceConfig, file: str
-                ) -> tuple[list[str], list[str]]:
-    """The first record's members, and the required roles it lacks (other columns may be
+def _json_names(line: str, required: list[str], file: str) -> tuple[list[str], list[str]]:
+    """The first record's members, and the required ones it lacks (other columns may be
     missing from a record: that record is quarantined, not the file refused)."""
     try:
         record = json.loads(line)
@@ -147,6 +179,4 @@ def _json_names(line: str, wanted: dict[str, str], source: SourceConfig, file: s
         record = None
     if not isinstance(record, dict):
         raise RawLogSchemaError(file, "(a JSON object per line)", [line[:80]])
-    required = {getattr(source.columns, role) for role in ("user_id", "item_id", "ts",
-                                                            "event_type")} - {None}
-    return list(record), [name for name in wanted if name in required and name not in record]
+    return list(record), [name for name in required if name not in record]

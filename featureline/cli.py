@@ -119,9 +119,10 @@ def etl_run(**options: str | None) -> None:
 def etl_check(**options: str | None) -> None:
     """Check the configuration and the input files against it, without Spark: every key, the
     files' columns (a wrong separator, a misspelt column); exit 2 naming the key or the file."""
-    from featureline.etl_runs import checked_config
+    from featureline.etl_runs import check_before_spark, loaded_config
 
-    config = checked_config(**options)  # type: ignore[arg-type]
+    config = loaded_config(**options)  # type: ignore[arg-type]
+    check_before_spark(config)
     source = config.source
     click.echo(f"ok: {source.path} ({source.format}): user_id={source.columns.user_id!r}, "
                f"item_id={source.columns.item_id!r}, ts={source.columns.ts!r}, "

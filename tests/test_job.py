@@ -17,8 +17,9 @@ import pytest
 from featureline.core.aggregations import GroupSpec, entity_group
 from featureline.core.errors import ConfigError
 from featureline.etl import job
+from featureline.etl.config import EtlConfig
 from featureline.etl.datagen import BAD_KINDS_TEXT
-from featureline.etl.errors import NoInputError
+from featureline.etl.errors import MostlyQuarantinedError, NoInputError
 from tests.job_config import make_config
 
 
@@ -226,6 +227,49 @@ def test_failure_on_fresh_output_leaves_nothing(spark, tmp_path):
         job.run(make_config(tmp_path, log), spark, progress=lambda _: None)
     # No output, no staging folder: only the output's lock file, which stays for the next run.
     assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "all-bad.jsonl"]
+
+
+def _ratings(path: Path) -> Path:
+    """A RecBole-shaped ratings file: tab-separated, ``name:type`` headers, no event type,
+    four days of 1997."""
+    lines = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    lines += [f"{n % 23}\t{n % 31}\t{1 + n % 5}\t{881_000_000 + n * 1_300}" for n in range(240)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _ratings_config(tmp_path: Path, **validation: str) -> EtlConfig:
+    config = make_config(tmp_path, _ratings(tmp_path / "ml.inter"), label="value >= 4")
+    data = config.model_dump(mode="json")
+    data["source"] = {"path": str(tmp_path / "ml.inter"), "format": "csv",
+                      "options": {"sep": "\t"}, "categorical": [], "continuous": [],
+                      "columns": {"user_id": "user_id:token", "item_id": "item_id:token",
+                                  "ts": "timestamp:float", "value": "rating:float",
+                                  "event_type": None}}
+    data["validation"] = {"ts_unit": "s", **validation}
+    return EtlConfig.model_validate(data)
+
+
+def test_a_ratings_log_with_no_numeric_context_column(spark, tmp_path):
+    """``continuous: []`` and no event type: the whole job runs (it crashed in normalize)."""
+    done = job.run(_ratings_config(tmp_path), spark, progress=lambda _: None)
+    rows = done.metadata["rows"]
+    assert (rows["read"], rows["accepted"]) == (240, 240)
+    examples = pq.read_table(Path(done.output) / "examples").to_pandas()
+    assert len(examples) == 240
+    assert examples["label"].sum() == sum(1 + n % 5 >= 4 for n in range(240))
+    assert not any(f["name"].endswith("_norm") for f in done.metadata["features"])
+
+
+def test_most_rows_quarantined_by_one_reason_stop_the_run_naming_the_setting(spark, tmp_path):
+    config = _ratings_config(tmp_path, ts_min="2000-01-01T00:00:00Z")
+    with pytest.raises(MostlyQuarantinedError) as info:
+        job.run(config, spark, progress=lambda _: None)
+    message = str(info.value)
+    assert message.startswith("timestamp_out_of_window quarantined 240 of 240 rows")
+    assert "etl.validation.ts_min (2000-01-01 00:00:00+00:00)" in message
+    assert "dated 1997-12-01 18:13:20 to 1997-12-05 08:31:40" in message
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_log_shorter_than_the_validation_window_is_a_config_error(spark, tmp_path):
