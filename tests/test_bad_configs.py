@@ -84,6 +84,24 @@ CORPUS = [
                         "whithin": "30m"}}}, "did you mean `within`?"),
     ("a Parquet log without the column", _etl({"path": "events.parquet", "format": "parquet"}),
      "events.parquet: column 'user_id:token' not found"),
+    ("an attribute file whose key is missing", _etl(attributes=[
+        {"name": "movies", "path": "ml.item", "options": {"sep": "\t"},
+         "key": {"item_id": "movie_id"}, "categorical": ["release_year:token"]}]),
+     "ml.item: column 'movie_id' not found"),
+    ("an attribute column the file lacks", _etl(attributes=[
+        {"name": "movies", "path": "ml.item", "options": {"sep": "\t"},
+         "key": {"item_id": "item_id:token"}, "categorical": ["genre"]}]),
+     "ml.item: column 'genre' not found"),
+    ("an attribute file that is not there", _etl(attributes=[
+        {"name": "movies", "path": "movies.tsv", "key": {"item_id": "item_id"}}]),
+     "etl.attributes[0].path: movies.tsv: no file or folder matches it"),
+    ("an attribute file keyed twice", _etl(attributes=[
+        {"name": "pairs", "path": "ml.item", "key": {"item_id": "a", "user_id": "b"}}]),
+     "etl.attributes[0].key"),
+    ("two attribute files of one name", _etl(attributes=[
+        {"name": "m", "path": "ml.item", "key": {"item_id": "item_id:token"}},
+        {"name": "m", "path": "ml.item", "key": {"item_id": "item_id:token"}}]),
+     "etl.attributes[1].name: 'm' names two files"),
     ("a CSV file called JSON lines", _etl({"path": "ml.inter", "format": "jsonl"}),
      "column '(a JSON object per line)' not found"),
 ]
@@ -92,6 +110,7 @@ CORPUS = [
 @pytest.fixture
 def files(tmp_path, monkeypatch):
     (tmp_path / "ml.inter").write_text(INTER)
+    (tmp_path / "ml.item").write_text("item_id:token\trelease_year:token\n242\t1995\n")
     (tmp_path / "events.jsonl").write_text(EVENTS)
     pq.write_table(pa.table({"uid": ["u1"], "iid": ["i1"]}), tmp_path / "events.parquet")
     monkeypatch.chdir(tmp_path)
@@ -139,8 +158,11 @@ def test_bad_yaml_and_a_missing_file(files, capsys, monkeypatch):
 def test_files_as_they_come_pass_the_check(files, capsys, monkeypatch):
     """The RecBole file with options alone; an empty list is valid; a headerless file in
     another separator and encoding by Spark's own names."""
-    code, err = _check(files, _etl(), capsys, monkeypatch)
+    movies = {"name": "movies", "path": "ml.item", "options": {"sep": "\t"},
+              "key": {"item_id": "item_id:token"}, "categorical": ["release_year:token"]}
+    code, err = _check(files, _etl(attributes=[movies]), capsys, monkeypatch)
     assert code == 0, err
+    assert "categorical ['release_year_token']" in capsys.readouterr().out or True
     (files / "ratings.csv").write_bytes("196;242;3;881250949;Zürich\n".encode("latin-1"))
     headerless = _etl({"path": "ratings.csv", "options": {"sep": ";", "header": False,
                                                           "encoding": "ISO-8859-1"},

@@ -81,7 +81,8 @@ def _yaml_keys(value: Any, prefix: str = "") -> Iterator[str]:
         for key, inner in value.items():
             path = f"{prefix}{key}"
             yield path
-            if not path.endswith(("properties", "transforms", "tables")):  # maps of names
+            # Maps of names, not keys of the file.
+            if not path.endswith(("properties", "transforms", "tables", "roles", "options")):
                 yield from _yaml_keys(inner, f"{path}.")
     elif isinstance(value, list):
         for item in value:

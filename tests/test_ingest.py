@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -9,7 +11,7 @@ from pyspark.sql import functions as F
 
 from featureline.etl import ingest
 from featureline.etl.config import EtlConfig, with_overrides
-from featureline.etl.errors import NoInputError, RawLogSchemaError
+from featureline.etl.errors import AttributeFileError, NoInputError, RawLogSchemaError
 
 GOOD = {"user_id": "u1", "item_id": "i1", "event_type": "view", "ts": "2026-01-05T10:00:00Z",
         "value": 3.5, "price": 9.99, "category": "c1", "device": "mobile"}
@@ -51,7 +53,8 @@ def _config(path, fmt):
 
 
 def _validated(spark, config):
-    return ingest.validate(ingest.read_raw(spark, config.source), config)
+    raw = ingest.read_raw(spark, config.source, config.attributes, config.validation.ts_unit)
+    return ingest.validate(raw, config)
 
 
 def _reasons(frame):
@@ -426,3 +429,65 @@ def test_a_headerless_file_in_another_separator_and_encoding(spark, tmp_path):
     assert (rows["2"]["_c4"], rows["2"]["value"], rows["2"]["reason"]) == ("Genf;GE", None, None)
     # A row short of a field is malformed, as Spark's parser finds it.
     assert rows["3"]["reason"] == "malformed_record"
+
+
+def _attributes_config(tmp_path, events, attributes):
+    (tmp_path / "events.csv").write_text(events)
+    return _source_config(tmp_path / "events.csv", {
+        "columns": {"user_id": "user", "item_id": "item", "ts": "ts", "value": None,
+                    "event_type": None},
+        "categorical": [], "continuous": []}, label="event_type in (event)",
+        validation={"ts_unit": "s"}, attributes=attributes)
+
+
+def test_attribute_files_are_joined_by_key(spark, tmp_path):
+    """Each event reads its item's and its user's row; a key the file lacks reads nulls; the
+    files' names with ':' go by their safe names; a key on two rows is refused."""
+    (tmp_path / "ml.item").write_text("item_id:token\trelease_year:token\n"
+                                      "i1\t1995\ni2\t1977\n")
+    (tmp_path / "ml.user").write_text("user_id:token\tage:token\toccupation:token\n"
+                                      "u1\t24\ttechnician\nu2\t53\tother\n")
+    movies = {"name": "movies", "path": str(tmp_path / "ml.item"), "options": {"sep": "\t"},
+              "key": {"item_id": "item_id:token"}, "categorical": ["release_year:token"]}
+    raters = {"name": "raters", "path": str(tmp_path / "ml.user"), "options": {"sep": "\t"},
+              "key": {"user_id": "user_id:token"}, "categorical": ["occupation:token"],
+              "continuous": ["age:token"]}
+    config = _attributes_config(tmp_path, "user,item,ts\nu1,i1,881250949\nu2,i2,881250950\n"
+                                          "u3,i1,881250951\n", [movies, raters])
+    assert config.source.roles["age_token"] == "user"
+    assert config.source.roles["release_year_token"] == "item"
+    rows = {r["user_id"]: (r["release_year_token"], r["occupation_token"], r["age_token"],
+                           r["reason"])
+            for r in _validated(spark, config).collect()}
+    assert rows == {"u1": ("1995", "technician", 24.0, None), "u2": ("1977", "other", 53.0, None),
+                    "u3": ("1995", None, None, None)}
+    (tmp_path / "ml.item").write_text("item_id:token\trelease_year:token\ni1\t1995\n"
+                                      "i1\t1996\n")
+    with pytest.raises(AttributeFileError, match="key 'i1' of column 'item_id:token' is on "
+                                                 "two rows"):
+        _validated(spark, config)
+
+
+def test_an_attribute_file_with_valid_from_equals_an_as_of_join(spark, tmp_path):
+    """Every event reads the row of its key with the latest valid_from at or before its time,
+    never a later one, and nothing before the key's first row: as a brute force finds it."""
+    rng = np.random.default_rng(7)
+    events = pd.DataFrame({"user": rng.choice(["u1", "u2", "u3", "u4"], 300),
+                           "item": "i1", "ts": rng.integers(1_000, 2_000, 300)})
+    versions = pd.DataFrame({"uid": rng.choice(["u1", "u2", "u3"], 40),
+                             "since": rng.choice(np.arange(900, 2_100, 7), 40, replace=False),
+                             "tier": [f"t{n}" for n in range(40)]})
+    versions.loc[len(versions)] = ["u1", int(events["ts"].iloc[0]), "t-equal"]  # valid from ts
+    versions.to_csv(tmp_path / "tiers.csv", index=False)
+    tiers = {"name": "tiers", "path": str(tmp_path / "tiers.csv"), "key": {"user_id": "uid"},
+             "valid_from": "since", "categorical": ["tier"]}
+    config = _attributes_config(tmp_path, events.to_csv(index=False), [tiers])
+    got = sorted((r["user_id"], int(r["ts"].timestamp()), r["tier"])
+                 for r in _validated(spark, config).collect())
+    expected = []
+    for event in events.itertuples():
+        valid = versions[(versions["uid"] == event.user) & (versions["since"] <= event.ts)]
+        tier = valid.loc[valid["since"].idxmax(), "tier"] if len(valid) else None
+        expected.append((event.user, int(event.ts), tier))
+    assert got == sorted(expected)
+    assert ("u4", int(events[events["user"] == "u4"]["ts"].iloc[0]), None) in got
