@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +33,15 @@ ARTIFACTS = "artifacts"
 
 class ModelInputsError(UnprocessableError):
     """A model-inputs request the published output cannot answer as asked."""
+
+
+def check_request_time(at_us: int, cut_us: int) -> None:
+    """A request time before the published output's cut (its latest event) is a 422: its
+    tiles hold later events."""
+    if at_us < cut_us:
+        cut = datetime.fromtimestamp(cut_us / 1_000_000, timezone.utc).isoformat()
+        raise ModelInputsError("at", f"at: before the published output's latest event ({cut}):"
+                                     " its tiles hold later events")
 
 
 class NoModelInputsError(NotFoundError):
@@ -177,9 +187,7 @@ class ServedInputs:
 
     def _check(self, items: list[str], context: Mapping[str, Any],
                item_context: Mapping[str, Sequence[Any]], at_us: int) -> None:
-        if at_us < self.cut_us:
-            raise ModelInputsError("at", f"at: before the published output's latest event "
-                                         f"({self.cut_us} µs): its tiles hold later events")
+        check_request_time(at_us, self.cut_us)
         allowed = {*self.columns_with("request"), *self.columns_with("user")}
         for column in context:
             if column not in allowed:

@@ -32,6 +32,11 @@ class FeaturesRequest(_Body):
         min_length=1, examples=[{"user_id": ["u1", "u2"], "item_id": ["i7", "i9"]}],
         description="Join key (`user_id`) → raw ids, or encoded-id feature (`user_id_cat`) → "
                     "encoded ids; every list has one id per row.")
+    at: datetime | None = Field(
+        default=None, examples=["2026-01-05T10:00:00Z"],
+        description="The time the values hold at (ISO 8601; default: now): the aggregations' "
+                    "request time, and the time a view's ttl counts from. Not before the "
+                    "published output's latest event.")
 
     @model_validator(mode="after")
     def _one_selection_and_equal_rows(self) -> FeaturesRequest:

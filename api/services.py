@@ -173,9 +173,22 @@ class Services:
 
     def reload(self, model: str) -> tuple[dict[str, int], int]:
         """Reload ``model`` here and announce it to every other process: rows read per table,
-        and how many processes heard the announcement (this one included)."""
-        rows = self.reload_here(model)
-        return rows, announce(self.reader.store, self.reader.project, model)
+        and how many processes heard the announcement (this one included). A served ranker's
+        name (``ranker-gbdt``) reloads the tables it scores with (``api.ranking.model``) and
+        every exported ranker with them."""
+        tables = self.tables_model(model)
+        rows = self.reload_here(tables)
+        return rows, announce(self.reader.store, self.reader.project, tables)
+
+    def tables_model(self, model: str) -> str:
+        """The parameter server's model a reload of ``model`` reads: its own tables, or the
+        ranking tables of a served ranker."""
+        served = list(self.parameter_server().tables)
+        if model in served:
+            return model
+        if model in self.rankers:
+            return self.config.api.ranking.model
+        raise UnknownModelError(model, [*served, *(r for r in self.rankers if r not in served)])
 
     def reload_here(self, model: str) -> dict[str, int]:
         """The model's tables (``ParameterServer.reload``), its dense part, and the served

@@ -230,6 +230,11 @@ def parse_timestamp(text: str, unit: str) -> datetime | None:
     return parsed.astimezone(timezone.utc)
 
 
+def utc(moment: datetime) -> datetime:
+    """An aware time as given; a time without a zone, as UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 def micros_of(moment: datetime) -> int:
     """An aware time in whole microseconds since the epoch (exact: no float)."""
     return (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)

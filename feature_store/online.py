@@ -434,7 +434,8 @@ class OnlineReader:
             cache.misses += sum(len(fetched) for _, fetched, _, _ in plan)
             if len(entries) >= cache.max_entities:
                 entries.clear()
-        now = time.time()
+        # A view's ttl counts back from the request time (a log in the past reads as then).
+        now = time.time() if at_us is None else at_us / 1_000_000
         t = self.clock() if at_us is None else at_us
         result = OnlineFeatures([], {}, {})
         start = 0

@@ -46,6 +46,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _url(port: int) -> str:
     return f"redis://127.0.0.1:{port}/0"
 
@@ -303,13 +312,20 @@ def server_status(data_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
-def start_server(data_dir: str | Path) -> str:
-    """Start the daemon (or find it running) and return its URL; its data survive a restart."""
+def start_server(data_dir: str | Path, port: int | None = None) -> str:
+    """Start the daemon (or find it running) and return its URL; its data survive a restart.
+    ``port``: the port it listens on (default: a free one); one in use, or a daemon running
+    on another, is a :class:`RedisStartError`."""
     data_dir = Path(data_dir)
     running = server_status(data_dir)
     if running is not None:
+        if port is not None and str(running["url"]) != _url(port):
+            raise RedisStartError(f"the embedded server already runs at {running['url']}: "
+                                  "stop it first (featureline redis stop)")
         return str(running["url"])
-    port = free_port()
+    if port is not None and not _port_free(port):
+        raise RedisStartError(f"port {port} on 127.0.0.1 is in use: pick another --port")
+    port = port or free_port()
     pidfile = (data_dir / "redis.pid").resolve()
     # Saved to dump.rdb on shutdown and every 5 minutes after a change.
     _launch(data_dir, port, "--daemonize", "yes", "--pidfile", str(pidfile),

@@ -657,11 +657,13 @@ def _redis_dir(path: str | None) -> str:
 
 @redis.command("start")
 @config_option
-def redis_start(path: str | None) -> None:
+@click.option("--port", type=click.IntRange(1, 65535),
+              help="The port it listens on, on 127.0.0.1 (default: a free one)")
+def redis_start(path: str | None, port: int | None) -> None:
     """Start the embedded server (or find it running) and print its URL."""
     from featureline.feature_store.redis_server import start_server
 
-    click.echo(start_server(_redis_dir(path)))
+    click.echo(start_server(_redis_dir(path), port))
 
 
 @redis.command("stop")

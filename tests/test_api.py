@@ -106,6 +106,20 @@ def test_features_equal_what_feasts_sdk_returns(client, api_setup):
     assert body["status"]["item_events"] == ["present"] * 3
 
 
+def test_features_at_a_time_of_the_log(client):
+    """``at`` reads the values as of then; a time outside the supported range is a 422."""
+    at = client.post("/v1/features", headers=READ, json={
+        "features": ["user_features:user_events"], "entities": {"user_id": ["u2", "u1"]},
+        "at": "2026-01-06T00:00:00Z"})
+    assert at.status_code == 200, at.text
+    assert at.json()["values"] == {"user_events": [2, 7]}
+    assert at.json()["status"] == {"user_events": ["present", "present"]}
+    bad = client.post("/v1/features", headers=READ, json={
+        "features": ["user_features:user_events"], "entities": {"user_id": ["u1"]},
+        "at": "not a time"})
+    assert bad.status_code == 422 and "at" in bad.text
+
+
 def test_features_by_reference_and_by_encoded_id(client):
     by_raw = client.post("/v1/features", headers=READ, json={
         "features": ["user_features:user_events"], "entities": {"user_id": ["u2", "u1"]}})
@@ -328,6 +342,12 @@ def test_online_reader_marks_values_outside_the_ttl(tmp_path, redis_server):
                          {"user_id": ["u1", "zz"], "item_id": ["i1", "i1"]})
     assert result.values["user_events"] == [7, None]
     assert [s.value for s in result.status["user_events"]] == ["outside_ttl", "not_found"]
+    # Read at a time of the log (a log in the past), the ttl counts back from then.
+    stamp = result.timestamps["user_features"][0]
+    for hours, status in ((1, "present"), (3 * 24 + 1, "outside_ttl")):
+        then = reader.read(reader.references("ranking"), {"user_id": ["u1"], "item_id": ["i1"]},
+                           at_us=(stamp + hours * 3600) * 1_000_000)
+        assert [s.value for s in then.status["user_events"]] == [status]
 
 
 def _published_reader(tmp_path, redis_server, cache: ValueCache | None) -> OnlineReader:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -273,6 +274,23 @@ def test_cli_publish_training_set_and_redis_commands(spark, tmp_path, handmade_o
         redis.Redis.from_url(daemon, socket_connect_timeout=1).ping()
     status = runner.invoke(main, ["redis", "status", "--config", str(config_file)], env=env)
     assert status.exit_code == 1 and json.loads(status.stdout) == {"running": False}
+    # On a port of one's choosing; a port in use is refused, naming it.
+    chosen = free_port()
+    on_port = runner.invoke(main, ["redis", "start", "--config", str(config_file), "--port",
+                                   str(chosen)], env=env)
+    try:
+        assert on_port.stdout.strip() == f"redis://127.0.0.1:{chosen}/0"
+        other = runner.invoke(main, ["redis", "start", "--config", str(config_file), "--port",
+                                     str(free_port())], env=env)
+        assert other.exit_code != 0 and "already runs at" in str(other.exception)
+    finally:
+        runner.invoke(main, ["redis", "stop", "--config", str(config_file)], env=env)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        taken = busy.getsockname()[1]
+        refused = runner.invoke(main, ["redis", "start", "--config", str(config_file),
+                                       "--port", str(taken)], env=env)
+    assert f"port {taken} on 127.0.0.1 is in use" in str(refused.exception)
 
 
 

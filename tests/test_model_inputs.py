@@ -510,6 +510,11 @@ def test_the_gate_keeps_a_worse_model_out_and_a_reload_swaps_whole_models(replay
             scores = [i["score"] for i in answer.json()["items"]]
             assert scores == pytest.approx(expected[answer.json()["model_version"]], rel=1e-6)
 
+        # A served ranker's name reloads the tables it scores with, and the rankers.
+        trees = api.post("/v1/admin/models/ranker-gbdt/reload")
+        assert trees.status_code == 200, trees.text
+        assert trees.json()["model"] == "ranker-gbdt"
+        assert trees.json()["rows"] == api.post("/v1/admin/models/ranker/reload").json()["rows"]
         damaged = tmp_path / "damaged"
         shutil.copytree(b, damaged)
         (damaged / "dense.npz").write_bytes(b"not a zip file")

@@ -24,7 +24,7 @@ from featureline.api.models import (
 from featureline.api.responses import FastJSONResponse
 from featureline.api.services import Services, get_services
 from featureline.core.aggregations import INPUTS_PREFIX
-from featureline.core.events import micros_of
+from featureline.core.events import micros_of, utc
 from featureline.core.scoring import Ranker
 from featureline.feature_store.online import OnlineFeatures
 
@@ -83,7 +83,7 @@ def ranking_inputs(body: RankingInputsRequest,
 
 def _micros(at: datetime) -> int:
     """µs since the epoch, exactly (a time without a zone is UTC)."""
-    return micros_of(at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc))
+    return micros_of(utc(at))
 
 
 @router.post("/model-inputs", response_model=ModelInputsResponse, responses=ERRORS)
