@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import Field
-from scipy.stats import chi2
+from scipy.stats import chi2, poisson
 
 from featureline.core.aggregations import ENTITIES
 from featureline.core.metadata import ChecksVerdict, Metadata
@@ -151,6 +151,11 @@ class ChecksConfig(Settings):
     quarantine_rate_floor: float = Field(default=0.02, ge=0, le=1)
     # Column → bounds its values must stay within, e.g. {price: {min: 0, max: 10000}}.
     ranges: dict[str, RangeBound] = Field(default_factory=dict)
+    # Categorical columns whose values are a closed domain (e.g. [event_type, device]): any
+    # share of new values above unseen_share breaches. Other columns are closed only where the
+    # window's days show it (no value seen on one day alone, none new day after day); else
+    # the day's new values are judged against the rate at which the window found new ones.
+    closed: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -244,13 +249,15 @@ def value_shares(column: dict[str, Any]) -> dict[str, float]:
         if present > 0 else {}
 
 
-def unseen_share(ours: dict[str, Any], theirs: dict[str, Any]) -> float | None:
+def unseen_share(ours: dict[str, Any], theirs: dict[str, Any], declared: bool = False
+                 ) -> float | None:
     """The share of a categorical column's values that the reference never had; None unless
-    the reference's values form a closed domain: all of them listed, each seen
-    ``CLOSED_DOMAIN_ROWS`` times on average (event types, devices, categories — not the ids of
-    users and items, new ones of which arrive every day)."""
+    the reference lists all its values, each seen ``CLOSED_DOMAIN_ROWS`` times on average
+    (event types, devices, categories — not the ids of users and items, new ones of which
+    arrive every day) or the column is ``declared`` a closed domain."""
     distinct = theirs.get("distinct", 0)
-    if distinct > len(theirs["top"]) or present_values(theirs) < CLOSED_DOMAIN_ROWS * distinct:
+    if distinct > len(theirs["top"]) or (
+            not declared and present_values(theirs) < CLOSED_DOMAIN_ROWS * distinct):
         return None
     known = {str(value) for value, _ in theirs["top"]}
     present = present_values(ours)
@@ -472,10 +479,41 @@ def _column(profile: dict[str, Any], name: str, a: dict[str, Any], b: dict[str, 
         theirs = _value_counts(b)
         yield _distribution("linf", name, linf_distance(a, b), _value_counts(a), theirs,
                             sorted(theirs, key=lambda v: -theirs[v]), n, b, config.linf, config)
-    unseen = unseen_share(a, b)
-    if unseen is not None and config.unseen_share is not None:
-        yield Measurement("unseen", name, unseen, config.unseen_share,
-                          unseen > config.unseen_share)
+    yield from new_values(name, a, b, config)
+
+
+def new_values(name: str, a: dict[str, Any], b: dict[str, Any], config: ChecksConfig
+               ) -> Iterable[Measurement]:
+    """The ``unseen`` check of a categorical column (``a``: the day's, ``b``: the window's).
+
+    A closed domain — declared (``checks.closed``), or shown by the window's days: each value
+    seen on two days or more and no day bringing a new one — breaches where the share of the
+    day's values it never had is above ``unseen_share``. Another column's values arrive as
+    new users and items do: the count of the day's new values breaches only where it is
+    significant (``p_value``) against the rate at which the window found new ones, the
+    larger of the new values per day and Good–Turing's estimate from the values seen on one
+    day only (``once`` / days). Either needs a window that lists every value."""
+    share, threshold = unseen_share(a, b, declared=name in config.closed), config.unseen_share
+    if share is None or threshold is None:
+        return
+    rate = _discovery_rate(b)
+    if name in config.closed or not rate:
+        yield Measurement("unseen", name, share, threshold, share > threshold)
+        return
+    known = {str(value) for value, _ in b["top"]}
+    new = sum(1 for value, _ in a["top"] if str(value) not in known)
+    new += max(a.get("distinct", 0) - len(a["top"]), 0)  # beyond the day's list: at most
+    p = float(poisson.sf(new - 1, rate)) if new else 1.0
+    yield Measurement("unseen", name, float(new), f"{rate:.3g} new values a day",
+                      p < config.p_value, p)
+
+
+def _discovery_rate(window: dict[str, Any]) -> float | None:
+    """New values a day the window's days show: None where they cannot tell (one day)."""
+    per_day = window.get("new_per_day")
+    if not per_day:
+        return None
+    return max(statistics.mean(per_day), window.get("once", 0) / window["days_listed"])
 
 
 def _distribution(kind: str, name: str, value: float, ours: dict[str, Any],

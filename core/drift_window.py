@@ -94,9 +94,27 @@ def _pooled_column(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     distinct = max([len(counts), *(entry.get("distinct", 0) for entry in entries)])
     column.update(top=[[value, count] for value, count in top],
                   distinct=distinct if listed_all else max(distinct, len(top) + 1))
+    if listed_all and len(days) > 1:
+        column.update(_discovery(days))
     column["spread"] = _spread(days, counts,
                                lambda day, rest: linf_distance(_listed(day), _listed(rest)))
     return column
+
+
+def _discovery(days: Sequence[dict[str, int]]) -> dict[str, Any]:
+    """How a categorical column's values came to the window: the new values each day after
+    the first brought (``new_per_day``), and how many values were seen on one day only
+    (``once``): the counts ``core.drift.new_values`` judges a day's new values by."""
+    seen: dict[str, int] = {}
+    new_per_day = []
+    for index, day in enumerate(days):
+        fresh = [value for value in day if value not in seen]
+        if index:
+            new_per_day.append(len(fresh))
+        for value in day:
+            seen[value] = seen.get(value, 0) + 1
+    return {"new_per_day": new_per_day, "once": sum(1 for n in seen.values() if n == 1),
+            "days_listed": len(days)}
 
 
 def _spread(days: Sequence[dict[str, int]], total: dict[str, int],

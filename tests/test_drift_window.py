@@ -150,3 +150,45 @@ def test_a_window_of_totals_only_checks_the_day_totals():
     measured = measure(_day("2026-01-15", 100), reference, ChecksConfig())
     assert {m.check for m in measured} == {"volume", "label_rate", "quarantine_rate"}
     assert [m.check for m in measured if m.breached] == ["volume"]
+
+
+def _occupations(day: int, counts: dict[str, int]) -> dict:
+    return _day(f"2026-02-{day:02d}", sum(counts.values()), categories=counts)
+
+
+def _unseen(breach_or_measure: list, column: str = "category") -> list:
+    return [m for m in breach_or_measure if m.check == "unseen" and m.column == column]
+
+
+def test_new_values_of_an_open_column_are_judged_against_the_windows_rate():
+    """Raters' occupations: a few are seen on one day only and days bring new ones, so a day
+    with a new rater of a new occupation passes, however many rows they rate; ten new values
+    in a day breach; declared closed, the one new value breaches."""
+    common = {"student": 120, "other": 80, "engineer": 60}
+    days = [_occupations(d, {**common, **extra}) for d, extra in enumerate(
+        [{}, {"lawyer": 30}, {}, {"doctor": 40}, {"lawyer": 20}, {}, {"homemaker": 25}], 1)]
+    reference = pooled(days)
+    occupation = reference["columns"]["category"]
+    assert occupation["new_per_day"] == [1, 0, 1, 0, 0, 1]
+    assert occupation["once"] == 2 and occupation["days_listed"] == 7  # doctor, homemaker
+    newcomer = _occupations(8, {**common, "retired": 160})  # 38 % of the day's rows
+    [found] = _unseen(measure(newcomer, reference, ChecksConfig()))
+    assert (found.value, found.threshold, found.breached) == (1.0, "0.5 new values a day",
+                                                              False)
+    # Ten new values in a day, where the window found one every other day: breached.
+    flood = _occupations(8, {**common, **{f"new{n}": 5 for n in range(10)}})
+    [found] = _unseen(measure(flood, reference, ChecksConfig()))
+    assert found.value == 10.0 and found.breached and found.p_value < 1e-4
+    declared = ChecksConfig(closed=["category"])
+    [found] = _unseen(measure(newcomer, reference, declared))
+    assert found.breached and found.value == pytest.approx(160 / 420)
+
+
+def test_a_domain_the_windows_days_show_closed_breaches_on_a_share_of_new_values():
+    days = [_occupations(d, {"mobile": 100, "desktop": 60, "tablet": 20}) for d in range(1, 8)]
+    reference = pooled(days)
+    assert reference["columns"]["category"]["new_per_day"] == [0] * 6
+    flood = _occupations(8, {"mobile": 100, "desktop": 60, "tv": 20})
+    [found] = _unseen(measure(flood, reference, ChecksConfig()))
+    assert found.breached and found.value == pytest.approx(20 / 180)
+    assert found.threshold == ChecksConfig().unseen_share
