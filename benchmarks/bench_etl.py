@@ -25,6 +25,10 @@ incremental run writes only the days it changes, against a full run with ``--fit
 history's output. ``--day-lines N``: the new day holds the last day's first N lines at every
 size, so ``incremental_s_vs_smallest`` is what the longer history costs the same day.
 
+``--attributes``: the items' category and price in the log, from an attribute file
+(``etl.attributes``), and from one with ``valid_from``, interleaved A B C C B A; the ratios of
+the means are what reading attributes from a file costs.
+
 ``--aggregations [SPEC]``: the job without and with an ``aggregations:`` spec
 (benchmarks/aggregations.yaml by default) on the same log, interleaved A B B A; the ratio of
 the means is the spec's cost.
@@ -151,6 +155,66 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
     report = {"events": events, "spec": spec.name, "groups": len(groups), "values": values,
               "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
     return report | ({"profiles": profiles} if event_log is not None else {})
+
+
+# The runs of --attributes, in order: the item attributes inline, from a file, from a file
+# with valid_from.
+ATTRIBUTE_SIDES = ("inline", "file", "valid_from", "valid_from", "file", "inline")
+
+
+def _attribute_inputs(spark: SparkSession, raw: Path, workdir: Path) -> tuple[Path, Path, Path]:
+    """The log without its item attributes, and the items' file of them (category, price),
+    without and with a ``valid_from`` column: from the generated log, whose items keep one
+    category and price."""
+    from pyspark.sql import functions as F
+
+    log = spark.read.json(str(raw))
+    bare = workdir / "bare"
+    log.drop("category", "price").write.mode("overwrite").json(str(bare))
+    items = (log.where(F.col("item_id").isNotNull()).groupBy("item_id")
+             .agg(F.first("category", ignorenulls=True).alias("category"),
+                  F.first("price", ignorenulls=True).alias("price")))
+    files = []
+    for name, frame in (("items", items),
+                        ("items-dated", items.withColumn("since", F.lit("2000-01-01")))):
+        folder = workdir / name
+        frame.coalesce(1).write.mode("overwrite").option("header", "true").csv(str(folder))
+        files.append(folder)
+    return bare, files[0], files[1]
+
+
+def measure_attributes(spark: SparkSession, events: int, workdir: Path,
+                       order: tuple[str, ...] = ATTRIBUTE_SIDES) -> dict[str, Any]:
+    """The job's time with the items' category and price in the log (inline), and from an
+    attribute file joined by item_id (file; valid_from: the file versioned), in ``order``."""
+    raw = workdir / f"events-{events}.jsonl"
+    write_log_apart(raw, events=events, users=max(100, events // 40),
+                    items=max(50, events // 100), days=28, seed=1, bad_fraction=0.001)
+    bare, items, dated = _attribute_inputs(spark, raw, workdir)
+    inline = with_overrides(EtlConfig(), input_path=str(raw), output=str(workdir / "out"))
+    data = inline.model_dump(mode="json")
+    data["source"].update(path=str(bare), categorical=["device"], continuous=[],
+                          roles={"device": "request"})
+    table = {"name": "items", "format": "csv", "key": {"item_id": "item_id"},
+             "categorical": ["category"], "continuous": ["price"]}
+    configs = {"inline": inline,
+               "file": EtlConfig.model_validate(
+                   {**data, "attributes": [{**table, "path": str(items)}]}),
+               "valid_from": EtlConfig.model_validate(
+                   {**data, "attributes": [{**table, "path": str(dated),
+                                            "valid_from": "since"}]})}
+    times: dict[str, list[float]] = {side: [] for side in configs}
+    rows: dict[str, int] = {}
+    for side in order:
+        shutil.rmtree(workdir / "out", ignore_errors=True)
+        start = time.perf_counter()
+        result = job.run(configs[side], spark, progress=lambda _: None)
+        times[side].append(round(time.perf_counter() - start, 2))
+        rows[side] = result.metadata["rows"]["accepted"]
+    means = {side: sum(runs) / len(runs) for side, runs in times.items() if runs}
+    return {"events": events, "job_s": times, "accepted": rows,
+            "file_vs_inline": round(means["file"] / means["inline"], 3),
+            "valid_from_vs_inline": round(means["valid_from"] / means["inline"], 3)}
 
 
 # The per-event rule the label join is measured against: every event an example.
@@ -550,6 +614,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model-inputs", action="store_true",
                         help="the job without and with the model inputs' groups' tiles, "
                              "interleaved: without, with, with, without")
+    parser.add_argument("--attributes", action="store_true",
+                        help="the job with the items' attributes in the log, from a file, and "
+                             "from a file with valid_from, interleaved: A B C C B A")
     parser.add_argument("--label-join", action="store_true",
                         help="the job with the per-event label rule and with the default "
                              "label join, interleaved: per-event, join, join, per-event")
@@ -567,6 +634,14 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.checks:
         print(json.dumps(run_checks(sizes), indent=2))
+        return
+    if args.attributes:
+        spark = build_session(BENCH_SPARK)
+        with tempfile.TemporaryDirectory(prefix="bench-etl-attributes-") as tmp:
+            print(json.dumps({"benchmark": "etl_attributes", "machine": {
+                "platform": platform.platform(), "spark": spark.version},
+                "runs": [measure_attributes(spark, events, Path(tmp)) for events in sizes]},
+                indent=2))
         return
     if args.model_inputs:
         spark = build_session(BENCH_SPARK)
