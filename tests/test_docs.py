@@ -101,6 +101,26 @@ def test_every_key_of_featureline_yaml_is_in_the_configuration_reference():
         assert f"`{key}`" in reference, key
 
 
+def test_the_configuration_reference_holds_every_key_of_the_settings_models():
+    """Every key the models accept, the ops' and the parameter server's too (the ETL's copy
+    of the top-level aggregations is written at the top level only)."""
+    from featureline.config import FeaturelineConfig
+    from featureline.etl.config import OP_SETTINGS
+    from featureline.hps.config import HpsConfig
+
+    reference = configuration_reference()
+    every = [key.path for key in keys(FeaturelineConfig)
+             if not key.path.startswith("etl.aggregations")]
+    every += [key.path for op in OP_SETTINGS for key in keys(op, "etl.features[].")]
+    every += [key.path for key in keys(HpsConfig, "hps.")]
+    missing = [path for path in every if f"`{path}`" not in reference]
+    assert not missing, missing
+    for path in ("etl.validation.future_tolerance", "etl.fit.refit_every", "etl.model_ready",
+                 "etl.attributes[].valid_from", "etl.source.options", "checks.closed",
+                 "stream"):
+        assert f"`{path}`" in reference, path
+
+
 def test_every_key_has_its_comment_and_default():
     from featureline.config import FeaturelineConfig
     from featureline.hps.config import HpsConfig
