@@ -492,11 +492,14 @@ def new_values(name: str, a: dict[str, Any], b: dict[str, Any], config: ChecksCo
     new users and items do: the count of the day's new values breaches only where it is
     significant (``p_value``) against the rate at which the window found new ones, the
     larger of the new values per day and Good–Turing's estimate from the values seen on one
-    day only (``once`` / days). Either needs a window that lists every value."""
+    day only (``once`` / days). Either needs a window that lists every value; an attribute of
+    users or items (``entity``) is not judged by a window of one day."""
     share, threshold = unseen_share(a, b, declared=name in config.closed), config.unseen_share
     if share is None or threshold is None:
         return
     rate = _discovery_rate(b)
+    if rate is None and b.get("entity") and name not in config.closed:
+        return  # one day cannot tell a new user's (item's) value from a new value
     if name in config.closed or not rate:
         yield Measurement("unseen", name, share, threshold, share > threshold)
         return

@@ -78,6 +78,8 @@ def _pooled_column(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     column.update(rows=rows, missing=1 - sum(present) / rows if rows else 0.0)
     if newest.get("key"):
         column["key"] = True
+    if newest.get("entity"):
+        column["entity"] = newest["entity"]
     if newest["kind"] == "numeric":
         days = [entry["histogram"] for entry in entries]
         histogram = _added(days)

@@ -43,6 +43,7 @@ class ProfileColumns(TypedDict):
     feature_numeric: list[str]
     feature_categorical: list[str]
     keys: list[str]
+    entities: dict[str, str]
 
 
 def profile_columns(config: EtlConfig, features: Sequence[Mapping[str, Any]]
@@ -54,6 +55,8 @@ def profile_columns(config: EtlConfig, features: Sequence[Mapping[str, Any]]
     value = ["value"] if config.source.columns.value else []
     ids = set(ENTITIES.values())
     encoded = {encoded_name(key) for key in ids}
+    attributes = {column: role for column, role in config.source.declared_roles().items()
+                  if role in ("user", "item")}
     return {
         "raw_numeric": [*value, *config.source.continuous],
         "raw_categorical": categorical_columns(config),
@@ -62,22 +65,26 @@ def profile_columns(config: EtlConfig, features: Sequence[Mapping[str, Any]]
         "feature_categorical": [f["name"] for f in features if f["kind"] == "categorical"],
         "keys": sorted(ids | {f["name"] for f in features
                               if f["name"] in encoded or f.get("shares") in encoded}),
+        "entities": {**attributes, **{encoded_name(column): role
+                                      for column, role in attributes.items()}},
     }
 
 
 def profile(events: DataFrame, examples: DataFrame, *, raw_numeric: Sequence[str],
             raw_categorical: Sequence[str], feature_numeric: Sequence[str],
             feature_categorical: Sequence[str], rows: dict[str, Any],
-            keys: Sequence[str] = (), day_counts: Mapping[str, int] | None = None
-            ) -> dict[str, Any]:
+            keys: Sequence[str] = (), entities: Mapping[str, str] | None = None,
+            day_counts: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The profile of the newest day of ``events`` (accepted, labelled) and ``examples``
     (their feature rows, with ``ts``); ``rows``: the run's row accounting; ``keys``: the
-    columns that hold the ids of users and items (marked ``key``); ``day_counts``: every
-    day's count of events where known (``events`` may then hold the newest days only)."""
+    columns that hold the ids of users and items (marked ``key``); ``entities``: the columns
+    that are attributes of a user or an item, and their role (marked ``entity``);
+    ``day_counts``: every day's count of events where known (``events`` may then hold the
+    newest days only)."""
     [newest] = profiles(events, examples, 1, raw_numeric=raw_numeric,
                         raw_categorical=raw_categorical, feature_numeric=feature_numeric,
                         feature_categorical=feature_categorical, rows=rows, keys=keys,
-                        day_counts=day_counts)
+                        entities=entities, day_counts=day_counts)
     return newest
 
 
@@ -85,6 +92,7 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
              raw_numeric: Sequence[str], raw_categorical: Sequence[str],
              feature_numeric: Sequence[str], feature_categorical: Sequence[str],
              rows: dict[str, Any], keys: Sequence[str] = (),
+             entities: Mapping[str, str] | None = None,
              day_counts: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
     """The profiles of the ``last`` days of ``events`` that have events, oldest first: each
     the one a run whose newest events are of its day writes (:func:`profile`), all of them
@@ -115,6 +123,9 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
                        "feature")}
         for name in set(keys) & set(columns[day]):
             columns[day][name]["key"] = True
+        for name, role in (entities or {}).items():
+            if name in columns[day]:
+                columns[day][name]["entity"] = role
     _distributions(columns, [(events.where(on_chosen), raw_numeric, raw_categorical),
                              (examples.where(on_chosen), feature_numeric, feature_categorical)])
     return [{"day": day, "day_events": int(by_day[day]["rows"]),

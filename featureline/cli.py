@@ -705,14 +705,28 @@ def redis_env(path: str | None) -> None:
 
 
 @main.command()
-def fetch() -> None:
+@click.argument("names", nargs=-1)
+@click.option("--into", type=click.Path(file_okay=False),
+              help="Copy what NAMES fetched into this folder (a dataset's files)")
+def fetch(names: tuple[str, ...], into: str | None) -> None:
     """Fetch the developer tools into ~/.cache/featureline at once (the RAPIDS plugin jar,
-    Kafka, the Qualification tool, MovieLens 100K, promtool): what gpu-check, qualify,
-    the benchmarks and the tests use; exit 1 when one could not be fetched."""
-    from featureline.tools import fetch_all
+    Kafka, the Qualification tool, MovieLens 100K as our log and as RecBole's three files,
+    promtool): what gpu-check, qualify, the benchmarks and the tests use; NAMES: only those.
+    Exit 1 when one could not be fetched."""
+    from featureline.tools import FETCHES, copy_fetched, fetch_all
 
-    if not fetch_all(lambda line: click.echo(line, err=True)):
+    unknown = [name for name in names if name not in FETCHES]
+    if unknown:
+        raise click.BadParameter(f"{unknown[0]!r} (known: {', '.join(FETCHES)})",
+                                 param_hint="NAMES")
+    if into and not names:
+        raise click.BadParameter("name what to copy", param_hint="--into")
+    if not fetch_all(lambda line: click.echo(line, err=True), list(names) or None):
         raise SystemExit(1)
+    if into:
+        for name in names:
+            for copied in copy_fetched(name, Path(into)):
+                click.echo(copied)
 
 
 @main.group()

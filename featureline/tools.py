@@ -261,9 +261,20 @@ FETCHES: dict[str, Callable[[], object]] = {
 }
 
 
-def fetch_all(report: Callable[[str], None]) -> bool:
-    """Fetch every tool at once (a thread each: the time goes to the network and to mvn and
-    pip), reporting each one's outcome and seconds; whether all were fetched."""
+def copy_fetched(name: str, into: Path) -> list[Path]:
+    """Copy what ``name`` fetched into the folder ``into`` (its files, where it fetched a
+    folder): the copies."""
+    fetched = Path(str(FETCHES[name]()))
+    into.mkdir(parents=True, exist_ok=True)
+    files = sorted(p for p in fetched.iterdir() if p.is_file()) if fetched.is_dir() \
+        else [fetched]
+    return [Path(shutil.copy2(file, into / file.name)) for file in files]
+
+
+def fetch_all(report: Callable[[str], None], names: list[str] | None = None) -> bool:
+    """Fetch every tool (``names``: those) at once (a thread each: the time goes to the
+    network and to mvn and pip), reporting each one's outcome and seconds; whether all were
+    fetched."""
     started = time.perf_counter()
 
     def fetch(name: str) -> bool:
@@ -276,7 +287,8 @@ def fetch_all(report: Callable[[str], None]) -> bool:
         report(f"{name}: {where} ({time.perf_counter() - begun:.1f}s)")
         return True
 
-    with ThreadPoolExecutor(max_workers=len(FETCHES)) as pool:
-        fetched = list(pool.map(fetch, FETCHES))
+    chosen = names or list(FETCHES)
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        fetched = list(pool.map(fetch, chosen))
     report(f"fetched {sum(fetched)} of {len(fetched)} in {time.perf_counter() - started:.1f}s")
     return all(fetched)

@@ -192,3 +192,17 @@ def test_a_domain_the_windows_days_show_closed_breaches_on_a_share_of_new_values
     [found] = _unseen(measure(flood, reference, ChecksConfig()))
     assert found.breached and found.value == pytest.approx(20 / 180)
     assert found.threshold == ChecksConfig().unseen_share
+
+
+def test_a_window_of_one_day_does_not_judge_a_users_attribute():
+    """The first run's window profiles one day: a new rater's occupation is no fault there;
+    the demo's closed columns still are (not attributes), and a declared one is."""
+    day = _occupations(1, {"student": 120, "other": 80})
+    day["columns"]["category"]["entity"] = "user"
+    newcomer = _occupations(2, {"student": 100, "retired": 100})
+    assert _unseen(measure(newcomer, day, ChecksConfig())) == []
+    [found] = _unseen(measure(newcomer, day, ChecksConfig(closed=["category"])))
+    assert found.breached and found.value == 0.5
+    del day["columns"]["category"]["entity"]
+    [found] = _unseen(measure(newcomer, day, ChecksConfig()))
+    assert found.breached
