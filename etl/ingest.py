@@ -303,6 +303,36 @@ def attribute_table(spark: SparkSession, table: AttributeFile, ts_unit: str) -> 
     return rows
 
 
+def catalog_events(spark: SparkSession, config: EtlConfig, role: str, until: datetime
+                   ) -> DataFrame | None:
+    """The rows of the attribute files keyed by ``role`` (``user_id`` or ``item_id``) as
+    events of their key holding the attributes, typed as validation types the events'
+    (text trimmed, numbers read or null): an always valid row at the epoch, a ``valid_from``
+    row a microsecond before that time (an event at ``valid_from`` reads it), rows valid
+    after ``until`` left out. The latest value of an attribute (``last``) over the events
+    and these is the one the file gives at any time: what the online tiles serve a key
+    that has no event yet (docs/ARCHITECTURE.md, "Raw events"). None without such files."""
+    frames = []
+    for table in config.attributes:
+        if table.key_role != role:
+            continue
+        rows = attribute_table(spark, table, config.validation.ts_unit)
+        if table.valid_from:
+            ts = F.col(VALID_FROM) - F.expr("INTERVAL 1 MICROSECOND")
+            rows = rows.where(F.col(VALID_FROM).isNotNull() & (F.col(VALID_FROM) <= F.lit(until)))
+        else:
+            ts = F.timestamp_micros(F.lit(0))
+        with lenient_casts(spark):
+            frames.append(rows.select(
+                F.col(KEY).alias(role), ts.alias("ts"),
+                *(F.trim(F.col(c)).alias(c) for c in table.categorical),
+                *(F.when(~F.isnan(n) & ~_is_infinite(n), n).alias(c) for c, n in (
+                    (c, _unquoted(F.col(c)).cast("double")) for c in table.continuous))))
+    if not frames:
+        return None
+    return functools.reduce(lambda a, b: a.unionByName(b, allowMissingColumns=True), frames)
+
+
 def _with_attributes(raw: DataFrame, rows: DataFrame, table: AttributeFile,
                      ts_unit: str) -> DataFrame:
     """Each raw row with the attributes of its key: the one row of the key, or with

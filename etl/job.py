@@ -54,7 +54,7 @@ from featureline.core.metadata import (
     present,
     read_metadata,
 )
-from featureline.core.model_inputs import ModelInputs
+from featureline.core.model_inputs import ModelInputs, attribute_name
 from featureline.etl import ingest, label_join, stages
 from featureline.etl.aggregations import (
     Lifetime,
@@ -756,7 +756,8 @@ def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, stag
              for tile in output_tiles(events if spec_rows is None else spec_rows, group,
                                       numeric, cut, days=spec_days.get(group.name))]
     tiles += [tile for group in inputs.groups
-              for tile in output_tiles(events, group, numeric, cut)]
+              for part, rows in _with_catalog(events, group, config, cut)
+              for tile in output_tiles(rows, part, numeric, cut)]
     groups = [*config.aggregations, *inputs.groups]
     for entity, prior in lifetimes.items():
         group = entity_group(entity, config.entities.recent_days)
@@ -768,6 +769,26 @@ def _write_tiles(events: DataFrame, config: EtlConfig, inputs: ModelInputs, stag
     write_each([(frame, staging / tables[feature.qualified]) for feature, frame in tiles])
     return {"cut_us": cut, "tables": tables,
             "groups": [group.model_dump(mode="json") for group in groups]}
+
+
+def _with_catalog(events: DataFrame, group: GroupSpec, config: EtlConfig, cut: int
+                  ) -> list[tuple[GroupSpec, DataFrame]]:
+    """A model inputs' group with the rows its tiles come from: the events, and for the
+    latest values of the attribute files' columns (``attribute_name``) the files' rows
+    too, so a user or an item without events is served its attributes."""
+    role = group.keys[0] if list(group.keys) in (["user_id"], ["item_id"]) else None
+    filed = {attribute_name(column) for table in config.attributes
+             if table.key_role == role for column in table.columns}
+    ours = [feature for feature in group.features if feature.name in filed]
+    catalog = None if not ours or role is None else ingest.catalog_events(
+        events.sparkSession, config, role, datetime.fromtimestamp(cut / 1e6, timezone.utc))
+    if catalog is None:
+        return [(group, events)]
+    rest = [feature for feature in group.features if feature.name not in filed]
+    filed_group = group.model_copy(update={"features": ours})
+    rows = events.unionByName(with_time_key(catalog), allowMissingColumns=True)
+    return [(filed_group, rows),
+            *([(group.model_copy(update={"features": rest}), events)] if rest else [])]
 
 
 def _write_group_snapshots(aggregations: Aggregations, staging: Path, previous: Path

@@ -68,6 +68,8 @@ def test_every_command_of_the_page_runs(tmp_path):
     assert "release_year_token_cat" in done.stdout and "occupation_token_cat" in done.stdout
     assert re.search(r'"items":\[\{"item_id":"(242|302|377)","score":0\.\d+', done.stdout)
     assert '"rater_year:count_30d"' in done.stdout
-    # The next day: its 536 ratings, the gate passing against the first run's days.
-    assert "rows: read 536 = accepted 536" in done.stdout
+    # The next day: its 536 ratings (the output's rows now 100,000: every rating), the gate
+    # passing against the first run's days.
+    assert "rows: read 100,000 = accepted 100,000 + duplicates 0" in done.stdout
+    assert "split: train 99,464, valid 536" in done.stdout
     assert re.search(r"checks: PASSED against \S*data/files/output\n", done.stdout)

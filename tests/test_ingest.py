@@ -419,13 +419,19 @@ def test_a_headerless_file_in_another_separator_and_encoding(spark, tmp_path):
     path.write_bytes("1;10;4;881250949;Zürich\n"
                      "2;11;\\N;881250950;\"Genf;GE\"\n"
                      "3;12;5;881250951\n".encode("latin-1"))
+    (tmp_path / "users.csv").write_bytes("1|Köln\n2|Genève\n".encode("latin-1"))
+    towns = {"name": "towns", "path": str(tmp_path / "users.csv"),
+             "options": {"sep": "|", "header": False, "encoding": "ISO-8859-1"},
+             "key": {"user_id": "_c0"}, "categorical": ["_c1"]}
     config = _source_config(path, {
         "options": {"sep": ";", "header": False, "encoding": "ISO-8859-1", "nullValue": "\\N"},
         "columns": {"user_id": "_c0", "item_id": "_c1", "value": "_c2", "ts": "_c3",
                     "event_type": None},
-        "categorical": ["_c4"], "continuous": []})
+        "categorical": ["_c4"], "continuous": []}, attributes=[towns])
     rows = {r["user_id"]: r for r in _validated(spark, config).collect()}
     assert (rows["1"]["_c4"], rows["1"]["value"], rows["1"]["reason"]) == ("Zürich", 4.0, None)
+    # The attribute file's own _c1 is a column of its own beside the log's _c1 (the item).
+    assert [rows[user]["_c1"] for user in ("1", "2", "3")] == ["Köln", "Genève", None]
     assert (rows["2"]["_c4"], rows["2"]["value"], rows["2"]["reason"]) == ("Genf;GE", None, None)
     # A row short of a field is malformed, as Spark's parser finds it.
     assert rows["3"]["reason"] == "malformed_record"

@@ -232,8 +232,9 @@ def test_failure_on_fresh_output_leaves_nothing(spark, tmp_path):
 def _ratings(path: Path) -> Path:
     """A RecBole-shaped ratings file: tab-separated, ``name:type`` headers, no event type,
     four days of 1997."""
-    lines = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
-    lines += [f"{n % 23}\t{n % 31}\t{1 + n % 5}\t{881_000_000 + n * 1_300}" for n in range(240)]
+    lines = ["user_id:token\titem_id:token\trating:float\ttimestamp:float\tdevice type"]
+    lines += [f"{n % 23}\t{n % 31}\t{1 + n % 5}\t{881_000_000 + n * 1_300}\t{'ab'[n % 2]}"
+              for n in range(240)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -242,21 +243,42 @@ def _ratings_config(tmp_path: Path, **validation: str) -> EtlConfig:
     config = make_config(tmp_path, _ratings(tmp_path / "ml.inter"), label="value >= 4")
     data = config.model_dump(mode="json")
     data["source"] = {"path": str(tmp_path / "ml.inter"), "format": "csv",
-                      "options": {"sep": "\t"}, "categorical": [], "continuous": [],
+                      "options": {"sep": "\t"}, "categorical": ["device type"],
+                      "continuous": [],
                       "columns": {"user_id": "user_id:token", "item_id": "item_id:token",
                                   "ts": "timestamp:float", "value": "rating:float",
                                   "event_type": None}}
     data["validation"] = {"ts_unit": "s", **validation}
+    # The films' genres in a file of their own, one film (999) not rated yet.
+    (tmp_path / "ml.item").write_text("item_id:token\tgenre:token\n" + "".join(
+        f"{n}\tg{n % 3}\n" for n in range(31)) + "999\tnoir\n")
+    data["attributes"] = [{"name": "movies", "path": str(tmp_path / "ml.item"),
+                           "options": {"sep": "\t"}, "key": {"item_id": "item_id:token"},
+                           "categorical": ["genre:token"]}]
     return EtlConfig.model_validate(data)
 
 
 def test_a_ratings_log_with_no_numeric_context_column(spark, tmp_path):
-    """``continuous: []`` and no event type: the whole job runs (it crashed in normalize)."""
+    """``continuous: []``, no event type, a column named with a space: the whole job runs
+    (it crashed in normalize), the column by its safe name in the features."""
     done = job.run(_ratings_config(tmp_path), spark, progress=lambda _: None)
     rows = done.metadata["rows"]
     assert (rows["read"], rows["accepted"]) == (240, 240)
     examples = pq.read_table(Path(done.output) / "examples").to_pandas()
     assert len(examples) == 240
+    assert sorted(examples["device_type_cat"].unique()) == [2, 3]  # two values, ids from 2
+    features = {f["name"]: f for f in done.metadata["features"]}
+    assert features["device_type_cat"]["cardinality"] == 4 and features[
+        "device_type_cat"]["short_name"]
+    # The film file's genre joins each rating; the online tiles hold the file's value of a
+    # film no one rated yet, served as its attribute.
+    genres = examples.groupby("item_id")["genre_token_cat"].nunique()
+    assert (genres == 1).all() and examples["genre_token_cat"].nunique() == 3
+    table = done.metadata["tiles"]["tables"]["inputs_item:attr_genre_token"]
+    tiles = pq.read_table(Path(done.output) / table).to_pandas()
+    unrated = tiles[tiles["item_id"] == "999"]
+    assert len(unrated) == 1 and "noir" in str(unrated.iloc[0].to_dict())
+    assert len(tiles) == 32  # every film: the 31 rated and the one not yet
     assert examples["label"].sum() == sum(1 + n % 5 >= 4 for n in range(240))
     assert not any(f["name"].endswith("_norm") for f in done.metadata["features"])
 
