@@ -41,20 +41,25 @@ def test_the_page_has_its_steps():
         assert step in commands, step
 
 
-@pytest.mark.slow
-def test_every_command_of_the_tutorial_runs(tmp_path):
+def run_page(page_path: Path, tmp_path: Path, port_text: str, pid_file: str
+             ) -> subprocess.CompletedProcess[str]:
+    """Every YAML block of a page with a title written to its file, then every bash block in
+    order in one shell (``set -euo pipefail``), in ``tmp_path`` holding a copy of the Feast
+    repository, against a Redis server of its own; the API's port ``port_text`` swapped for
+    a free one, the server the page starts (``pid_file``) stopped after. Its output is in
+    ``tmp_path / "page.log"``; a failed run fails the test."""
     from featureline.feature_store.redis_server import EmbeddedRedis, free_port
     from featureline.feature_store.repo import copy_packaged_repo
 
-    page = PAGE.read_text()
+    page = page_path.read_text()
     port = str(free_port())
     for info, body in blocks(page, "yaml"):
         (name,) = re.findall(r'title="([^"]+)"', info)
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(body.replace(PORT, port))
+        (tmp_path / name).write_text(body.replace(port_text, port))
     copy_packaged_repo(tmp_path / "feature_store" / "feast_repo")
     script = "\n".join(["set -euo pipefail",
-                        *(body.replace(PORT, port) for _, body in blocks(page, "bash"))])
+                        *(body.replace(port_text, port) for _, body in blocks(page, "bash"))])
     bin_dir = str(Path(sys.executable).parent)
     with EmbeddedRedis(tmp_path / "redis") as redis:
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
@@ -63,13 +68,19 @@ def test_every_command_of_the_tutorial_runs(tmp_path):
             done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env,
                                   capture_output=True, text=True, timeout=1500)
         finally:
-            pid_file = tmp_path / "data" / "tutorial" / "api.pid"
-            if pid_file.is_file():
+            pid = tmp_path / pid_file
+            if pid.is_file():
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+                    os.kill(int(pid.read_text()), signal.SIGTERM)
     output = done.stdout + done.stderr
-    (tmp_path / "tutorial.log").write_text(output)
+    (tmp_path / "page.log").write_text(output)
     assert done.returncode == 0, output[-4000:]
+    return done
+
+
+@pytest.mark.slow
+def test_every_command_of_the_tutorial_runs(tmp_path):
+    done = run_page(PAGE, tmp_path, PORT, "data/tutorial/api.pid")
     # What the page says the steps print.
     assert "checks: profile.json written" in done.stdout
     # The next day, against the days the first run kept.
@@ -79,4 +90,4 @@ def test_every_command_of_the_tutorial_runs(tmp_path):
     assert '"model":"ranker","rows":' in done.stdout  # the reload's
     served = tmp_path / "data" / "tutorial" / "models" / "served"
     assert served.is_symlink() and (served / "hps.yaml").is_file()
-    print(output[-3000:])
+    print(done.stdout[-3000:])
