@@ -194,7 +194,9 @@ def _corrupt(record: dict[str, Any], kind: str, fmt: InputFormat) -> dict[str, A
     elif kind == "bad_timestamp":
         bad["ts"] = "yesterday at noon"
     elif kind == "timestamp_out_of_window":
-        bad["ts"] = "2999-12-31T23:59:59Z"  # beyond validation.future_tolerance of any run
+        # 3000-01-01 in epoch seconds: beyond validation.future_tolerance of any run, and no
+        # day of the log to split it by (log_day reads ISO times).
+        bad["ts"] = "32503680000"
     elif kind == "unknown_event_type":
         bad["event_type"] = "hover"
     elif kind == "bad_number":
