@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import csv
 import glob
+import itertools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -164,19 +165,31 @@ def check_source(source: ReaderSettings, wanted: dict[str, str], key: str = "etl
                 names = CsvDialect(options).names(first)
                 missing = [name for name in wanted if name not in names]
             else:
-                names, missing = _json_names(first, list(required or []), file)
+                names, missing = _json_names(_first_lines(file, encoding),
+                                             list(required or []), file)
         if missing:
             raise RawLogSchemaError(file, missing[0], names, separated=source.format == "csv")
     return files
 
 
-def _json_names(line: str, required: list[str], file: str) -> tuple[list[str], list[str]]:
-    """The first record's members, and the required ones it lacks (other columns may be
-    missing from a record: that record is quarantined, not the file refused)."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        record = None
-    if not isinstance(record, dict):
-        raise RawLogSchemaError(file, "(a JSON object per line)", [line[:80]])
-    return list(record), [name for name in required if name not in record]
+# Records of a JSON lines file its check reads: a required column none of them holds is
+# missing from the file (one record without it is a quarantined row, not a refused file).
+JSON_RECORDS_CHECKED = 200
+
+
+def _json_names(lines: Iterator[str], required: list[str], file: str
+                ) -> tuple[list[str], list[str]]:
+    """The members of the file's first records, and the required ones none of them holds."""
+    names: dict[str, None] = {}
+    first = None
+    for line in itertools.islice(lines, JSON_RECORDS_CHECKED):
+        first = first if first is not None else line
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            names.update(dict.fromkeys(record))
+    if not names:
+        raise RawLogSchemaError(file, "(a JSON object per line)", [(first or "")[:80]])
+    return list(names), [name for name in required if name not in names]

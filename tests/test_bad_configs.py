@@ -185,3 +185,17 @@ def test_etl_run_refuses_before_spark_starts(files):
     assert done.stderr.startswith("error: ml.inter: column 'user_id:token' not found")
     assert "Spark" not in done.stderr and "Traceback" not in done.stderr
     assert not (files / "out").exists()
+
+
+def test_a_json_record_without_a_column_is_a_row_to_quarantine_not_a_bad_file(
+        files, capsys, monkeypatch):
+    """The check reads the file's first records: one lacking a column (a bad row the run
+    quarantines) does not refuse the file; a column none of them holds does."""
+    (files / "day.jsonl").write_text('{"user_id": "u1", "event_type": "view", "ts": 1}\n'
+                                     + EVENTS)
+    source = {"path": "day.jsonl", "format": "jsonl"}
+    code, err = _check(files, {"etl": {"source": source}}, capsys, monkeypatch)
+    assert code == 0, err
+    code, err = _check(files, {"etl": {"source": {**source, "columns": {"ts": "time"}}}},
+                       capsys, monkeypatch)
+    assert code == 2 and "day.jsonl: column 'time' not found" in err
