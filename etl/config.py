@@ -138,6 +138,12 @@ class ReaderSettings(Settings):
         return {name: str(value).lower() if isinstance(value, bool) else str(value)
                 for name, value in self.options.items()}
 
+    @property
+    def encoding(self) -> str:
+        """The files' character set: Spark's ``encoding`` option (or ``charset``), UTF-8."""
+        options = self.reader_options()
+        return options.get("encoding", options.get("charset", "UTF-8"))
+
     def source_name(self, column: str) -> str:
         """A column's name in the file."""
         return self.source_names.get(column, column)

@@ -118,8 +118,9 @@ def _read_jsonl(spark: SparkSession, source: ReaderSettings, columns: SourceColu
     """A line is a record when it is one JSON object. Told by ``get_json_object`` rather than
     from_json's corrupt-record column, which the RAPIDS Accelerator leaves to the CPU
     (docs/ARCHITECTURE.md, "GPU"); from_json reads a malformed line as all nulls."""
-    options = source.reader_options()
-    text = _lines(spark, source.path, options.pop("encoding", None))
+    options = {name: value for name, value in source.reader_options().items()
+               if name not in ("encoding", "charset")}
+    text = _lines(spark, source.path, source.encoding)
     parsed = F.from_json("value", _string_schema(columns), {**options, "mode": "PERMISSIVE"})
     is_object = F.coalesce(F.get_json_object(F.col("value"), "$").startswith("{"),
                            F.lit(False))
@@ -185,7 +186,7 @@ def _read_csv(spark: SparkSession, source: ReaderSettings, columns: SourceColumn
     header line is dropped once; a data line that repeats it is a row like any other (and
     fails validation)."""
     dialect = CsvDialect(source.reader_options())
-    groups = csv_headers(spark, source.path, dialect.encoding)
+    groups = csv_headers(spark, source.path, source.encoding)
     if not groups:
         raise NoInputError(f"{source.path}: no file matches the source path, or every file "
                            "is empty")
@@ -199,7 +200,7 @@ def _read_csv(spark: SparkSession, source: ReaderSettings, columns: SourceColumn
         for name in columns.names:
             if name not in names:
                 raise RawLogSchemaError(files[0], name, list(names), separated=True)
-        text = _lines(spark, files, dialect.encoding)
+        text = _lines(spark, files, source.encoding)
         comment = dialect.options.get("comment")
         if comment:
             text = text.where(~F.col("value").startswith(comment))

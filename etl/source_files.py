@@ -44,10 +44,6 @@ class CsvDialect:
         return self.options.get("header", "true").lower() == "true"
 
     @property
-    def encoding(self) -> str:
-        return self.options.get("encoding", self.options.get("charset", "UTF-8"))
-
-    @property
     def quote(self) -> str:
         return self.options.get("quote", '"')
 
@@ -141,8 +137,7 @@ def check_source(source: ReaderSettings, wanted: dict[str, str], key: str = "etl
         raise NoInputError(f"{source.path}: no file or folder matches the source path")
     if not files:
         raise ConfigError(f"{key}.path", f"{source.path}: no file or folder matches it")
-    options = source.reader_options()
-    encoding = options.get("encoding", options.get("charset", "UTF-8"))
+    options, encoding = source.reader_options(), source.encoding
     try:
         codecs.lookup(encoding)
     except LookupError:
