@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import Field
-from scipy.stats import chi2, poisson
+from scipy.stats import binom, chi2, poisson
 
 from featureline.core.aggregations import ENTITIES
 from featureline.core.metadata import ChecksVerdict, Metadata
@@ -67,7 +67,7 @@ METRICS_FILE = "checks.prom"
 # reference's.
 REPORT_FILE = "report.html"
 # Every check, in the order the report and the metrics list them.
-CHECKS = ("schema", "volume", "missing", "js", "linf", "unseen", "label_rate",
+CHECKS = ("schema", "volume", "missing", "js", "linf", "unseen", "beyond", "label_rate",
           "quarantine_rate", "range")
 # The reference's profile at the time of the run, kept beside the run's own.
 REFERENCE_PROFILE_FILE = "profile.reference.json"
@@ -474,6 +474,7 @@ def _column(profile: dict[str, Any], name: str, a: dict[str, Any], b: dict[str, 
             bins = sorted({*a["histogram"], *b["histogram"]}, key=int)
             yield _distribution("js", name, js_divergence(a["histogram"], b["histogram"]),
                                 a["histogram"], b["histogram"], bins, n, b, config.js, config)
+        yield from beyond_range(name, a, b, config)
         return
     if config.linf is not None:
         theirs = _value_counts(b)
@@ -509,6 +510,35 @@ def new_values(name: str, a: dict[str, Any], b: dict[str, Any], config: ChecksCo
     p = float(poisson.sf(new - 1, rate)) if new else 1.0
     yield Measurement("unseen", name, float(new), f"{rate:.3g} new values a day",
                       p < config.p_value, p)
+
+
+def beyond_range(name: str, a: dict[str, Any], b: dict[str, Any], config: ChecksConfig
+                 ) -> Iterable[Measurement]:
+    """The ``beyond`` check of a numeric attribute of users or items (``a``: the day's,
+    ``b``: the window's): how many of the day's users (items) hold a value in a histogram bin
+    beyond every bin the window's values reach. A user's value drawn as the window's were
+    lies beyond their range with a chance of at most 2 / (users + 1), the users being the
+    most the window saw on one day (fewer than it saw in all: a larger chance, so a
+    safer bound); the count breaches where a binomial test finds it significant
+    (``p_value``). A day of a few users shifted far (every age + 40) breaches here where the
+    distribution checks need more values."""
+    held, per_day = a.get("entity_histogram"), b.get("entities_per_day")
+    if not held or not per_day or b.get("min") is None:
+        return
+    low, high = histogram_index(b["min"]), histogram_index(b["max"])
+    beyond = sum(count for index, count in held.items() if not low <= int(index) <= high)
+    users = sum(held.values())
+    chance = min(1.0, 2 / (max(per_day) + 1))
+    p = float(binom.sf(beyond - 1, users, chance)) if beyond else 1.0
+    yield Measurement("beyond", name, float(beyond),
+                      f"{chance * users:.3g} of {users} {a.get('entity', 'entity')}s by chance",
+                      p < config.p_value, p)
+
+
+def histogram_index(value: float) -> int:
+    """The histogram bin of a number, as the profile's Spark column computes it."""
+    return int(math.copysign(math.floor(math.log10(abs(value) + 1) * BINS_PER_DECADE), value)
+               if value else 0)
 
 
 def _discovery_rate(window: dict[str, Any]) -> float | None:

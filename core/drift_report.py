@@ -40,6 +40,7 @@ MEANINGS = {
     "js": "Jensen-Shannon divergence of the histograms (0 same, 1 disjoint), significant",
     "linf": "largest change of one value's share (L-infinity), significant",
     "unseen": "share of the day's values the window never had",
+    "beyond": "users (items) holding a value beyond the window's whole range, significant",
     "label_rate": "relative change of the label rate from the window's median day",
     "quarantine_rate": "share of rows quarantined, against a multiple of the window's median",
     "range": "a value outside the declared bounds",

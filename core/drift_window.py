@@ -87,6 +87,9 @@ def _pooled_column(entries: Sequence[dict[str, Any]]) -> dict[str, Any]:
         column.update(_moments(entries, present))
         column["quantiles"] = quantiles(column)
         column["spread"] = _spread(days, histogram, js_divergence)
+        held = [entry["entity_histogram"] for entry in entries if "entity_histogram" in entry]
+        if held:  # how many users (items) held a value, each day: drift.beyond_range
+            column["entities_per_day"] = [sum(day.values()) for day in held]
         return column
     days = [{str(value): count for value, count in entry["top"]} for entry in entries]
     counts = _added(days)

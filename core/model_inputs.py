@@ -51,6 +51,8 @@ Period = Literal["hour", "dow"]
 PERIODS: dict[Period, int] = {"hour": 24, "dow": 7}
 SourceKind = Literal["id", "count", "target", "value", "since", "ids", "cyclic", "cross",
                      "normalize"]
+# The most ids a multi-valued column's feature holds: later values are left out.
+MAX_LIST_WIDTH = 64
 
 
 class Source(Settings):
@@ -68,8 +70,10 @@ class Source(Settings):
     # cyclic: which period, and which function of its angle.
     period: Period | None = None
     fn: Literal["sin", "cos"] | None = None
-    # ids: how many (a last item: 1, unpadded).
+    # ids: how many (a last item: 1, unpadded); id of a multi-valued column: how many.
     width: int | None = None
+    # id: a multi-valued column's separator (its feature the ids of its values, padded).
+    separator: str | None = None
 
     @property
     def reference(self) -> str | None:
@@ -167,6 +171,26 @@ def _ids(fitted: Fitted, column: str, values: list[Any], missing: int = PADDING_
     return [missing if v is None else encoded[v] for v in values]
 
 
+def _id_lists(fitted: Fitted, column: str, lists: list[tuple[Any, ...]], width: int,
+              missing: int = PADDING_ID) -> list[list[int]]:
+    """The ids of each list's values (None: ``missing``), its first ``width``, padded; each
+    distinct list encoded once (a user's history is every candidate's)."""
+    distinct = list(dict.fromkeys(lists))
+    flat = _ids(fitted, column, [x for one in distinct for x in one], missing)
+    padded, at = {}, 0
+    for one in distinct:
+        ids = flat[at:at + len(one)][:width]
+        at += len(one)
+        padded[one] = ids + [PADDING_ID] * (width - len(ids))
+    return [padded[one] for one in lists]
+
+
+def list_values(text: str, separator: str) -> list[str]:
+    """A multi-valued column's values: the texts between its separators, spaces trimmed,
+    empty ones left out (as ``etl.features.categorify.list_values`` reads the events)."""
+    return [one for one in (part.strip(" ") for part in text.split(separator)) if one]
+
+
 @functools.lru_cache(maxsize=65_536)
 def xxhash64_spark(values: tuple[Any, ...]) -> int:
     """Spark's ``xxhash64`` of text values (seed 42, each value's UTF-8 bytes hashed with the
@@ -193,6 +217,10 @@ def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
     array (the engine's values and the seconds since them: float64, NaN where missing)."""
     n, raw, engine = candidates.size, candidates.raw, candidates.engine
     kind = source.kind
+    if kind == "id" and source.separator is not None:  # a list: its values' ids, padded
+        return _id_lists(fitted, source.column or "", [
+            () if v is None else tuple(list_values(str(v), source.separator))
+            for v in raw[source.column or ""]], source.width or 1, OOV_ID)
     if kind == "id":  # categorify: a missing value is out of vocabulary
         return _ids(fitted, source.column or "", raw[source.column or ""], OOV_ID)
     if kind in ("count", "target"):
@@ -209,15 +237,8 @@ def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
         values = engine[source.reference or ""]
         if source.width is None:  # one id
             return _ids(fitted, source.column or "", values)
-        # Each distinct list once: a user's history is every candidate's.
-        distinct = list(dict.fromkeys(tuple(v or ()) for v in values))
-        flat = _ids(fitted, source.column or "", [x for one in distinct for x in one])
-        padded, at = {}, 0
-        for one in distinct:
-            ids = flat[at:at + len(one)]
-            at += len(one)
-            padded[one] = ids + [PADDING_ID] * (source.width - len(ids))
-        return [padded[tuple(v or ())] for v in values]
+        return _id_lists(fitted, source.column or "", [tuple(v or ()) for v in values],
+                         source.width)
     if kind == "cyclic":
         angle = _angle(candidates.at_us, source.period or "hour")
         return [math.sin(angle) if source.fn == "sin" else math.cos(angle)] * n

@@ -54,6 +54,8 @@ from featureline.etl.stages import InputFormat
 SHORT_NAME_PATTERN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,2}$")
 # A value of etl.source.options: Spark's reader takes every option as text.
 ReaderOption = str | bool | int | float
+# The text between two values of a multi-valued column, taken as it is (not a pattern).
+Separator = Annotated[str, Field(min_length=1)]
 
 
 class RoleColumns(Settings):
@@ -163,6 +165,9 @@ class AttributeFile(ReaderSettings):
     categorical: list[str] = Field(default_factory=list)
     # Its numeric columns.
     continuous: list[str] = Field(default_factory=list)
+    # Its multi-valued columns, each with the text between two values: {genres: "|"}. Each
+    # is a categorical column whose feature is the list of its values' ids (categorify).
+    lists: dict[str, Separator] = Field(default_factory=dict)
     # The file's column of the time from which a row holds (ISO-8601 or epoch, read as
     # etl.validation.ts_unit says); null: one row per key, always valid.
     valid_from: str | None = None
@@ -170,7 +175,18 @@ class AttributeFile(ReaderSettings):
     @model_validator(mode="before")
     @classmethod
     def _safe_names(cls, data: Any) -> Any:
-        return _renamed(data, ("categorical", "continuous")) if isinstance(data, dict) else data
+        """Context columns by their safe names; each list column is a categorical one."""
+        if not isinstance(data, dict):
+            return data
+        lists = data.get("lists")
+        if isinstance(lists, dict) and lists:
+            categorical = data.get("categorical")
+            categorical = list(categorical) if isinstance(categorical, list) else []
+            data = {**data, "categorical": [*categorical,
+                                            *(c for c in lists if c not in categorical)],
+                    "lists": {safe_name(c) if isinstance(c, str) and c else c: sep
+                              for c, sep in lists.items()}}
+        return _renamed(data, ("categorical", "continuous"))
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> AttributeFile:
@@ -582,10 +598,12 @@ class EtlConfig(Settings):
             if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
                 continue
             role = "user" if "user_id" in entry["key"] else "item"
+            lists = entry.get("lists")
             for kind in ("categorical", "continuous"):
                 declared = list(source.get(kind, defaults[kind].get_default(
                     call_default_factory=True)))
-                for column in entry.get(kind) or []:
+                listed = list(lists) if kind == "categorical" and isinstance(lists, dict) else []
+                for column in [*(entry.get(kind) or []), *listed]:
                     name = safe_name(column) if isinstance(column, str) and column else column
                     if name not in declared:
                         declared.append(name)
@@ -611,6 +629,10 @@ class EtlConfig(Settings):
     def attribute_columns(self) -> list[str]:
         """The context columns the attribute files hold (not the log)."""
         return [column for table in self.attributes for column in table.columns]
+
+    def list_columns(self) -> dict[str, str]:
+        """The multi-valued columns, each with its separator."""
+        return {column: sep for table in self.attributes for column, sep in table.lists.items()}
 
     @model_validator(mode="before")
     @classmethod
@@ -679,7 +701,8 @@ class EtlConfig(Settings):
             continuous_context=tuple(continuous_columns(self)),
             label_column=self.positive.column,
             outcomes=tuple(c for c, role in self.source.declared_roles().items()
-                           if role == "outcome"))
+                           if role == "outcome"),
+            lists=tuple(self.list_columns().items()))
 
     def event_contract(self) -> EventContract:
         """How this run reads raw events, as metadata.json records it (``events``)."""

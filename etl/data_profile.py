@@ -128,6 +128,9 @@ def profiles(events: DataFrame, examples: DataFrame, last: int, *,
                 columns[day][name]["entity"] = role
     _distributions(columns, [(events.where(on_chosen), raw_numeric, raw_categorical),
                              (examples.where(on_chosen), feature_numeric, feature_categorical)])
+    _entity_histograms(columns, events.where(on_chosen), {
+        name: ENTITIES[role] for name, role in (entities or {}).items()
+        if name in raw_numeric and role in ENTITIES})
     return [{"day": day, "day_events": int(by_day[day]["rows"]),
              "events_per_day": {d: int(counts[d]) for d in every if d <= day},
              "label_rate": float(by_day[day]["label"] or 0.0),
@@ -226,6 +229,28 @@ def _distributions(profiles: dict[str, dict[str, dict[str, Any]]],
                 entry["histogram"] = dict(sorted(entry["histogram"].items(),
                                                  key=lambda item: int(item[0])))
                 entry["quantiles"] = quantiles(entry)
+
+
+def _entity_histograms(profiles: dict[str, dict[str, dict[str, Any]]], events: DataFrame,
+                       keys: Mapping[str, str]) -> None:
+    """For each numeric attribute of a user or an item (column → the id column keying it),
+    each day's ``entity_histogram``: per bin, how many of the day's users (items) hold a value
+    in it — what the check of values beyond the window's range counts (``core.drift``),
+    where the rows of one user are not independent values. One scan for every column."""
+    if not keys:
+        return
+    triples = [F.struct(F.lit(name).alias(_NAME), histogram_bin(F.col(name)).cast("string")
+                        .alias(_VALUE), F.col(key).alias("_key")) for name, key in keys.items()]
+    held = (events.select(F.to_date("ts").cast("string").alias(_DAY),
+                          F.explode(F.array(*triples)).alias("triple"))
+            .select(_DAY, "triple.*").where(F.col(_VALUE).isNotNull()).distinct()
+            .groupBy(_DAY, _NAME, _VALUE).count())
+    for columns in profiles.values():
+        for name in keys:
+            if name in columns:
+                columns[name]["entity_histogram"] = {}
+    for row in sorted(held.collect(), key=lambda row: (row[_DAY], row[_NAME], int(row[_VALUE]))):
+        profiles[row[_DAY]][row[_NAME]]["entity_histogram"][row[_VALUE]] = int(row["count"])
 
 
 def _number(value: Any) -> float | None:

@@ -1,4 +1,4 @@
-"""The embedding plan: per categorical feature its table size and vector width.
+"""The embedding plan: per categorical (or list) feature its table size and vector width.
 
 Widths follow the fastai rule of thumb, ``1.6 * cardinality ** 0.56``, clipped to the
 configured range and padded so a float32 row is a multiple of 16 bytes. Features of equal
@@ -29,7 +29,7 @@ def fused_table_name(width: int) -> str:
 
 
 def embedding_plan(features: list[FeatureSpec], config: EmbeddingPlanConfig) -> dict[str, Any]:
-    owners = [f for f in features if f.kind == "categorical" and f.shares is None]
+    owners = [f for f in features if f.kind in ("categorical", "multi_hot") and f.shares is None]
     plan: dict[str, Any] = {}
     tables: dict[str, dict[str, Any]] = {}
     for feature in owners:

@@ -652,7 +652,8 @@ def _renumbered(pipeline: FeaturePipeline, stored: DataFrame) -> int | None:
     marked, marks = stored, []
     for n, column in enumerate(categorify.columns):
         mark = f"_added_{n}"
-        added = F.broadcast(categorify.added(column).select(F.col("value").alias(mark)))
+        added = F.broadcast(categorify.added_lists(column, stored).select(
+            F.col("value").alias(mark)))
         marked = marked.join(added, F.col(column).cast("string") == added[mark], "left")
         marks.append(F.col(mark).isNotNull())
     first = marked.where(functools.reduce(Column.__or__, marks)).agg(F.min(TS_MICROS))

@@ -102,6 +102,14 @@ CORPUS = [
         {"name": "m", "path": "ml.item", "key": {"item_id": "item_id:token"}},
         {"name": "m", "path": "ml.item", "key": {"item_id": "item_id:token"}}]),
      "etl.attributes[1].name: 'm' names two files"),
+    ("a list without a separator", _etl(attributes=[
+        {"name": "movies", "path": "ml.item", "options": {"sep": "\t"},
+         "key": {"item_id": "item_id:token"}, "lists": {"class:token_seq": ""}}]),
+     "etl.attributes[0].lists.class_token_seq: String should have at least 1 character"),
+    ("a list column the file lacks", _etl(attributes=[
+        {"name": "movies", "path": "ml.item", "options": {"sep": "\t"},
+         "key": {"item_id": "item_id:token"}, "lists": {"genres": "|"}}]),
+     "ml.item: column 'genres' not found"),
     ("a CSV file called JSON lines", _etl({"path": "ml.inter", "format": "jsonl"}),
      "column '(a JSON object per line)' not found"),
 ]

@@ -10,8 +10,9 @@ import statistics
 
 import numpy as np
 import pytest
+from pyspark.sql import functions as F
 
-from featureline.core.drift import ChecksConfig, check, measure, robust_spread
+from featureline.core.drift import ChecksConfig, check, histogram_index, measure, robust_spread
 from featureline.core.drift_window import pooled, window
 
 # Prices per day as raw values, and the profile entries the ETL would write of them.
@@ -206,3 +207,68 @@ def test_a_window_of_one_day_does_not_judge_a_users_attribute():
     del day["columns"]["category"]["entity"]
     [found] = _unseen(measure(newcomer, day, ChecksConfig()))
     assert found.breached
+
+
+def _ages(day: int, ages: dict[str, float], rows_each: int = 3) -> dict:
+    """A day of raters (user → age), each rating ``rows_each`` films: its profile's ``age``
+    entry, with how many raters hold each bin (``entity_histogram``)."""
+    values = np.repeat(np.array(list(ages.values()), dtype=float), rows_each)
+    profile = _day(f"2026-03-{day:02d}", len(values), prices=values)
+    age = profile["columns"].pop("price")
+    held: dict[str, int] = {}
+    for value in ages.values():
+        index = str(histogram_index(value))
+        held[index] = held.get(index, 0) + 1
+    profile["columns"]["age"] = {**age, "entity": "user", "entity_histogram": held}
+    return profile
+
+
+def _beyond(measured: list) -> list:
+    return [m for m in measured if m.check == "beyond"]
+
+
+def test_values_beyond_the_windows_range_breach_by_the_users_holding_them():
+    """Raters aged 18 to 60 for two weeks. A day of eight raters each 40 years older breaches
+    (the distributions cannot tell from eight); one new 75-year-old who rates 200 films does
+    not (one user, however many rows); nor does a day within the range."""
+    rng = np.random.default_rng(3)
+    days = [_ages(d, {f"u{d}_{n}": float(rng.integers(18, 61)) for n in range(30)})
+            for d in range(1, 15)]
+    reference = pooled(days)
+    assert reference["columns"]["age"]["entities_per_day"] == [30] * 14
+    assert (reference["columns"]["age"]["min"], reference["columns"]["age"]["max"]) == (18, 60)
+    older = {f"new{n}": 20.0 + 40 + 3 * n for n in range(8)}  # 60 to 81: 7 past 60's bin
+    [found] = _beyond(measure(_ages(15, older), reference, ChecksConfig()))
+    assert found.breached and found.value == 7.0 and found.p_value < 1e-4
+    assert found.threshold == "0.516 of 8 users by chance"
+    one = {**{f"u{n}": 30.0 for n in range(20)}, "elder": 75.0}
+    [found] = _beyond(measure(_ages(15, one, rows_each=10), reference, ChecksConfig()))
+    assert found.value == 1.0 and not found.breached
+    within = {f"w{n}": 18.0 + n for n in range(40)}
+    [found] = _beyond(measure(_ages(15, within), reference, ChecksConfig()))
+    assert found.value == 0.0 and not found.breached
+    # Without entity counts (an older output's window), nothing is judged.
+    del reference["columns"]["age"]["entities_per_day"]
+    assert _beyond(measure(_ages(15, older), reference, ChecksConfig())) == []
+
+
+def test_a_days_profile_counts_the_users_holding_each_bin_once(spark):
+    """``profiles``' ``entity_histogram`` of a user's numeric attribute: per bin, the day's
+    distinct users, however many rows each has; the plain histogram counts rows."""
+    from featureline.etl.data_profile import profiles
+
+    ages = {f"u{n}": 15 + 4 * n for n in range(12)}
+    rows = [(user, f"2026-03-0{day} 1{n % 10}:00:00", float(age), n % 2)
+            for day in (1, 2) for user, age in ages.items() for n in range(1 + len(user))]
+    events = spark.createDataFrame(rows, "user_id string, ts string, age double, label int"
+                                   ).withColumn("ts", F.to_timestamp("ts"))
+    days = profiles(events, events.select("ts"), 2, raw_numeric=["age"], raw_categorical=[],
+                    feature_numeric=[], feature_categorical=[],
+                    rows={"read": len(rows), "quarantined": {}}, entities={"age": "user"})
+    expected: dict[str, int] = {}
+    for age in ages.values():
+        expected[str(histogram_index(age))] = expected.get(str(histogram_index(age)), 0) + 1
+    for day in days:
+        age = day["columns"]["age"]
+        assert age["entity"] == "user" and age["entity_histogram"] == expected
+        assert sum(age["histogram"].values()) == len(rows) // 2

@@ -12,10 +12,11 @@ import xxhash
 from pyspark.sql import functions as F
 
 from featureline.core.errors import ConfigError
+from featureline.core.model_inputs import list_values as python_list_values
 from featureline.core.transforms import apply as apply_transform
 from featureline.etl.config import EtlConfig
 from featureline.etl.features.base import MICROS, TS_MICROS, FeatureSpec, epoch_micros
-from featureline.etl.features.categorify import Categorify, summaries, summarize
+from featureline.etl.features.categorify import Categorify, list_values, summaries, summarize
 from featureline.etl.features.count_encode import CountEncode
 from featureline.etl.features.cyclic_time import CyclicTime
 from featureline.etl.features.hashed_cross import HashedCross
@@ -125,6 +126,54 @@ def test_categorify_counting_several_columns_at_once_numbers_as_each_column_alon
     assert all(counted.vocabularies[c].schema == whole.vocabularies[c].schema
                for c in ("item", "tag"))
     assert not Categorify(["item", "tag"]).count_from(counts, later)  # nothing extended
+
+
+@pytest.mark.parametrize("separator", [" ", "|", ", ", ".", "\\", "[x]", "a"])
+def test_a_list_splits_alike_in_spark_and_at_a_request(spark, separator):
+    """A separator is text, not a pattern; values are trimmed of spaces, empty ones left out:
+    Spark's split for the events and Python's for a request agree."""
+    texts = [separator.join(["Sci-Fi", " Film-Noir ", "", "Children's"]),
+             f"{separator}a.b{separator}{separator}", "", " ", "one", "x|y.z\\w"]
+    rows = spark.createDataFrame([(t,) for t in texts], "text string").select(
+        list_values(F.col("text"), separator).alias("values")).collect()
+    assert [row["values"] for row in rows] == [python_list_values(t, separator) for t in texts]
+    if separator != "a":
+        assert python_list_values(texts[0], separator) == ["Sci-Fi", "Film-Noir", "Children's"]
+
+
+def test_a_list_column_numbers_its_values_counted_or_not(spark, tmp_path):
+    """A list column's vocabulary numbers the values in its lists by their count; a kept
+    width lets an extension count from the vocabulary and equal a fit over every row, and
+    the stored lists holding a value numbered anew are found by their text."""
+    schema = "item string, genres string"
+    first = spark.createDataFrame([("1", "b|a"), ("2", "a"), ("3", None)], schema)
+    later = spark.createDataFrame([("4", "c|a|c"), ("5", "b")], schema)
+    base = Categorify(["item", "genres"], separators={"genres": "|"})
+    base.fit(first)
+    assert base.widths == {"genres": 2}
+    assert sorted(map(tuple, base.vocabularies["genres"].collect())) == [
+        ("a", 2, 2), ("b", 3, 1)]
+    ids = {r["item"]: list(r["genres_cat"]) for r in base.transform(first).collect()}
+    assert ids == {"1": [3, 2], "2": [2, 0], "3": [0, 0]}
+    previous, counts = _as_written(spark, base, tmp_path)
+    refused = Categorify(["item", "genres"], separators={"genres": "|"})
+    refused.extend(previous)
+    assert not refused.count_from(counts, later)  # its width needs every training row
+    whole, counted = (Categorify(["item", "genres"], separators={"genres": "|"})
+                      for _ in range(2))
+    for op in (whole, counted):
+        op.extend(previous)
+        op.kept_widths = {"genres": 2}
+    whole.fit(first.unionByName(later))
+    assert counted.count_from(counts, later)
+    counted.fit(first.limit(0))
+    vocabulary = lambda op: sorted(map(tuple, op.vocabularies["genres"].collect()))  # noqa: E731
+    assert vocabulary(counted) == vocabulary(whole) == [("a", 2, 3), ("b", 3, 2), ("c", 4, 2)]
+    assert counted.widths == {"genres": 2}  # kept: a longer list is cut
+    later_ids = {r["item"]: list(r["genres_cat"]) for r in counted.transform(later).collect()}
+    assert later_ids == {"4": [4, 2], "5": [3, 0]}
+    added = counted.added_lists("genres", first.unionByName(later))
+    assert sorted(r["value"] for r in added.collect()) == ["c|a|c"]
 
 
 def test_vocabularies_summarized_in_one_query_each_get_their_own_size_and_version(spark):

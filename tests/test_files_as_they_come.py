@@ -36,6 +36,7 @@ def test_every_command_of_the_page_runs(tmp_path):
     assert "ok: data/files/history.inter (csv)" in done.stdout  # etl check
     assert "rows: read 99,464 = accepted 99,464 + duplicates 0 + quarantined 0" in done.stdout
     assert "release_year_token_cat" in done.stdout and "occupation_token_cat" in done.stdout
+    assert "class_token_seq_cat: 21 x" in done.stdout  # 19 genres, padding and OOV
     assert re.search(r'"items":\[\{"item_id":"(242|302|377)","score":0\.\d+', done.stdout)
     assert '"rater_year:count_30d"' in done.stdout
     # The next day: its 536 ratings (the output's rows now 100,000: every rating), the gate

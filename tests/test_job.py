@@ -16,6 +16,9 @@ import pytest
 
 from featureline.core.aggregations import GroupSpec, entity_group
 from featureline.core.errors import ConfigError
+from featureline.core.ids import OOV_ID, PADDING_ID
+from featureline.core.metadata import VOCABULARY_DIR
+from featureline.core.model_inputs import Candidates, Fitted, Source, raw_value
 from featureline.etl import job
 from featureline.etl.config import EtlConfig
 from featureline.etl.datagen import BAD_KINDS_TEXT
@@ -239,6 +242,9 @@ def _ratings(path: Path) -> Path:
     return path
 
 
+_CLASSES = ["Action Comedy", "Drama", "Action  Drama Noir ", ""]
+
+
 def _ratings_config(tmp_path: Path, **validation: str) -> EtlConfig:
     config = make_config(tmp_path, _ratings(tmp_path / "ml.inter"), label="value >= 4")
     data = config.model_dump(mode="json")
@@ -249,12 +255,13 @@ def _ratings_config(tmp_path: Path, **validation: str) -> EtlConfig:
                                   "ts": "timestamp:float", "value": "rating:float",
                                   "event_type": None}}
     data["validation"] = {"ts_unit": "s", **validation}
-    # The films' genres in a file of their own, one film (999) not rated yet.
-    (tmp_path / "ml.item").write_text("item_id:token\tgenre:token\n" + "".join(
-        f"{n}\tg{n % 3}\n" for n in range(31)) + "999\tnoir\n")
+    # The films' genres in a file of their own, one film (999) not rated yet; their
+    # classes a list (spaces between, one doubled, one film without).
+    (tmp_path / "ml.item").write_text("item_id:token\tgenre:token\tclass:token_seq\n" + "".join(
+        f"{n}\tg{n % 3}\t{_CLASSES[n % 4]}\n" for n in range(31)) + "999\tnoir\tNoir\n")
     data["attributes"] = [{"name": "movies", "path": str(tmp_path / "ml.item"),
                            "options": {"sep": "\t"}, "key": {"item_id": "item_id:token"},
-                           "categorical": ["genre:token"]}]
+                           "categorical": ["genre:token"], "lists": {"class:token_seq": " "}}]
     return EtlConfig.model_validate(data)
 
 
@@ -281,6 +288,29 @@ def test_a_ratings_log_with_no_numeric_context_column(spark, tmp_path):
     assert len(tiles) == 32  # every film: the 31 rated and the one not yet
     assert examples["label"].sum() == sum(1 + n % 5 >= 4 for n in range(240))
     assert not any(f["name"].endswith("_norm") for f in done.metadata["features"])
+    # The classes: a list of ids per film, in the file's order, as wide as the longest list;
+    # a request's list gets the same ids (core.model_inputs).
+    classes = features["class_token_seq_cat"]
+    assert (classes["kind"], classes["width"], classes["cardinality"]) == ("multi_hot", 3, 6)
+    assert done.metadata["inputs"]["features"]["class_token_seq_cat"] == {
+        "kind": "id", "column": "class_token_seq", "separator": " ", "width": 3}
+    vocabulary = pq.read_table(Path(done.output) / VOCABULARY_DIR / "class_token_seq").to_pandas()
+    ids = dict(zip(vocabulary["value"], vocabulary["id"], strict=True))
+    assert sorted(ids) == ["Action", "Comedy", "Drama", "Noir"]
+    fitted = Fitted({}, {}, 0.0, lambda _, values: [ids.get(v, OOV_ID) for v in values])
+    source = Source(kind="id", column="class_token_seq", separator=" ", width=3)
+    for film, rows in examples.groupby("item_id"):
+        text = _CLASSES[int(film) % 4]
+        expected = [ids[v] for v in text.split()] + [PADDING_ID] * (3 - len(text.split()))
+        assert {tuple(row) for row in rows["class_token_seq_cat"]} == {tuple(expected)}
+        served = raw_value(source, Candidates(0, {"item_id": [film],
+                                                  "class_token_seq": [text or None]}, {}),
+                           fitted, None)
+        assert served == [expected]
+    served = raw_value(source, Candidates(0, {"item_id": ["1"],
+                                              "class_token_seq": ["Western Drama"]}, {}),
+                       fitted, None)
+    assert served == [[OOV_ID, ids["Drama"], PADDING_ID]]
 
 
 def test_most_rows_quarantined_by_one_reason_stop_the_run_naming_the_setting(spark, tmp_path):

@@ -344,6 +344,20 @@ def test_the_api_serves_the_published_tiles_at_the_request_time(aggregated, tmp_
         missing = api.post("/v1/features", json={"features": ["user_category:count_1d"],
                                                  "entities": {"user_id": [user]}})
         assert missing.status_code == 422 and "category" in missing.json()["message"]
+        # Given the item instead, the group reads the item's category from the tiles: the
+        # same values as the category sent; an item unknown is not found.
+        item = events[-1]["item_id"]
+        category = next(e["category"] for e in reversed(events) if e["item_id"] == item)
+        by_item = api.post("/v1/features", json={
+            "features": ["user_category:count_1d"],
+            "entities": {"user_id": [user, user], "item_id": [item, "nobody"]}}).json()
+        sent = api.post("/v1/features", json={
+            "features": ["user_category:count_1d"],
+            "entities": {"user_id": [user], "category": [category]}}).json()
+        assert by_item["values"]["user_category:count_1d"][0] == sent["values"][
+            "user_category:count_1d"][0]
+        assert by_item["status"]["user_category:count_1d"] == ["present", "not_found"]
+        assert sent["values"]["user_category:count_1d"][0] > 0
     again = publish(repo, full=True, progress=lambda _: None)
     assert again.tile_keys == summary.tile_keys
     assert {key.split(b":")[3] for key in client.scan_iter(match=f"{TILES_PREFIX}*")} == {

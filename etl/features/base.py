@@ -107,6 +107,8 @@ class ColumnRoles:
     label_column: str
     # Columns observed after the event (``etl.source.roles``): never an example's input.
     outcomes: tuple[str, ...] = ()
+    # Multi-valued columns and their separators (``etl.attributes[].lists``).
+    lists: tuple[tuple[str, str], ...] = ()
 
     def expand(self, columns: list[str]) -> list[str]:
         """Replace the selectors by the declared columns; a selector never expands to the

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from featureline.core.errors import ConfigError
 from featureline.core.metadata import FIRST_ID, OOV_ID, PADDING_ID, encoded_name
-from featureline.core.model_inputs import Served, Source
+from featureline.core.model_inputs import MAX_LIST_WIDTH, Served, Source
 from featureline.etl.features.base import (
     Artifacts,
     ColumnRoles,
@@ -32,8 +34,23 @@ from featureline.etl.features.base import (
     value_counts,
 )
 
+if TYPE_CHECKING:
+    from featureline.etl.fit import Fit
+
 # The column naming each row's vocabulary where several are one table (``_fit_counted``).
 _COLUMN = "_column"
+# A list column's position and id of each of its values (``_lists``).
+_POSITION, _ID = "_position", "_id"
+# Characters a separator escapes in Spark's split pattern (a Java regular expression).
+_PATTERN_CHARACTERS = frozenset("\\^$.|?*+()[]{}")
+
+
+def list_values(column: Column, separator: str) -> Column:
+    """A multi-valued column's values: the texts between its separators, spaces trimmed,
+    empty ones left out (``core.model_inputs.list_values``, the same for a request)."""
+    pattern = "".join(f"\\{c}" if c in _PATTERN_CHARACTERS else c for c in separator)
+    return F.filter(F.transform(F.split(column, pattern), lambda value: F.trim(value)),
+                    lambda value: value != "")
 
 
 class CategorifySettings(OpSettings):
@@ -50,17 +67,24 @@ class CategorifySettings(OpSettings):
         return self.inputs(roles)
 
     def build(self, roles: ColumnRoles) -> Categorify:
-        return Categorify(self.inputs(roles), self.freq_threshold)
+        return Categorify(self.inputs(roles), self.freq_threshold, dict(roles.lists))
 
 
 class Categorify(FeatureOp):
     name = "categorify"
     fitted = True
 
-    def __init__(self, columns: list[str], freq_threshold: int = 1) -> None:
+    def __init__(self, columns: list[str], freq_threshold: int = 1,
+                 separators: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.columns = columns
         self.freq_threshold = freq_threshold
+        # The multi-valued columns: each value of a list is numbered, and its feature is the
+        # list of their ids, ``widths`` long (the longest list of the training rows, at most
+        # MAX_LIST_WIDTH; a kept fit's own: ``restore``), padded.
+        self.separators = {c: sep for c, sep in (separators or {}).items() if c in columns}
+        self.widths: dict[str, int] = {}
+        self.kept_widths: dict[str, int] = {}
         self.vocabularies: dict[str, DataFrame] = {}
         self.sizes: dict[str, int] = {}
         self.versions: dict[str, str] = {}
@@ -86,6 +110,8 @@ class Categorify(FeatureOp):
         value the counted rows hold then has an id already."""
         if self.freq_threshold > 1 or set(self.columns) - (set(counted) & set(self.previous)):
             return False
+        if self.separators and not self.kept_widths:
+            return False  # a list's width is the longest of every training row
         self.counted, self.uncounted = dict(counted), uncounted
         return True
 
@@ -98,11 +124,12 @@ class Categorify(FeatureOp):
         largest = _per_table(known_ids, F.max("id").alias("last_id"))
         self.last_ids = {column: largest.get(column, {}).get("last_id") or FIRST_ID - 1
                          for column in self.columns}
+        self.widths = dict(self.kept_widths) or self._longest(train)
         if self.uncounted is not None:
             self._fit_counted(self.uncounted)
             return
         for column in self.columns:
-            counts = self.keep(value_counts(train, column))
+            counts = self.keep(self._value_counts(train, column))
             known = known_ids.get(column)
             last_id = self.last_ids[column]
             if known is None:
@@ -115,6 +142,36 @@ class Categorify(FeatureOp):
             self.vocabularies[column] = self.keep(vocabulary)
         for column, (size, version) in summaries(self.vocabularies).items():
             self.sizes[column], self.versions[column] = size, version
+
+    def restore(self, fit: Fit, train: DataFrame) -> None:
+        """Fit (the ids extend from the fit's vocabularies), each list as wide as the fit's."""
+        stats = fit.op_stats(self.name)
+        missing = [c for c in self.separators if "width" not in stats.get(c, {})]
+        if missing:
+            raise ConfigError("--fit-from", f"{fit.output}: the fit holds no list width of "
+                              f"{missing[0]} (it was not a list there): fit it again")
+        self.kept_widths = {c: int(stats[c]["width"]) for c in self.separators}
+        self.fit(train)
+
+    def _value_counts(self, train: DataFrame, column: str) -> DataFrame:
+        """``value_counts`` of a column; of a list column, of its lists' values (from the
+        count of each list)."""
+        separator = self.separators.get(column)
+        if separator is None:
+            return value_counts(train, column)
+        lists = value_counts(train, column)
+        return (lists.select(F.explode(list_values(F.col(column), separator)).alias(column),
+                             "count")
+                .groupBy(column).agg(F.sum("count").cast("long").alias("count")))
+
+    def _longest(self, train: DataFrame) -> dict[str, int]:
+        """Each list column's width: its longest list in the training rows (1 at least, at
+        most MAX_LIST_WIDTH), in one query."""
+        if not self.separators:
+            return {}
+        longest = train.agg(*[F.max(F.size(list_values(F.col(c), sep))).alias(c)
+                              for c, sep in self.separators.items()]).collect()[0]
+        return {c: min(MAX_LIST_WIDTH, max(1, int(longest[c] or 0))) for c in self.separators}
 
     def _fit_counted(self, uncounted: DataFrame) -> None:
         """``fit`` where every vocabulary is extended from its counts (``count_from``): the
@@ -137,9 +194,16 @@ class Categorify(FeatureOp):
 
         # Every known value with its id, its count in the counted rows, and each uncounted
         # row's value: grouped by column and value, they are the whole vocabularies.
-        parts = [uncounted.select(F.explode(F.array(*[
-            row(column, F.col(column), F.lit(None), F.lit(1), F.col(column))
-            for column in self.columns])).alias("_row"))]
+        def values(column: str) -> Column:  # a row's values of the column, as rows
+            separator = self.separators.get(column)
+            if separator is None:
+                return F.array(row(column, F.col(column), F.lit(None), F.lit(1), F.col(column)))
+            return F.transform(list_values(F.col(column), separator),
+                               lambda value: row(column, value, F.lit(None), F.lit(1), value))
+
+        parts = [uncounted.select(F.explode(F.concat(*[values(column)
+                                                       for column in self.columns]))
+                                  .alias("_row"))]
         for column in self.columns:
             parts.append(self.previous[column].select(
                 row(column, F.col("value"), F.col("id"), F.lit(0), None).alias("_row")))
@@ -192,34 +256,75 @@ class Categorify(FeatureOp):
             F.col("count"),
         )
 
+    def added_lists(self, column: str, rows: DataFrame) -> DataFrame:
+        """``added`` of a column as the raw values of ``rows`` holding them (``value``): of a
+        list column, each list with an added value."""
+        separator = self.separators.get(column)
+        if separator is None:
+            return self.added(column)
+        lists = rows.select(F.col(column).cast("string").alias("value")).distinct()
+        held = lists.select("value", F.explode(list_values(F.col("value"), separator))
+                            .alias("_one"))
+        added = self.added(column).select(F.col("value").alias("_one"))
+        return held.join(added, on="_one", how="left_semi").select("value").distinct()
+
     def transform(self, events: DataFrame, columns: list[str] | None = None) -> DataFrame:
         """``events`` with the ids of ``columns`` (every encoded column without)."""
         for column in self.columns if columns is None else columns:
             vocabulary = self.vocabularies[column].select(
                 F.col("value").alias(column), F.col("id").alias(encoded_name(column)))
+            if column in self.separators:
+                events = self._with_lists(events, column, vocabulary)
+                continue
             events = (events.join(vocabulary, on=column, how="left")
                       .fillna({encoded_name(column): OOV_ID}))
         return events
+
+    def _with_lists(self, events: DataFrame, column: str, vocabulary: DataFrame) -> DataFrame:
+        """``events`` with a list column's ids, in the list's order, padded to its width (no
+        value: all padding). Each distinct list is encoded once, then joined on by its text."""
+        width, name = self.widths[column], encoded_name(column)
+        lists = events.select(column).where(F.col(column).isNotNull()).distinct()
+        values = (lists.select(column, F.posexplode(list_values(
+                      F.col(column), self.separators[column])).alias(_POSITION, name))
+                  .join(vocabulary.withColumnRenamed(column, "_value")
+                        .withColumnRenamed(name, _ID),
+                        F.col(name) == F.col("_value"), "left")
+                  .select(column, _POSITION, F.coalesce(F.col(_ID), F.lit(OOV_ID)).alias(_ID)))
+        padding = F.array_repeat(F.lit(PADDING_ID).cast("long"), width)
+        encoded = values.groupBy(column).agg(
+            F.sort_array(F.collect_list(F.struct(_POSITION, _ID))).alias(name)).select(
+            column, F.slice(F.concat(F.transform(name, lambda pair: pair[_ID].cast("long")),
+                                     padding), 1, width).alias(name))
+        joined = events.join(encoded, on=column, how="left")
+        return joined.withColumn(name, F.coalesce(F.col(name), padding))
 
     def cardinality(self, column: str) -> int:
         """Rows the embedding table of ``column`` needs: the vocabulary plus padding and OOV."""
         return self.sizes[column] + FIRST_ID
 
     def features(self) -> list[FeatureSpec]:
-        # Before the fit the names are known, the cardinalities not yet.
-        return [FeatureSpec(encoded_name(c), "categorical", "int64",
-                            self.cardinality(c) if c in self.sizes else None)
+        # Before the fit the names are known, the cardinalities and list widths not yet.
+        return [FeatureSpec(encoded_name(c), "multi_hot" if c in self.separators else
+                            "categorical", "int64",
+                            self.cardinality(c) if c in self.sizes else None,
+                            width=self.widths.get(c, 1))
                 for c in self.columns]
 
     def served(self) -> Served:
-        return Served({encoded_name(c): Source(kind="id", column=c) for c in self.columns})
+        return Served({encoded_name(c): Source(kind="id", column=c,
+                                               separator=self.separators.get(c),
+                                               width=self.widths.get(c))
+                       for c in self.columns})
 
     def artifacts(self) -> Artifacts:
         return Artifacts(
             tables={f"categorify/{c}": v.orderBy("id") for c, v in self.vocabularies.items()},
             stats={c: {"vocabulary_size": self.sizes[c], "cardinality": self.cardinality(c),
                        "freq_threshold": self.freq_threshold, "padding_id": PADDING_ID,
-                       "oov_id": OOV_ID, "version": self.versions[c]} for c in self.columns},
+                       "oov_id": OOV_ID, "version": self.versions[c],
+                       **({"separator": self.separators[c], "width": self.widths[c]}
+                          if c in self.separators else {})} for c in self.columns},
         )
 
 
