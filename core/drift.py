@@ -463,6 +463,8 @@ def _column(profile: dict[str, Any], name: str, a: dict[str, Any], b: dict[str, 
     if a.get("key"):  # which users and items come changes every day: ids have no shape
         return
     numeric = a["kind"] == "numeric"
+    if numeric:  # counted by users (items), however few: before the day's size is judged
+        yield from beyond_range(name, a, b, config)
     made = [("js", config.js)] if numeric else [("linf", config.linf),
                                                 ("unseen", config.unseen_share)]
     if n < config.min_values or not present_values(b):
@@ -474,7 +476,6 @@ def _column(profile: dict[str, Any], name: str, a: dict[str, Any], b: dict[str, 
             bins = sorted({*a["histogram"], *b["histogram"]}, key=int)
             yield _distribution("js", name, js_divergence(a["histogram"], b["histogram"]),
                                 a["histogram"], b["histogram"], bins, n, b, config.js, config)
-        yield from beyond_range(name, a, b, config)
         return
     if config.linf is not None:
         theirs = _value_counts(b)
@@ -515,18 +516,24 @@ def new_values(name: str, a: dict[str, Any], b: dict[str, Any], config: ChecksCo
 def beyond_range(name: str, a: dict[str, Any], b: dict[str, Any], config: ChecksConfig
                  ) -> Iterable[Measurement]:
     """The ``beyond`` check of a numeric attribute of users or items (``a``: the day's,
-    ``b``: the window's): how many of the day's users (items) hold a value in a histogram bin
-    beyond every bin the window's values reach. A user's value drawn as the window's were
-    lies beyond their range with a chance of at most 2 / (users + 1), the users being the
-    most the window saw on one day (fewer than it saw in all: a larger chance, so a
-    safer bound); the count breaches where a binomial test finds it significant
-    (``p_value``). A day of a few users shifted far (every age + 40) breaches here where the
-    distribution checks need more values."""
+    ``b``: the window's): how many of the day's users (items) hold a value below the
+    window's least or above its largest (``entity_values``; where the day has too many
+    values to list, a value in a histogram bin beyond every bin the window reaches). A
+    user's value drawn as the window's were lies beyond their range with a chance of at most
+    2 / (users + 1), the users being the most the window saw on one day (fewer than it saw
+    in all: a larger chance, a safer bound); the count breaches where a binomial test finds
+    it significant (``p_value``), however few the day's users: a day of a few raters each
+    40 years older breaches here where the distribution checks need more values."""
     held, per_day = a.get("entity_histogram"), b.get("entities_per_day")
     if not held or not per_day or b.get("min") is None:
         return
-    low, high = histogram_index(b["min"]), histogram_index(b["max"])
-    beyond = sum(count for index, count in held.items() if not low <= int(index) <= high)
+    values = a.get("entity_values")
+    if values is not None:
+        beyond = sum(count for value, count in values.items()
+                     if not b["min"] <= float(value) <= b["max"])
+    else:
+        low, high = histogram_index(b["min"]), histogram_index(b["max"])
+        beyond = sum(count for index, count in held.items() if not low <= int(index) <= high)
     users = sum(held.values())
     chance = min(1.0, 2 / (max(per_day) + 1))
     p = float(binom.sf(beyond - 1, users, chance)) if beyond else 1.0

@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame, GroupedData, Row, Window
 from pyspark.sql import functions as F
 
 from featureline.core.aggregations import ENTITIES
-from featureline.core.drift import BINS_PER_DECADE, TOP_K, quantiles
+from featureline.core.drift import BINS_PER_DECADE, TOP_K, histogram_index, quantiles
 from featureline.core.metadata import encoded_name
 from featureline.etl.config import EtlConfig, categorical_columns
 from featureline.etl.features.base import LABEL
@@ -234,23 +234,36 @@ def _distributions(profiles: dict[str, dict[str, dict[str, Any]]],
 def _entity_histograms(profiles: dict[str, dict[str, dict[str, Any]]], events: DataFrame,
                        keys: Mapping[str, str]) -> None:
     """For each numeric attribute of a user or an item (column → the id column keying it),
-    each day's ``entity_histogram``: per bin, how many of the day's users (items) hold a value
-    in it — what the check of values beyond the window's range counts (``core.drift``),
-    where the rows of one user are not independent values. One scan for every column."""
+    each day's count of the users (items) holding each value: ``entity_values`` where the day
+    has at most TOP_K values, and per histogram bin (``entity_histogram``) — what the check
+    of values beyond the window's range counts (``core.drift.beyond_range``), where the rows
+    of one user are not independent values."""
     if not keys:
         return
-    triples = [F.struct(F.lit(name).alias(_NAME), histogram_bin(F.col(name)).cast("string")
-                        .alias(_VALUE), F.col(key).alias("_key")) for name, key in keys.items()]
-    held = (events.select(F.to_date("ts").cast("string").alias(_DAY),
-                          F.explode(F.array(*triples)).alias("triple"))
-            .select(_DAY, "triple.*").where(F.col(_VALUE).isNotNull()).distinct()
-            .groupBy(_DAY, _NAME, _VALUE).count())
+    triples = [F.struct(F.lit(name).alias(_NAME), F.col(name).cast("double").alias(_VALUE),
+                        F.col(key).alias("_key")) for name, key in keys.items()]
+    per_value = (events.select(F.to_date("ts").cast("string").alias(_DAY),
+                               F.explode(F.array(*triples)).alias("triple"))
+                 .select(_DAY, "triple.*").where(F.col(_VALUE).isNotNull()).distinct()
+                 .groupBy(_DAY, _NAME, _VALUE).count()
+                 .withColumn("values", F.count(F.lit(1)).over(Window.partitionBy(_DAY, _NAME))))
     for columns in profiles.values():
         for name in keys:
             if name in columns:
                 columns[name]["entity_histogram"] = {}
-    for row in sorted(held.collect(), key=lambda row: (row[_DAY], row[_NAME], int(row[_VALUE]))):
-        profiles[row[_DAY]][row[_NAME]]["entity_histogram"][row[_VALUE]] = int(row["count"])
+    for row in per_value.collect():
+        entry = profiles[row[_DAY]][row[_NAME]]
+        value, count = float(row[_VALUE]), int(row["count"])
+        index = str(histogram_index(value))
+        entry["entity_histogram"][index] = entry["entity_histogram"].get(index, 0) + count
+        if row["values"] <= TOP_K:
+            entry.setdefault("entity_values", {})[repr(value)] = count
+    for columns in profiles.values():
+        for name in keys:
+            for field in ("entity_histogram", "entity_values"):
+                if field in columns.get(name, {}):
+                    columns[name][field] = dict(sorted(columns[name][field].items(),
+                                                       key=lambda item: float(item[0])))
 
 
 def _number(value: Any) -> float | None:

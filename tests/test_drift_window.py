@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from featureline.core.drift import ChecksConfig, check, histogram_index, measure, robust_spread
+from featureline.core.drift import (
+    NOT_CHECKED,
+    ChecksConfig,
+    check,
+    histogram_index,
+    measure,
+    robust_spread,
+)
 from featureline.core.drift_window import pooled, window
 
 # Prices per day as raw values, and the profile entries the ETL would write of them.
@@ -219,7 +226,14 @@ def _ages(day: int, ages: dict[str, float], rows_each: int = 3) -> dict:
     for value in ages.values():
         index = str(histogram_index(value))
         held[index] = held.get(index, 0) + 1
-    profile["columns"]["age"] = {**age, "entity": "user", "entity_histogram": held}
+    listed: dict[str, int] = {}
+    for value in ages.values():
+        listed[repr(value)] = listed.get(repr(value), 0) + 1
+    profile["columns"]["age"] = {**age, "entity": "user", "entity_histogram": held,
+                                 "entity_values": listed}
+    profile["columns"]["user_id"] = {"kind": "categorical", "source": "raw", "key": True,
+                                     "rows": len(values), "missing": 0.0,
+                                     "distinct": len(ages), "top": []}
     return profile
 
 
@@ -241,6 +255,24 @@ def test_values_beyond_the_windows_range_breach_by_the_users_holding_them():
     [found] = _beyond(measure(_ages(15, older), reference, ChecksConfig()))
     assert found.breached and found.value == 7.0 and found.p_value < 1e-4
     assert found.threshold == "0.516 of 8 users by chance"
+    # Five raters are too few for the distributions, not for this: each 40 years older.
+    few = {f"f{n}": age + 40 for n, age in enumerate([25.0, 31.0, 38.0, 44.0, 52.0])}
+    measured = measure(_ages(15, few), reference, ChecksConfig())
+    assert {m.value for m in measured if m.check == "js"} == {NOT_CHECKED}
+    [found] = _beyond(measured)
+    assert found.breached and found.value == 5.0
+    # A day of too many values to list is judged by the bins beyond the window's: 61 shares
+    # 60's bin, so it is not counted there.
+    listed_not = _ages(15, older)
+    del listed_not["columns"]["age"]["entity_values"]
+    [found] = _beyond(measure(listed_not, reference, ChecksConfig()))
+    assert found.value == 7.0 and found.breached
+    edge = _ages(15, {f"e{n}": 61.0 for n in range(8)})
+    [found] = _beyond(measure(edge, reference, ChecksConfig()))
+    assert found.value == 8.0 and found.breached
+    del edge["columns"]["age"]["entity_values"]
+    [found] = _beyond(measure(edge, reference, ChecksConfig()))
+    assert found.value == 0.0 and not found.breached
     one = {**{f"u{n}": 30.0 for n in range(20)}, "elder": 75.0}
     [found] = _beyond(measure(_ages(15, one, rows_each=10), reference, ChecksConfig()))
     assert found.value == 1.0 and not found.breached
@@ -271,4 +303,5 @@ def test_a_days_profile_counts_the_users_holding_each_bin_once(spark):
     for day in days:
         age = day["columns"]["age"]
         assert age["entity"] == "user" and age["entity_histogram"] == expected
+        assert age["entity_values"] == {repr(float(a)): 1 for a in sorted(ages.values())}
         assert sum(age["histogram"].values()) == len(rows) // 2
