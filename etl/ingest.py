@@ -271,7 +271,9 @@ def read_raw(spark: SparkSession, source: SourceConfig,
     if source.columns.event_type is None:
         raw = raw.withColumn("event_type", F.lit(UNTYPED_EVENT))
     for table in attributes:
-        raw = _with_attributes(raw, attribute_table(spark, table, ts_unit), table, ts_unit)
+        rows = attribute_table(spark, table, ts_unit)
+        with lenient_casts(spark):  # an event's time that does not parse reads no row
+            raw = _with_attributes(raw, rows, table, ts_unit)
     return raw
 
 
@@ -291,11 +293,12 @@ def attribute_table(spark: SparkSession, table: AttributeFile, ts_unit: str) -> 
     key from the same time) is an :class:`AttributeFileError` naming the file and the key."""
     rows = _read(spark, table, SourceColumns(attribute_columns(table)))
     key = F.trim(F.col(KEY))
-    rows = rows.where(~F.col(_MALFORMED) & key.isNotNull() & (key != "")).select(
-        key.alias(KEY),
-        *([_timestamp(F.trim(F.col(VALID_FROM)), ts_unit).alias(VALID_FROM)]
-          if table.valid_from else []),
-        *table.columns)
+    with lenient_casts(spark):  # a valid_from that does not parse: the row is never valid
+        rows = rows.where(~F.col(_MALFORMED) & key.isNotNull() & (key != "")).select(
+            key.alias(KEY),
+            *([_timestamp(F.trim(F.col(VALID_FROM)), ts_unit).alias(VALID_FROM)]
+              if table.valid_from else []),
+            *table.columns)
     unique = [KEY, *([VALID_FROM] if table.valid_from else [])]
     repeated = rows.groupBy(*unique).count().where(F.col("count") > 1).limit(1).collect()
     if repeated:

@@ -484,12 +484,18 @@ def test_an_attribute_file_with_valid_from_equals_an_as_of_join(spark, tmp_path)
                              "since": rng.choice(np.arange(900, 2_100, 7), 40, replace=False),
                              "tier": [f"t{n}" for n in range(40)]})
     versions.loc[len(versions)] = ["u1", int(events["ts"].iloc[0]), "t-equal"]  # valid from ts
-    versions.to_csv(tmp_path / "tiers.csv", index=False)
+    # A row whose time does not parse is never valid; an event whose time does not parse is
+    # quarantined, as without the file (the join's cast neither fails nor matches it).
+    (tmp_path / "tiers.csv").write_text(versions.to_csv(index=False) + "u2,never,t-never\n")
     tiers = {"name": "tiers", "path": str(tmp_path / "tiers.csv"), "key": {"user_id": "uid"},
              "valid_from": "since", "categorical": ["tier"]}
-    config = _attributes_config(tmp_path, events.to_csv(index=False), [tiers])
+    config = _attributes_config(tmp_path, events.to_csv(index=False)
+                                + "u1,i1,yesterday at noon\n", [tiers])
+    validated = _validated(spark, config)
+    assert [(r["reason"], r["tier"]) for r in validated.where("reason is not null").collect()
+            ] == [("bad_timestamp", None)]
     got = sorted((r["user_id"], int(r["ts"].timestamp()), r["tier"])
-                 for r in _validated(spark, config).collect())
+                 for r in validated.where("reason is null").collect())
     expected = []
     for event in events.itertuples():
         valid = versions[(versions["uid"] == event.user) & (versions["since"] <= event.ts)]
