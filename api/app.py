@@ -165,6 +165,11 @@ def create_app(config: ServingConfig | None = None, *, output: str | Path | None
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI's: a body it could not parse
+            count_error("RequestValidationError")
+            return JSONResponse({"error": "RequestValidationError", "field": "body",
+                                 "message": "body: not a JSON document this API reads (UTF-8 "
+                                            "text, nested at most a few hundred levels)"}, 422)
         kind = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
                 405: "MethodNotAllowed"}.get(exc.status_code, "HTTPError")
         count_error(kind)

@@ -69,11 +69,18 @@ def install(app: FastAPI, retry_after_s: int, count_error: Any) -> None:
     async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
         count_error("RequestValidationError")
         first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"] if p != "body")
+        field = ".".join(_text(p) for p in first["loc"] if p != "body")
         return JSONResponse(_body("RequestValidationError",
-                                  f"{field or 'body'}: {first['msg']}", field=field or None)
+                                  f"{field or 'body'}: {_text(first['msg'])}",
+                                  field=field or None)
                             | {"detail": _jsonable(exc.errors())}, 422)
 
 
 def _jsonable(errors: Sequence[Any]) -> list[dict[str, Any]]:
-    return [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in errors]
+    return [{"loc": [p if isinstance(p, int) else _text(p) for p in e["loc"]],
+             "msg": _text(e["msg"]), "type": e["type"]} for e in errors]
+
+
+def _text(value: Any) -> str:
+    """A request's text as a response can hold it: a lone surrogate escaped (``\\ud800``)."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")

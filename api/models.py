@@ -2,15 +2,60 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+# The request times the API answers for: from the epoch to before 2100, as the ETL keeps
+# events (a time near the year 10000 has no UTC date).
+EARLIEST_AT = datetime(1970, 1, 1, tzinfo=timezone.utc)
+LATEST_AT = datetime(2100, 1, 1, tzinfo=timezone.utc)
+AT_RULE = ("ISO 8601 with a time zone or UTC; from 1970-01-01 to before 2100-01-01, and not "
+           "before the published output's latest event (a 422 says which).")
+
+
+def _unicode(value: str) -> str:
+    """Text every store and log can hold: a lone UTF-16 surrogate (``"\\ud800"``, valid
+    JSON but not Unicode) is refused."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+    return value
+
+
+def _in_range(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = value.astimezone(timezone.utc) if value.tzinfo else value.replace(
+            tzinfo=timezone.utc)
+    except OverflowError:
+        moment = LATEST_AT
+    if not EARLIEST_AT <= moment < LATEST_AT:
+        raise ValueError("outside the supported times: 1970-01-01 to before 2100-01-01 UTC")
+    return value
+
 
 Status = Literal["present", "not_found", "outside_ttl"]
-EntityId = str | int
-# A raw column's value in a request.
-Scalar = str | int | float | bool | None
+# Text of a request: valid Unicode, never a number or a bool coerced to one.
+Text = Annotated[StrictStr, AfterValidator(_unicode)]
+Int64 = Annotated[int, Field(strict=True, ge=-(2**63), le=2**63 - 1)]
+EntityId = Text | Int64
+# A raw column's value in a request: finite numbers only (no NaN, no infinity).
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Scalar = Text | Int64 | FiniteFloat | StrictBool | None
+RequestTime = Annotated[datetime | None, AfterValidator(_in_range)]
 INT64 = Field(ge=-(2**63), le=2**63 - 1)
 
 
@@ -21,22 +66,28 @@ class _Body(BaseModel):
 class FeaturesRequest(_Body):
     """A feature service or a list of ``view:feature`` references, for rows of entity ids."""
 
-    service: str | None = Field(
+    # Exactly one of service and features (the other absent or null), declared.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": ["service"],
+         "properties": {"service": {"type": "string"}, "features": {"type": "null"}}},
+        {"required": ["features"],
+         "properties": {"features": {"type": "array"}, "service": {"type": "null"}}}]})
+
+    service: Text | None = Field(
         default=None, examples=["ranking"],
         description="A Feast feature service whose features to read (or give `features`).")
-    features: list[str] | None = Field(
+    features: list[Text] | None = Field(
         default=None, min_length=1, examples=[["user_features:user_events"]],
         description="`view:feature` or `group:feature` references to read (or give "
                     "`service`).")
-    entities: dict[str, list[EntityId]] = Field(
+    entities: dict[Text, list[EntityId]] = Field(
         min_length=1, examples=[{"user_id": ["u1", "u2"], "item_id": ["i7", "i9"]}],
         description="Join key (`user_id`) → raw ids, or encoded-id feature (`user_id_cat`) → "
                     "encoded ids; every list has one id per row.")
-    at: datetime | None = Field(
-        default=None, examples=["2026-01-05T10:00:00Z"],
-        description="The time the values hold at (ISO 8601; default: now): the aggregations' "
-                    "request time, and the time a view's ttl counts from. Not before the "
-                    "published output's latest event.")
+    at: RequestTime = Field(
+        default=None, examples=["2099-01-05T10:00:00Z"],
+        description="The time the values hold at (default: now): the aggregations' request "
+                    "time, and the time a view's ttl counts from. " + AT_RULE)
 
     @model_validator(mode="after")
     def _one_selection_and_equal_rows(self) -> FeaturesRequest:
@@ -59,17 +110,10 @@ class FeaturesResponse(BaseModel):
 
 
 class LookupRequest(_Body):
-    model: str = Field(examples=["ranker"], description="A model the parameter server holds.")
-    table: str = Field(examples=["item"], description="One of the model's embedding tables.")
-    keys: list[int] = Field(min_length=1, examples=[[2, 3, 2]],
-                            description="Encoded ids (int64) to look up; repeats allowed.")
-
-    @model_validator(mode="after")
-    def _keys_are_int64(self) -> LookupRequest:
-        for index, key in enumerate(self.keys):
-            if not -(2**63) <= key < 2**63:
-                raise ValueError(f"keys[{index}]: {key} is outside int64")
-        return self
+    model: Text = Field(examples=["ranker"], description="A model the parameter server holds.")
+    table: Text = Field(examples=["item"], description="One of the model's embedding tables.")
+    keys: list[Int64] = Field(min_length=1, examples=[[2, 3, 2]],
+                              description="Encoded ids (int64) to look up; repeats allowed.")
 
 
 class LookupResponse(BaseModel):
@@ -94,18 +138,17 @@ class ModelInputsRequest(_Body):
     user_id: EntityId = Field(examples=["u1"], description="The user's raw id.")
     item_ids: list[EntityId] = Field(min_length=1, examples=[["i7", "i9"]],
                                      description="The candidates' raw ids.")
-    context: dict[str, Scalar] = Field(
+    context: dict[Text, Scalar] = Field(
         default_factory=dict, examples=[{"device": "mobile"}],
         description="Request columns (every one a feature reads), and user attributes that "
                     "override the published ones.")
-    item_context: dict[str, list[Scalar]] = Field(
+    item_context: dict[Text, list[Scalar]] = Field(
         default_factory=dict, examples=[{"price": [9.5, 12.0]}],
         description="Item attributes that override the published ones: one value per "
                     "candidate.")
-    at: datetime | None = Field(
-        default=None, examples=["2026-01-05T10:00:00Z"],
-        description="The request time (ISO 8601; default: now). Not before the published "
-                    "output's latest event.")
+    at: RequestTime = Field(
+        default=None, examples=["2099-01-05T10:00:00Z"],
+        description="The request time (default: now). " + AT_RULE)
 
 
 class ModelInputsResponse(BaseModel):
@@ -126,12 +169,12 @@ class ModelInputsResponse(BaseModel):
 class RankRequest(ModelInputsRequest):
     """``/v1/model-inputs``' request, the model to score with and how many to keep."""
 
-    model: str = Field(examples=["ranker"],
-                       description="The model whose tables the parameter server holds.")
-    top_k: int | None = Field(default=None, ge=1, examples=[10],
+    model: Text = Field(examples=["ranker"],
+                        description="The model whose tables the parameter server holds.")
+    top_k: int | None = Field(default=None, ge=1, le=2**63 - 1, strict=True, examples=[10],
                               description="Keep the best this many (default: every one).")
-    return_inputs: bool = Field(default=False,
-                                description="Also return each kept candidate's input row.")
+    return_inputs: StrictBool = Field(
+        default=False, description="Also return each kept candidate's input row.")
 
 
 class RankedItem(BaseModel):
@@ -264,7 +307,39 @@ class PushRequest(_Body):
     events: list[Any] = Field(min_length=1, examples=[[
         {"user_id": "u1", "item_id": "i7", "event_type": "click",
          "ts": "2026-01-05T10:00:00Z", "value": 1.0, "category": "c3", "device": "mobile",
-         "price": 9.5}]], description="The events, each a JSON object.")
+         "price": 9.5}]], description="The events, each a JSON object; its text valid "
+                                       "Unicode (no lone surrogate).")
+
+    @field_validator("events")
+    @classmethod
+    def _events_are_unicode(cls, events: list[Any]) -> list[Any]:
+        for index, event in enumerate(events):
+            where = _surrogate_in(event)
+            if where is not None:
+                raise ValueError(f"events[{index}]{where}: not valid Unicode text (a lone "
+                                 f"surrogate)")
+        return events
+
+
+def _surrogate_in(value: Any, where: str = "") -> str | None:
+    """Where in a decoded JSON value a text is not valid Unicode (None: nowhere)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _surrogate_in(key, f"{where}.<key>") or _surrogate_in(item, f"{where}.{key}")
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _surrogate_in(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
 
 
 class Rejected(BaseModel):

@@ -32,6 +32,10 @@ def readyz(services: Services = Depends(get_services)) -> Health | JSONResponse:
             tiers = services.hps.health()
             checks["hps_l3"] = tiers["l3"]
     versions = check(services) if checks["redis"] else None
+    if versions is not None and versions.online_store is not None:
+        # Anyone may probe: the output's path on disk is for admins (/v1/admin/models).
+        versions = versions.model_copy(update={"online_store": {
+            key: value for key, value in versions.online_store.items() if key != "output"}})
     if versions is not None:
         # Published: the store holds a dataset (an empty one would answer not_found to all).
         checks["published"] = versions.online_store is not None
