@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
@@ -10,8 +11,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     StrictBool,
     StrictStr,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -48,15 +51,56 @@ def _in_range(value: datetime | None) -> datetime | None:
 
 
 Status = Literal["present", "not_found", "outside_ttl"]
+# Integers of a request: within ±9e18 (inside int64), bounds a JSON number (a double) holds
+# exactly, so a client checking them agrees with the server.
+INT_MIN, INT_MAX = -9 * 10**18, 9 * 10**18
+_INTEGER = {"type": "integer", "minimum": INT_MIN, "maximum": INT_MAX}
+
+
+def _integer(value: Any, least: int = INT_MIN) -> int:
+    """An integer as JSON Schema reads one: a number without a fraction (``2`` or ``2.0``),
+    never a bool or a string."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("an integer")
+    if not least <= value <= INT_MAX:
+        raise ValueError(f"an integer from {least} to {INT_MAX}")
+    return value
+
+
+def _entity_id(value: Any) -> str | int:
+    """An id: text (valid Unicode) or an integer; never a bool, nor a fraction."""
+    if isinstance(value, str):
+        return _unicode(value)
+    try:
+        return _integer(value)
+    except ValueError:
+        raise ValueError(f"an id is a string or an integer from {INT_MIN} to {INT_MAX}"
+                         ) from None
+
+
+def _scalar(value: Any) -> Any:
+    """A raw column's value: text, an integer, a finite number, a bool, or null."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("a finite number (not NaN or an infinity)")
+    if isinstance(value, float) and not value.is_integer():
+        return value
+    return _entity_id(value)
+
+
 # Text of a request: valid Unicode, never a number or a bool coerced to one.
 Text = Annotated[StrictStr, AfterValidator(_unicode)]
-Int64 = Annotated[int, Field(strict=True, ge=-(2**63), le=2**63 - 1)]
-EntityId = Text | Int64
-# A raw column's value in a request: finite numbers only (no NaN, no infinity).
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
-Scalar = Text | Int64 | FiniteFloat | StrictBool | None
+Int64 = Annotated[int, PlainValidator(_integer), WithJsonSchema(_INTEGER)]
+Count = Annotated[int, PlainValidator(lambda value: _integer(value, least=1)),
+                  WithJsonSchema({**_INTEGER, "minimum": 1})]
+EntityId = Annotated[str | int, PlainValidator(_entity_id),
+                     WithJsonSchema({"anyOf": [{"type": "string"}, _INTEGER]})]
+Scalar = Annotated[Any, PlainValidator(_scalar), WithJsonSchema({"anyOf": [
+    {"type": "string"}, _INTEGER, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]})]
 RequestTime = Annotated[datetime | None, AfterValidator(_in_range)]
-INT64 = Field(ge=-(2**63), le=2**63 - 1)
 
 
 class _Body(BaseModel):
@@ -171,7 +215,7 @@ class RankRequest(ModelInputsRequest):
 
     model: Text = Field(examples=["ranker"],
                         description="The model whose tables the parameter server holds.")
-    top_k: int | None = Field(default=None, ge=1, le=2**63 - 1, strict=True, examples=[10],
+    top_k: Count | None = Field(default=None, examples=[10],
                               description="Keep the best this many (default: every one).")
     return_inputs: StrictBool = Field(
         default=False, description="Also return each kept candidate's input row.")

@@ -148,7 +148,7 @@ UNREADABLE = [
     ("/v1/embeddings/lookup", '{"model": "ranker", "table": "user", "keys": [false]}',
      "keys.0"),
     ("/v1/embeddings/lookup", '{"model": "ranker", "table": "user", "keys": ["2"]}', "keys.0"),
-    ("/v1/embeddings/lookup", '{"model": "ranker", "table": "user", "keys": [2.0]}', "keys.0"),
+    ("/v1/embeddings/lookup", '{"model": "ranker", "table": "user", "keys": [2.5]}', "keys.0"),
     ("/v1/ranking-inputs", '{"user_id": "u1", "item_ids": [false]}', "item_ids.0"),
     ("/v1/features", '{"features": ["user_features:user_events"], '
                      '"entities": {"user_id": [9223372036854775808]}}', "entities.user_id.0"),
@@ -362,7 +362,12 @@ def test_malformed_bodies_are_422_naming_the_field(client):
     too_big = client.post("/v1/embeddings/lookup", headers=READ,
                           json={"model": "ranker", "table": "item", "keys": [2**63]})
     assert too_big.status_code == 422 and too_big.json()["message"] == (
-        "keys.0: Input should be less than or equal to 9223372036854775807")
+        "keys.0: Value error, an integer from -9000000000000000000 to 9000000000000000000")
+    # A JSON number without a fraction is an integer, as the schema reads it: 2.0 is key 2.
+    whole = [client.post("/v1/embeddings/lookup", headers=READ, json={
+        "model": "ranker", "table": "item", "keys": [key]}) for key in (2, 2.0)]
+    assert whole[0].status_code == whole[1].status_code == 200
+    assert whole[0].json() == whole[1].json()
 
 
 def test_redis_restart_503_then_recovery(tmp_path, api_setup):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 from collections import defaultdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -562,3 +563,70 @@ def test_the_logged_model_inputs_equal_their_definition_at_request_time(replay):
                  if f.entity == ENTITY and f.mismatch}
     assert {"user_events_1h", "ui_events_24h", "user_secs_since_prev"} <= differing
     assert "device_cat" not in differing
+
+
+FUZZ_CONFIG = Path(__file__).parent / "fuzz" / "schemathesis.toml"
+# Routes anyone may call: the probes, the metrics, the API's own documents.
+OPEN = {"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"}
+
+
+def test_the_api_holds_its_contract_under_the_fuzzer(replay, tmp_path, redis_server):
+    """schemathesis over the API with authentication on, on a real output with its model
+    inputs and ranker: every operation, every check, the examples, coverage, fuzzing and
+    stateful phases, a fixed seed (tests/fuzz/schemathesis.toml): no failure. Then, without
+    a key, every route but the open ones refuses."""
+    import subprocess
+    import sys
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from featureline.api.app import create_app
+    from featureline.feature_store.publish import publish
+    from featureline.feature_store.redis_server import free_port
+    from featureline.feature_store.repo import open_repo
+    from tests.feast_data import copy_project, fresh_db
+
+    keys = tmp_path / "api-keys"
+    keys.write_text("reader-key read\nwriter-key write\nadmin-key admin\n")
+    first = replay["first"].output
+    project = copy_project(tmp_path, ttl="3650d", api={
+        "auth": {"keys_file": str(keys)}, "data": str(first),
+        "hps": str(replay["trained"].hps_config)})
+    url = fresh_db(redis_server, 13)
+    publish(open_repo(project.feature_store, first, url=url), progress=lambda _: None)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(project.serving(), output=first, redis_url=url), host="127.0.0.1",
+        port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            if server.started:
+                break
+            time.sleep(0.1)
+        fuzzed = subprocess.run(
+            [str(Path(sys.executable).parent / "st"), "--config-file", str(FUZZ_CONFIG),
+             "--no-color", "run", f"{base}/openapi.json",
+             "--phases", "examples,coverage,fuzzing,stateful", "--max-examples", "20",
+             "-H", "Authorization: Bearer admin-key"],
+            capture_output=True, text=True, timeout=180)
+        summary = fuzzed.stdout[fuzzed.stdout.rfind("SUMMARY"):]
+        assert fuzzed.returncode == 0, fuzzed.stdout[-6000:]
+        assert "Tested: 11" in summary and " passed" in summary, summary
+        document = httpx.get(f"{base}/openapi.json").json()
+        refused = {}
+        for path, operations in document["paths"].items():
+            for method in operations:
+                if path in OPEN:
+                    continue
+                answer = httpx.request(method, base + path.replace("{name}", "ranker"),
+                                       json={})
+                refused[f"{method.upper()} {path}"] = answer.status_code
+        assert len(refused) == 8 and set(refused.values()) == {401}, refused
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
