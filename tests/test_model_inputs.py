@@ -613,7 +613,7 @@ def test_the_api_holds_its_contract_under_the_fuzzer(replay, tmp_path, redis_ser
              "--no-color", "run", f"{base}/openapi.json",
              "--phases", "examples,coverage,fuzzing,stateful", "--max-examples", "20",
              "-H", "Authorization: Bearer admin-key"],
-            capture_output=True, text=True, timeout=180)
+            cwd=tmp_path, capture_output=True, text=True, timeout=180)  # its cache there
         summary = fuzzed.stdout[fuzzed.stdout.rfind("SUMMARY"):]
         assert fuzzed.returncode == 0, fuzzed.stdout[-6000:]
         assert "Tested: 11" in summary and " passed" in summary, summary
