@@ -124,7 +124,7 @@ class Categorify(FeatureOp):
         largest = _per_table(known_ids, F.max("id").alias("last_id"))
         self.last_ids = {column: largest.get(column, {}).get("last_id") or FIRST_ID - 1
                          for column in self.columns}
-        self.widths = dict(self.kept_widths) or self._longest(train)
+        self.widths = dict(self.kept_widths)  # else each list's: _value_counts
         if self.uncounted is not None:
             self._fit_counted(self.uncounted)
             return
@@ -154,24 +154,20 @@ class Categorify(FeatureOp):
         self.fit(train)
 
     def _value_counts(self, train: DataFrame, column: str) -> DataFrame:
-        """``value_counts`` of a column; of a list column, of its lists' values (from the
-        count of each list)."""
+        """``value_counts`` of a column; of a list column, of its lists' values, from the
+        count of each distinct list — which also give the list's width where no kept fit
+        does: its longest list (1 at least, at most MAX_LIST_WIDTH)."""
         separator = self.separators.get(column)
         if separator is None:
             return value_counts(train, column)
-        lists = value_counts(train, column)
+        lists = self.keep(value_counts(train, column).select(
+            F.col(column), "count", F.size(list_values(F.col(column), separator)).alias("n")))
+        if column not in self.widths:
+            longest = lists.agg(F.max("n")).collect()[0][0]
+            self.widths[column] = min(MAX_LIST_WIDTH, max(1, int(longest or 0)))
         return (lists.select(F.explode(list_values(F.col(column), separator)).alias(column),
                              "count")
                 .groupBy(column).agg(F.sum("count").cast("long").alias("count")))
-
-    def _longest(self, train: DataFrame) -> dict[str, int]:
-        """Each list column's width: its longest list in the training rows (1 at least, at
-        most MAX_LIST_WIDTH), in one query."""
-        if not self.separators:
-            return {}
-        longest = train.agg(*[F.max(F.size(list_values(F.col(c), sep))).alias(c)
-                              for c, sep in self.separators.items()]).collect()[0]
-        return {c: min(MAX_LIST_WIDTH, max(1, int(longest[c] or 0))) for c in self.separators}
 
     def _fit_counted(self, uncounted: DataFrame) -> None:
         """``fit`` where every vocabulary is extended from its counts (``count_from``): the
