@@ -178,14 +178,11 @@ class AttributeFile(ReaderSettings):
         """Context columns by their safe names; each list column is a categorical one."""
         if not isinstance(data, dict):
             return data
+        data = _lists_categorical(data)
         lists = data.get("lists")
-        if isinstance(lists, dict) and lists:
-            categorical = data.get("categorical")
-            categorical = list(categorical) if isinstance(categorical, list) else []
-            data = {**data, "categorical": [*categorical,
-                                            *(c for c in lists if c not in categorical)],
-                    "lists": {safe_name(c) if isinstance(c, str) and c else c: sep
-                              for c, sep in lists.items()}}
+        if isinstance(lists, dict):
+            data = {**data, "lists": {safe_name(c) if isinstance(c, str) and c else c: sep
+                                      for c, sep in lists.items()}}
         return _renamed(data, ("categorical", "continuous"))
 
     @model_validator(mode="after")
@@ -207,6 +204,16 @@ class AttributeFile(ReaderSettings):
     def columns(self) -> list[str]:
         """Its attribute columns, by their safe names."""
         return [*self.categorical, *self.continuous]
+
+
+def _lists_categorical(entry: dict[str, Any]) -> dict[str, Any]:
+    """An attribute file's entry as written, its list columns added to its categorical ones
+    (by the names written: safe names come after)."""
+    lists, categorical = entry.get("lists"), entry.get("categorical")
+    if not isinstance(lists, dict) or not lists:
+        return entry
+    categorical = list(categorical) if isinstance(categorical, list) else []
+    return {**entry, "categorical": [*categorical, *(c for c in lists if c not in categorical)]}
 
 
 class SourceConfig(ReaderSettings):
@@ -598,12 +605,11 @@ class EtlConfig(Settings):
             if not isinstance(entry, dict) or not isinstance(entry.get("key"), dict):
                 continue
             role = "user" if "user_id" in entry["key"] else "item"
-            lists = entry.get("lists")
+            entry = _lists_categorical(entry)
             for kind in ("categorical", "continuous"):
                 declared = list(source.get(kind, defaults[kind].get_default(
                     call_default_factory=True)))
-                listed = list(lists) if kind == "categorical" and isinstance(lists, dict) else []
-                for column in [*(entry.get(kind) or []), *listed]:
+                for column in entry.get(kind) or []:
                     name = safe_name(column) if isinstance(column, str) and column else column
                     if name not in declared:
                         declared.append(name)
