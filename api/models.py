@@ -27,13 +27,19 @@ AT_RULE = ("ISO 8601 with a time zone or UTC; from 1970-01-01 to before 2100-01-
            "before the published output's latest event (a 422 says which).")
 
 
-def _unicode(value: str) -> str:
-    """Text every store and log can hold: a lone UTF-16 surrogate (``"\\ud800"``, valid
-    JSON but not Unicode) is refused."""
+def _is_unicode(text: str) -> bool:
+    """Text every store and log can hold: no lone UTF-16 surrogate (``"\\ud800"``, valid
+    JSON but not Unicode)."""
     try:
-        value.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ValueError("not valid Unicode text (a lone surrogate)") from None
+        return False
+    return True
+
+
+def _unicode(value: str) -> str:
+    if not _is_unicode(value):
+        raise ValueError("not valid Unicode text (a lone surrogate)")
     return value
 
 
@@ -368,11 +374,7 @@ class PushRequest(_Body):
 def _surrogate_in(value: Any, where: str = "") -> str | None:
     """Where in a decoded JSON value a text is not valid Unicode (None: nowhere)."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return where
-        return None
+        return None if _is_unicode(value) else where
     if isinstance(value, dict):
         for key, item in value.items():
             found = _surrogate_in(key, f"{where}.<key>") or _surrogate_in(item, f"{where}.{key}")

@@ -33,7 +33,8 @@ def readyz(services: Services = Depends(get_services)) -> Health | JSONResponse:
             checks["hps_l3"] = tiers["l3"]
     versions = check(services) if checks["redis"] else None
     if versions is not None and versions.online_store is not None:
-        # Anyone may probe: the output's path on disk is for admins (/v1/admin/models).
+        # Anyone may probe: the output's path on disk is for callers with a key
+        # (/v1/embeddings/models).
         versions = versions.model_copy(update={"online_store": {
             key: value for key, value in versions.online_store.items() if key != "output"}})
     if versions is not None:
