@@ -33,12 +33,17 @@ def _small_jobs_jit() -> None:
     """Each Spark driver the tests start in a process of its own — every spark-submit and
     ``featureline`` command, reading this process's environment — compiles with the JIT's
     first tier only: each runs one small job (etl/class_archive.py, benchmarks/README.md).
-    The shared session, which runs hundreds, starts without it (:func:`spark`)."""
+    The shared session, which runs hundreds, starts without it (:func:`spark`). Each runs
+    its queries interpreted, as the shared session does (Spark reads ``-Dspark.*`` system
+    properties under the profile's settings)."""
     from featureline.etl.class_archive import SMALL_JOBS_JAVA_OPTIONS
+    from tests.job_config import INTERPRETED
 
     current = _SUBMIT_OPTS or ""
     if "TieredStopAtLevel" not in current:
-        os.environ["SPARK_SUBMIT_OPTS"] = f"{current} {SMALL_JOBS_JAVA_OPTIONS}".strip()
+        interpreted = " ".join(f"-D{key}={value}" for key, value in INTERPRETED.items())
+        os.environ["SPARK_SUBMIT_OPTS"] = (
+            f"{current} {SMALL_JOBS_JAVA_OPTIONS} {interpreted}".strip())
 
 
 _small_jobs_jit()

@@ -7,6 +7,16 @@ from typing import Any
 
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 
+# Queries of the suite's size run interpreted: each generated class costs Janino and the JIT
+# more than the thousands of rows it would process (a job run of the suite's small log in the
+# shared session: 0.72x the CPU; benchmarks/README.md, "The suite"). Spark's own tests run both
+# ways. The job processes the tests start get these too, as Java system properties
+# (tests/conftest.py); the profiles keep code generation on.
+INTERPRETED = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
 TEST_SPARK = SparkSettings(
     master="local[2]",
     properties={
@@ -27,6 +37,7 @@ TEST_SPARK = SparkSettings(
         # The profiles keep it on, and the runs from them run with it (the demo's,
         # spark-submit's with spark_conf/cpu.conf, the installed wheel's).
         "spark.sql.adaptive.enabled": "false",
+        **INTERPRETED,
     },
 )
 

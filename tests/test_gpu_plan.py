@@ -164,12 +164,28 @@ aggregations:
 etl:
   fit:
     refit_every: 30d  # the last day's incremental run transforms with the kept fit
+  spark:
+    properties:
+      # The plan's operators are the same at any number of partitions; the check runs its
+      # queries on the CPU, where 16 partitions of a few rows are 16 tasks each.
+      spark.sql.shuffle.partitions: "2"
 """
 
 
 @pytest.fixture(scope="module")
-def gpu_plan_bench(small_log):
-    """benchmarks/bench_gpu_plan.py once, on the small log with every operation of the
+def gpu_plan_log(tmp_path_factory) -> Path:
+    """Four days of a few events each, bad lines among them: the plan is the job's whatever
+    the rows, and the plugin's checks run its queries on the CPU."""
+    from featureline.etl.datagen import write_log
+
+    log = tmp_path_factory.mktemp("gpu-plan") / "events.jsonl"
+    write_log(log, events=1200, users=80, items=60, days=4, seed=11, bad_fraction=0.02)
+    return log
+
+
+@pytest.fixture(scope="module")
+def gpu_plan_bench(gpu_plan_log):
+    """benchmarks/bench_gpu_plan.py once, on a small log with every operation of the
     aggregations' backfill (last_k over the lifetime and over a window), the full runs
     over every day but the last and a check of the last day's incremental run on the checked
     output: its timings for the benchmark's smoke test, its checks' own reports for the plan
@@ -183,7 +199,7 @@ def gpu_plan_bench(small_log):
     from tests.test_benchmarks import _load
 
     # The checks alone: their cpu baseline and its ratio are the benchmark's, not the suite's.
-    return _load("bench_gpu_plan").run(0, pairs=1, log=small_log, config=GPU_AGGREGATIONS,
+    return _load("bench_gpu_plan").run(0, pairs=1, log=gpu_plan_log, config=GPU_AGGREGATIONS,
                                        incremental=True, baseline=False)
 
 
