@@ -159,20 +159,16 @@ def _has_gpu() -> bool:
         ["nvidia-smi", "-L"], capture_output=True).returncode == 0
 
 
-# The costliest modules, costliest first (wall seconds of each in a cold run on the 2-core VM,
-# benchmarks/README.md, "the costliest modules first"): `make test` runs them first (xdist's
-# --no-loadscope-reorder keeps this order, --dist loadfile hands each worker the next module
-# as it frees up), so the long ones start early and the short ones even out the end.
-COSTLIEST_FIRST = (
-    "test_benchmarks.py", "test_incremental.py", "test_gpu_plan.py", "test_daily_chain.py",
-    "test_validation_gate.py", "test_cli.py", "test_day2.py", "test_packaging.py",
-    "test_job_aggregations.py", "test_demo.py",
-)
+# Each module's seconds in the last measured run of the suite (tests/module_seconds.json,
+# written by ``python -m tests.cpu_profile order``): `make test` runs the costliest first
+# (xdist's --no-loadscope-reorder keeps this order, --dist loadfile hands each worker the next
+# module as it frees up), so the long ones start early and the short ones even out the end.
+MODULE_SECONDS = json.loads((REPO / "tests" / "module_seconds.json").read_text())
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: place for place, name in enumerate(COSTLIEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # the rest as collected
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))  # stable: the rest
+    # as collected
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")

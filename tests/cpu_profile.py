@@ -4,6 +4,8 @@ a spark-submit) — one JSON line per phase into ``$FEATURELINE_TEST_CPU/<worker
 
     FEATURELINE_TEST_CPU=/tmp/cpu PYTEST_ARGS="-p tests.cpu_profile" make test
     python -m tests.cpu_profile /tmp/cpu        # the costliest tests and each file's total
+    python -m tests.cpu_profile table /tmp/cpu  # the same as benchmarks/README.md's tables
+    python -m tests.cpu_profile order /tmp/cpu  # tests/module_seconds.json: the suite's order
     python -m tests.cpu_profile watch /tmp/procs.json   # beside it, until SIGTERM
 
 ``watch`` samples every process of the machine each second — its CPU, command line and the
@@ -78,15 +80,42 @@ def _out() -> Path | None:
     return Path(folder) / f"{worker}.jsonl"
 
 
+# The ETL job runs of the phase under way in this process: how many, and their wall seconds.
+_JOB_RUNS = {"runs": 0, "seconds": 0.0}
+
+
+def pytest_configure(config) -> None:
+    """Counts the job runs each phase makes in the test's own process (``etl.job.run``, the
+    shared session's); a job in a process of its own shows in its CPU only."""
+    if _out() is None:
+        return
+    from featureline.etl import job
+
+    run = job.run
+
+    def counted(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            _JOB_RUNS["runs"] += 1
+            _JOB_RUNS["seconds"] += time.monotonic() - started
+
+    job.run = counted
+
+
 def _measured(item, phase: str):
     out = _out()
     wall, cpu = time.monotonic(), _cpu()
+    _JOB_RUNS.update(runs=0, seconds=0.0)
     yield
     if out is not None:
         with out.open("a") as file:
             file.write(json.dumps({"test": item.nodeid, "phase": phase,
                                    "wall_s": round(time.monotonic() - wall, 2),
-                                   "cpu_s": round(_cpu() - cpu, 2)}) + "\n")
+                                   "cpu_s": round(_cpu() - cpu, 2),
+                                   "job_runs": _JOB_RUNS["runs"],
+                                   "job_s": round(_JOB_RUNS["seconds"], 2)}) + "\n")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -116,6 +145,62 @@ def summary(folder: Path, top: int = 40) -> str:
     lines += ["", "by file:"]
     lines += [f"{s:8.1f}  {f}" for f, s in sorted(by_file.items(), key=lambda i: -i[1])]
     return "\n".join(lines)
+
+
+def table(folder: Path, top: int = 25) -> str:
+    """benchmarks/README.md's "Suite" tables in Markdown: each file's CPU and wall seconds,
+    tests and in-process job runs, the costliest first (those under 30 s in one row); then
+    the ``top`` costliest phases."""
+    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
+            for line in path.read_text().splitlines()]
+    files: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for row in rows:
+        entry = files[row["test"].split("::")[0].removeprefix("tests/")]
+        entry["cpu_s"] += row["cpu_s"]
+        entry["wall_s"] += row["wall_s"]
+        entry["job_runs"] += row.get("job_runs", 0)
+        entry["tests"] += row["phase"] == "call"
+    total_cpu = sum(r["cpu_s"] for r in rows)
+    counted = any("job_runs" in row for row in rows)  # recorded by this plugin's later form
+    runs_head = (" job runs |", "---|") if counted else ("", "")
+    lines = [f"{len(files)} files, {sum(e['tests'] for e in files.values()):.0f} tests, "
+             f"{total_cpu / 60:.1f} CPU-min in the phases (workers' own processes and their "
+             f"children)" + (f"; {sum(e['job_runs'] for e in files.values()):.0f} job runs in "
+                             "them." if counted else "."),
+             "", f"| file | CPU s | wall s | tests |{runs_head[0]}",
+             f"|---|---|---|---|{runs_head[1]}"]
+    ranked = sorted(files.items(), key=lambda item: -item[1]["cpu_s"])
+    for name, entry in ranked:
+        if max(entry["cpu_s"], entry["wall_s"]) < 30:
+            continue
+        runs = f" {entry['job_runs']:.0f} |" if counted else ""
+        lines.append(f"| {name} | {entry['cpu_s']:.0f} | {entry['wall_s']:.0f} | "
+                     f"{entry['tests']:.0f} |{runs}")
+    rest = [entry for _, entry in ranked if max(entry["cpu_s"], entry["wall_s"]) < 30]
+    lines.append(f"| {len(rest)} more files, each under 30 s | "
+                 f"{sum(e['cpu_s'] for e in rest):.0f} | {sum(e['wall_s'] for e in rest):.0f} | "
+                 f"{sum(e['tests'] for e in rest):.0f} |{' |' if counted else ''}")
+    lines += ["", f"| phase | test | CPU s | wall s |{runs_head[0]}",
+              f"|---|---|---|---|{runs_head[1]}"]
+    for row in sorted(rows, key=lambda r: -r["cpu_s"])[:top]:
+        jobs = ""
+        if counted:
+            jobs = f" {row['job_runs']} ({row['job_s']:.0f} s) |" if row.get("job_runs") else " |"
+        lines.append(f"| {row['phase']} | `{row['test'].removeprefix('tests/')}` | "
+                     f"{row['cpu_s']:.0f} | {row['wall_s']:.0f} |{jobs}")
+    return "\n".join(lines)
+
+
+def module_seconds(folder: Path) -> dict[str, float]:
+    """Each test module's wall seconds (its phases' sum), the costliest first: the order
+    tests/conftest.py runs them in (tests/module_seconds.json)."""
+    seconds: dict[str, float] = defaultdict(float)
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            seconds[Path(row["test"].split("::")[0]).name] += row["wall_s"]
+    return {name: round(value) for name, value in
+            sorted(seconds.items(), key=lambda item: -item[1])}
 
 
 def _stat(pid: str) -> tuple[int, int] | None:
@@ -164,5 +249,10 @@ def watch(out: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "watch":
         watch(Path(sys.argv[2]))  # until SIGTERM, which exits
+    elif sys.argv[1] == "table":
+        print(table(Path(sys.argv[2])))
+    elif sys.argv[1] == "order":
+        order = Path(__file__).with_name("module_seconds.json")
+        order.write_text(json.dumps(module_seconds(Path(sys.argv[2])), indent=0) + "\n")
     else:
         print(summary(Path(sys.argv[1])))
