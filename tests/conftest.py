@@ -167,8 +167,8 @@ MODULE_SECONDS = json.loads((REPO / "tests" / "module_seconds.json").read_text()
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))  # stable: the rest
-    # as collected
+    # A stable sort: modules not measured yet run last, as collected.
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")

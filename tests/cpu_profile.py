@@ -133,9 +133,14 @@ def pytest_runtest_teardown(item):
     yield from _measured(item, "teardown")
 
 
-def summary(folder: Path, top: int = 40) -> str:
-    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
+def _rows(folder: Path) -> list[dict]:
+    """Every phase the workers recorded under ``folder``."""
+    return [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
             for line in path.read_text().splitlines()]
+
+
+def summary(folder: Path, top: int = 40) -> str:
+    rows = _rows(folder)
     by_file: dict[str, float] = defaultdict(float)
     for row in rows:
         by_file[row["test"].split("::")[0]] += row["cpu_s"]
@@ -151,8 +156,7 @@ def table(folder: Path, top: int = 25) -> str:
     """benchmarks/README.md's "Suite" tables in Markdown: each file's CPU and wall seconds,
     tests and in-process job runs, the costliest first (those under 30 s in one row); then
     the ``top`` costliest phases."""
-    rows = [json.loads(line) for path in sorted(folder.glob("*.jsonl"))
-            for line in path.read_text().splitlines()]
+    rows = _rows(folder)
     files: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for row in rows:
         entry = files[row["test"].split("::")[0].removeprefix("tests/")]
@@ -169,14 +173,14 @@ def table(folder: Path, top: int = 25) -> str:
                              "them." if counted else "."),
              "", f"| file | CPU s | wall s | tests |{runs_head[0]}",
              f"|---|---|---|---|{runs_head[1]}"]
-    ranked = sorted(files.items(), key=lambda item: -item[1]["cpu_s"])
-    for name, entry in ranked:
+    rest = []
+    for name, entry in sorted(files.items(), key=lambda item: -item[1]["cpu_s"]):
         if max(entry["cpu_s"], entry["wall_s"]) < 30:
+            rest.append(entry)
             continue
         runs = f" {entry['job_runs']:.0f} |" if counted else ""
         lines.append(f"| {name} | {entry['cpu_s']:.0f} | {entry['wall_s']:.0f} | "
                      f"{entry['tests']:.0f} |{runs}")
-    rest = [entry for _, entry in ranked if max(entry["cpu_s"], entry["wall_s"]) < 30]
     lines.append(f"| {len(rest)} more files, each under 30 s | "
                  f"{sum(e['cpu_s'] for e in rest):.0f} | {sum(e['wall_s'] for e in rest):.0f} | "
                  f"{sum(e['tests'] for e in rest):.0f} |{' |' if counted else ''}")
@@ -195,10 +199,8 @@ def module_seconds(folder: Path) -> dict[str, float]:
     """Each test module's wall seconds (its phases' sum), the costliest first: the order
     tests/conftest.py runs them in (tests/module_seconds.json)."""
     seconds: dict[str, float] = defaultdict(float)
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            seconds[Path(row["test"].split("::")[0]).name] += row["wall_s"]
+    for row in _rows(folder):
+        seconds[Path(row["test"].split("::")[0]).name] += row["wall_s"]
     return {name: round(value) for name, value in
             sorted(seconds.items(), key=lambda item: -item[1])}
 
