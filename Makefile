@@ -25,7 +25,7 @@ export NO_MKDOCS_2_WARNING := 1
 help:
 	@echo "make demo   sample logs → ETL → Feast/Redis → embeddings → the API, end to end (embedded defaults)"
 	@echo "make test   run the test suite (creates .venv on first use)"
-	@echo "make test-fast  the suite without the slow end-to-end runs"
+	@echo "make test-fast  the suite without Spark jobs and the slow end-to-end runs (~4 min)"
 	@echo "make docs   build the user guide into site/ (open site/index.html)"
 	@echo "make lint   ruff check"
 	@echo "make typecheck  mypy over the package"
@@ -75,7 +75,7 @@ test: venv java
 # The suite without the end-to-end runs marked slow (each a Spark job or a benchmark in a
 # process of its own): for a quick check while developing; `make test` runs them all.
 test-fast: venv java
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not spark" $(PYTEST_ARGS)
 
 # The user guide into site/ (docs/ARCHITECTURE.md, "The user guide"); strict: a broken link
 # or a page left out of the navigation fails, as in `make test`.

@@ -166,9 +166,18 @@ def _has_gpu() -> bool:
 MODULE_SECONDS = json.loads((REPO / "tests" / "module_seconds.json").read_text())
 
 
+# The fixtures that start Spark (``job_run`` asks for the session only where it runs the job).
+SPARK_FIXTURES = {"spark", "job_run"}
+
+
 def pytest_collection_modifyitems(config, items):
     # A stable sort: modules not measured yet run last, as collected.
     items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0))
+    # A test that needs the shared session or the shared job's output, directly or through a
+    # fixture, runs Spark: `make test-fast` leaves those out (`-m "not slow and not spark"`).
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.spark)
     if _has_gpu():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")

@@ -74,3 +74,19 @@ def test_the_job_processes_the_tests_start_run_their_queries_interpreted(spark):
     for key, value in INTERPRETED.items():
         assert f"-D{key}={value}" in options
         assert spark.conf.get(key) == value
+
+
+def test_every_test_that_starts_spark_is_marked_and_test_fast_leaves_it_out(request):
+    """A test that needs the shared session or the shared job's output is marked ``spark``,
+    and `make test-fast` (``-m "not slow and not spark"``) selects none of them."""
+    from tests.conftest import SPARK_FIXTURES
+
+    items = request.session.items
+    starting = [item for item in items if SPARK_FIXTURES & set(item.fixturenames)]
+    assert all(item.get_closest_marker("spark") is not None for item in starting)
+    unmarked = [item for item in items if item.get_closest_marker("spark") is None]
+    assert not SPARK_FIXTURES & {name for item in unmarked for name in item.fixturenames}
+    if "not spark" in request.config.getoption("markexpr"):
+        assert not starting
+    makefile = (REPO / "Makefile").read_text()
+    assert '-m "not slow and not spark"' in makefile.split("test-fast:")[1].split("\n\n")[0]
