@@ -4,6 +4,11 @@ Vectorised numpy, deterministic for a seed: Zipf item popularity and user activi
 sessions, daily and weekly cycles, a view → click → add_to_cart → purchase funnel,
 per-item price and category, a device per session, and optionally malformed rows of every
 kind the validator rejects (plus exact duplicates, which it removes and counts).
+
+With ``taste`` (the default of the CLI and the demo) users differ in what they like, not only
+in how much they do: each has a category taste, latent factors matched with the items', a
+click propensity and a price sensitivity, and views come back to an item just seen. Without
+it a click depends on the item alone.
 """
 
 from __future__ import annotations
@@ -43,6 +48,33 @@ VIEWS_PER_SESSION = 6.0
 SECONDS_BETWEEN_VIEWS = 40.0
 MISSING_VALUE_RATE = 0.03
 DEFAULT_START = datetime(2026, 1, 5, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Taste:
+    """How users differ in the log ``taste`` writes (:func:`generate_events`)."""
+
+    # Each user's taste over the categories: Dirichlet(concentration); small is focused.
+    concentration: float = 0.25
+    # The share of views drawn from the user's taste (category, then item by popularity in
+    # it); the rest follow the items' popularity alone.
+    from_taste: float = 0.6
+    # The share of views that come back to the session's previous item.
+    repeat: float = 0.12
+    # Latent factors of users and items: their number and the weight of their match.
+    factors: int = 8
+    match: float = 0.9
+    # The weight of log(taste share × categories) in a click: liked categories click more.
+    liking: float = 0.5
+    # The spread of users' click propensity (lognormal sigma).
+    propensity: float = 0.7
+    # log-odds added to a click on a view that came back to an item.
+    again: float = 1.0
+    # How much a log-price above the median lowers a click, at the users' mean sensitivity.
+    price: float = 0.3
+
+
+TASTE = Taste()
 
 COLUMNS = ("user_id", "item_id", "event_type", "ts", "value", "price", "category", "device")
 
@@ -105,8 +137,11 @@ def generate_events(
     days: int,
     seed: int = 0,
     start: datetime = DEFAULT_START,
+    taste: Taste | None = None,
 ) -> pd.DataFrame:
-    """``events`` well-formed events sorted by time, as a DataFrame of the canonical columns."""
+    """``events`` well-formed events sorted by time, as a DataFrame of the canonical columns.
+    ``taste``: users differ in what they view and click (:class:`Taste`); None: a click
+    depends on the item alone."""
     if min(events, users, items, days) < 1:
         raise ValueError("events, users, items and days must all be at least 1")
     rng = np.random.default_rng(seed)
@@ -134,21 +169,32 @@ def generate_events(
     gaps[first_view] = 0.0
     elapsed = np.cumsum(gaps)
     view_ts = session_start[session_of_view] + elapsed - elapsed[first_view][session_of_view]
-    item_rank = rng.choice(items, size=views, p=zipf_probabilities(items, 1.2))
-    view_item = rng.permutation(items)[item_rank]
+    popularity = zipf_probabilities(items, 1.2)
+    item_rank = rng.choice(items, size=views, p=popularity)
+    ranked = rng.permutation(items)
+    view_item = ranked[item_rank]
 
     # Items: a category (itself Zipf-popular), a lognormal price and an appeal factor.
     categories = max(4, min(64, items // 25))
     item_category = rng.choice(categories, size=items, p=zipf_probabilities(categories, 0.8))
     item_price = np.round(rng.lognormal(3.0, 1.0, size=items), 2)
     item_appeal = np.clip(rng.lognormal(0.0, 0.5, size=items), 0.2, 3.0)
+    # What a view's click chance is multiplied by, besides the item's appeal.
+    personal = np.ones(views)
+    if taste is not None:
+        item_popularity = np.empty(items)
+        item_popularity[ranked] = popularity
+        view_item, personal = _tasted(rng, taste, session_user[session_of_view], first_view,
+                                      view_item, item_popularity, item_category, item_price,
+                                      users)
 
     # The funnel: each step happens with its rate times the item's appeal, a little later.
     step_mask = np.ones(views, dtype=bool)
     step_ts = view_ts
     parts_ts, parts_view, parts_type = [view_ts], [np.arange(views)], [np.zeros(views, np.int8)]
     for step, (rate, delay) in enumerate(zip(FUNNEL_RATES, FUNNEL_DELAYS, strict=True), start=1):
-        chance = np.minimum(rate * item_appeal[view_item], 0.95)
+        chance = np.minimum(rate * item_appeal[view_item] * (personal if step == 1 else 1.0),
+                            0.95)
         step_mask = step_mask & (rng.random(views) < chance)
         step_ts = step_ts + rng.exponential(delay, size=views)
         parts_ts.append(step_ts[step_mask])
@@ -184,6 +230,49 @@ def generate_events(
         "category": np.char.add("c", item_category[item].astype(str)),
         "device": np.array(DEVICES)[session_device[session]],
     })
+
+
+def _tasted(rng: np.random.Generator, taste: Taste, view_user: np.ndarray,
+            first_view: np.ndarray, view_item: np.ndarray, item_popularity: np.ndarray,
+            item_category: np.ndarray, item_price: np.ndarray, users: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The views' items as users with ``taste`` pick them, and what each view's click chance
+    is multiplied by (a mean of 1 over the views: the funnel keeps its rates)."""
+    views, categories = len(view_item), int(item_category.max()) + 1
+    liking = rng.dirichlet(np.full(categories, taste.concentration), size=users)
+    # A tasted view: a category drawn from its user's taste, then one of its items, the
+    # popular ones more often (an empty category keeps the popular item drawn before).
+    tasted = np.flatnonzero(rng.random(views) < taste.from_taste)
+    drawn = (rng.random(len(tasted))[:, None] > np.cumsum(liking[view_user[tasted]], axis=1))
+    category = np.minimum(drawn.sum(axis=1), categories - 1)
+    order = np.lexsort((-item_popularity, item_category))
+    weights = np.cumsum(item_popularity[order])
+    first = np.searchsorted(item_category[order], np.arange(categories), side="left")
+    end = np.searchsorted(item_category[order], np.arange(categories), side="right")
+    before = np.where(first > 0, weights[np.maximum(first - 1, 0)], 0.0)
+    total = np.where(end > first, weights[np.maximum(end - 1, 0)] - before, 0.0)
+    target = before[category] + rng.random(len(tasted)) * total[category]
+    position = np.clip(np.searchsorted(weights, target, side="right"), first[category],
+                       np.maximum(end[category] - 1, first[category]))
+    items = view_item.copy()
+    filled = total[category] > 0
+    items[tasted[filled]] = order[position[filled]]
+    # A view that comes back to its session's previous item (never a session's first).
+    again = rng.random(views) < taste.repeat
+    again[first_view] = False
+    items = items[np.maximum.accumulate(np.where(again, 0, np.arange(views)))]
+    # The click's log-odds, besides the item's appeal.
+    user_factors = rng.normal(size=(users, taste.factors))
+    item_factors = rng.normal(size=(len(item_category), taste.factors))
+    match = (user_factors[view_user] * item_factors[items]).sum(axis=1) / np.sqrt(taste.factors)
+    liked = np.clip(np.log(liking[view_user, item_category[items]] * categories), -3.0, 2.0)
+    propensity = rng.normal(0.0, taste.propensity, size=users)
+    sensitivity = rng.lognormal(0.0, 0.5, size=users)
+    dear = np.log(item_price[items]) - np.median(np.log(item_price))
+    logit = (taste.match * match + taste.liking * liked + propensity[view_user]
+             - taste.price * sensitivity[view_user] * dear + taste.again * again)
+    multiplier = np.exp(logit)
+    return items, multiplier / multiplier.mean()
 
 
 def _corrupt(record: dict[str, Any], kind: str, fmt: InputFormat) -> dict[str, Any]:
@@ -278,8 +367,10 @@ def write_log(
     start: datetime = DEFAULT_START,
     shape: str | None = None,
     split_last_day: bool = False,
+    taste: Taste | None = None,
 ) -> GeneratedLog:
-    """Write ``events`` log rows to ``out``; ``bad_fraction`` of them are bad rows.
+    """Write ``events`` log rows to ``out``; ``bad_fraction`` of them are bad rows;
+    ``taste``: users differ in what they like (:func:`generate_events`).
     ``shape``: a public log's names (:data:`SHAPES`; no bad rows, a text format; the events
     its event types leave out are not written); with it, ``split_last_day`` writes the last
     UTC day apart, to ``<stem>-<day><suffix>`` beside ``out`` (the next day of one log)."""
@@ -287,11 +378,12 @@ def write_log(
         raise ValueError(f"bad_fraction must be within [0, 1], got {bad_fraction}")
     if shape is not None:
         return _write_shaped(Path(out), SHAPES[shape], fmt, generate_events(
-            events, users, items, days, seed=seed, start=start), split_last_day)
+            events, users, items, days, seed=seed, start=start, taste=taste), split_last_day)
     if split_last_day:
         raise ValueError("split_last_day needs a shape (the demo holds its day back itself)")
     bad_count = round(events * bad_fraction)
-    good = generate_events(events - bad_count, users, items, days, seed=seed, start=start)
+    good = generate_events(events - bad_count, users, items, days, seed=seed, start=start,
+                           taste=taste)
     rng = np.random.default_rng(seed + 1)
     bad, kinds, tally = _bad_rows(good, bad_count, fmt, rng) if bad_count else ([], [], {})
     path = Path(out)

@@ -61,11 +61,15 @@ def main() -> None:
 @click.option("--split-last-day", is_flag=True,
               help="With --shape: write the last UTC day apart, to <out>-<day> (the next "
                    "day of the same log)")
+@click.option("--item-only", is_flag=True,
+              help="Clicks depend on the item alone (users differ only in how much they do); "
+                   "by default users also differ in what they like")
 def datagen(events: int, users: int, items: int, days: int, out: str, seed: int,
             bad_fraction: float, fmt: str, first_day: str | None, shape: str | None,
-            split_last_day: bool) -> None:
-    """Write a synthetic interaction log (Zipf popularity, sessions, a purchase funnel)."""
-    from featureline.etl.datagen import DEFAULT_START, write_log
+            split_last_day: bool, item_only: bool) -> None:
+    """Write a synthetic interaction log (Zipf popularity, sessions, a purchase funnel, users'
+    taste)."""
+    from featureline.etl.datagen import DEFAULT_START, TASTE, write_log
 
     if shape is not None and bad_fraction:
         raise click.BadParameter("a shaped log has no bad rows", param_hint="--bad-fraction")
@@ -75,7 +79,7 @@ def datagen(events: int, users: int, items: int, days: int, out: str, seed: int,
     log = write_log(out, events=events, users=users, items=items, days=days, seed=seed,
                     bad_fraction=bad_fraction, fmt=fmt,  # type: ignore[arg-type]
                     start=DEFAULT_START if first_day is None else _day(first_day), shape=shape,
-                    split_last_day=split_last_day)
+                    split_last_day=split_last_day, taste=None if item_only else TASTE)
     written: dict[str, object] = {"path": str(log.path), "rows": log.rows,
                                   "bad_rows": log.bad_rows}
     if log.last_day is not None:
@@ -240,7 +244,7 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     from datetime import timedelta
 
     from featureline.config import load_config
-    from featureline.etl.datagen import write_log
+    from featureline.etl.datagen import TASTE, write_log
 
     started = time.perf_counter()
     from featureline.demo import demo_repo, stop_server
@@ -256,7 +260,8 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
     today = _day("today")
     progress(f"[1/{steps}] datagen: {events:,} events (1% bad rows) → {raw}")
     write_log(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
-              days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14))
+              days=14, seed=seed, bad_fraction=0.01, start=today - timedelta(days=14),
+              taste=TASTE)
     next_day = None
     if serve:  # the last day is the next day's run's (step 6)
         from featureline.next_day import hold_out
