@@ -521,6 +521,37 @@ def train(path: str | None, data: str | None, out: str, epochs: int, patience: i
 @main.command()
 @config_option
 @data_option
+@click.option("--without", "names", required=True, metavar="NAME[,NAME...]",
+              help="The features to leave out: metadata.json's names "
+                   "(user_prior_positive_rate) or an aggregation's group:output")
+@click.option("--seeds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Train each side this many times, with seeds 0, 1, ...")
+@click.option("--epochs", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--patience", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=2048, show_default=True)
+@click.option("--no-gbdt", is_flag=True, help="The reference model only")
+@click.option("--out", type=click.Path(dir_okay=False), help="Also write the report as JSON")
+def lift(path: str | None, data: str | None, names: str, seeds: int, epochs: int,
+         patience: int, batch_size: int, no_gbdt: bool, out: str | None) -> None:
+    """Whether features help: the reference model and the trees trained with and without
+    them on the same split, per seed; the validation AUC and log-loss differences."""
+    try:
+        from featureline.trainer.lift import lift as run_lift
+    except ImportError as exc:
+        raise click.ClickException(f"featureline lift needs TensorFlow ({exc.name} is not "
+                                   "installed): pip install 'featureline[tf]'") from None
+    result = run_lift(data or _config(path).etl.output.path,
+                      [n.strip() for n in names.split(",") if n.strip()],
+                      seeds=range(seeds), epochs=epochs, patience=patience,
+                      batch_size=batch_size, gbdt=not no_gbdt, progress=progress)
+    if out is not None:
+        Path(out).write_text(json.dumps(result.to_json(), indent=2))
+    click.echo(result.summary())
+
+
+@main.command()
+@config_option
+@data_option
 @click.option("--model", "model_dir", type=click.Path(exists=True, file_okay=False),
               default="data/hps", show_default=True,
               help="Where `featureline train` exported the model (hps.yaml, dense.json)")

@@ -8,6 +8,7 @@ docs/ARCHITECTURE.md, "Scoring")."""
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,19 @@ NAME = "gradient-boosted trees (LightGBM) on the examples' columns"
 MISSING = "lightgbm is not installed: pip install 'featureline[gbdt]'"
 
 
-def columns(metadata: Metadata) -> tuple[list[str], list[str]]:
-    """The baseline's columns, and which of them are categorical."""
-    used = [f for f in metadata.features if f.kind in ("categorical", "continuous")]
+def columns(metadata: Metadata, without: Collection[str] = ()
+            ) -> tuple[list[str], list[str]]:
+    """The baseline's columns (less ``without``), and which of them are categorical."""
+    used = [f for f in metadata.features
+            if f.kind in ("categorical", "continuous") and f.name not in without]
     return [f.name for f in used], [f.name for f in used if f.kind == "categorical"]
 
 
-def split(metadata: Metadata, name: str) -> tuple[Any, np.ndarray]:
-    """The features and labels of one split of the Parquet examples."""
+def split(metadata: Metadata, name: str, without: Collection[str] = ()
+          ) -> tuple[Any, np.ndarray]:
+    """The features (less ``without``) and labels of one split of the Parquet examples."""
     label = present(metadata.label, metadata, "label").name
-    names, categorical = columns(metadata)
+    names, categorical = columns(metadata, without)
     folder = Path(metadata.folder or ".") / "examples" / f"split={name}"
     frame = pq.read_table(folder, columns=[*names, label]).to_pandas()
     for column in categorical:
@@ -42,19 +46,21 @@ def split(metadata: Metadata, name: str) -> tuple[Any, np.ndarray]:
 
 
 def gbdt_baseline(metadata: Metadata, seed: int = 0, out: Path | None = None,
-                  model_name: str = "ranker") -> dict[str, Any]:
+                  model_name: str = "ranker", without: Collection[str] = ()
+                  ) -> dict[str, Any]:
     """LightGBM's validation scores (``auc``, ``log_loss``), the rounds it kept and the
     rows it was scored on; ``{"skipped": …}`` without LightGBM. ``out``: the trees are
-    exported there too, as the model ``<model_name>-gbdt``."""
+    exported there too, as the model ``<model_name>-gbdt``; ``without``: columns left out
+    (``featureline lift``)."""
     try:
         import lightgbm
     except ImportError:
         return {"name": NAME, "skipped": MISSING}
     from featureline.trainer.quality import evaluate
 
-    train_x, train_y = split(metadata, "train")
-    valid_x, valid_y = split(metadata, "valid")
-    categorical = columns(metadata)[1]
+    train_x, train_y = split(metadata, "train", without)
+    valid_x, valid_y = split(metadata, "valid", without)
+    categorical = columns(metadata, without)[1]
     for column in categorical:  # the training split's categories, known or not
         valid_x[column] = valid_x[column].cat.set_categories(train_x[column].cat.categories)
     train_set = lightgbm.Dataset(train_x, train_y, categorical_feature=categorical)

@@ -150,3 +150,48 @@ def settle_unreached(model: Any, reached: dict[str, np.ndarray]) -> dict[str, in
             weights[unreached] = weights[OOV_ID]
             layer.embeddings.assign(weights)
     return settled
+
+
+def blank_value(kind: str) -> float:
+    """What an input is held at when a model is trained without it: a value that says
+    nothing — a standardised column's mean (0), the out-of-vocabulary id, a list of padding."""
+    return {"continuous": 0.0, "categorical": float(OOV_ID), "multi_hot": float(PADDING_ID)}[kind]
+
+
+@dataclass(frozen=True)
+class Blank:
+    """The features a model is trained and scored without (``featureline lift``): each held
+    at its :func:`blank_value` in every row, so the model keeps its shape and learns nothing
+    from them."""
+
+    metadata: Metadata
+    features: tuple[str, ...]
+
+    def columns(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``columns`` (name → ids or values, as ``read_numpy`` gives a split), blanked."""
+        kinds = {f.name: f.kind for f in self.metadata.features}
+        return {name: (np.full_like(values, blank_value(kinds[name]))
+                       if name in self.features else values)
+                for name, values in columns.items()}
+
+    def blocks(self, blocks: dict[str, Any]) -> dict[str, Any]:
+        """A batch of grouped blocks (``dataset(grouped=True)``), blanked: a TensorFlow map."""
+        import tensorflow as tf
+
+        kinds = {f.name: f.kind for f in self.metadata.features}
+        blanked = dict(blocks)
+        for name, group in tfrecord_groups(self.metadata).items():
+            hit = [c for c in group.columns if c in self.features]
+            if not hit:
+                continue
+            per_column = group.width // len(group.columns)
+            mask = np.zeros(group.width, dtype=bool)
+            fill = np.zeros(group.width, dtype=np.float32 if group.dtype == "float32"
+                            else np.int64)
+            for column in hit:
+                at = group.columns.index(column) * per_column
+                mask[at:at + per_column] = True
+                fill[at:at + per_column] = blank_value(kinds[column])
+            blanked[name] = tf.where(tf.constant(mask)[None, :], tf.constant(fill)[None, :],
+                                     blocks[name])
+        return blanked

@@ -28,6 +28,7 @@ from featureline.hps.config import load_hps_config
 from featureline.trainer.export import export
 from featureline.trainer.gbdt import gbdt_baseline
 from featureline.trainer.model import (
+    Blank,
     build_model,
     label_group,
     reached_rows,
@@ -87,15 +88,18 @@ def _inputs(batches: Any, label: str) -> Any:
                                        blocks[label]))
 
 
-def scores(model: Any, metadata: Metadata, batch_size: int
+def scores(model: Any, metadata: Metadata, batch_size: int, blank: Blank | None = None
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Labels, model scores and the rows' item ids over the validation split, in one pass."""
+    """Labels, model scores and the rows' item ids over the validation split, in one pass
+    (``blank``: the features held blank, as the model was trained)."""
     label = label_group(metadata)
     item_group, item_index = next(
         (name, g.columns.index(encoded_name("item_id")))
         for name, g in tfrecord_groups(metadata).items() if encoded_name("item_id") in g.columns)
     labels, predicted, items = [], [], []
     for blocks in dataset(metadata, batch_size, "valid", grouped=True):
+        if blank is not None:
+            blocks = blank.blocks(blocks)
         features = {k: v for k, v in blocks.items() if k != label}
         predicted.append(np.asarray(model(features, training=False)).reshape(-1))
         labels.append(blocks[label].numpy().reshape(-1))
@@ -105,26 +109,35 @@ def scores(model: Any, metadata: Metadata, batch_size: int
     return np.concatenate(labels), np.concatenate(predicted), np.concatenate(items)
 
 
-def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int = 2,
-          batch_size: int = 2048, learning_rate: float = 1e-3, model_name: str = "ranker",
-          seed: int = 0, hps_template: str | Path | None = None, gbdt: bool = True,
-          progress: Callable[[str], None] = print) -> TrainResult:
-    """Build the model from ``data``'s metadata.json, train it over the training split for
-    at most ``epochs`` epochs — stopping once the validation AUC has not improved for
-    ``patience`` epochs, then restoring the best epoch's weights — compare it with the
-    popularity baseline and (``gbdt``, where LightGBM is installed) gradient-boosted trees
-    on the same validation rows, and write ``out``: the tables and hps.yaml
-    (the settings of ``hps_template`` when given, see ``export.write_tables``), the Keras
-    model, and training.json."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
-    import keras
-
-    started = time.perf_counter()
-    template = load_hps_config(hps_template) if hps_template is not None else None
+def trainable(data: str | Path) -> Metadata:
+    """``data``'s metadata, refused where the ETL wrote no TFRecords to train from."""
     metadata = read_metadata(data)
     if metadata.tfrecord is None:
         raise ConfigError("etl.tfrecord.enabled", f"{data}: the ETL wrote no TFRecords to "
                           "train from; run it with etl.tfrecord.enabled: true")
+    return metadata
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """A trained model with the best epoch's weights, and what training read."""
+
+    model: Any
+    history: list[dict[str, float]]
+    best_epoch: int  # 1-based
+    train_columns: dict[str, np.ndarray]
+    unreached: dict[str, int]
+
+
+def fit_model(metadata: Metadata, *, seed: int, epochs: int, patience: int, batch_size: int,
+              learning_rate: float, progress: Callable[[str], None],
+              blank: Blank | None = None) -> Fitted:
+    """The model trained over the training split, early-stopped on the validation AUC, the
+    best epoch's weights restored; ``blank``: the features held blank in both splits
+    (``featureline lift``)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
+    import keras
+
     label = label_group(metadata)
     model = build_model(metadata, seed=seed)
     model.compile(optimizer=keras.optimizers.Adam(learning_rate),
@@ -139,6 +152,8 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
                 f"{k} {v:.4f}" for k, v in row.items() if k != "epoch"))
 
     train_columns = read_numpy(metadata, "train")
+    if blank is not None:
+        train_columns = blank.columns(train_columns)
     reached = reached_rows(metadata, train_columns)
     unreached: dict[str, int] = {}
 
@@ -148,22 +163,45 @@ def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int 
         def on_test_begin(self, logs: dict[str, float] | None = None) -> None:
             unreached.update(settle_unreached(model, reached))
 
-    train_rows = _inputs(dataset(metadata, batch_size, "train", grouped=True, shuffle=64,
-                                 seed=seed), label)
-    valid_rows = _inputs(dataset(metadata, batch_size, "valid", grouped=True), label)
+    train_rows = dataset(metadata, batch_size, "train", grouped=True, shuffle=64, seed=seed)
+    valid_rows = dataset(metadata, batch_size, "valid", grouped=True)
+    if blank is not None:
+        train_rows, valid_rows = train_rows.map(blank.blocks), valid_rows.map(blank.blocks)
     stopping = keras.callbacks.EarlyStopping(monitor="val_auc", mode="max", patience=patience,
                                              restore_best_weights=True)
     with warnings.catch_warnings():
         # Keras learns the epoch's length from the first one and says so; nothing is wrong.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        model.fit(train_rows, validation_data=valid_rows, epochs=epochs, verbose=0,
-                  shuffle=False, callbacks=[Settle(), Report(), stopping])
+        model.fit(_inputs(train_rows, label), validation_data=_inputs(valid_rows, label),
+                  epochs=epochs, verbose=0, shuffle=False,
+                  callbacks=[Settle(), Report(), stopping])
     best_epoch = stopping.best_epoch + 1
     if len(history) < epochs:
         progress(f"stopped after epoch {len(history)}: no better validation AUC for "
                  f"{patience} epochs")
     progress(f"kept the weights of epoch {best_epoch} (validation AUC "
              f"{history[best_epoch - 1].get('val_auc', float('nan')):.4f})")
+    return Fitted(model, history, best_epoch, train_columns, unreached)
+
+
+def train(data: str | Path, out: str | Path, *, epochs: int = 10, patience: int = 2,
+          batch_size: int = 2048, learning_rate: float = 1e-3, model_name: str = "ranker",
+          seed: int = 0, hps_template: str | Path | None = None, gbdt: bool = True,
+          progress: Callable[[str], None] = print) -> TrainResult:
+    """Build the model from ``data``'s metadata.json, train it over the training split for
+    at most ``epochs`` epochs — stopping once the validation AUC has not improved for
+    ``patience`` epochs, then restoring the best epoch's weights — compare it with the
+    popularity baseline and (``gbdt``, where LightGBM is installed) gradient-boosted trees
+    on the same validation rows, and write ``out``: the tables and hps.yaml
+    (the settings of ``hps_template`` when given, see ``export.write_tables``), the Keras
+    model, and training.json."""
+    started = time.perf_counter()
+    template = load_hps_config(hps_template) if hps_template is not None else None
+    metadata = trainable(data)
+    fitted = fit_model(metadata, seed=seed, epochs=epochs, patience=patience,
+                       batch_size=batch_size, learning_rate=learning_rate, progress=progress)
+    model, history, best_epoch = fitted.model, fitted.history, fitted.best_epoch
+    train_columns, unreached = fitted.train_columns, fitted.unreached
 
     labels, predicted, items = scores(model, metadata, batch_size)
     item_rate, prior = popularity(metadata, train_columns)
