@@ -44,10 +44,10 @@ PUBLIC = {
 ENTRY_POINTS = {"etl/main.py", "feature_store/feast_repo/featureline_repo.py"}
 # Packages the serving side never imports: the API process runs without Spark.
 SPARK = ("pyspark",)
-# The core module whose operations have a Spark half beside their Python half
-# (docs/ARCHITECTURE.md, "Features as definitions"): it imports pyspark inside the Spark
+# The core modules with a Spark half beside their Python half (the operations, derived
+# features; docs/ARCHITECTURE.md, "Features as definitions"): each imports pyspark inside the Spark
 # half's functions and for type checking, never when it is loaded.
-SPARK_HALVES = {"core/operations.py"}
+SPARK_HALVES = {"core/operations.py", "core/derive.py"}
 
 
 def module_name(path: Path) -> str:
