@@ -158,8 +158,9 @@ class FeatureSpec(Settings):
     def _consistent(self) -> FeatureSpec:
         if OPERATIONS[self.op].needs_column and self.column is None:
             raise ValueError(f"column: {self.op} needs a column")
-        if (self.op == "last_k") != (self.k is not None):
-            raise ValueError("k: last_k needs k, and only last_k takes it")
+        if OPERATIONS[self.op].takes_k != (self.k is not None):
+            taking = ", ".join(name for name, op in OPERATIONS.items() if op.takes_k)
+            raise ValueError(f"k: {taking} needs k, and only {taking} takes it")
         if self.name is not None and not _NAME.match(self.name):
             raise ValueError(f"name: {self.name!r} must be lower case letters, digits and _")
         for index, window in enumerate(self.windows):

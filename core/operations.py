@@ -123,6 +123,8 @@ class Operation(ABC):
     ordered: ClassVar[bool] = False
     # It reads each event: rows that stand for several equal events cannot feed it.
     reads_each_event: ClassVar[bool] = False
+    # It keeps the ``k`` latest values read: its value is a list of ``k`` (its spec's ``k``).
+    takes_k: ClassVar[bool] = False
     # Its value counts something (a log1p transform fits it), and it has none without events.
     counts: ClassVar[bool] = False
     may_be_missing: ClassVar[bool] = False
@@ -487,6 +489,7 @@ class LastK(Operation):
     would be each of them."""
 
     name = "last_k"
+    takes_k = True
     fields = (PAIRS,)
     plan = "latest"
     ordered = True

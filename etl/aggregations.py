@@ -502,6 +502,10 @@ def _recent(keys: Sequence[str], span: int) -> WindowSpec:
     return Window.partitionBy(*keys).orderBy(_AT).rangeBetween(-(span - 1), 0)
 
 
+# approx_distinct's two sums over a key's registers: how many are set, Σ 2^(max rank − rank).
+_SET, _POWERS = "_registers_set", "_rank_powers"
+
+
 def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
                  feature: AggregateFeature, value: Column) -> DataFrame:
     """approx_distinct without an anchor per register: a register's greatest rank in the
@@ -521,8 +525,8 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     present = F.col(_RANK).isNotNull()
     zero = F.lit(0).cast("long")
     # 2^(max rank − rank): a power of two, exact as a double and as a long.
-    added = {"registers": F.when(present, 1).otherwise(0).cast("long"),
-             "powers": F.when(present, F.pow(F.lit(2.0), F.lit(HLL_MAX_RANK) - F.col(_RANK))
+    added = {_SET: F.when(present, 1).otherwise(0).cast("long"),
+             _POWERS: F.when(present, F.pow(F.lit(2.0), F.lit(HLL_MAX_RANK) - F.col(_RANK))
                               .cast("long")).otherwise(zero)}
     in_order = Window.partitionBy(*by_register).orderBy(TS_MICROS)
     at_changes = ranked.where(F.col(_KIND) == _ANCHOR).select(
@@ -537,7 +541,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     sums = union.select(*keys, TS_MICROS, _KIND,
                         *(F.sum(name).over(so_far).alias(name) for name in added))
     return sums.where(F.col(_KIND) == _ANCHOR).select(
-        *keys, TS_MICROS, ApproxDistinct.estimate_column(F.col("registers"), F.col("powers"))
+        *keys, TS_MICROS, ApproxDistinct.estimate_column(F.col(_SET), F.col(_POWERS))
         .alias(feature.column_name))
 
 
@@ -582,7 +586,7 @@ def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     are those of the ``k`` latest before ``t`` at or after ``start``: any later event is in
     the window too."""
     k = feature.spec.k or 1
-    many = feature.spec.op == "last_k"
+    many = feature.operation().takes_k
     paired = kept.select(*keys, TS_MICROS, pair_column(value, F.col(TS_MICROS)).alias(_PAIRS))
     # (ts, value) order, by plain columns (the RAPIDS Accelerator orders no window by a
     # struct): a value read as a struct (the raw value and its id) by its fields.

@@ -31,6 +31,7 @@ from featureline.core.events import (
     parse_rule,
 )
 from featureline.core.metadata import DEFAULT_OUTPUT
+from featureline.core.operations import OPERATIONS
 from featureline.core.settings import Duration, Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
 from featureline.etl.features import OP_SETTINGS
@@ -816,12 +817,13 @@ def check_aggregations(config: EtlConfig) -> None:
     for g, group in enumerate(config.aggregations):
         for f, feature in enumerate(group.features):
             column = feature.column
-            if feature.op == "last_k" and column in numeric:
+            operation = OPERATIONS[feature.op]
+            if operation.takes_k and column in numeric:
                 raise ConfigError(f"aggregations[{g}].features[{f}].column",
-                                  "last_k keeps ids of a text column; a number's latest "
-                                  "values are not an example feature")
-            if feature.op in ("last", "last_k") and column not in numeric and \
-                    column not in encoded:
+                                  f"{feature.op} keeps ids of a text column; a number's "
+                                  "latest values are not an example feature")
+            # An operation that gives the value it read gives a text column's ids.
+            if operation.ordered and column not in numeric and column not in encoded:
                 raise ConfigError(f"aggregations[{g}].features[{f}].column",
                                   f"{feature.op} of {column!r} gives ids: add {column} to a "
                                   f"categorify op's columns in etl.features")

@@ -164,7 +164,7 @@ class Aggregations(FeatureOp):
     def _column(self, feature: AggregateFeature) -> Column:
         value = F.col(feature.column_name)
         padding = F.lit(PADDING_ID).cast("long")
-        if feature.spec.op == "last_k":
+        if feature.operation().takes_k:
             ids = F.transform(value, lambda pair: pair["id"])
             return F.concat(ids, F.array_repeat(padding, F.lit(feature.spec.k) - F.size(ids)))
         if self._as_ids(feature):
@@ -189,7 +189,7 @@ class Aggregations(FeatureOp):
     def _spec(self, feature: AggregateFeature) -> FeatureSpec:
         spec = feature.spec
         described = _description(feature)
-        if spec.op == "last_k":
+        if feature.operation().takes_k:
             return FeatureSpec(feature.column_name, "multi_hot", "int64", width=spec.k or 1,
                                shares=encoded_name(spec.column or ""), aggregation=described)
         if self._as_ids(feature):
