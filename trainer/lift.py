@@ -9,7 +9,6 @@ model's two sides from the same initial weights and shuffles."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -99,9 +98,6 @@ def lift(data: str | Path, without: Sequence[str], *, seeds: Sequence[int] = (0,
     """Train the reference model (and, where ``gbdt`` and LightGBM is installed, the trees)
     on ``data`` with and without the features ``without`` names, once per seed, and score
     each on the validation split."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
-    import keras
-
     metadata = trainable(data)
     names = feature_names(metadata, without)
     blank = Blank(metadata, names)
@@ -111,7 +107,6 @@ def lift(data: str | Path, without: Sequence[str], *, seeds: Sequence[int] = (0,
     for seed in seeds:
         for side in SIDES:
             held = blank if side == "without" else None
-            keras.backend.clear_session()  # each model from the seed alone
             fitted = fit_model(metadata, seed=seed, epochs=epochs, patience=patience,
                                batch_size=batch_size, learning_rate=learning_rate,
                                progress=lambda _: None, blank=held)

@@ -6,6 +6,7 @@ interaction: the tables may have different widths)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,19 +168,14 @@ class Blank:
     metadata: Metadata
     features: tuple[str, ...]
 
-    def columns(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``columns`` (name → ids or values, as ``read_numpy`` gives a split), blanked."""
-        kinds = {f.name: f.kind for f in self.metadata.features}
-        return {name: (np.full_like(values, blank_value(kinds[name]))
-                       if name in self.features else values)
-                for name, values in columns.items()}
+    @functools.cached_property
+    def _kinds(self) -> dict[str, str]:
+        return {f.name: f.kind for f in self.metadata.features}
 
-    def blocks(self, blocks: dict[str, Any]) -> dict[str, Any]:
-        """A batch of grouped blocks (``dataset(grouped=True)``), blanked: a TensorFlow map."""
-        import tensorflow as tf
-
-        kinds = {f.name: f.kind for f in self.metadata.features}
-        blanked = dict(blocks)
+    @functools.cached_property
+    def _masks(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per TFRecord group holding a blanked feature: which positions, and their values."""
+        found = {}
         for name, group in tfrecord_groups(self.metadata).items():
             hit = [c for c in group.columns if c in self.features]
             if not hit:
@@ -191,7 +187,21 @@ class Blank:
             for column in hit:
                 at = group.columns.index(column) * per_column
                 mask[at:at + per_column] = True
-                fill[at:at + per_column] = blank_value(kinds[column])
-            blanked[name] = tf.where(tf.constant(mask)[None, :], tf.constant(fill)[None, :],
-                                     blocks[name])
+                fill[at:at + per_column] = blank_value(self._kinds[column])
+            found[name] = (mask[None, :], fill[None, :])
+        return found
+
+    def columns(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``columns`` (name → ids or values, as ``read_numpy`` gives a split), blanked."""
+        return {name: (np.full_like(values, blank_value(self._kinds[name]))
+                       if name in self.features else values)
+                for name, values in columns.items()}
+
+    def blocks(self, blocks: dict[str, Any]) -> dict[str, Any]:
+        """A batch of grouped blocks (``dataset(grouped=True)``), blanked: a TensorFlow map."""
+        import tensorflow as tf
+
+        blanked = dict(blocks)
+        for name, (mask, fill) in self._masks.items():
+            blanked[name] = tf.where(mask, fill, blocks[name])
         return blanked

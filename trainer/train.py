@@ -134,9 +134,12 @@ def fit_model(metadata: Metadata, *, seed: int, epochs: int, patience: int, batc
               blank: Blank | None = None) -> Fitted:
     """The model trained over the training split, early-stopped on the validation AUC, the
     best epoch's weights restored; ``blank``: the features held blank in both splits
-    (``featureline lift``)."""
+    (``featureline lift``). Each model starts from ``seed`` alone, whatever was trained
+    before it in the process."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter
     import keras
+
+    keras.backend.clear_session()
 
     label = label_group(metadata)
     model = build_model(metadata, seed=seed)
