@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from featureline.api.vocabulary import Vocabularies
+from featureline.core.derive import parsed, references
 from featureline.core.errors import NotFoundError, UnavailableError, UnprocessableError
 from featureline.core.metadata import Metadata
 from featureline.core.model_inputs import (
@@ -129,7 +130,14 @@ class ServedInputs:
         read = {s.column for s in self.inputs.features.values()
                 if s.kind in ("id", "count", "target", "normalize") and s.column}
         read |= {c for s in self.inputs.features.values() for c in s.columns}
+        read |= set(self._derived_references)
         return sorted(read & set(self.columns_with("request")))
+
+    @functools.cached_property
+    def _derived_references(self) -> list[str]:
+        """What the derived features read: features, raw columns, ``group:output``."""
+        return sorted({name for s in self.inputs.features.values() if s.kind == "derive"
+                       for name in references(parsed(s.expr or ""))})
 
     def answer(self, reader: EngineReader, vocabularies: Vocabularies, user: str,
                items: list[str], context: Mapping[str, Any],
@@ -216,9 +224,12 @@ class ServedInputs:
     def _aggregation_references(self) -> list[tuple[str, str]]:
         """The aggregation groups' outputs the features read."""
         inputs = {group.name for group in self.inputs.groups}
+        read = [(s.group, s.output) for s in self.inputs.features.values()
+                if s.group is not None and s.output is not None]
+        read += [(name.partition(":")[0], name.partition(":")[2])
+                 for name in self._derived_references if ":" in name]
         return list(dict.fromkeys(
-            (s.group, s.output) for s in self.inputs.features.values()
-            if s.group is not None and s.output is not None and s.group not in inputs))
+            (group, output) for group, output in read if group not in inputs))
 
     def _references(self, groups: Mapping[str, Any], raw: Mapping[str, list[Any]]
                     ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

@@ -48,7 +48,8 @@ HOPS = ((86_400, 300), (14 * 86_400, 3_600))
 LONG_HOP = 86_400
 # A window spans at least this many hops, so its start moves by at most a sixth of it.
 MIN_HOPS_PER_WINDOW = 6
-_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# A group's, an output's or a derived feature's name.
+NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 def hop_seconds(window_s: int) -> int:
@@ -161,7 +162,7 @@ class FeatureSpec(Settings):
         if OPERATIONS[self.op].takes_k != (self.k is not None):
             taking = ", ".join(name for name, op in OPERATIONS.items() if op.takes_k)
             raise ValueError(f"k: {taking} needs k, and only {taking} takes it")
-        if self.name is not None and not _NAME.match(self.name):
+        if self.name is not None and not NAME.match(self.name):
             raise ValueError(f"name: {self.name!r} must be lower case letters, digits and _")
         for index, window in enumerate(self.windows):
             try:
@@ -212,7 +213,7 @@ class GroupSpec(Settings):
     @field_validator("name")
     @classmethod
     def _name(cls, name: str) -> str:
-        if not _NAME.match(name):
+        if not NAME.match(name):
             raise ValueError(f"{name!r} must be lower case letters, digits and _")
         return name
 
@@ -367,7 +368,11 @@ def accepted_events(folder: str | Path, group: GroupSpec, wanted: set[tuple[str,
                     ) -> dict[tuple[str, ...], list[tuple[int, dict[str, Any]]]]:
     """An output's accepted events (``folder``: its ``Metadata.events_folder``) of the
     ``wanted`` keys (the group's key columns' values, as text), as :func:`value_at` reads
-    them: (ts µs, the columns the group reads and ``label``)."""
+    them: (ts µs, the columns the group reads and ``label``). A key missing a value (an
+    attribute the request lacks) has no events."""
+    wanted = {own for own in wanted if None not in own}
+    if not wanted:
+        return {}
     keys = list(group.keys)
     read = sorted({*keys, "ts", LABEL, *(c for f in group.features for c in f.columns())})
     # Read by each key column's wanted values, then kept by the whole key.

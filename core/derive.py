@@ -22,12 +22,13 @@ A NAME is a feature (``user_events``), an aggregation's output as the API names 
 - ``log1p(x)``, ``clip(x, low, high)``, ``coalesce(a, b, …)`` (the first not missing);
 - ``ratio(a, b, prior=p, weight=w)`` = ``(a + p·w) / (b + w)``, a smoothed rate;
 - ``bucketize(x, [e1, …, ek])``: how many edges are at or below ``x`` (0 to k);
-- ``seconds_since(t)``: the request's time (the example's, in the backfill) less ``t``, both
-  seconds since the epoch.
+- ``seconds_since(t)``: the seconds from ``t`` to the request's time (the example's, in the
+  backfill); ``t`` in µs since the epoch, as a ``latest`` output holds it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -35,8 +36,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 
 import numpy as np
+from pydantic import field_validator
 
+from featureline.core.aggregations import NAME
 from featureline.core.errors import ConfigError
+from featureline.core.settings import Settings
+from featureline.core.time_rule import MICROS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -112,6 +117,41 @@ def references(node: Node) -> set[str]:
 def parse(text: str, key: str = "derive") -> Node:
     """The tree of ``text``; a :class:`DeriveError` naming ``key`` and where it went wrong."""
     return _Parser(text, key).parse()
+
+
+@functools.lru_cache(maxsize=1024)
+def parsed(text: str) -> Node:
+    """:func:`parse` of an expression already checked (a configuration's, metadata.json's),
+    read once per process."""
+    return parse(text)
+
+
+class DeriveSpec(Settings):
+    """One entry of ``derive``: a feature named ``name``, the value of ``expr``."""
+
+    name: str
+    expr: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not NAME.match(name):
+            raise ValueError(f"{name!r} must be lower case letters, digits and _")
+        return name
+
+    @field_validator("expr")
+    @classmethod
+    def _expr(cls, expr: str) -> str:
+        try:
+            parse(expr, "expr")
+        except DeriveError as exc:
+            raise ValueError(exc.message) from None
+        return expr
+
+    @property
+    def tree(self) -> Node:
+        return parsed(self.expr)
+
 
 
 class _Parser:
@@ -301,11 +341,11 @@ def evaluate(node: Node, backend: Backend[T]) -> T:
 
 
 class NumpyBackend(Backend[np.ndarray]):
-    """Values as float arrays over the candidates (a missing value is NaN); ``now``: the
-    request's time, seconds since the epoch."""
+    """Values as float arrays over the candidates (a missing value is NaN); ``now_us``: the
+    request's time, µs since the epoch."""
 
-    def __init__(self, values: dict[str, Any], now: float = math.nan) -> None:
-        self.values, self.now = values, now
+    def __init__(self, values: dict[str, Any], now_us: float = math.nan) -> None:
+        self.values, self.now_us = values, now_us
 
     def ref(self, name: str) -> np.ndarray:
         return np.asarray(self.values[name], dtype=np.float64)
@@ -339,15 +379,15 @@ class NumpyBackend(Backend[np.ndarray]):
                 counted = np.searchsorted(np.asarray(edges), x, side="right").astype(np.float64)
                 return np.where(np.isnan(x), np.nan, counted)
         assert function == "seconds_since"
-        return self.now - x
+        return (self.now_us - x) / MICROS
 
 
 class SparkBackend(Backend["Column"]):
-    """Values as Spark columns (a missing value is null); ``now``: the example's time (a
-    timestamp column), what ``seconds_since`` measures from."""
+    """Values as Spark columns (a missing value is null); ``now_us``: the example's time (µs
+    since the epoch), what ``seconds_since`` measures to."""
 
-    def __init__(self, columns: dict[str, Column], now: Column) -> None:
-        self.columns, self.now = columns, now
+    def __init__(self, columns: dict[str, Column], now_us: Column) -> None:
+        self.columns, self.now_us = columns, now_us
 
     @staticmethod
     def _f() -> Any:
@@ -382,4 +422,4 @@ class SparkBackend(Backend["Column"]):
                           F.lit(0))
             return F.when(x.isNotNull(), counted.cast("double"))
         assert function == "seconds_since"
-        return self.now.cast("double") - x
+        return (self.now_us.cast("double") - x) / MICROS

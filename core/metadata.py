@@ -109,6 +109,8 @@ class FeatureInfo(Contract):
     transform: dict[str, Any] | None = None
     # An aggregation feature's definition (etl/features/aggregate.py).
     aggregation: dict[str, Any] | None = None
+    # A derived feature's expression (etl/features/derived.py).
+    derived: str | None = None
 
 
 class PlanEntry(Contract):

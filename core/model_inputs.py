@@ -11,7 +11,9 @@ metadata.json (``inputs``) how the same value is computed for a candidate at a r
   from the tiles the ETL wrote and the stream keeps — as is, as seconds since the time it
   holds, or as ids (a last item, the last K items);
 - ``cyclic``, ``cross``, ``normalize``: the request time's hour and weekday, a hashed cross of
-  raw values, a continuous raw value filled and standardised.
+  raw values, a continuous raw value filled and standardised;
+- ``derive``: an expression (``core.derive``) over the features before it, engine outputs
+  and raw numbers, evaluated over the candidates.
 
 The engine groups below hold what those read of a user's, a pair's and an item's earlier
 events; the ETL writes their tiles with the others. Then each continuous feature gets its
@@ -32,6 +34,8 @@ import numpy as np
 from pydantic import Field
 
 from featureline.core.aggregations import INPUTS_PREFIX, LABEL, FeatureSpec, GroupSpec
+from featureline.core.derive import NumpyBackend, evaluate, parsed, references
+from featureline.core.errors import UnprocessableError
 from featureline.core.ids import FIRST_ID, OOV_ID, PADDING_ID
 from featureline.core.operations import XXHASH_SEED
 from featureline.core.settings import Settings
@@ -50,7 +54,7 @@ INPUT_GROUP_KEYS = {USER_INPUTS: ("user_id",), PAIR_INPUTS: ("user_id", "item_id
 Period = Literal["hour", "dow"]
 PERIODS: dict[Period, int] = {"hour": 24, "dow": 7}
 SourceKind = Literal["id", "count", "target", "value", "since", "ids", "cyclic", "cross",
-                     "normalize"]
+                     "normalize", "derive"]
 # The most ids a multi-valued column's feature holds: later values are left out.
 MAX_LIST_WIDTH = 64
 
@@ -74,6 +78,9 @@ class Source(Settings):
     width: int | None = None
     # id: a multi-valued column's separator (its feature the ids of its values, padded).
     separator: str | None = None
+    # derive: the expression (core.derive), over the features before it, the candidates' raw
+    # columns and the engine's outputs.
+    expr: str | None = None
 
     @property
     def reference(self) -> str | None:
@@ -254,6 +261,25 @@ def raw_value(source: Source, candidates: Candidates, fitted: Fitted,
     return ((shaped - transform["mean"]) / transform["std"]).astype(np.float32)
 
 
+def derived_value(expr: str, candidates: Candidates, features: Mapping[str, Any]
+                  ) -> np.ndarray:
+    """A derived feature per candidate (float64, NaN where missing): its expression over the
+    ``features`` computed before it (their values before the model-ready step), the engine's
+    outputs (``group:output``) and the candidates' raw columns."""
+    tree = parsed(expr)
+    values = {}
+    for name in references(tree):
+        found = (features[name] if name in features else
+                 candidates.engine[name] if ":" in name else candidates.raw[name])
+        try:
+            values[name] = np.array(found, dtype=np.float64)  # None: NaN
+        except (TypeError, ValueError):
+            raise UnprocessableError(name, f"{name}: a derived feature reads it as a number, "
+                                           f"not {found!r}") from None
+    value = evaluate(tree, NumpyBackend(values, candidates.at_us))
+    return np.broadcast_to(value, (candidates.size,)).astype(np.float64)
+
+
 def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
                  candidates: Candidates, fitted: Fitted) -> dict[str, np.ndarray]:
     """Every served feature per candidate, as the examples hold it after the model-ready
@@ -272,7 +298,10 @@ def model_inputs(inputs: ModelInputs, features: Sequence[Mapping[str, Any]],
         source = inputs.features.get(name)
         if source is None:
             continue
-        values = raw[name] = raw_value(source, candidates, fitted, transform)
+        if source.kind == "derive":  # reads the features before it
+            values = raw[name] = derived_value(source.expr or "", candidates, raw)
+        else:
+            values = raw[name] = raw_value(source, candidates, fitted, transform)
         if feature["kind"] != "continuous":
             out[name] = np.asarray(values, dtype=np.int64)
         elif source.kind == "normalize":

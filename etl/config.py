@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from featureline.core.aggregations import LABEL as LABEL_COLUMN
 from featureline.core.aggregations import GroupSpec, check_groups
+from featureline.core.derive import DeriveSpec, references
 from featureline.core.drift import ChecksConfig
 from featureline.core.errors import ConfigError
 from featureline.core.events import (
@@ -569,6 +570,9 @@ class EtlConfig(Settings):
     # featureline.yaml's top-level ``aggregations:`` (the stream and the API read it too),
     # copied here by the launcher: the examples hold its values.
     aggregations: list[GroupSpec] = Field(default_factory=list)
+    # featureline.yaml's top-level ``derive:`` (copied here by the launcher): features named
+    # by an expression over other features (core.derive), after the aggregations.
+    derive: list[DeriveSpec] = Field(default_factory=list)
     # featureline.yaml's top-level ``checks:`` (featureline validate reads it too), copied
     # here by the launcher: the run profiles its newest day and checks it.
     checks: ChecksConfig = ChecksConfig()
@@ -679,6 +683,7 @@ class EtlConfig(Settings):
     def _features_refer_to_known_columns(self) -> EtlConfig:
         check_features(self)
         check_aggregations(self)
+        check_derive(self)
         return self
 
     @model_validator(mode="after")
@@ -827,6 +832,62 @@ def check_aggregations(config: EtlConfig) -> None:
                 raise ConfigError(f"aggregations[{g}].features[{f}].column",
                                   f"{feature.op} of {column!r} gives ids: add {column} to a "
                                   f"categorify op's columns in etl.features")
+
+
+def derive_inputs(config: EtlConfig) -> dict[str, str]:
+    """What a derived feature may read, each name with the example column holding it: every
+    continuous feature of the configured ops, every number an aggregation gives
+    (``group:output``), the numeric event columns other than the label's and the outcomes."""
+    roles = config.column_roles()
+    readable = {spec.name: spec.name for op in config.features for spec in op.build(roles)
+                .features() if spec.kind == "continuous"}
+    readable.update((column, column) for column in roles.continuous
+                    if column != roles.label_column and column not in roles.outcomes)
+    numeric = {*config.event_contract().numeric, LABEL_COLUMN}
+    for group in config.aggregations:
+        for feature in group.outputs():
+            if not feature.operation().takes_k and not (
+                    feature.operation().ordered and feature.spec.column not in numeric):
+                readable[feature.qualified] = feature.column_name
+    return readable
+
+
+def check_derive(config: EtlConfig) -> None:
+    """Each derived feature has a name no other feature has and reads what it may
+    (:func:`derive_inputs`, or a derived feature listed before it). Raises
+    :class:`ConfigError` naming the entry (``derive[1].expr``)."""
+    if not config.derive:
+        return
+    readable = derive_inputs(config)
+    roles = config.column_roles()
+    taken = {*readable, *roles.categorical,
+             *(spec.name for op in config.features for spec in op.build(roles).features()),
+             *(feature.column_name for group in config.aggregations
+               for feature in group.outputs())}
+    for index, spec in enumerate(config.derive):
+        if spec.name in taken:
+            raise ConfigError(f"derive[{index}].name", f"{spec.name!r} is already a feature's "
+                              "or a column's name")
+        for name in sorted(references(spec.tree)):
+            if name == roles.label_column or name in roles.outcomes:
+                raise ConfigError(f"derive[{index}].expr", f"{name!r} is known only after "
+                                  "the event (the label's column or an outcome): reading it "
+                                  "would leak the label")
+            if name not in readable:
+                raise ConfigError(f"derive[{index}].expr", f"{name!r} is not a number it can "
+                                  f"read: {_close_names(name, readable)}")
+        readable[spec.name] = spec.name
+        taken.add(spec.name)
+
+
+def _close_names(name: str, readable: dict[str, str]) -> str:
+    """The names a derived feature may read, those closest to ``name`` first."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(readable), n=3, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(close)}?"
+    return f"a continuous feature, a numeric column or group:output (known: {sorted(readable)})"
 
 
 def with_overrides(config: EtlConfig, **flags: Any) -> EtlConfig:

@@ -270,20 +270,20 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
         click.echo(f"the last day, {next_day.day}, held back for the next day's run: "
                    f"{next_day.path}")
     progress(f"[2/{steps}] etl: local Spark job")
-    from featureline.demo import demo_aggregations
+    from featureline.demo import demo_features
 
-    # featureline.yaml's aggregations, or the demo's own.
     run = run_job(input_path=str(raw), input_format="jsonl", output=str(output),
-                  aggregations=config.aggregations or demo_aggregations())
+                  **demo_features(config))
     click.echo(summary(run))
     click.echo(f"output: {output}  (metadata.json describes every table)")
     progress(f"[3/{steps}] publish: Feast apply, then the latest snapshots into Redis")
-    from featureline.demo import publish_demo, serve_demo, train_tables
+    from featureline.demo import publish_demo, serve_demo, show_lift, train_tables
 
     redis_url = publish_demo(config, output, click.echo, progress)
     if serve:
         progress(f"[4/{steps}] train: the reference model on the TFRecords → embedding tables")
         hps = train_tables(output, Path(out) / "hps", click.echo, progress)
+        show_lift(output, click.echo, progress)
         progress(f"[5/{steps}] serve: the trained tables → HPS, the API")
         base = serve_demo(config, output, Path(out), redis_url, click.echo, hps, next_day)
         assert next_day is not None
@@ -296,7 +296,7 @@ def demo(out: str, events: int, seed: int, path: str | None, serve: bool) -> Non
         from featureline.next_day import show_rows
 
         run = run_job(input_path=str(next_day.path), output=str(extended), incremental=True,
-                      aggregations=config.aggregations or demo_aggregations())
+                      **demo_features(config))
         click.echo(summary(run))
         show_rows(next_day, extended, click.echo)
         click.echo(f"the API is running at {base} with authentication OFF (local use only; "

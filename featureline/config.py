@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from featureline.api.settings import ApiConfig, ServingConfig
 from featureline.core.aggregations import GroupSpec
+from featureline.core.derive import DeriveSpec
 from featureline.core.drift import ChecksConfig
 from featureline.core.settings import Settings, read_yaml, validate
 from featureline.etl.config import OP_NAMES, EtlConfig, flags_applied
@@ -23,7 +24,7 @@ from featureline.stream.settings import StreamConfig
 from featureline.trainer.settings import TrainerConfig
 
 # Sections several stages read, written at the top of the file and copied into ``etl``.
-SHARED_SECTIONS = ("aggregations", "checks")
+SHARED_SECTIONS = ("aggregations", "derive", "checks")
 
 
 class FeaturelineConfig(Settings):
@@ -33,6 +34,9 @@ class FeaturelineConfig(Settings):
     # Aggregation features over time windows, defined once: groups of keys and features
     # (docs/features.md).
     aggregations: list[GroupSpec] = Field(default_factory=list)
+    # Features named by an expression over other features, request columns and aggregation
+    # outputs (docs/features.md, "Derived features").
+    derive: list[DeriveSpec] = Field(default_factory=list)
     # The validation gate between the ETL and publish: thresholds of each check
     # (docs/validation.md).
     checks: ChecksConfig = ChecksConfig()

@@ -26,6 +26,7 @@ import yaml
 
 from featureline.config import FeaturelineConfig
 from featureline.core.aggregations import INPUTS_PREFIX, AggregateFeature, GroupSpec
+from featureline.core.derive import DeriveSpec
 from featureline.core.events import micros_of
 from featureline.core.metadata import encoded_name, present, read_metadata
 from featureline.core.redis import REDIS_URL_ENV, redact
@@ -38,7 +39,8 @@ from featureline.trainer.export import write_tables
 EMBEDDED_TABLES = {"user_id": "user", "item_id": "item"}
 START_TIMEOUT_S = 90.0
 # The demo's aggregations where featureline.yaml defines none (docs/features.md): a user's
-# events over three windows, their purchases and the sum of their values over the week.
+# events over three windows, their purchases and the sum of their values over the week; per
+# user and category, the events and clicks of 30 days.
 DEMO_AGGREGATIONS = """
 - name: user_activity
   keys: [user_id]
@@ -47,11 +49,30 @@ DEMO_AGGREGATIONS = """
     - {op: count, name: purchases, filter: "event_type in (purchase)", windows: [7d]}
     - {op: sum, column: value, windows: [7d]}
     - {op: last_k, column: item_id, k: 5}
+- name: user_category
+  keys: [user_id, category]
+  features:
+    - {op: count, windows: [30d]}
+    - {op: count, name: clicks, filter: "event_type in (click, purchase)", windows: [30d]}
 """
+# The demo's derived feature: the user's click rate in the candidate's category, smoothed
+# towards their own positive rate. The demo prints its lift.
+DEMO_DERIVE = """
+- name: category_click_rate
+  expr: "ratio(user_category:clicks_30d, user_category:count_30d,
+               prior=user_prior_positive_rate, weight=5)"
+"""
+LIFT_OF = "category_click_rate"
 
 
-def demo_aggregations() -> list[GroupSpec]:
-    return [GroupSpec.model_validate(group) for group in yaml.safe_load(DEMO_AGGREGATIONS)]
+def demo_features(config: FeaturelineConfig) -> dict[str, Any]:
+    """featureline.yaml's aggregations and derived features, or the demo's own where it
+    defines no aggregations."""
+    if config.aggregations:
+        return {"aggregations": config.aggregations, "derive": config.derive}
+    return {"aggregations": [GroupSpec.model_validate(group)
+                             for group in yaml.safe_load(DEMO_AGGREGATIONS)],
+            "derive": [DeriveSpec.model_validate(entry) for entry in yaml.safe_load(DEMO_DERIVE)]}
 
 
 def sample_ids(output: Path, count: int = 3) -> dict[str, list[str]]:
@@ -141,6 +162,8 @@ def write_embedding_tables(output: Path, root: Path) -> Path:
 
 
 DEMO_EPOCHS = 3
+# The seeds of the demo's lift, each side trained once per seed.
+LIFT_SEEDS = 3
 
 
 def train_tables(output: Path, root: Path, echo: Callable[[str], None],
@@ -156,6 +179,22 @@ def train_tables(output: Path, root: Path, echo: Callable[[str], None],
     result = train(output, root, epochs=DEMO_EPOCHS, progress=progress)
     echo(result.summary())
     return result.hps_config
+
+
+def show_lift(output: Path, echo: Callable[[str], None], progress: Callable[[str], None]
+              ) -> None:
+    """The lift of the demo's derived feature (``featureline lift``), where the output has it
+    and TensorFlow is installed: the reference model with and without it, per seed."""
+    try:
+        from featureline.trainer.lift import lift
+    except ImportError:
+        return
+    if LIFT_OF not in {feature.name for feature in read_metadata(output).features}:
+        return
+    progress(f"the lift of {LIFT_OF}: featureline lift --without {LIFT_OF} "
+             f"--seeds {LIFT_SEEDS} --epochs {DEMO_EPOCHS} --no-gbdt")
+    echo(lift(output, [LIFT_OF], seeds=range(LIFT_SEEDS), epochs=DEMO_EPOCHS, gbdt=False,
+              progress=progress).summary())
 
 
 # Seconds between two feature log files of the demo's API.

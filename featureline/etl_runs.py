@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import click
 
 from featureline.core.aggregations import GroupSpec
+from featureline.core.derive import DeriveSpec
 from featureline.core.drift import REPORT_FILE, Breach
 from featureline.core.metadata import Metadata, present
 from featureline.serving import config_path
@@ -79,21 +80,25 @@ def run_job(path: str | None = None, input_path: str | None = None,
             fit_from: str | None = None, refit: bool = False, valid_days: int | None = None,
             incremental: bool = False, *,
             submitted: bool = False, properties: dict[str, str] | None = None,
-            aggregations: list[GroupSpec] | None = None) -> FinishedRun:
+            aggregations: list[GroupSpec] | None = None,
+            derive: list[DeriveSpec] | None = None) -> FinishedRun:
     """Load the configuration, apply the flags, start Spark and run the job; its output and
     metadata.
 
     ``submitted``: running under spark-submit, which has applied the properties file;
-    ``aggregations``: a spec in place of the configuration's.
+    ``aggregations``, ``derive``: a spec in place of the configuration's.
     """
     config = loaded_config(path, input_path, input_format, output, profile, label, categorical,
                            continuous, vocabulary_from, refit_vocabularies, fit_from, refit,
                            valid_days, incremental)
-    if aggregations is not None:
-        from featureline.etl.config import check_aggregations
+    if aggregations is not None or derive is not None:
+        from featureline.etl.config import check_aggregations, check_derive
 
-        config = config.model_copy(update={"aggregations": aggregations})
+        config = config.model_copy(update={
+            "aggregations": config.aggregations if aggregations is None else aggregations,
+            "derive": config.derive if derive is None else derive})
         check_aggregations(config)
+        check_derive(config)
     if properties:
         settings = config.spark.model_copy(
             update={"properties": {**config.spark.properties, **properties}})

@@ -74,7 +74,7 @@ def _brute(text: str, row: dict[str, float | None], now: float) -> float | None:
         EXPRESSIONS[4]: next((v for v in (c, a, 0.0) if not _missing(v)), None),
         EXPRESSIONS[5]: ratio(a, b, 0.1, 20),
         EXPRESSIONS[6]: bucket(a, [-1, 0, 2.5, 10]),
-        EXPRESSIONS[7]: None if some(t) else (now - t) / 3600,  # type: ignore[operator]
+        EXPRESSIONS[7]: None if some(t) else (now - t) / 1e6 / 3600,  # type: ignore[operator]
     }
     if text in found:
         return found[text]
@@ -93,12 +93,13 @@ def rows() -> list[dict[str, float | None]]:
         for name in ("a", "b", "c", "user_activity:count_7d", "user_activity:count_1d"):
             row[name] = (picks[rng.integers(len(picks))] if rng.random() < 0.3
                          else float(rng.normal(2, 5)))
-        row["t"] = None if rng.random() < 0.1 else 1.7e9 + float(rng.uniform(0, 1e5))
+        # µs since the epoch, whole, as a latest output holds it
+        row["t"] = None if rng.random() < 0.1 else 1.7e15 + float(rng.integers(0, 10**11))
         found.append(row)
     return found
 
 
-NOW = 1.7e9 + 2e5
+NOW = 1.7e15 + 2e11  # µs
 
 
 def _numpy(text: str, rows: list[dict[str, float | None]]) -> list[float | None]:
@@ -117,8 +118,6 @@ def test_numpy_equals_the_brute_force(text, rows):
 
 
 def test_spark_columns_equal_numpy(spark, rows):
-    from datetime import datetime, timezone
-
     from pyspark.sql import functions as F
 
     names = list(rows[0])
@@ -126,7 +125,7 @@ def test_spark_columns_equal_numpy(spark, rows):
     frame = spark.createDataFrame(
         [tuple(row[n] for n in names) for row in rows],
         schema=", ".join(f"{safe[n]} double" for n in names))
-    now = F.lit(datetime.fromtimestamp(NOW, timezone.utc))
+    now = F.lit(int(NOW))
     backend = SparkBackend({name: F.col(safe[name]) for name in names}, now)
     computed = frame.select(*(evaluate(parse(text), backend).alias(f"e{i}")
                               for i, text in enumerate(EXPRESSIONS))).collect()
@@ -167,3 +166,78 @@ def test_a_bad_expression_is_one_line_naming_its_entry(text, why):
     message = str(caught.value)
     assert message.startswith("derive[1] (ctr): ") and why in message, message
     assert "\n" not in message
+
+
+# --- derive: in featureline.yaml -------------------------------------------------------------
+
+GROUP = {"name": "user_category", "keys": ["user_id", "category"], "features": [
+    {"op": "count", "windows": ["30d"]}, {"op": "last_k", "column": "item_id", "k": 3}]}
+
+
+def _config(derive: list[dict]) -> object:
+    from featureline.config import parse_config
+
+    return parse_config({"aggregations": [GROUP], "derive": derive})
+
+
+@pytest.mark.parametrize(("derive", "key", "why"), [
+    ([{"name": "x", "expr": "log1p(user_category:count_3d)"}], "derive[0].expr",
+     "'user_category:count_3d' is not a number it can read: did you mean "
+     "user_category:count_30d"),
+    ([{"name": "x", "expr": "user_category:item_id_last_k + 1"}], "derive[0].expr",
+     "'user_category:item_id_last_k' is not a number"),  # ids, not a number
+    ([{"name": "x", "expr": "value * 2"}], "derive[0].expr",
+     "'value' is known only after the event"),  # an outcome of the default log
+    ([{"name": "x", "expr": "event_type"}], "derive[0].expr", "known only after the event"),
+    ([{"name": "x", "expr": "y"}, {"name": "y", "expr": "1"}], "derive[0].expr",
+     "'y' is not a number"),  # read before it is listed
+    ([{"name": "item_id_te", "expr": "1"}], "derive[0].name", "already a feature's"),
+    ([{"name": "x", "expr": "1"}, {"name": "x", "expr": "2"}], "derive[1].name",
+     "already a feature's"),
+    ([{"name": "Rate", "expr": "1"}], "derive[0].name", "lower case"),
+    ([{"name": "x", "expr": "ratio(price, 2)"}], "derive[0].expr", "ratio() needs prior="),
+])
+def test_a_bad_entry_is_one_line_naming_its_key_before_spark(derive, key, why):
+    from featureline.core.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        _config(derive)
+    message = str(caught.value)
+    assert message.startswith(f"{key}: ") and why in message, message
+    assert "\n" not in message
+
+
+def test_an_entry_reads_features_columns_outputs_and_entries_before_it():
+    from featureline.etl.config import derive_inputs
+
+    config = _config([
+        {"name": "rate", "expr": "ratio(user_category:count_30d, user_events_7d, prior="
+                                 "user_prior_positive_rate, weight=5)"},
+        {"name": "priced", "expr": "rate * log1p(price) + item_id_te"}]).etl  # type: ignore
+    assert [spec.name for spec in config.derive] == ["rate", "priced"]
+    readable = derive_inputs(config)
+    assert readable["user_category:count_30d"] == "user_category__count_30d"
+    assert readable["price"] == "price" and "price_norm" in readable
+    assert "user_category:item_id_last_k" not in readable and "value" not in readable
+
+
+def test_the_guides_example_loads_and_its_error_is_the_one_shown():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from featureline.config import parse_config
+    from featureline.core.errors import ConfigError
+
+    page = (Path(__file__).parents[1] / "docs" / "features.md").read_text()
+    section = page.split("## Derived features", 1)[1].split("\n## ", 1)[0]
+    block = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
+    config = parse_config(block)
+    assert [spec.name for spec in config.derive] == ["category_click_rate", "log_price",
+                                                     "category_recency"]
+    shown = re.search(r"```\n(derive\[0\]\.expr: .*)\n```", section).group(1)
+    block["derive"][0]["expr"] = block["derive"][0]["expr"].replace("clicks_30d", "click_30d")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(block)
+    assert str(caught.value).split(" (in ")[0] == shown

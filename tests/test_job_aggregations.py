@@ -39,12 +39,33 @@ aggregations:
       - {op: last_k, column: item_id, k: 3}
       - {op: last, column: category, windows: [1d]}
       - {op: approx_distinct, column: category, windows: [7d]}
+      - {op: latest, windows: [7d]}
   - name: user_category
     keys: [user_id, category]
     features:
       - {op: count, windows: [1d]}
+      - {op: count, name: positives, filter: label, windows: [1d]}
       - {op: max, column: price, windows: [7d]}
+derive:
+  - {name: category_rate, expr: "ratio(user_category:positives_1d, user_category:count_1d,
+                                       prior=0.2, weight=4)"}
+  - {name: price_over_max, expr: "price / user_category:price_max_7d"}
+  - {name: recency, expr: "bucketize(seconds_since(user_activity:latest_7d), [60, 3600])"}
+  - {name: mixed, expr: "coalesce(log1p(category_rate * 10 - 3), -1)
+                         - clip(user_activity:count_1h, 0, 5)"}
 """
+# Each derived feature by hand, from its inputs' brute-force values and the event's price.
+DERIVED = {
+    "category_rate": lambda v: (v["user_category:positives_1d"] + 0.2 * 4)
+    / (v["user_category:count_1d"] + 4),
+    "price_over_max": lambda v: None if v["price"] is None or not v[
+        "user_category:price_max_7d"] else v["price"] / v["user_category:price_max_7d"],
+    "recency": lambda v: None if v["user_activity:latest_7d"] is None else float(sum(
+        edge <= (v["ts"] - v["user_activity:latest_7d"]) / MICROS for edge in (60, 3600))),
+    "mixed": lambda v: ((math.log1p(v["category_rate"] * 10 - 3)
+                         if v["category_rate"] * 10 - 3 > -1 else -1)
+                        - min(max(v["user_activity:count_1h"], 0), 5)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +121,50 @@ def test_a_group_added_in_yaml_is_in_the_examples_at_each_examples_time(aggregat
             assert differ == [], (feature.column_name, differ[:5])
 
 
+def test_derived_features_equal_their_expression_over_the_brute_force(aggregated):
+    """Each derived feature of each example equals its expression evaluated by hand over the
+    brute-force values of the outputs it reads (at the example's own time) and the event's
+    price, through its fitted transform; a missing value (a division by zero, no earlier
+    event) is flagged."""
+    result, config = aggregated
+    rows = _table(result.output, "examples")
+    keys = Counter((r["user_id"], r["item_id"], r["ts"]) for r in rows)
+    examples = {key: r for r in rows if keys[key := (r["user_id"], r["item_id"], r["ts"])] == 1}
+    described = {f["name"]: f for f in result.metadata["features"]}
+    outputs = {f.qualified: (group, f) for group in config.aggregations for f in group.outputs()}
+    read = ["user_category:positives_1d", "user_category:count_1d", "user_category:price_max_7d",
+            "user_activity:latest_7d", "user_activity:count_1h"]
+    accepted = _table(result.output, "state/events")
+    events = [{**raw, "ts": _micros(raw["ts"])} for raw in accepted]
+    by_key: dict[tuple, list[dict]] = {}
+    for group in config.aggregations:
+        for event in events:
+            by_key.setdefault((group.name, *(event[k] for k in group.keys)), []).append(event)
+    checked: int = 0
+    missing: Counter = Counter()
+    for raw, event in zip(accepted, events, strict=True):
+        row = examples.get((raw["user_id"], raw["item_id"], raw["ts"]))
+        if row is None:
+            continue
+        values = {"price": event.get("price"), "ts": event["ts"]}
+        for name in read:
+            group, feature = outputs[name]
+            own = by_key[(group.name, *(event[k] for k in group.keys))]
+            values[name] = reference(feature, own, event["ts"])
+        for name, by_hand in DERIVED.items():
+            value = values[name] = by_hand(values)
+            expected = float(apply([math.nan if value is None else value],
+                                   described[name]["transform"])[0])
+            assert row[name] == pytest.approx(expected, rel=1e-5, abs=1e-5), (name, values)
+            assert row[f"{name}_missing"] == float(value is None), (name, values)
+            missing[name] += value is None
+        checked += 1
+    assert checked >= 500
+    # Some missing where the expression can be: no earlier event in 7 days, no price.
+    assert 0 < missing["recency"] < checked and missing["category_rate"] == 0
+    assert described["category_rate"]["derived"].startswith("ratio(")
+
+
 def test_lag_features_activity_is_the_groups_count(aggregated):
     """One implementation of "events in the last hour": lag_features' activity windows (the
     defaults 1h, 24h, 7d) hold, in every example, the value the spec's ``[user_id]`` group
@@ -142,7 +207,7 @@ def test_metadata_and_tfrecords_describe_every_aggregation(aggregated):
     result, config = aggregated
     features = {f["name"]: f for f in result.metadata["features"]}
     outputs = [f for group in config.aggregations for f in group.outputs()]
-    assert len(outputs) == 12
+    assert len(outputs) == 14
     described = features["user_category__price_max_7d"]["aggregation"]
     assert described == {"group": "user_category", "keys": ["user_id", "category"],
                          "feature": "price_max_7d", "op": "max", "column": "price",

@@ -375,6 +375,11 @@ def test_names_are_the_examples_or_the_apis_and_others_are_refused(metadata):
         "user_activity__count_7d", "item_id_te")
     with pytest.raises(ConfigError, match=r"--without.*'nope' is not a feature"):
         feature_names(metadata, ["nope"])
+    # A feature that may be missing is left out with its missing indicator.
+    indicator = next(f for f in metadata.features
+                     if (f.transform or {}).get("name") == "missing_indicator")
+    of = indicator.transform["of"]  # type: ignore[index]
+    assert feature_names(metadata, [of]) == (of, indicator.name)
 
 
 def test_the_command_names_an_unknown_feature_in_one_line(job_output):

@@ -30,8 +30,8 @@ SIDES = ("with", "without")
 
 def feature_names(metadata: Metadata, names: Sequence[str]) -> tuple[str, ...]:
     """The examples' columns ``names`` stand for: metadata.json's feature names, or an
-    aggregation's ``group:output`` as the API names it. A :class:`ConfigError` names any
-    other."""
+    aggregation's ``group:output`` as the API names it, each with its missing indicator. A
+    :class:`ConfigError` names any other."""
     known = [f.name for f in metadata.features if f.kind != LABEL_KIND]
     found = []
     for name in names:
@@ -42,6 +42,8 @@ def feature_names(metadata: Metadata, names: Sequence[str]) -> tuple[str, ...]:
         found.append(column)
     if not found:
         raise ConfigError(OPTION, "name at least one feature to leave out")
+    found += [f.name for f in metadata.features
+              if (f.transform or {}).get("of") in found]  # their missing indicators
     return tuple(dict.fromkeys(found))
 
 

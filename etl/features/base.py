@@ -200,6 +200,8 @@ class FeatureSpec:
     transform: dict[str, Any] | None = None
     # An aggregation's definition: its group, keys, op, column, filter, window and hop.
     aggregation: dict[str, Any] | None = None
+    # A derived feature's expression (core.derive).
+    derived: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "short_name": self.short_name,
@@ -212,6 +214,8 @@ class FeatureSpec:
             data["transform"] = self.transform
         if self.aggregation is not None:
             data["aggregation"] = self.aggregation
+        if self.derived is not None:
+            data["derived"] = self.derived
         return data
 
 

@@ -11,8 +11,8 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from featureline.core.model_inputs import ModelInputs, attribute_sources, combined
-from featureline.etl.config import EtlConfig, encoded_columns
+from featureline.core.model_inputs import ModelInputs, Served, attribute_sources, combined
+from featureline.etl.config import EtlConfig, derive_inputs, encoded_columns
 from featureline.etl.features.aggregate import Aggregations
 from featureline.etl.features.base import (
     SPLIT,
@@ -24,6 +24,7 @@ from featureline.etl.features.base import (
     with_time_key,
 )
 from featureline.etl.features.categorify import Categorify
+from featureline.etl.features.derived import Derived
 from featureline.etl.features.model_ready import ModelReady
 from featureline.etl.features.target_encode import TargetEncode
 from featureline.etl.fit import Fit
@@ -49,6 +50,8 @@ class FeaturePipeline:
         if config.aggregations:
             self.ops.append(Aggregations(config.aggregations, config.event_contract().numeric,
                                          encoded_columns(config)))
+        if config.derive:
+            self.ops.append(Derived(config.derive, derive_inputs(config)))
         self._overrides = {name: short for op in config.features
                            for name, short in op.short_names.items()}
         # Checks etl.model_ready against the ops' feature names before any data is read.
@@ -159,13 +162,16 @@ class FeaturePipeline:
         """How each feature is computed at a request time: the ops' sources, the input
         groups they and the user and item attributes read (``core.model_inputs``), and the
         features of ops that record none."""
-        served, unserved = [], []
+        served: list[Served] = []
+        unserved: list[str] = []
         for op in self.ops:
-            one = op.served()
+            one = op.served(unserved) if isinstance(op, Derived) else op.served()
             if one is None:
                 unserved += [spec.name for spec in op.features()]
-            else:
-                served.append(one)
+                continue
+            served.append(one)
+            if isinstance(op, Derived):  # an entry reading an unserved feature
+                unserved += [spec.name for spec in op.features() if spec.name not in one.features]
         served.append(attribute_sources(self.config.source.declared_roles()))
         return combined(served, unserved)
 
