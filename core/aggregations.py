@@ -28,12 +28,12 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from featureline.core import time_rule
 from featureline.core.events import EventContract, LabelSpec, matcher, parse_rule
@@ -50,6 +50,16 @@ LONG_HOP = 86_400
 MIN_HOPS_PER_WINDOW = 6
 # A group's, an output's or a derived feature's name.
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def _checked_name(name: str) -> str:
+    if not NAME.match(name):
+        raise ValueError(f"{name!r} must be lower case letters, digits and _")
+    return name
+
+
+# A setting that names a group, an output or a derived feature, checked on load.
+Name = Annotated[str, AfterValidator(_checked_name)]
 
 
 def hop_seconds(window_s: int) -> int:
@@ -204,18 +214,11 @@ class GroupSpec(Settings):
     """One entry of ``aggregations``: a feature view of one entity kind."""
 
     # The group's name: its feature view, and the prefix of its features' names.
-    name: str
+    name: Name
     # The raw columns whose values key it (user_id; [user_id, category]).
     keys: list[str] = Field(min_length=1)
     # Its features.
     features: list[FeatureSpec] = Field(min_length=1)
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not NAME.match(name):
-            raise ValueError(f"{name!r} must be lower case letters, digits and _")
-        return name
 
     @field_validator("keys")
     @classmethod

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar, cast
 import numpy as np
 from pydantic import field_validator
 
-from featureline.core.aggregations import NAME
+from featureline.core.aggregations import Name
 from featureline.core.errors import ConfigError
 from featureline.core.settings import Settings
 from featureline.core.time_rule import MICROS
@@ -129,15 +129,10 @@ def parsed(text: str) -> Node:
 class DeriveSpec(Settings):
     """One entry of ``derive``: a feature named ``name``, the value of ``expr``."""
 
-    name: str
+    # The feature's name, as the examples, metadata.json and the API name it.
+    name: Name
+    # Its expression over other features, aggregation outputs and numeric columns.
     expr: str
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not NAME.match(name):
-            raise ValueError(f"{name!r} must be lower case letters, digits and _")
-        return name
 
     @field_validator("expr")
     @classmethod

@@ -140,6 +140,14 @@ def test_the_demo_serves_the_embeddings_it_trained(demo_run):
     metadata = json.loads((out / "output" / "metadata.json").read_text())
     assert report["dataset_version"] == metadata["dataset"]["version"]
     assert f"AUC {report['validation']['model']['auc']:.4f}" in result.output
+    # The lift of the derived feature and the counts it reads, the training seed's first.
+    described = {f["name"]: f for f in metadata["features"]}
+    assert described["category_click_rate"]["derived"].startswith("ratio(user_category:")
+    (lift,) = [line for line in result.output.splitlines() if line.startswith("lift of ")]
+    assert lift.startswith("lift of category_click_rate, user_category__clicks_30d, "
+                           "user_category__count_30d, category_click_rate_missing (3 seeds, ")
+    (seed,) = re.findall(r"seed 0: model AUC (\d\.\d+) with", result.output)
+    assert seed == f"{report['validation']['model']['auc']:.4f}"
     settings = yaml.safe_load((out / "featureline.yaml").read_text())["api"]
     user = pq.read_table(out / "output" / "entities" / "user").column("user_id")[0].as_py()
     items = pq.read_table(out / "output" / "entities" / "item").column("item_id")

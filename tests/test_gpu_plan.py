@@ -156,11 +156,20 @@ aggregations:
       - {op: last, column: category, windows: [1d]}
       - {op: last_k, column: item_id, k: 3}
       - {op: last_k, column: item_id, k: 2, windows: [1d]}
+      - {op: latest, windows: [7d]}
   - name: item_category
     keys: [item_id, category]
     features:
       - {op: count, windows: [30d]}
       - {op: approx_distinct, column: user_id}
+# Every function of a derived feature's expression.
+derive:
+  - name: purchase_share
+    expr: "ratio(user_activity:purchases_1d, user_activity:count_1d, prior=0.1, weight=5)"
+  - name: shaped
+    expr: "clip(log1p(price) - coalesce(user_activity:price_mean_1d, 0), -3, 3) * 2
+           / (1 + bucketize(user_activity:count_7d, [1, 10, 100])) - -purchase_share"
+  - {name: quiet_for, expr: "seconds_since(user_activity:latest_7d) / 3600"}
 etl:
   fit:
     refit_every: 30d  # the last day's incremental run transforms with the kept fit

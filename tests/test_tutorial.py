@@ -37,7 +37,7 @@ def test_the_page_has_its_steps():
     for step in ("featureline datagen", "featureline etl run", "featureline publish",
                  "featureline train", "featureline promote", "featureline serve",
                  "/v1/features", "/v1/ranking-inputs", "/v1/rank", "--incremental",
-                 "/reload"):
+                 "/reload", "derive:", "featureline lift"):
         assert step in commands, step
 
 
@@ -87,6 +87,9 @@ def test_every_command_of_the_tutorial_runs(tmp_path):
     assert re.search(r"checks: PASSED against \S*data/tutorial/output\n", done.stdout)
     assert re.search(r"rows: read [\d,]+ = accepted", done.stdout)
     assert '"items":[{"item_id":' in done.stdout  # /v1/rank's answer
+    # The lift of the derived feature and the count it reads.
+    assert re.search(r"lift of category_cart_rate, visitor_category__carts_30d, "
+                     r"category_cart_rate_missing \(3 seeds, [\d,]+ validation rows", done.stdout)
     assert '"model":"ranker","rows":' in done.stdout  # the reload's
     served = tmp_path / "data" / "tutorial" / "models" / "served"
     assert served.is_symlink() and (served / "hps.yaml").is_file()
