@@ -135,7 +135,7 @@ def _table(rows: list[Key]) -> list[str]:
 def configuration_reference() -> str:
     """The configuration reference page: every key of ``featureline.yaml`` and of the
     parameter server's ``hps.yaml``, from their models."""
-    from featureline.config import FeaturelineConfig
+    from featureline.config import SHARED_SECTIONS, FeaturelineConfig
     from featureline.etl.config import OP_SETTINGS
     from featureline.hps.config import HpsConfig
 
@@ -152,9 +152,9 @@ def configuration_reference() -> str:
     for name in FeaturelineConfig.model_fields:
         rows = [key for key in every if key.path == name
                 or key.path.startswith((f"{name}.", f"{name}[]."))]
-        if name == "etl":  # the ops below; the top-level aggregations are copied in
-            rows = [key for key in rows if key.path not in ops
-                    and not key.path.startswith("etl.aggregations")]
+        if name == "etl":  # the ops below; the top-level shared sections are copied in
+            rows = [key for key in rows if key.path not in ops and not key.path.startswith(
+                tuple(f"etl.{section}" for section in SHARED_SECTIONS))]
         lines += [f"## `{name}`", "", *_table(rows), ""]
         if name == "etl":
             lines += ["### `etl.features`: the ops", "",

@@ -102,22 +102,22 @@ def test_every_key_of_featureline_yaml_is_in_the_configuration_reference():
 
 
 def test_the_configuration_reference_holds_every_key_of_the_settings_models():
-    """Every key the models accept, the ops' and the parameter server's too (the ETL's copy
-    of the top-level aggregations is written at the top level only)."""
-    from featureline.config import FeaturelineConfig
+    """Every key the models accept, the ops' and the parameter server's too (the ETL's copies
+    of the top-level sections are written at the top level only)."""
+    from featureline.config import SHARED_SECTIONS, FeaturelineConfig
     from featureline.etl.config import OP_SETTINGS
     from featureline.hps.config import HpsConfig
 
     reference = configuration_reference()
-    every = [key.path for key in keys(FeaturelineConfig)
-             if not key.path.startswith("etl.aggregations")]
+    copies = tuple(f"etl.{section}" for section in SHARED_SECTIONS)
+    every = [key.path for key in keys(FeaturelineConfig) if not key.path.startswith(copies)]
     every += [key.path for op in OP_SETTINGS for key in keys(op, "etl.features[].")]
     every += [key.path for key in keys(HpsConfig, "hps.")]
     missing = [path for path in every if f"`{path}`" not in reference]
     assert not missing, missing
     for path in ("etl.validation.future_tolerance", "etl.fit.refit_every", "etl.model_ready",
                  "etl.attributes[].valid_from", "etl.source.options", "checks.closed",
-                 "stream"):
+                 "stream", "derive[].expr"):
         assert f"`{path}`" in reference, path
 
 

@@ -33,11 +33,13 @@ def test_the_page_has_its_steps():
     page = PAGE.read_text()
     (files,) = [re.findall(r'title="([^"]+)"', info) for info, _ in blocks(page, "yaml")]
     assert files == ["data/tutorial/shop.yaml"]
+    (shop,) = [body for _, body in blocks(page, "yaml")]
+    assert "\nderive:\n" in shop
     commands = "\n".join(body for _, body in blocks(page, "bash"))
     for step in ("featureline datagen", "featureline etl run", "featureline publish",
                  "featureline train", "featureline promote", "featureline serve",
                  "/v1/features", "/v1/ranking-inputs", "/v1/rank", "--incremental",
-                 "/reload", "derive:", "featureline lift"):
+                 "/reload", "featureline lift"):
         assert step in commands, step
 
 
