@@ -131,6 +131,9 @@ class Operation(ABC):
     # A partial that maps this field's values to partials of the other fields (merged per
     # value, a tile lists them): approx_distinct's registers; None: one partial.
     per: ClassVar[PartialField | None] = None
+    # Raised when a change moves the values it gives: an output's fingerprint holds it, so
+    # outputs computed before are told apart (``etl.config.output_fingerprints``).
+    version: ClassVar[int] = 1
 
     def __init__(self, k: int | None = None) -> None:
         self.k = k

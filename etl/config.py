@@ -751,6 +751,44 @@ class EtlConfig(Settings):
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def output_fingerprints(config: EtlConfig) -> dict[str, str]:
+    """Per aggregation output (``group:output``) and derived feature, a digest of its
+    definition: the group's keys, the operation and its version, the column, filter, ``k``,
+    window and hop; a derived feature's expression and the digests of the outputs it reads."""
+    found: dict[str, str] = {}
+    for group in config.aggregations:
+        for feature in group.outputs():
+            found[feature.qualified] = _digest({
+                "keys": group.keys, "version": feature.operation().version,
+                "spec": feature.spec.model_dump(mode="json", exclude={"windows", "name"}),
+                "window": feature.window.text, "hop": feature.window.hop})
+    for spec in config.derive:
+        found[spec.name] = _digest({"expr": spec.expr, "reads": {
+            name: found.get(name) for name in sorted(references(spec.tree))}})
+    return found
+
+
+def other_settings_hash(config: EtlConfig) -> str:
+    """:meth:`EtlConfig.hash` of everything but the aggregations and the derived features,
+    less where the raw files are."""
+    return config.model_copy(update={"aggregations": [], "derive": []}).hash(
+        exclude_source_path=True)
+
+
+def changed_outputs(before: dict[str, str], now: dict[str, str]) -> str:
+    """What differs between two :func:`output_fingerprints`: ``added a, b; changed c;
+    removed d`` (empty where nothing does)."""
+    parts = [(verb, sorted(names)) for verb, names in (
+        ("added", now.keys() - before.keys()),
+        ("changed", {name for name in now.keys() & before.keys() if now[name] != before[name]}),
+        ("removed", before.keys() - now.keys())) if names]
+    return "; ".join(f"{verb} {', '.join(names)}" for verb, names in parts)
+
+
+def _digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def categorical_columns(config: EtlConfig) -> list[str]:
     """Columns that hold categories: the id roles, the event type and categorical context."""
     return ["user_id", "item_id", "event_type", *config.source.categorical]

@@ -37,7 +37,12 @@ from featureline.core.metadata import EVENTS_DIR, EXAMPLE_DAY, METADATA_FILE, ST
 from featureline.core.time_rule import DAY as DAY_MICROS
 from featureline.core.time_rule import floor_to, window_start
 from featureline.etl.aggregations import WEIGHT, Lifetime
-from featureline.etl.config import EtlConfig
+from featureline.etl.config import (
+    EtlConfig,
+    changed_outputs,
+    other_settings_hash,
+    output_fingerprints,
+)
 from featureline.etl.errors import IncompatibleStateError
 from featureline.etl.features.base import (
     EARLIER_EVENTS,
@@ -122,6 +127,11 @@ class State:
     rows: dict[str, Any]  # the cumulative row accounting of the output
     # Per entity table, where its lifetime partials end (µs; ``lifetime_folder``).
     lifetimes: dict[str, int]
+    # The fingerprint of each aggregation output and derived feature, and the hash of the
+    # other settings (``etl.config.output_fingerprints``, ``other_settings_hash``); None in
+    # a state written before them.
+    outputs: dict[str, str] | None = None
+    others: str | None = None
 
     @property
     def events(self) -> Path:
@@ -164,7 +174,8 @@ def read_state(output: Path) -> State:
     return State(folder=path.parent, version=int(data["version"]),
                  values_hash=data["values_hash"],
                  latest=datetime.fromisoformat(data["latest"]), rows=data["rows"],
-                 lifetimes=data.get("lifetimes", {}))
+                 lifetimes=data.get("lifetimes", {}), outputs=data.get("outputs"),
+                 others=data.get("others"))
 
 
 def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
@@ -177,14 +188,27 @@ def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
     if state.values_hash != values_hash(config):
         raise IncompatibleStateError(
             f"{output}: the output was written with other settings (hash "
-            f"{state.values_hash[:12]}, this run's {values_hash(config)[:12]}: features, "
-            f"label, validation or columns differ): {way_out}")
+            f"{state.values_hash[:12]}, this run's {values_hash(config)[:12]}: "
+            f"{_what_differs(state, config)}): {way_out}")
     settings = config.vocabulary
     if settings.refit or (settings.previous is not None
                           and Path(settings.previous).resolve() != output):
         raise IncompatibleStateError(
             f"{output}: an incremental run extends the output's own vocabularies; "
             f"--refit-vocabularies and --vocabulary-from start another lineage: {way_out}")
+
+
+def _what_differs(state: State, config: EtlConfig) -> str:
+    """Which outputs differ from the state's, and whether the other settings do."""
+    others = "features, label, validation or columns differ"
+    if state.outputs is None or state.others is None:
+        return others
+    changed = changed_outputs(state.outputs, output_fingerprints(config))
+    same = state.others == other_settings_hash(config)
+    if changed:
+        outputs = f"aggregations and derived features: {changed}"
+        return f"{outputs}; the other settings are the same" if same else f"{outputs}; {others} too"
+    return "the aggregations or derived features are in another order" if same else others
 
 
 def stored_events(spark: SparkSession, state: State, columns: list[str],
@@ -291,6 +315,7 @@ def write_state(events: DataFrame, rows: dict[str, Any], config: EtlConfig,
         events = events.where(F.col(DAY) == F.lit(newest))
     latest = events.agg(F.max("ts").cast("double").alias("latest")).collect()[0]["latest"]
     write_json({"version": STATE_VERSION, "values_hash": values_hash(config),
+                "outputs": output_fingerprints(config), "others": other_settings_hash(config),
                 "latest": datetime.fromtimestamp(latest, tz=timezone.utc).isoformat(),
                 "rows": {key: value for key, value in rows.items() if key != "this_run"},
                 "lifetimes": lifetimes},

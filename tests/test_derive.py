@@ -241,3 +241,54 @@ def test_the_guides_example_loads_and_its_error_is_the_one_shown():
     with pytest.raises(ConfigError) as caught:
         parse_config(block)
     assert str(caught.value).split(" (in ")[0] == shown
+
+
+def test_a_refused_day_names_the_outputs_that_changed(tmp_path):
+    """An incremental run over an output written with another spec names the aggregation
+    outputs and derived features added, changed and removed, from the fingerprints the
+    state keeps, and whether the other settings are the same."""
+    from datetime import datetime, timezone
+
+    from featureline.etl.config import other_settings_hash, output_fingerprints
+    from featureline.etl.errors import IncompatibleStateError
+    from featureline.etl.incremental import STATE_VERSION, State, check_compatible, values_hash
+
+    def etl(groups: list[dict], derive: list[dict], **more: object) -> object:
+        from featureline.config import parse_config
+
+        return parse_config({"aggregations": groups, "derive": derive,
+                             "etl": more}).etl  # type: ignore[return-value]
+
+    rate = {"name": "rate", "expr": "ratio(g:clicks_7d, g:count_7d, prior=0.1, weight=5)"}
+    group = {"name": "g", "keys": ["user_id", "category"], "features": [
+        {"op": "count", "windows": ["7d", "30d"]},
+        {"op": "count", "name": "clicks", "filter": "event_type in (click)", "windows": ["7d"]}]}
+    written = etl([group], [rate])
+    state = State(tmp_path, STATE_VERSION, values_hash(written),
+                  datetime(2026, 1, 1, tzinfo=timezone.utc), {}, {},
+                  output_fingerprints(written), other_settings_hash(written))
+    check_compatible(state, written, tmp_path)  # the same settings: extended
+    # The clicks' filter changed (so did the rate that reads them), a window added and one
+    # removed, another derived feature added.
+    changed = {**group, "features": [
+        {"op": "count", "windows": ["7d", "1d"]},
+        {"op": "count", "name": "clicks", "filter": "event_type in (click, purchase)",
+         "windows": ["7d"]}]}
+    cases = [
+        (etl([changed], [rate, {"name": "twice", "expr": "rate * 2"}]),
+         "aggregations and derived features: added g:count_1d, twice; changed g:clicks_7d, "
+         "rate; removed g:count_30d; the other settings are the same"),
+        (etl([group], [rate], split={"valid_days": 2}),
+         "features, label, validation or columns differ"),
+        (etl([group], [], split={"valid_days": 2}),
+         "removed rate; features, label, validation or columns differ too"),
+    ]
+    for config, why in cases:
+        with pytest.raises(IncompatibleStateError) as refused:
+            check_compatible(state, config, tmp_path)
+        assert why in str(refused.value), str(refused.value)
+        assert "\n" not in str(refused.value)
+    # A state written before the fingerprints: the general reason.
+    old = State(tmp_path, STATE_VERSION, "0" * 64, state.latest, {}, {})
+    with pytest.raises(IncompatibleStateError, match="features, label, validation or columns"):
+        check_compatible(old, written, tmp_path)
