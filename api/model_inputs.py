@@ -226,8 +226,8 @@ class ServedInputs:
         inputs = {group.name for group in self.inputs.groups}
         read = [(s.group, s.output) for s in self.inputs.features.values()
                 if s.group is not None and s.output is not None]
-        read += [(name.partition(":")[0], name.partition(":")[2])
-                 for name in self._derived_references if ":" in name]
+        read += [(group, output) for group, _, output in
+                 (name.partition(":") for name in self._derived_references) if output]
         return list(dict.fromkeys(
             (group, output) for group, output in read if group not in inputs))
 

@@ -148,7 +148,6 @@ class DeriveSpec(Settings):
         return parsed(self.expr)
 
 
-
 class _Parser:
     def __init__(self, text: str, key: str) -> None:
         self.text, self.key = text, key

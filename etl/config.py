@@ -9,6 +9,7 @@ stand for every declared context column of that kind, so the ``--categorical`` a
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -920,8 +921,6 @@ def check_derive(config: EtlConfig) -> None:
 
 def _close_names(name: str, readable: dict[str, str]) -> str:
     """The names a derived feature may read, those closest to ``name`` first."""
-    import difflib
-
     close = difflib.get_close_matches(name, list(readable), n=3, cutoff=0.5)
     if close:
         return f"did you mean {', '.join(close)}?"

@@ -161,17 +161,16 @@ class FeaturePipeline:
     def inputs(self) -> ModelInputs:
         """How each feature is computed at a request time: the ops' sources, the input
         groups they and the user and item attributes read (``core.model_inputs``), and the
-        features of ops that record none."""
+        features no source computes."""
         served: list[Served] = []
         unserved: list[str] = []
         for op in self.ops:
+            # A derived feature is unserved where it reads an unserved one.
             one = op.served(unserved) if isinstance(op, Derived) else op.served()
-            if one is None:
-                unserved += [spec.name for spec in op.features()]
-                continue
-            served.append(one)
-            if isinstance(op, Derived):  # an entry reading an unserved feature
-                unserved += [spec.name for spec in op.features() if spec.name not in one.features]
+            if one is not None:
+                served.append(one)
+            unserved += [spec.name for spec in op.features()
+                         if one is None or spec.name not in one.features]
         served.append(attribute_sources(self.config.source.declared_roles()))
         return combined(served, unserved)
 
