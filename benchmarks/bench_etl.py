@@ -294,7 +294,7 @@ def _measure_without(spark: SparkSession, events: int, workdir: Path, owner: Any
 def measure_checks(spark: SparkSession, events: int, workdir: Path,
                    order: tuple[str, ...] = ABBA, warm_up: bool = True) -> dict[str, Any]:
     """The job's time without (A) and with (B) its profile stage on one log."""
-    return _measure_without(spark, events, workdir, job, "_profile_and_check", _skip_profile,
+    return _measure_without(spark, events, workdir, job, "profile_and_check", _skip_profile,
                             "profile", order, warm_up)
 
 

@@ -643,7 +643,8 @@ def events_cut(events: DataFrame) -> int:
 
 
 def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
-                 cut: int, prior: Lifetime | None = None, days: DataFrame | None = None
+                 cut: int, prior: Lifetime | None = None, days: DataFrame | None = None,
+                 outputs: Sequence[AggregateFeature] | None = None
                  ) -> list[tuple[AggregateFeature, DataFrame]]:
     """Per output of ``group``, its tiles as of ``cut`` (µs, after every event): a row per key
     and hop — the group's keys, ``tile`` and the operation's partial columns (the names
@@ -653,10 +654,11 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
     (``core.aggregations.value_from_tiles``): what the online store starts from. ``prior``:
     the lifetime partials of the events before ``events``' (``prior.before``, before every
     window's start at ``cut``). ``days``: every day's :func:`day_partials`, which the outputs
-    on days read instead of the events (a day's partial: its events')."""
+    on days read instead of the events (a day's partial: its events'). ``outputs``: those of
+    the group's only."""
     keys = list(group.keys)
     tiles = []
-    for feature in group.outputs():
+    for feature in group.outputs() if outputs is None else outputs:
         window = feature.window
         start = window.start(cut)
         if days is not None and on_days(feature):
@@ -837,23 +839,26 @@ def decay_days(group: GroupSpec) -> int:
     return -(-max(spans, default=0) * MICROS // DAY)
 
 
-def group_snapshots(values: DataFrame, snapshots: DataFrame, group: GroupSpec) -> DataFrame:
+def group_snapshots(values: DataFrame, snapshots: DataFrame, group: GroupSpec,
+                    outputs: Sequence[AggregateFeature] | None = None) -> DataFrame:
     """The group's outputs at its snapshot days as Feast reads them, from ``values``
     (:func:`group_values`' rows at anchors that hold the ``snapshots`` ones,
     :func:`snapshot_anchors`): the keys, ``event_timestamp`` (the day's start: the values of
     the events before it) and each output by its name in the group, raw values as the API
     serves them (a value read as its raw value and its id, the raw one)."""
     keys = [*group.keys, TS_MICROS]
-    return snapshot_rows(values.join(snapshots.select(*keys), on=keys, how="left_semi"), group)
+    return snapshot_rows(values.join(snapshots.select(*keys), on=keys, how="left_semi"), group,
+                         outputs)
 
 
-def snapshot_rows(values: DataFrame, group: GroupSpec) -> DataFrame:
+def snapshot_rows(values: DataFrame, group: GroupSpec,
+                  outputs: Sequence[AggregateFeature] | None = None) -> DataFrame:
     """:func:`group_values`' rows as Feast reads them: the keys, ``event_timestamp`` and each
-    output by its name in the group."""
+    output (``outputs``: those only) by its name in the group."""
     return values.select(
         *group.keys, F.timestamp_micros(TS_MICROS).alias(EVENT_TIMESTAMP),
         *(_raw(F.col(f.column_name), values.schema[f.column_name].dataType).alias(f.output)
-          for f in group.outputs()))
+          for f in (group.outputs() if outputs is None else outputs)))
 
 
 def _raw(value: Column, read: DataType) -> Column:

@@ -190,12 +190,18 @@ def check_compatible(state: State, config: EtlConfig, output: Path) -> None:
             f"{output}: the output was written with other settings (hash "
             f"{state.values_hash[:12]}, this run's {values_hash(config)[:12]}: "
             f"{_what_differs(state, config)}): {way_out}")
+    check_lineage(config, output)
+
+
+def check_lineage(config: EtlConfig, output: Path) -> None:
+    """Refuse a run that extends ``output`` with vocabularies other than its own."""
     settings = config.vocabulary
     if settings.refit or (settings.previous is not None
                           and Path(settings.previous).resolve() != output):
         raise IncompatibleStateError(
             f"{output}: an incremental run extends the output's own vocabularies; "
-            f"--refit-vocabularies and --vocabulary-from start another lineage: {way_out}")
+            "--refit-vocabularies and --vocabulary-from start another lineage: run "
+            "`featureline etl run` without --incremental (a full run) to start over")
 
 
 def _what_differs(state: State, config: EtlConfig) -> str:

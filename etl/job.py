@@ -238,7 +238,7 @@ def _account(validated: DataFrame) -> dict[str | None, int]:
             for row in validated.groupBy(ingest.REASON).count().collect()}
 
 
-def _schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
+def table_schema(frame: DataFrame, columns: list[str]) -> list[dict[str, str]]:
     types = dict(frame.dtypes)
     return [{"name": c, "dtype": types[c]} for c in columns]
 
@@ -558,7 +558,7 @@ def _fitted(pipeline: FeaturePipeline, split_rows: DataFrame, numbered_anew: Dat
 
 
 # A stored day partial's day (its start, a timestamp: the files are a day's each).
-_PARTIALS_DAY = "day"
+PARTIALS_DAY = "day"
 
 
 def _days_before(spark: SparkSession, output: Path, groups: Sequence[GroupSpec], before: int
@@ -569,16 +569,16 @@ def _days_before(spark: SparkSession, output: Path, groups: Sequence[GroupSpec],
     for group in groups:
         folder = day_partials_folder(output, group.name)
         if folder.is_dir():
-            found[group.name] = _day_partials_read(spark, folder).where(
+            found[group.name] = day_partials_read(spark, folder).where(
                 F.col(TS_MICROS) < before)
     return found
 
 
-def _day_partials_read(spark: SparkSession, folder: Path) -> DataFrame:
+def day_partials_read(spark: SparkSession, folder: Path) -> DataFrame:
     """The day partials a state keeps in ``folder``, each day's start as ``TS_MICROS``."""
     stored = read_as_written(spark, folder)
-    return stored.select(epoch_micros(F.col(_PARTIALS_DAY)).alias(TS_MICROS),
-                         *(c for c in stored.columns if c != _PARTIALS_DAY))
+    return stored.select(epoch_micros(F.col(PARTIALS_DAY)).alias(TS_MICROS),
+                         *(c for c in stored.columns if c != PARTIALS_DAY))
 
 
 def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Path
@@ -596,9 +596,9 @@ def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Pat
             link_table_days(day_partials_folder(previous, group.name), folder,
                             (_midnight(aggregations.since) - timedelta(days=1)).date())
         write_parquet_days(frame.select(
-            F.timestamp_micros(TS_MICROS).alias(_PARTIALS_DAY),
-            *(c for c in frame.columns if c != TS_MICROS)), folder, _PARTIALS_DAY, *group.keys)
-        written[group.name] = _day_partials_read(frame.sparkSession, folder)
+            F.timestamp_micros(TS_MICROS).alias(PARTIALS_DAY),
+            *(c for c in frame.columns if c != TS_MICROS)), folder, PARTIALS_DAY, *group.keys)
+        written[group.name] = day_partials_read(frame.sparkSession, folder)
     return written
 
 
@@ -675,7 +675,7 @@ def starts(pipeline: FeaturePipeline, stored: DataFrame, new: DataFrame) -> Data
     return first.groupBy("user_id").agg(F.min(TS_MICROS).alias(START))
 
 
-def _write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
+def write_examples(featured: DataFrame, specs: list[FeatureSpec], config: EtlConfig,
                     path: Path, labels: DataFrame | None = None) -> None:
     """The examples a folder per split and UTC day (``split=<s>/day=<d>``): a day's files
     hold its rows only, so a run that adds a day leaves the earlier days' files as they are
@@ -711,7 +711,7 @@ def label_spec() -> dict[str, Any]:
     return {"name": LABEL, "short_name": LABEL_SHORT_NAME, "dtype": "int64"}
 
 
-def _write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlConfig,
+def write_tfrecords(spark: SparkSession, specs: list[FeatureSpec], config: EtlConfig,
                      staging: Path, split: dict[str, Any], since: date | None = None,
                      previous: Path | None = None) -> dict[str, Any]:
     """Encode the examples just written into prebatched TFRecords, one file per Parquet
@@ -807,9 +807,9 @@ def _write_group_snapshots(aggregations: Aggregations, staging: Path, previous: 
             link_table_days(previous / relative, staging / relative,
                             _midnight(aggregations.since).date())
         write_parquet_days(frame, staging / relative, EVENT_TIMESTAMP, *group.keys)
-        tables[group.name] = {"path": relative, "keys": _schema(frame, list(group.keys)),
+        tables[group.name] = {"path": relative, "keys": table_schema(frame, list(group.keys)),
                               "timestamp_field": EVENT_TIMESTAMP,
-                              "features": _schema(frame, [f.output for f in group.outputs()])}
+                              "features": table_schema(frame, [f.output for f in group.outputs()])}
     return tables
 
 
@@ -888,7 +888,7 @@ def _write_entities(events: DataFrame, pipeline: FeaturePipeline, config: EtlCon
         entities[entity] = {
             "path": f"entities/{entity}", "join_key": key, "timestamp_field": EVENT_TIMESTAMP,
             "join_key_dtype": dict(table.frame.dtypes)[key],
-            "features": _schema(table.frame, table.feature_columns),
+            "features": table_schema(table.frame, table.feature_columns),
             "group": table.group.model_dump(mode="json"),
         }
     return entities, lifetimes, read
@@ -938,7 +938,7 @@ class Checked:
         return verdict([m.breach() for m in self.breaches], self.reference)
 
 
-def _profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
+def profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
                        rows: dict[str, Any], config: EtlConfig, staging: Path,
                        output: Path, counts: dict[str, int] | None = None) -> Checked:
     """The run's profile, written beside metadata.json, checked against its reference window
@@ -1206,7 +1206,7 @@ def _examples_written(job: _Run, t: _Transformed, specs: list[FeatureSpec]) -> s
     """The examples, the days before ``t.days.since`` linked from the output the run
     extends; with a label join, its accounting in ``t.rows``. The stage's line."""
     since = t.days.since
-    _write_examples(t.featured, specs, job.config, job.staging / "examples",
+    write_examples(t.featured, specs, job.config, job.staging / "examples",
                     t.joined.examples if t.joined is not None else None)
     summary = f"{t.rows['accepted']:,} examples"
     if since is not None:
@@ -1235,7 +1235,7 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
     tfrecord = None
     if config.tfrecord.enabled:
         with job.timer(stages.WRITE_TFRECORD) as stage:
-            tfrecord = _write_tfrecords(job.spark, specs, config, staging, t.split, since,
+            tfrecord = write_tfrecords(job.spark, specs, config, staging, t.split, since,
                                         job.output)
             stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
                              f"{len(tfrecord['files'])} files")
@@ -1257,7 +1257,7 @@ def _written(job: _Run, transformed: _Transformed, started: float) -> dict[str, 
     with job.timer(stages.ARTIFACTS):
         stats = _write_artifacts(pipeline, staging / "artifacts")
     with job.timer(stages.PROFILE) as stage:
-        checked = _profile_and_check(job.spark, t.newest, specs, t.rows, config, staging,
+        checked = profile_and_check(job.spark, t.newest, specs, t.rows, config, staging,
                                      job.output, t.days.day_counts())
         stage.summary = checked.summary()
     with job.timer(stages.STATE) as stage:

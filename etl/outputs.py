@@ -112,11 +112,11 @@ def read_as_written(spark: SparkSession, path: Path) -> DataFrame:
     frame = spark.read.parquet(str(path))
     first = min(path.rglob("*.parquet"))
     written = from_arrow_schema(pq.read_schema(first))
-    return frame.withColumns({field.name: _required(F.col(field.name), field.dataType)
+    return frame.withColumns({field.name: required(F.col(field.name), field.dataType)
                               for field in written if not field.nullable})
 
 
-def _required(column: Column, kind: DataType) -> Column:
+def required(column: Column, kind: DataType) -> Column:
     """``column`` declared non-null (and its elements, where ``kind`` says so): a null never
     read from a required column becomes the type's zero."""
     if isinstance(kind, ArrayType) and not kind.containsNull:

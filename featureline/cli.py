@@ -118,6 +118,25 @@ def etl_run(**options: str | None) -> None:
     exit_if_refused(run)
 
 
+@etl.command("backfill")
+@config_option
+@click.option("--output", help="Output folder (overrides output.path)")
+@click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
+              help="Spark profile: spark_conf/<profile>.conf")
+def etl_backfill(path: str | None, output: str | None, profile: str | None) -> None:
+    """Bring an output to the configuration's aggregations and derived features without new
+    events: the new and changed ones computed over its stored events, the removed dropped,
+    every other file kept. An incremental run does this first by itself."""
+    from featureline.etl_runs import backfill
+
+    run = backfill(path, output, profile)
+    if run is None:
+        click.echo("nothing to backfill: the output's aggregations and derived features are "
+                   "the configuration's")
+        return
+    click.echo(summary(run))
+
+
 @etl.command("check")
 @job_options
 def etl_check(**options: str | None) -> None:

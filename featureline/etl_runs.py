@@ -109,9 +109,35 @@ def run_job(path: str | None = None, input_path: str | None = None,
     check_before_spark(config, submitted=submitted)
 
     spark = build_session(config.spark, from_profile=not submitted)
+    if config.mode == "incremental":
+        from featureline.etl.spec_change import backfill_if_changed
+
+        backfill_if_changed(config, spark, progress)
     result = job.run(config, spark, progress=progress)
     return FinishedRun(Path(result.output),
                        Metadata.parse(result.metadata, str(result.output)))
+
+
+def backfill(path: str | None = None, output: str | None = None, profile: str | None = None
+             ) -> FinishedRun | None:
+    """Bring an output to the configuration's ``aggregations:`` and ``derive:`` without new
+    events: the new and changed outputs computed over its stored events, the removed ones
+    dropped (None: its spec is the configuration's already)."""
+    from featureline.etl.session import build_session, spark_properties
+    from featureline.etl.spec_change import backfill_if_changed
+
+    config = loaded_config(path, output=output, profile=profile, incremental=True)
+    spark_properties(config.spark, from_profile=True)
+    spark = build_session(config.spark, from_profile=True)
+    result = backfill_if_changed(config, spark, progress)
+    if result is None:
+        from featureline.etl.incremental import check_compatible, read_state
+        from featureline.etl.outputs import local_path
+
+        folder = local_path(config.output.path)
+        check_compatible(read_state(folder), config, folder)  # names what else differs
+        return None
+    return FinishedRun(Path(result.output), Metadata.parse(result.metadata, str(result.output)))
 
 
 def summary(run: FinishedRun) -> str:

@@ -14,7 +14,7 @@ frames serves both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -50,12 +50,16 @@ class Aggregations(FeatureOp):
     fitted = True
 
     def __init__(self, groups: Sequence[GroupSpec], numeric: Sequence[str],
-                 encoded: Sequence[str]) -> None:
+                 encoded: Sequence[str], computed: Collection[str] | None = None) -> None:
+        """``computed``: the outputs (``group:output``) a transform computes (every one
+        without): a spec change's run computes only those that changed."""
         super().__init__()
         self.groups = list(groups)
         self.numeric = list(numeric)
         self.encoded = list(encoded)
         self.outputs = [feature for group in self.groups for feature in group.outputs()]
+        self.computed = [feature for feature in self.outputs
+                         if computed is None or feature.qualified in computed]
         # What the last transform computed: the events' cut (µs, after the latest), per
         # group its values at every anchor and its snapshot days.
         self.cut = 0
@@ -89,9 +93,10 @@ class Aggregations(FeatureOp):
         reads = {column: F.struct(F.col(column).alias("raw"),
                                   F.col(encoded_name(column)).alias("id"))
                  for column in self.encoded}
+        groups = self.computed_groups()
         needed = {TS_MICROS, LABEL, *(encoded_name(c) for c in self.encoded),
-                  *(key for group in self.groups for key in group.keys),
-                  *(column for group in self.groups for feature in group.features
+                  *(key for group in groups for key in group.keys),
+                  *(column for group in groups for feature in group.features
                     for column in feature.columns())}
         # Cached: each hop's tiles, the frames and the anchors read these rows.
         rows = events if source is None else source
@@ -101,11 +106,11 @@ class Aggregations(FeatureOp):
         # the events themselves in one join (docs/ARCHITECTURE.md, "The backfill, the
         # tiles, serving").
         keys = list(dict.fromkeys([ENTITIES["user"],
-                                   *(key for group in self.groups for key in group.keys)]))
+                                   *(key for group in groups for key in group.keys)]))
         since = self.since
         queried = narrow if since is None else narrow.where(F.col(TS_MICROS) >= since)
         values = queried.select(*keys, TS_MICROS).distinct()
-        for group in self.groups:
+        for group in groups:
             days = snapshot_anchors(narrow, group, self.cut, since)
             at = self._cut(self._group_values(narrow, queried, days, group, reads))
             self.values[group.name] = (at, days)
@@ -116,7 +121,15 @@ class Aggregations(FeatureOp):
         if since is not None:  # the earlier rows' values are the output's
             events = events.where(F.col(TS_MICROS) >= since)
         return _joined(events, values, keys).withColumns(
-            {f.column_name: self._column(f) for f in self.outputs})
+            {f.column_name: self._column(f) for f in self.computed})
+
+    def computed_groups(self) -> list[GroupSpec]:
+        """The groups with an output a transform computes."""
+        return [group for group in self.groups
+                if any(feature.group == group.name for feature in self.computed)]
+
+    def computed_of(self, group: GroupSpec) -> list[AggregateFeature]:
+        return [feature for feature in self.computed if feature.group == group.name]
 
     def _group_values(self, narrow: DataFrame, queried: DataFrame, days: DataFrame,
                       group: GroupSpec, reads: Mapping[str, Column]) -> DataFrame:
@@ -127,7 +140,8 @@ class Aggregations(FeatureOp):
         (``etl.aggregations.reach``)."""
         anchors = queried.select(*group.keys, TS_MICROS).unionByName(days).distinct()
         if self.since is None:
-            return group_values(narrow, anchors, group, self.numeric, reads)
+            return group_values(narrow, anchors, group, self.numeric, reads,
+                                outputs=self.computed_of(group))
         before = self.days_before.get(group.name)
         on = [f for f in group.outputs() if before is not None and on_days(f)]
         rest = [f for f in group.outputs() if f not in on]
@@ -149,7 +163,7 @@ class Aggregations(FeatureOp):
         """The group's daily snapshots as of the last transform's events, for Feast
         (``etl.aggregations.group_snapshots``); after :attr:`since` only, where set."""
         values, days = self.values[group.name]
-        return group_snapshots(values, days, group)
+        return group_snapshots(values, days, group, self.computed_of(group))
 
     def _cut(self, values: DataFrame) -> DataFrame:
         """A group's values, computed once: every later action of the job (the model-ready

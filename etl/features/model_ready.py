@@ -13,6 +13,7 @@ standardising) rather than a sentinel. Each op proposes a transform per feature;
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 from pydantic import Field
@@ -57,10 +58,12 @@ class ModelReady:
         self.missing = [name for name, spec in continuous.items() if spec.missing]
         self.stats: dict[str, dict[str, Any]] = {}
 
-    def fit(self, train: DataFrame) -> None:
-        """Mean and standard deviation of each shaped feature over the training rows that
-        have a value, and how many have none; one pass."""
-        fitted = [n for n, t in self.transforms.items() if t != NONE]
+    def fit(self, train: DataFrame, names: Collection[str] | None = None) -> None:
+        """Mean and standard deviation of each shaped feature (of ``names`` only, where given:
+        the others keep theirs) over the training rows that have a value, and how many have
+        none; one pass."""
+        fitted = [n for n, t in self.transforms.items()
+                  if t != NONE and (names is None or n in names)]
         aggregates = [F.count(F.lit(1)).alias("_rows")]
         for index, name in enumerate(fitted):
             shaped = _shaped(name, self.transforms[name])
@@ -74,18 +77,26 @@ class ModelReady:
                                 "std": std if std > 0 else 1.0,
                                 "missing_in_train": row["_rows"] - row[f"n{index}"]}
         for name in self.missing:
-            self.stats.setdefault(name, {"name": NONE, "fill": 0.0})
-            self.stats[name]["missing_indicator"] = missing_indicator(name)
+            if names is None or name in names:
+                self.stats.setdefault(name, {"name": NONE, "fill": 0.0})
+                self.stats[name]["missing_indicator"] = missing_indicator(name)
 
     def restore(self, stats: dict[str, Any]) -> None:
-        """The statistics of a fit (its ``artifacts.model_ready``) instead of fitting them."""
-        self.stats = {name: dict(stats[name]) for name in stats}
+        """The statistics of a fit (its ``artifacts.model_ready``) instead of fitting them;
+        only those of this spec's features."""
+        self.stats = {name: dict(stats[name]) for name in stats
+                      if name in self.transforms or name in self.missing}
 
-    def transform(self, featured: DataFrame) -> DataFrame:
-        """The features replaced by their transformed values, indicators added; every
-        expression reads the op's raw column (``withColumns`` evaluates them together)."""
-        columns = {missing_indicator(n): F.col(n).isNull().cast("double") for n in self.missing}
+    def transform(self, featured: DataFrame, names: Collection[str] | None = None
+                  ) -> DataFrame:
+        """The features (``names`` only, where given) replaced by their transformed values,
+        indicators added; every expression reads the op's raw column (``withColumns``
+        evaluates them together)."""
+        columns = {missing_indicator(n): F.col(n).isNull().cast("double") for n in self.missing
+                   if names is None or n in names}
         for name, stats in self.stats.items():
+            if names is not None and name not in names:
+                continue
             if stats["name"] == NONE:
                 columns[name] = F.coalesce(F.col(name).cast("double"), F.lit(stats["fill"]))
             else:

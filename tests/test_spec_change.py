@@ -1,0 +1,133 @@
+"""A spec change's backfill (``etl.spec_change``): an output brought to a new
+``aggregations:`` and ``derive:`` spec equals a full run with that spec over the same events,
+its unchanged files linked, not written."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from featureline.etl import job
+from featureline.etl.config import EtlConfig
+from featureline.etl.incremental import STATE_DIR, read_state
+from featureline.etl.spec_change import backfill_if_changed, spec_change
+from tests.job_config import make_config
+from tests.test_incremental import AGGREGATIONS, _comparable, _profile, _same, _table
+
+# A full run and the backfill after it, then a full run with the new spec (~2 min on 2 cores).
+pytestmark = pytest.mark.slow
+
+BEFORE_DERIVE = [{"name": "hour_share", "expr": "item_hour:count_1h / (item_hour:count_1h + 1)"}]
+# The new spec: user_recent's count_1d counts clicks only (changed) and gains positives_1d
+# (added); item_recent is removed, item_hour loses its approx_distinct, item_day is new; a
+# derived feature reads the added and the changed output, hour_share is kept.
+AFTER = [{"name": "user_recent", "keys": ["user_id"], "features": [
+             {"op": "count", "windows": ["1d"], "filter": "event_type in (click)"},
+             {"op": "count", "name": "positives", "filter": "label", "windows": ["1d"]},
+             *AGGREGATIONS[0]["features"][1:]]},
+         {"name": "item_hour", "keys": ["item_id"], "features": [
+             f for f in AGGREGATIONS[2]["features"] if f["op"] != "approx_distinct"]},
+         {"name": "item_day", "keys": ["item_id"], "features": [
+             {"op": "count", "windows": ["1d"]}]}]
+AFTER_DERIVE = [*BEFORE_DERIVE, {"name": "click_rate", "expr": (
+    "ratio(user_recent:positives_1d, user_recent:count_1d, prior=0.1, weight=2)")}]
+
+
+def _config(root: Path, log: Path, name: str, aggregations: list, derive: list,
+            **overrides: object) -> EtlConfig:
+    config = make_config(root / name, log, aggregations=aggregations, **overrides)
+    return config.model_copy(update={"derive": EtlConfig.model_validate(
+        {**config.model_dump(mode="json"), "derive": derive}).derive})
+
+
+@pytest.fixture(scope="module")
+def changed(spark, small_log, tmp_path_factory):
+    """The old spec's full run, a copy of it brought to the new spec, and the new spec's full
+    run over the same log."""
+    root = tmp_path_factory.mktemp("spec-change")
+    before = job.run(_config(root, small_log, "before", AGGREGATIONS, BEFORE_DERIVE), spark,
+                     progress=lambda _: None)
+    output = root / "backfilled"
+    shutil.copytree(before.output, output)
+    inodes = {path.relative_to(output): path.stat().st_ino for path in output.rglob("*")
+              if path.is_file()}
+    config = _config(root, small_log, "ignored", AFTER, AFTER_DERIVE, mode="incremental")
+    config = config.model_copy(update={"output": config.output.model_copy(
+        update={"path": str(output)})})
+    lines: list[str] = []
+    state = read_state(output)
+    found = spec_change(state, config)
+    backfilled = backfill_if_changed(config, spark, lines.append)
+    full = job.run(_config(root, small_log, "full", AFTER, AFTER_DERIVE), spark,
+                   progress=lambda _: None)
+    return {"before": before, "backfilled": backfilled, "full": full, "change": found,
+            "lines": lines, "config": config, "inodes": inodes}
+
+
+def test_the_change_names_what_was_added_changed_and_removed(changed):
+    change = changed["change"]
+    assert set(change.changed) == {"user_recent:count_1d", "user_recent:positives_1d",
+                                   "item_day:count_1d", "click_rate"}
+    assert set(change.removed) == {"item_recent:value_sum_7d",
+                                   "item_hour:user_id_approx_distinct_1h"}
+    assert changed["lines"][0] == f"spec change: {change.reason}"
+    assert change.reason.startswith("added click_rate, item_day:count_1d, "
+                                    "user_recent:positives_1d; changed user_recent:count_1d; "
+                                    "removed ")
+
+
+@pytest.mark.parametrize("table", [
+    "examples", "aggregations/user_recent", "aggregations/item_hour", "aggregations/item_day",
+    f"{STATE_DIR}/day_partials/user_recent",
+    "tiles/user_recent/count_1d", "tiles/user_recent/positives_1d",
+    "tiles/user_recent/label_mean_all", "tiles/item_day/count_1d", "tiles/item_hour/count_1h",
+    "entities/user", f"{STATE_DIR}/events"])
+def test_every_table_equals_the_new_specs_full_run(changed, table):
+    ours, theirs = (_table(changed[name].output / table) for name in ("backfilled", "full"))
+    assert ours.num_rows > 0
+    assert ([(f.name, f.type, f.nullable) for f in ours.schema]
+            == [(f.name, f.type, f.nullable) for f in theirs.schema])
+    if table.startswith(("aggregations/", "tiles/")):
+        assert ours.to_pylist() == [pytest.approx(row, rel=1e-12)
+                                    for row in theirs.to_pylist()], table
+    else:
+        assert ours.to_pylist() == theirs.to_pylist(), table
+
+
+def test_tfrecords_metadata_and_profile_equal_the_full_runs(changed):
+    ours, theirs = changed["backfilled"], changed["full"]
+    for path in sorted((theirs.output / "tfrecord").rglob("*")):
+        if path.is_file():
+            relative = path.relative_to(theirs.output)
+            assert (ours.output / relative).read_bytes() == path.read_bytes(), relative
+    _same(_comparable(ours.metadata), _comparable(theirs.metadata))
+    _same(_profile(ours.output), _profile(theirs.output))
+    assert ours.metadata["mode"] == "backfill"
+
+
+def test_removed_outputs_are_gone_and_kept_files_are_linked(changed):
+    ours = changed["backfilled"].output
+    assert not (ours / "aggregations/item_recent").exists()
+    assert not (ours / "tiles/item_recent").exists()
+    assert not (ours / f"{STATE_DIR}/day_partials/item_recent").exists()
+    assert not (ours / "tiles/item_hour/user_id_approx_distinct_1h").exists()
+    columns = _table(ours / "examples").column_names
+    assert "item_recent__value_sum_7d" not in columns
+    assert {"click_rate", "user_recent__positives_1d", "item_day__count_1d"} <= set(columns)
+    kept = ["tiles/item_hour/count_1h", "tiles/user_recent/label_mean_all", "entities/user",
+            f"{STATE_DIR}/events", "artifacts/categorify/item_id"]
+    for folder in kept:
+        files = sorted(p.relative_to(ours) for p in (ours / folder).rglob("*.parquet"))
+        assert files, folder
+        assert all((ours / f).stat().st_ino == changed["inodes"][f] for f in files), folder
+    rewritten = sorted(p.relative_to(ours) for p in (ours / "examples").rglob("*.parquet"))
+    assert rewritten and not any(f in changed["inodes"] for f in rewritten)
+
+
+def test_the_state_takes_the_new_spec_and_a_second_backfill_has_nothing_to_do(changed, spark):
+    config = changed["config"]
+    state = read_state(changed["backfilled"].output)
+    assert spec_change(state, config) is None
+    assert backfill_if_changed(config, spark, lambda _: None) is None
