@@ -12,6 +12,7 @@ plus the cost per event at each size relative to the smallest size (1.0 = linear
     python benchmarks/bench_etl.py --incremental --keep-fit --sizes 1000000  # its fit kept
     python benchmarks/bench_etl.py --incremental --keep-fit --day-lines 30000  # same day, 1M/10M
     python benchmarks/bench_etl.py --aggregations --sizes 1000000  # the cost of a spec
+    python benchmarks/bench_etl.py --spec-change --sizes 1000000  # an output added, removed
 
 ``--incremental``: a log of 31 days at each size (the history, then one new day); first (not
 timed) the full job over each size's first 29 days and an incremental run of the 30th (the
@@ -32,6 +33,10 @@ the means are what reading attributes from a file costs.
 ``--aggregations [SPEC]``: the job without and with an ``aggregations:`` spec
 (benchmarks/aggregations.yaml by default) on the same log, interleaved A B B A; the ratio of
 the means is the spec's cost.
+
+``--spec-change``: a full run with that spec, then on copies of its output the backfill of
+one output added to its first group and of one removed from it (``featureline etl backfill``),
+each timed against the full run.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ import yaml
 from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.aggregations import GroupSpec
-from featureline.etl import datagen, job
+from featureline.etl import datagen, job, spec_change
 from featureline.etl.aggregations import on_days
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import log_day
@@ -155,6 +160,65 @@ def measure_aggregations(spark: SparkSession, events: int, workdir: Path, spec: 
     report = {"events": events, "spec": spec.name, "groups": len(groups), "values": values,
               "job_s": times, "with_vs_without": round(means["with"] / means["without"], 2)}
     return report | ({"profiles": profiles} if event_log is not None else {})
+
+
+# --spec-change: the output added to the spec, and the one removed from it.
+ADDED_OUTPUT = {"op": "count", "name": "clicks", "filter": "event_type in (click)",
+                "windows": ["7d"]}
+REMOVED_WINDOW = ("count", "1h")
+
+
+def measure_spec_change(spark: SparkSession, events: int, workdir: Path, spec: Path
+                        ) -> dict[str, Any]:
+    """A full run with the spec's groups, then (each on a copy of its output) the backfill
+    of one output added to the first group and the backfill of one output removed from it
+    (``featureline etl backfill``); each backfill's time over the full run's."""
+    groups = _spec_groups(spec)
+    raw = workdir / f"events-{events}.jsonl"
+    write_log_apart(raw, events=events, users=max(100, events // 40), items=max(50, events // 100),
+                    days=28, seed=1, bad_fraction=0.001)
+    full_output = workdir / f"full-{events}"
+    base = with_overrides(EtlConfig(), input_path=str(raw), output=str(full_output))
+    start = time.perf_counter()
+    job.run(base.model_copy(update={"aggregations": groups}), spark, progress=lambda _: None)
+    full_s = time.perf_counter() - start
+    first = groups[0]
+    added = first.model_copy(update={"features": [*first.features,
+                                                  type(first.features[0]).model_validate(
+                                                      ADDED_OUTPUT)]})
+    op, window = REMOVED_WINDOW
+    removed = first.model_copy(update={"features": [
+        feature.model_copy(update={"windows": [w for w in feature.windows if w != window]})
+        if feature.op == op and feature.name is None else feature
+        for feature in first.features]})
+    report: dict[str, Any] = {"events": events, "spec": spec.name, "full_s": round(full_s, 2)}
+    for name, group in (("add", added), ("remove", removed)):
+        output = workdir / f"{name}-{events}"
+        shutil.copytree(full_output, output)
+        config = base.model_copy(update={
+            "aggregations": [group, *groups[1:]], "mode": "incremental",
+            "output": base.output.model_copy(update={"path": str(output)})})
+        lines: list[str] = []
+        start = time.perf_counter()
+        result = spec_change.backfill_if_changed(config, spark, lines.append)
+        seconds = time.perf_counter() - start
+        assert result is not None, f"{name}: nothing to backfill"
+        report[name] = {"change": lines[0], "s": round(seconds, 2),
+                        "vs_full": round(seconds / full_s, 3),
+                        "stages_s": result.metadata["timings_s"]}
+        shutil.rmtree(output)
+    shutil.rmtree(full_output)
+    return report
+
+
+def run_spec_change(sizes: list[int], spec: Path) -> dict[str, Any]:
+    spark = build_session(BENCH_SPARK)
+    with tempfile.TemporaryDirectory(prefix="bench-etl-spec-change-") as tmp:
+        runs = [measure_spec_change(spark, events, Path(tmp), spec) for events in sizes]
+    return {"benchmark": "etl_spec_change",
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "spark_master": spark.sparkContext.master, "spark": spark.version},
+            "runs": runs}
 
 
 # The runs of --attributes, in order: the item attributes inline, from a file, from a file
@@ -606,6 +670,10 @@ def main(argv: list[str] | None = None) -> None:
                         metavar="SPEC", help="the job without and with an aggregations spec "
                                              "(default benchmarks/aggregations.yaml); with "
                                              "--incremental: every run computes it")
+    parser.add_argument("--spec-change", action="store_true",
+                        help="a full run with the aggregations spec (--aggregations SPEC, "
+                             "default benchmarks/aggregations.yaml), then the backfill of one "
+                             "output added to it and of one removed")
     parser.add_argument("--checks", action="store_true",
                         help="the job without and with its profile stage (the validation "
                              "gate), interleaved: without, with, with, without")
@@ -634,6 +702,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.checks:
         print(json.dumps(run_checks(sizes), indent=2))
+        return
+    if args.spec_change:
+        print(json.dumps(run_spec_change(sizes, Path(args.aggregations or AGGREGATIONS)),
+                         indent=2))
         return
     if args.attributes:
         spark = build_session(BENCH_SPARK)

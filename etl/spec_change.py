@@ -70,6 +70,7 @@ from featureline.etl.incremental import (
     STATE_DIR,
     STATE_FILE,
     STATE_VERSION,
+    WORK_DIR,
     State,
     check_lineage,
     day_counts,
@@ -87,6 +88,7 @@ from featureline.etl.job import (
     StageTimer,
     day_partials_read,
     profile_and_check,
+    run,
     split_column,
     state_columns,
     table_schema,
@@ -107,8 +109,6 @@ from featureline.etl.vocabulary import load_previous
 # The backfill's stages, in the order it runs them (metadata.json's timings).
 COMPUTE, EXAMPLES, TFRECORDS, AGGREGATION_FILES, PROFILE, STATE = (
     "backfill", "write_examples", "write_tfrecord", "aggregations", "profile", "state")
-# Where the values joined onto the examples are written while the run lasts.
-_WORK = "_backfill_work"
 # The lowest and highest values of one example's keys (the same where they agree).
 _LOW, _HIGH = "_backfill_low", "_backfill_high"
 
@@ -140,6 +140,15 @@ def spec_change(state: State, config: EtlConfig) -> SpecChange | None:
     return SpecChange(changed, removed, reason)
 
 
+def run_incremental(config: EtlConfig, spark: SparkSession,
+                    progress: Callable[[str], None]) -> JobResult:
+    """An incremental run (``job.run``) after the backfill of a changed spec, where only the
+    spec changed: each replaces the output whole, so a failed day leaves the output at the
+    new spec."""
+    backfill_if_changed(config, spark, progress)
+    return run(config, spark, progress)
+
+
 def backfill_if_changed(config: EtlConfig, spark: SparkSession,
                         progress: Callable[[str], None]) -> JobResult | None:
     """The backfill of the output ``config`` names where its spec is all that changed
@@ -168,34 +177,32 @@ def backfill(config: EtlConfig, spark: SparkSession, state: State, change: SpecC
     pipeline = FeaturePipeline(config, fit)
     timer = StageTimer(progress, spark)
     progress(f"spec change: {change.reason}")
-    run = _Backfill(config, spark, output, before, state, change, pipeline)
+    steps = _Backfill(config, spark, output, before, state, change, pipeline)
     try:
         with staged_directory(output) as staging:
-            run.staging = staging
+            steps.staging = staging
             with timer(COMPUTE) as stage:
-                stage.summary = run.compute()
+                stage.summary = steps.compute()
             with timer(EXAMPLES) as stage:
-                stage.summary = run.examples()
+                stage.summary = steps.examples()
             tfrecord = None
             if config.tfrecord.enabled:
                 with timer(TFRECORDS) as stage:
-                    tfrecord = write_tfrecords(spark, run.specs, config, staging,
+                    tfrecord = write_tfrecords(spark, steps.specs, config, staging,
                                                before["split"])
                     stage.summary = (f"{sum(f['rows'] for f in tfrecord['files']):,} rows in "
                                      f"{len(tfrecord['files'])} files")
             with timer(AGGREGATION_FILES) as stage:
-                stage.summary = run.aggregation_files()
+                stage.summary = steps.aggregation_files()
             with timer(PROFILE) as stage:
-                stage.summary = run.profile().summary()
+                stage.summary = steps.profile().summary()
             with timer(STATE) as stage:
-                run.link_the_rest()
-                metadata = run.metadata(tfrecord, timer.seconds,
+                steps.link_the_rest()
+                metadata = steps.metadata(tfrecord, timer.seconds,
                                         time.perf_counter() - started)
                 stage.summary = f"{len(change.changed)} computed, {len(change.removed)} dropped"
     finally:
-        pipeline.release()
-        for frame in run.cached:
-            frame.unpersist()
+        steps.release()
     progress(f"wrote {output}")
     return JobResult(output, metadata)
 
@@ -220,7 +227,6 @@ class _Backfill:
         self.config, self.spark, self.output = config, spark, output
         self.before, self.state, self.change, self.pipeline = before, state, change, pipeline
         self.staging = Path()
-        self.cached: list[DataFrame] = []
         # Written by this run: the output's paths (relative) not to link from the old one.
         self.written: set[str] = {METADATA_FILE, "examples", "tfrecord", PROFILE_FILE,
                                   REFERENCE_PROFILE_FILE, REPORT_FILE, METRICS_FILE,
@@ -236,6 +242,12 @@ class _Backfill:
         self.required: list[StructField] = []
         self.specs: list[FeatureSpec] = []
         self.new_columns: list[str] = []
+
+    def release(self) -> None:
+        """Free what the ops cached."""
+        self.pipeline.release()
+        if self.aggregations is not None:
+            self.aggregations.release()
 
     # --- compute -----------------------------------------------------------------------
 
@@ -326,7 +338,7 @@ class _Backfill:
         both = F.struct(*columns)
         per_key = reread(values.groupBy(*KEYS).agg(F.min(both).alias(_LOW),
                                                   F.max(both).alias(_HIGH)),
-                         self.staging / _WORK, files=None)
+                         self.staging / WORK_DIR / "values", files=None)
         clash = per_key.where(~F.col(_LOW).eqNullSafe(F.col(_HIGH))).select(*KEYS).first()
         if clash is not None:
             raise IncompatibleStateError(
@@ -351,7 +363,7 @@ class _Backfill:
             examples = examples.join(self.values, list(KEYS), "left").withColumns(
                 {f.name: required(F.col(f.name), f.dataType) for f in self.required})
         write_examples(examples, self.specs, self.config, self.staging / "examples")
-        shutil.rmtree(self.staging / _WORK, ignore_errors=True)
+        shutil.rmtree(self.staging / WORK_DIR, ignore_errors=True)
         return (f"{len(self.new_columns)} column(s) written, {len(stale - set(self.new_columns))}"
                 " dropped")
 

@@ -110,10 +110,11 @@ def run_job(path: str | None = None, input_path: str | None = None,
 
     spark = build_session(config.spark, from_profile=not submitted)
     if config.mode == "incremental":
-        from featureline.etl.spec_change import backfill_if_changed
+        from featureline.etl.spec_change import run_incremental
 
-        backfill_if_changed(config, spark, progress)
-    result = job.run(config, spark, progress=progress)
+        result = run_incremental(config, spark, progress)
+    else:
+        result = job.run(config, spark, progress=progress)
     return FinishedRun(Path(result.output),
                        Metadata.parse(result.metadata, str(result.output)))
 

@@ -173,23 +173,34 @@ def runs(spark, small_log, tmp_path_factory):
                                    "tiles/user_recent/value_max_30d",
                                    "tiles/item_recent/value_sum_7d"])
 def test_every_table_equals_the_full_runs(runs, table):
-    ours, theirs = (_table(runs[name].output / table) for name in ("incremental", "full"))
-    assert ours.num_rows > 0
+    ours = same_table(runs["incremental"].output, runs["full"].output, table)
     if table == "examples":
         assert {"user_recent__count_1d", "item_recent__value_sum_7d"} <= set(ours.column_names)
+
+
+def same_table(ours: Path, theirs: Path, table: str) -> pa.Table:
+    """Assert the ``table`` of two outputs holds the same rows (and is not empty); ours."""
+    mine, other = _table(ours / table), _table(theirs / table)
+    assert mine.num_rows > 0
     # Names, types and nullability (what a file's reader sees as required).
-    assert ([(f.name, f.type, f.nullable) for f in ours.schema]
-            == [(f.name, f.type, f.nullable) for f in theirs.schema])
+    assert ([(f.name, f.type, f.nullable) for f in mine.schema]
+            == [(f.name, f.type, f.nullable) for f in other.schema])
     if table.startswith(("aggregations/", "tiles/")):
         # Sums of doubles: a tile's is summed in another order by the other run's plan.
-        assert ours.to_pylist() == [pytest.approx(row, rel=1e-12)
-                                    for row in theirs.to_pylist()], table
+        assert mine.to_pylist() == [pytest.approx(row, rel=1e-12)
+                                    for row in other.to_pylist()], table
     else:
-        assert ours.to_pylist() == theirs.to_pylist(), table
+        assert mine.to_pylist() == other.to_pylist(), table
+    return mine
 
 
 def test_tfrecords_and_metadata_equal_the_full_runs(runs):
-    ours, theirs = runs["incremental"], runs["full"]
+    same_records_and_metadata(runs["incremental"], runs["full"])
+
+
+def same_records_and_metadata(ours: job.JobResult, theirs: job.JobResult) -> None:
+    """Assert two runs wrote the same TFRecords (byte for byte), metadata.json (less what
+    differs from run to run) and profile."""
     for path in sorted((theirs.output / "tfrecord").rglob("*")):
         if path.is_file():
             relative = path.relative_to(theirs.output)

@@ -12,9 +12,16 @@ import pytest
 from featureline.etl import job
 from featureline.etl.config import EtlConfig
 from featureline.etl.incremental import STATE_DIR, read_state
-from featureline.etl.spec_change import backfill_if_changed, spec_change
+from featureline.etl.spec_change import backfill_if_changed, run_incremental, spec_change
 from tests.job_config import make_config
-from tests.test_incremental import AGGREGATIONS, _comparable, _profile, _same, _table
+from tests.test_incremental import (
+    AGGREGATIONS,
+    NEW_DAYS,
+    _split_log,
+    _table,
+    same_records_and_metadata,
+    same_table,
+)
 
 # A full run and the backfill after it, then a full run with the new spec (~2 min on 2 cores).
 pytestmark = pytest.mark.slow
@@ -47,23 +54,24 @@ def changed(spark, small_log, tmp_path_factory):
     """The old spec's full run, a copy of it brought to the new spec, and the new spec's full
     run over the same log."""
     root = tmp_path_factory.mktemp("spec-change")
-    before = job.run(_config(root, small_log, "before", AGGREGATIONS, BEFORE_DERIVE), spark,
+    files = _split_log(small_log, root / "raw")
+    before = job.run(_config(root, files["old"], "before", AGGREGATIONS, BEFORE_DERIVE), spark,
                      progress=lambda _: None)
     output = root / "backfilled"
     shutil.copytree(before.output, output)
     inodes = {path.relative_to(output): path.stat().st_ino for path in output.rglob("*")
               if path.is_file()}
-    config = _config(root, small_log, "ignored", AFTER, AFTER_DERIVE, mode="incremental")
+    config = _config(root, files["old"], "ignored", AFTER, AFTER_DERIVE, mode="incremental")
     config = config.model_copy(update={"output": config.output.model_copy(
         update={"path": str(output)})})
     lines: list[str] = []
     state = read_state(output)
     found = spec_change(state, config)
     backfilled = backfill_if_changed(config, spark, lines.append)
-    full = job.run(_config(root, small_log, "full", AFTER, AFTER_DERIVE), spark,
+    full = job.run(_config(root, files["old"], "full", AFTER, AFTER_DERIVE), spark,
                    progress=lambda _: None)
     return {"before": before, "backfilled": backfilled, "full": full, "change": found,
-            "lines": lines, "config": config, "inodes": inodes}
+            "lines": lines, "config": config, "inodes": inodes, "files": files}
 
 
 def test_the_change_names_what_was_added_changed_and_removed(changed):
@@ -85,26 +93,12 @@ def test_the_change_names_what_was_added_changed_and_removed(changed):
     "tiles/user_recent/label_mean_all", "tiles/item_day/count_1d", "tiles/item_hour/count_1h",
     "entities/user", f"{STATE_DIR}/events"])
 def test_every_table_equals_the_new_specs_full_run(changed, table):
-    ours, theirs = (_table(changed[name].output / table) for name in ("backfilled", "full"))
-    assert ours.num_rows > 0
-    assert ([(f.name, f.type, f.nullable) for f in ours.schema]
-            == [(f.name, f.type, f.nullable) for f in theirs.schema])
-    if table.startswith(("aggregations/", "tiles/")):
-        assert ours.to_pylist() == [pytest.approx(row, rel=1e-12)
-                                    for row in theirs.to_pylist()], table
-    else:
-        assert ours.to_pylist() == theirs.to_pylist(), table
+    same_table(changed["backfilled"].output, changed["full"].output, table)
 
 
 def test_tfrecords_metadata_and_profile_equal_the_full_runs(changed):
-    ours, theirs = changed["backfilled"], changed["full"]
-    for path in sorted((theirs.output / "tfrecord").rglob("*")):
-        if path.is_file():
-            relative = path.relative_to(theirs.output)
-            assert (ours.output / relative).read_bytes() == path.read_bytes(), relative
-    _same(_comparable(ours.metadata), _comparable(theirs.metadata))
-    _same(_profile(ours.output), _profile(theirs.output))
-    assert ours.metadata["mode"] == "backfill"
+    same_records_and_metadata(changed["backfilled"], changed["full"])
+    assert changed["backfilled"].metadata["mode"] == "backfill"
 
 
 def test_removed_outputs_are_gone_and_kept_files_are_linked(changed):
@@ -126,8 +120,19 @@ def test_removed_outputs_are_gone_and_kept_files_are_linked(changed):
     assert rewritten and not any(f in changed["inodes"] for f in rewritten)
 
 
-def test_the_state_takes_the_new_spec_and_a_second_backfill_has_nothing_to_do(changed, spark):
+def test_the_state_takes_the_new_spec_and_the_next_day_extends_it(changed, spark):
     config = changed["config"]
-    state = read_state(changed["backfilled"].output)
-    assert spec_change(state, config) is None
+    output = changed["backfilled"].output
+    assert spec_change(read_state(output), config) is None
     assert backfill_if_changed(config, spark, lambda _: None) is None
+    # The day's run after it: nothing left to backfill; the new days' rows get the new
+    # features.
+    lines: list[str] = []
+    day = run_incremental(config.model_copy(update={"source": config.source.model_copy(
+        update={"path": str(changed["files"]["new"])})}), spark, lines.append)
+    assert not any(line.startswith("spec change") for line in lines)
+    examples = _table(day.output / "examples").to_pylist()
+    new_days = [row for row in examples if str(row["day"]) in NEW_DAYS]
+    assert new_days and len(examples) > len(new_days)
+    rates = [row["click_rate"] for row in new_days if not row["click_rate_missing"]]
+    assert len(rates) > len(new_days) / 2 and len(set(rates)) > 10
