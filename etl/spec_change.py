@@ -19,11 +19,14 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField
@@ -352,7 +355,15 @@ class _Backfill:
 
     def examples(self) -> str:
         """The output's examples with the changed columns joined on, the removed dropped,
-        every column in the spec's order."""
+        every column in the spec's order. Where none is joined on, each file is copied less
+        the removed columns, its rows and row groups as they are (no Spark job)."""
+        if self.values is None:
+            columns = [*KEYS, *(s.name for s in self.specs), LABEL]
+            files = sorted((self.output / "examples").rglob("*.parquet"))
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                list(pool.map(lambda file: _with_columns(
+                    file, self.staging / file.relative_to(self.output), columns), files))
+            return f"{len(files)} files copied with {len(columns)} columns"
         examples = read_as_written(self.spark, self.output / "examples").drop(EXAMPLE_DAY)
         stale = set(self.new_columns) | {name for name in examples.columns
                                          if name not in {s.name for s in self.specs}
@@ -572,6 +583,37 @@ def _reads_op_features(pipeline: FeaturePipeline, config: EtlConfig,
               for spec in op.features()}
     return any(references(spec.tree) & fitted for spec in config.derive
                if spec.name in derived)
+
+
+# Where Spark's Parquet writer keeps a file's schema (its types, which Parquet's do not all
+# tell apart).
+_SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def _with_columns(source: Path, target: Path, columns: list[str]) -> None:
+    """A copy of the Parquet file ``source`` at ``target`` holding only ``columns``, in that
+    order: each row group as it is, the schema Spark wrote kept for those columns."""
+    read = pq.ParquetFile(source)
+    schema = read.schema_arrow
+    metadata = dict(schema.metadata or {})
+    if _SPARK_SCHEMA in metadata:
+        spark_schema = json.loads(metadata[_SPARK_SCHEMA])
+        fields = {field["name"]: field for field in spark_schema["fields"]}
+        spark_schema["fields"] = [fields[name] for name in columns]
+        metadata[_SPARK_SCHEMA] = json.dumps(spark_schema).encode()
+    kept = pa.schema([schema.field(name) for name in columns], metadata=metadata)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    first = read.metadata.row_group(0) if read.metadata.num_row_groups else None
+    chunks = [first.column(index) for index in range(first.num_columns)] if first else []
+    # Spark's timestamps as it wrote them (INT96 by default), and its compression.
+    with pq.ParquetWriter(
+            target, kept, compression=chunks[0].compression.lower() if chunks else "snappy",
+            use_deprecated_int96_timestamps=any(c.physical_type == "INT96" for c in chunks),
+    ) as writer:
+        for index in range(read.num_row_groups):
+            writer.write_table(read.read_row_group(index, columns=columns).select(columns)
+                               .cast(kept), row_group_size=read.metadata.row_group(
+                                   index).num_rows or None)
 
 
 def _files(folder: Path) -> Iterator[Path]:

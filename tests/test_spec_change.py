@@ -7,12 +7,15 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from featureline.etl import job
 from featureline.etl.config import EtlConfig
 from featureline.etl.incremental import STATE_DIR, read_state
 from featureline.etl.spec_change import backfill_if_changed, run_incremental, spec_change
+from featureline.etl.tfrecord.reader import read_numpy
 from tests.job_config import make_config
 from tests.test_incremental import (
     AGGREGATIONS,
@@ -136,3 +139,31 @@ def test_the_state_takes_the_new_spec_and_the_next_day_extends_it(changed, spark
     assert new_days and len(examples) > len(new_days)
     rates = [row["click_rate"] for row in new_days if not row["click_rate_missing"]]
     assert len(rates) > len(new_days) / 2 and len(set(rates)) > 10
+
+
+def test_a_removal_copies_each_examples_file_less_its_columns(changed, spark, tmp_path):
+    """Outputs removed only: every examples file copied less their columns, its rows in
+    their order; the TFRecords hold the same rows as the new spec's full run's, less them."""
+    source, output = changed["full"].output, tmp_path / "removed"
+    shutil.copytree(source, output)
+    config = _config(tmp_path, changed["files"]["old"], "ignored", AFTER[:2], BEFORE_DERIVE,
+                     mode="incremental")
+    config = config.model_copy(update={"output": config.output.model_copy(
+        update={"path": str(output)})})
+    lines: list[str] = []
+    result = backfill_if_changed(config, spark, lines.append)
+    assert result is not None
+    assert lines[0] == "spec change: removed click_rate, item_day:count_1d"
+    dropped = ["item_day__count_1d", "click_rate", "click_rate_missing"]
+    for old in sorted((source / "examples").rglob("*.parquet")):
+        ours, theirs = pq.read_table(output / old.relative_to(source)), pq.read_table(old)
+        assert ours.schema == theirs.drop_columns(dropped).schema
+        assert ours.equals(theirs.drop_columns(dropped))
+    assert spark.read.parquet(str(output / "examples")).columns == [
+        c for c in spark.read.parquet(str(source / "examples")).columns if c not in dropped]
+    for split in ("train", "valid"):
+        ours, theirs = read_numpy(output, split), read_numpy(source, split)
+        assert set(ours) == set(theirs) - set(dropped) and len(ours["label"]) > 0
+        for name, values in ours.items():
+            assert np.array_equal(values, theirs[name]), name
+    assert not (output / "aggregations/item_day").exists()
