@@ -938,6 +938,21 @@ class Checked:
         return verdict([m.breach() for m in self.breaches], self.reference)
 
 
+def newest_profiles(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
+                    rows: dict[str, Any], config: EtlConfig, staging: Path,
+                    every_day: dict[str, int], days: int = 1) -> list[dict[str, Any]]:
+    """The profiles of the ``days`` newest days of ``every_day`` (their events among
+    ``events``, their examples the ones written under ``staging``), oldest first; the newest
+    written as the run's profile."""
+    profiled = sorted(every_day)[-days:]
+    examples = read_as_written(spark, staging / "examples").where(
+        F.col(EXAMPLE_DAY) >= F.lit(profiled[0]).cast("date"))
+    found = profiles(events, examples, len(profiled), rows=rows, day_counts=every_day,
+                     **profile_columns(config, [s.to_json() for s in specs]))
+    write_json(found[-1], staging / PROFILE_FILE)
+    return found
+
+
 def profile_and_check(spark: SparkSession, events: DataFrame, specs: list[FeatureSpec],
                        rows: dict[str, Any], config: EtlConfig, staging: Path,
                        output: Path, counts: dict[str, int] | None = None) -> Checked:
@@ -957,13 +972,8 @@ def profile_and_check(spark: SparkSession, events: DataFrame, specs: list[Featur
     # profiled with it, the days before that by their totals (core/drift_window.py). Its own
     # day is not checked: nothing is served yet, and its newest day may be a partial one.
     seeding = not carried and checks.enabled and len(totals) > 1
-    profiled = sorted(every_day)[-2 if seeding else -1:]
-    examples = read_as_written(spark, staging / "examples").where(
-        F.col(EXAMPLE_DAY) >= F.lit(profiled[0]).cast("date"))
-    *earlier, run_profile = profiles(events, examples, len(profiled), rows=this_run,
-                                     day_counts=every_day,
-                                     **profile_columns(config, [s.to_json() for s in specs]))
-    write_json(run_profile, staging / PROFILE_FILE)
+    *earlier, run_profile = newest_profiles(spark, events, specs, this_run, config, staging,
+                                            every_day, 2 if seeding else 1)
     if seeding:
         carried = [*seeded_totals(totals, earlier[0]["day"], this_run), *earlier]
     # The replaced output's days up to this run's; a pinned baseline's as they are.

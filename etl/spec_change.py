@@ -35,12 +35,8 @@ from featureline.core import __version__
 from featureline.core.aggregations import AggregateFeature, GroupSpec
 from featureline.core.derive import references
 from featureline.core.drift import (
-    METRICS_FILE,
     PROFILE_FILE,
-    REFERENCE_PROFILE_FILE,
-    REPORT_FILE,
 )
-from featureline.core.drift_window import PROFILES_DIR
 from featureline.core.files import staged_directory
 from featureline.core.metadata import (
     AGGREGATIONS_DIR,
@@ -90,7 +86,7 @@ from featureline.etl.job import (
     JobResult,
     StageTimer,
     day_partials_read,
-    profile_and_check,
+    newest_profiles,
     run,
     split_column,
     state_columns,
@@ -198,7 +194,7 @@ def backfill(config: EtlConfig, spark: SparkSession, state: State, change: SpecC
             with timer(AGGREGATION_FILES) as stage:
                 stage.summary = steps.aggregation_files()
             with timer(PROFILE) as stage:
-                stage.summary = steps.profile().summary()
+                stage.summary = steps.profile()
             with timer(STATE) as stage:
                 steps.link_the_rest()
                 metadata = steps.metadata(tfrecord, timer.seconds,
@@ -232,9 +228,7 @@ class _Backfill:
         self.staging = Path()
         # Written by this run: the output's paths (relative) not to link from the old one.
         self.written: set[str] = {METADATA_FILE, "examples", "tfrecord", PROFILE_FILE,
-                                  REFERENCE_PROFILE_FILE, REPORT_FILE, METRICS_FILE,
-                                  PROFILES_DIR, f"{ARTIFACTS_DIR}/stats.json",
-                                  f"{STATE_DIR}/{STATE_FILE}"}
+                                  f"{ARTIFACTS_DIR}/stats.json", f"{STATE_DIR}/{STATE_FILE}"}
         self.old_groups = _old_groups(before, state)
         # Groups whose snapshot days move (their longest window changed): computed whole.
         self.whole = {group.name for group in config.aggregations
@@ -485,14 +479,17 @@ class _Backfill:
 
     # --- the rest ----------------------------------------------------------------------
 
-    def profile(self) -> Any:
-        """The validation gate's profile of the newest day, its features the spec's."""
+    def profile(self) -> str:
+        """The newest day's profile, its features the spec's. The validation gate's window,
+        reference, report and verdict stay the output's: a backfill adds no day to check."""
         midnight = self.state.latest.replace(hour=0, minute=0, second=0, microsecond=0)
         newest = stored_events(self.spark, self.state,
                                [*ingest.event_columns(self.config), LABEL], since=midnight)
-        return profile_and_check(self.spark, newest, self.specs, self.before["rows"],
-                                 self.config, self.staging, self.output,
-                                 day_counts(self.state, newest.limit(0)))
+        rows = self.before["rows"]
+        (profile,) = newest_profiles(self.spark, newest, self.specs,
+                                     rows.get("this_run", rows), self.config, self.staging,
+                                     day_counts(self.state, newest.limit(0)))
+        return f"{profile['day']} profiled; the checks' window kept"
 
     def link_the_rest(self) -> None:
         """Every file of the output this run did not write, linked."""

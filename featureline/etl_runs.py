@@ -127,7 +127,7 @@ def backfill(path: str | None = None, output: str | None = None, profile: str | 
     from featureline.etl.session import build_session, spark_properties
     from featureline.etl.spec_change import backfill_if_changed
 
-    config = loaded_config(path, output=output, profile=profile, incremental=True)
+    config = loaded_config(path, output=output, profile=profile)
     spark_properties(config.spark, from_profile=True)
     spark = build_session(config.spark, from_profile=True)
     result = backfill_if_changed(config, spark, progress)
