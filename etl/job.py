@@ -595,11 +595,17 @@ def _write_day_partials(aggregations: Aggregations, staging: Path, previous: Pat
         if aggregations.since is not None:
             link_table_days(day_partials_folder(previous, group.name), folder,
                             (_midnight(aggregations.since) - timedelta(days=1)).date())
-        write_parquet_days(frame.select(
-            F.timestamp_micros(TS_MICROS).alias(PARTIALS_DAY),
-            *(c for c in frame.columns if c != TS_MICROS)), folder, PARTIALS_DAY, *group.keys)
-        written[group.name] = day_partials_read(frame.sparkSession, folder)
+        written[group.name] = write_partial_days(frame, folder, group.keys)
     return written
+
+
+def write_partial_days(frame: DataFrame, folder: Path, keys: Sequence[str]) -> DataFrame:
+    """A group's day partials (each day's start as ``TS_MICROS``) written into ``folder``, a
+    file per day; every day's there, read back."""
+    write_parquet_days(frame.select(
+        F.timestamp_micros(TS_MICROS).alias(PARTIALS_DAY),
+        *(c for c in frame.columns if c != TS_MICROS)), folder, PARTIALS_DAY, *keys)
+    return day_partials_read(frame.sparkSession, folder)
 
 
 def _count_from_output(pipeline: FeaturePipeline, previous: PreviousVocabularies | None,
@@ -1330,13 +1336,17 @@ def _versions(config: EtlConfig, pipeline: FeaturePipeline,
         for column, version in categorify.versions.items():
             vocabularies[column] = lineage_entry(version, lineages.get(column),
                                                  f"{VOCABULARY_DIR}/{column}")
-    run_id = f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
     return {
         "vocabularies": vocabularies,
-        "dataset": {"version": run_id, "config_hash": config.hash(),
+        "dataset": {"version": run_id(), "config_hash": config.hash(),
                     "vocabularies": {c: v["version"] for c, v in vocabularies.items()},
                     "extends": str(previous.output) if previous is not None else None},
     }
+
+
+def run_id() -> str:
+    """A run's own dataset version: when it started (UTC) and a random suffix."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
 
 
 def _join_entry(config: EtlConfig) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -81,17 +80,18 @@ from featureline.etl.incremental import (
 )
 from featureline.etl.job import (
     KEYS,
-    PARTIALS_DAY,
     SPARK_TYPES,
     JobResult,
     StageTimer,
     day_partials_read,
     newest_profiles,
     run,
+    run_id,
     split_column,
     state_columns,
     table_schema,
     write_examples,
+    write_partial_days,
     write_tfrecords,
 )
 from featureline.etl.outputs import (
@@ -239,6 +239,8 @@ class _Backfill:
         self.required: list[StructField] = []
         self.specs: list[FeatureSpec] = []
         self.new_columns: list[str] = []
+        # metadata.json's ``aggregations``: each group's snapshot table.
+        self.tables: dict[str, Any] = {}
 
     def release(self) -> None:
         """Free what the ops cached."""
@@ -362,11 +364,9 @@ class _Backfill:
         stale = set(self.new_columns) | {name for name in examples.columns
                                          if name not in {s.name for s in self.specs}
                                          and name not in (*KEYS, LABEL, SPLIT)}
-        examples = examples.drop(*stale)
-        if self.values is not None:
-            # As a full run's: a value never missing is declared so (the join would not).
-            examples = examples.join(self.values, list(KEYS), "left").withColumns(
-                {f.name: required(F.col(f.name), f.dataType) for f in self.required})
+        # As a full run's: a value never missing is declared so (the join would not).
+        examples = examples.drop(*stale).join(self.values, list(KEYS), "left").withColumns(
+            {f.name: required(F.col(f.name), f.dataType) for f in self.required})
         write_examples(examples, self.specs, self.config, self.staging / "examples")
         shutil.rmtree(self.staging / WORK_DIR, ignore_errors=True)
         return (f"{len(self.new_columns)} column(s) written, {len(stale - set(self.new_columns))}"
@@ -378,40 +378,26 @@ class _Backfill:
         """Each changed group's snapshots and day partials written again (those of a group
         whose snapshot days moved: written whole), the changed outputs' tiles written; a
         removed group's dropped."""
-        touched = {name.partition(":")[0] for name in (*self.change.changed,
-                                                       *self.change.removed) if ":" in name}
-        groups = {*self.old_groups, *touched}
-        self.written |= {f"{AGGREGATIONS_DIR}/{g}" for g in groups}
-        self.written |= {f"{STATE_DIR}/{DAY_PARTIALS_DIR}/{g}" for g in groups}
-        self.written |= {f"{TILES_DIR}/{g}/{f.output}" for g in self.old_groups
-                         for f in self.old_groups[g].outputs()}
-        self.tables: dict[str, Any] = {}
+        outputs = [name.partition(":") for name in (*self.change.changed,
+                                                    *self.change.removed) if ":" in name]
+        touched = {group for group, _, _ in outputs}
+        # The other groups' files, and the touched groups' other tiles, are linked.
+        self.written |= {f"{AGGREGATIONS_DIR}/{g}" for g in touched}
+        self.written |= {f"{STATE_DIR}/{DAY_PARTIALS_DIR}/{g}" for g in touched}
+        self.written |= {f"{TILES_DIR}/{g}/{output}" for g, _, output in outputs}
         for group in self.config.aggregations:
             if group.name in touched:
                 self._group_files(group)
             else:
-                self._link_group(group)
+                self.tables[group.name] = self.before["aggregations"][group.name]
         return (f"{len(touched)} group(s) written again, "
                 f"{len(set(self.old_groups) - {g.name for g in self.config.aggregations})}"
                 " dropped")
-
-    def _link_group(self, group: GroupSpec) -> None:
-        """An unchanged group's snapshots, day partials and tiles: the output's."""
-        for relative in (f"{AGGREGATIONS_DIR}/{group.name}",
-                         f"{STATE_DIR}/{DAY_PARTIALS_DIR}/{group.name}",
-                         *(f"{TILES_DIR}/{group.name}/{f.output}" for f in group.outputs())):
-            if (self.output / relative).exists():
-                _link_tree(self.output / relative, self.staging / relative)
-        self.tables[group.name] = self.before["aggregations"][group.name]
 
     def _group_files(self, group: GroupSpec) -> None:
         """A changed group's snapshots, day partials and tiles."""
         changed = [f for f in group.outputs() if f.qualified in self.change.changed]
         days = self._day_partials(group, changed)
-        for feature in group.outputs():
-            relative = f"{TILES_DIR}/{group.name}/{feature.output}"
-            if feature not in changed:
-                _link_tree(self.output / relative, self.staging / relative)
         aggregations = self.aggregations
         if changed:
             assert aggregations is not None
@@ -465,17 +451,13 @@ class _Backfill:
         if any(f in changed for f in on) or not day_partials_folder(
                 self.output, group.name).is_dir():
             assert self.aggregations is not None
-            frame = self.aggregations.day_partials[group.name].select(
-                F.timestamp_micros(TS_MICROS).alias(PARTIALS_DAY),
-                *(c for c in self.aggregations.day_partials[group.name].columns
-                  if c != TS_MICROS))
+            frame = self.aggregations.day_partials[group.name]
         else:
-            old = read_as_written(self.spark, day_partials_folder(self.output, group.name))
+            old = day_partials_read(self.spark, day_partials_folder(self.output, group.name))
             prefixes = tuple(f"{f.column_name}__" for f in on)
-            frame = old.select(PARTIALS_DAY, *group.keys,
+            frame = old.select(TS_MICROS, *group.keys,
                                *(c for c in old.columns if c.startswith(prefixes)))
-        write_parquet_days(frame, folder, PARTIALS_DAY, *group.keys)
-        return day_partials_read(self.spark, folder)
+        return write_partial_days(frame, folder, group.keys)
 
     # --- the rest ----------------------------------------------------------------------
 
@@ -528,8 +510,7 @@ class _Backfill:
             "fit": {**before["fit"], "values_hash": values_hash(config)},
             "tiles": tiles, "inputs": inputs.model_dump(mode="json"),
             "dataset": {**before["dataset"], "config_hash": config.hash(),
-                        "version": f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-"
-                                   f"{uuid.uuid4().hex[:8]}", "extends": str(self.output)},
+                        "version": run_id(), "extends": str(self.output)},
         }
         if tfrecord is not None:
             metadata["tfrecord"] = tfrecord
@@ -617,11 +598,3 @@ def _files(folder: Path) -> Iterator[Path]:
     for root, _, names in os.walk(folder):
         for name in names:
             yield Path(root) / name
-
-
-def _link_tree(source: Path, target: Path) -> None:
-    """Every file under ``source`` linked under ``target`` (``link_or_copy``)."""
-    for file in _files(source):
-        destination = target / file.relative_to(source)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        link_or_copy(file, destination)
