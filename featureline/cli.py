@@ -26,7 +26,13 @@ from featureline.core.metadata import present
 from featureline.core.redis import REDIS_URL_ENV, redact
 from featureline.etl.stages import INPUT_FORMATS
 from featureline.etl_runs import exit_if_refused, progress, run_job, summary
-from featureline.options import config_option, data_option, job_options
+from featureline.options import (
+    config_option,
+    data_option,
+    job_options,
+    output_option,
+    profile_option,
+)
 from featureline.serving import CONFIG_ENV, DEFAULT_CONFIG, config_path
 
 if TYPE_CHECKING:
@@ -120,9 +126,8 @@ def etl_run(**options: str | None) -> None:
 
 @etl.command("backfill")
 @config_option
-@click.option("--output", help="Output folder (overrides output.path)")
-@click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
-              help="Spark profile: spark_conf/<profile>.conf")
+@output_option
+@profile_option
 def etl_backfill(path: str | None, output: str | None, profile: str | None) -> None:
     """Bring an output to the configuration's aggregations and derived features without new
     events: the new and changed ones computed over its stored events, the removed dropped,

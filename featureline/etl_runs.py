@@ -124,20 +124,22 @@ def backfill(path: str | None = None, output: str | None = None, profile: str | 
     """Bring an output to the configuration's ``aggregations:`` and ``derive:`` without new
     events: the new and changed outputs computed over its stored events, the removed ones
     dropped (None: its spec is the configuration's already)."""
+    from featureline.etl.incremental import check_compatible, read_state
+    from featureline.etl.outputs import local_path
     from featureline.etl.session import build_session, spark_properties
-    from featureline.etl.spec_change import backfill_if_changed
+    from featureline.etl.spec_change import backfill as backfill_spec
+    from featureline.etl.spec_change import spec_change
 
     config = loaded_config(path, output=output, profile=profile)
-    spark_properties(config.spark, from_profile=True)
-    spark = build_session(config.spark, from_profile=True)
-    result = backfill_if_changed(config, spark, progress)
-    if result is None:
-        from featureline.etl.incremental import check_compatible, read_state
-        from featureline.etl.outputs import local_path
-
-        folder = local_path(config.output.path)
-        check_compatible(read_state(folder), config, folder)  # names what else differs
+    folder = local_path(config.output.path)
+    state = read_state(folder)
+    change = spec_change(state, config)
+    if change is None:  # decided from state.json, before Spark starts
+        check_compatible(state, config, folder)  # names what else differs
         return None
+    spark_properties(config.spark, from_profile=True)
+    result = backfill_spec(config, build_session(config.spark, from_profile=True), state,
+                           change, progress)
     return FinishedRun(Path(result.output), Metadata.parse(result.metadata, str(result.output)))
 
 

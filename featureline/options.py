@@ -18,6 +18,9 @@ config_option = click.option("--config", "path", type=click.Path(dir_okay=False)
                              help=f"YAML configuration (default: ./{DEFAULT_CONFIG} if present)")
 data_option = click.option("--data", type=click.Path(file_okay=False),
                            help="ETL output folder with metadata.json (default: etl.output.path)")
+output_option = click.option("--output", help="Output folder (overrides output.path)")
+profile_option = click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
+                              help="Spark profile: spark_conf/<profile>.conf")
 
 
 def job_options(command: Command) -> Command:
@@ -28,9 +31,8 @@ def job_options(command: Command) -> Command:
                           "{today} stand for those UTC dates"),
         click.option("--format", "input_format", type=click.Choice(INPUT_FORMATS),
                      help="Raw log format (default: from the file suffix)"),
-        click.option("--output", help="Output folder (overrides output.path)"),
-        click.option("--profile", type=click.Choice(["cpu", "gpu", "k8s-cpu", "k8s-gpu"]),
-                     help="Spark profile: spark_conf/<profile>.conf"),
+        output_option,
+        profile_option,
         click.option("--label", help="Label rule, e.g. 'value >= 4' or "
                                      "'event_type in (click, purchase)'"),
         click.option("--categorical", help="Categorical context columns, comma-separated"),
