@@ -390,9 +390,9 @@ class _Backfill:
                 self._group_files(group)
             else:
                 self.tables[group.name] = self.before["aggregations"][group.name]
-        return (f"{len(touched)} group(s) written again, "
-                f"{len(set(self.old_groups) - {g.name for g in self.config.aggregations})}"
-                " dropped")
+        kept = {group.name for group in self.config.aggregations}
+        return (f"{len(touched & kept)} group(s) written again, "
+                f"{len(set(self.old_groups) - kept)} dropped")
 
     def _group_files(self, group: GroupSpec) -> None:
         """A changed group's snapshots, day partials and tiles."""
