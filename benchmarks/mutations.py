@@ -42,7 +42,7 @@ MUTATIONS = (
              "    return floor_to(t - length + hop - 1, hop)\n",
              ("tests/test_time_rule.py", "tests/test_aggregations.py")),
     Mutation("tile_merge", "two counts' tiles merged by the larger, not the sum",
-             "core/operations.py", "    def merge(self, left: int, right: int) -> int:\n"
+             "core/operations/sums.py", "    def merge(self, left: int, right: int) -> int:\n"
              "        return left + right\n",
              "    def merge(self, left: int, right: int) -> int:\n"
              "        return max(left, right)\n",

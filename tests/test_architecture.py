@@ -47,7 +47,8 @@ SPARK = ("pyspark",)
 # The core modules with a Spark half beside their Python half (the operations, derived
 # features; docs/ARCHITECTURE.md, "Features as definitions"): each imports pyspark inside the Spark
 # half's functions and for type checking, never when it is loaded.
-SPARK_HALVES = {"core/operations.py", "core/derive.py"}
+SPARK_HALVES = {"core/derive.py", *(str(path.relative_to(REPO)) for path
+                                    in (REPO / "core" / "operations").glob("*.py"))}
 
 
 def module_name(path: Path) -> str:
