@@ -15,7 +15,7 @@ The ``all`` window has no start. :func:`hop_seconds` picks the hop: 5 minutes fo
 to a day, an hour up to 14 days, a day beyond; a feature's ``hop`` overrides it, within a
 sixth of its window.
 
-**The engine** (``core/operations.py``). Each operation owns its *partial aggregate* —
+**The engine** (``core/operations/``). Each operation owns its *partial aggregate* —
 ``init`` / ``add`` / ``merge`` / ``finish``, and the same in Spark columns — so the events of
 one hop fold into a *tile*, tiles merge in any order, and the same class serves the batch's
 backfill and tiles, the stream's updates and the API's read-time merge.
@@ -33,11 +33,18 @@ from typing import Annotated, Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from featureline.core import time_rule
 from featureline.core.events import EventContract, LabelSpec, matcher, parse_rule
-from featureline.core.operations import OPERATIONS, Operation, Partial
+from featureline.core.operations import OPERATIONS, Operation, Parameters, Partial
 from featureline.core.settings import Settings, duration_seconds
 from featureline.core.time_rule import MICROS, Time
 
@@ -128,7 +135,7 @@ class FeatureSpec(Settings):
     """One entry of a group's ``features``."""
 
     # The operation: count, sum, mean, variance, min, max, latest (the latest event's time,
-    # µs), last, last_k, approx_distinct (core/operations.py).
+    # µs), last, last_k, approx_distinct (core/operations/).
     op: str
     # The event column it reads (a raw column, or ``label``); count needs none.
     column: str | None = None
@@ -138,10 +145,39 @@ class FeatureSpec(Settings):
     filter: str | None = None
     # Durations (30m, 1h, 7d) or "all"; none: the lifetime, without a suffix.
     windows: list[str] = Field(default_factory=list)
-    # How many values last_k keeps.
-    k: int | None = Field(default=None, ge=1)
     # Overrides the windows' default hop (a sixth of the window at most).
     hop: str | None = None
+    # The operation's parameters (last_k's k), written beside op; its own model types them.
+    params: SerializeAsAny[Parameters] = Field(default_factory=Parameters)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parameters(cls, data: Any) -> Any:
+        """The operation's parameters, written beside ``op``, typed by its model into
+        ``params``; another operation's parameter is an error naming it."""
+        if not isinstance(data, dict) or data.get("op") not in OPERATIONS:
+            return data
+        op = data["op"]
+        model = OPERATIONS[op].parameters
+        given = data.get("params")
+        written = dict(given.model_dump() if isinstance(given, Parameters) else given or {})
+        written.update((key, data[key]) for key in model.model_fields if key in data)
+        for key in data.keys() - cls.model_fields.keys() - written.keys():
+            taking = [name for name, other in OPERATIONS.items()
+                      if key in other.parameters.model_fields]
+            if taking:
+                raise ValueError(f"{key}: {op} takes no {key} ({', '.join(taking)} does)")
+        try:
+            params = model.model_validate(written)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            key = ".".join(map(str, error["loc"]))
+            message = (f"{op} needs {key}" if error["type"] == "missing"
+                       else f"{op} takes no {key}" if error["type"] == "extra_forbidden"
+                       else error["msg"])
+            raise ValueError(f"{key}: {message}") from None
+        kept = {key: value for key, value in data.items() if key not in model.model_fields}
+        return {**kept, "params": params}
 
     @field_validator("op")
     @classmethod
@@ -169,9 +205,6 @@ class FeatureSpec(Settings):
     def _consistent(self) -> FeatureSpec:
         if OPERATIONS[self.op].needs_column and self.column is None:
             raise ValueError(f"column: {self.op} needs a column")
-        if OPERATIONS[self.op].takes_k != (self.k is not None):
-            taking = ", ".join(name for name, op in OPERATIONS.items() if op.takes_k)
-            raise ValueError(f"k: {taking} needs k, and only {taking} takes it")
         if self.name is not None and not NAME.match(self.name):
             raise ValueError(f"name: {self.name!r} must be lower case letters, digits and _")
         for index, window in enumerate(self.windows):
@@ -192,6 +225,11 @@ class FeatureSpec(Settings):
         if not self.windows:
             return [(self.base_name, parse_window(ALL))]
         return [(f"{self.base_name}_{w}", parse_window(w, self.hop)) for w in self.windows]
+
+    def parameters(self) -> dict[str, Any]:
+        """Its parameters, flat, as metadata.json and the outputs' fingerprints hold them
+        (``k`` null for an operation without one)."""
+        return {"k": None, **self.params.model_dump(mode="json")}
 
     def rule(self) -> LabelSpec | None:
         """The filter's rule; None for no filter or ``label``."""
@@ -329,13 +367,14 @@ class AggregateFeature:
         return f"{self.group}__{self.output}"
 
     def operation(self) -> Operation:
-        return operation_of(self.spec.op, self.spec.k)
+        return operation_of(self.spec.op, self.spec.params)
 
 
 @functools.cache
-def operation_of(op: str, k: int | None) -> Operation:
-    """The operation ``op`` (with ``k``): one object per pair, operations hold no state."""
-    return OPERATIONS[op](k)
+def operation_of(op: str, params: Parameters) -> Operation:
+    """The operation ``op`` with its parameters: one object per pair, operations hold no
+    state."""
+    return OPERATIONS[op](params)
 
 
 def event_value(feature: FeatureSpec, event: Mapping[str, Any]) -> Any:

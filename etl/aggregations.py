@@ -35,15 +35,7 @@ from featureline.core.aggregations import LABEL, MICROS, AggregateFeature, Group
 from featureline.core.aggregations import Window as TimeWindow
 from featureline.core.events import LabelSpec, compares_text, label_text
 from featureline.core.metadata import EVENT_TIMESTAMP
-from featureline.core.operations import (
-    HLL_MAX_RANK,
-    PAIR_TS,
-    PAIR_VALUE,
-    ApproxDistinct,
-    Getter,
-    Operation,
-    pair_column,
-)
+from featureline.core.operations import PAIR_TS, PAIR_VALUE, Getter, Operation, pair_column
 from featureline.core.time_rule import DAY, expires, floor_to, next_midnight
 from featureline.etl.features.base import TS_MICROS, hop_start
 
@@ -95,7 +87,7 @@ def _reads_rows_as_events(feature: AggregateFeature, frame: DataFrame) -> None:
     """ValueError for last_k over ``frame``'s rows where they stand for several events
     (``WEIGHT``): its k latest would hold each of them."""
     if feature.operation().reads_each_event and WEIGHT in frame.columns:
-        raise ValueError(f"{feature.qualified}: last_k reads every event, not rows that "
+        raise ValueError(f"{feature.qualified}: {feature.spec.op} reads every event, not rows that "
                          "stand for several")
 
 
@@ -154,7 +146,7 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
     at its day's start (``outputs`` then on days only, :func:`on_days`)."""
     keys = list(group.keys)
     outputs = list(group.outputs() if outputs is None else outputs)
-    own_plan = {"distinct": _distinct_at, "latest": _latest_at}
+    own_plan = {"per_value": _per_value_at, "newest": _newest_at}
     framed = [f for f in outputs if f.operation().plan not in own_plan]
     if anchors is None and not (aligned and framed):
         raise ValueError("group_values: anchors are needed without aligned framed outputs")
@@ -502,32 +494,31 @@ def _recent(keys: Sequence[str], span: int) -> WindowSpec:
     return Window.partitionBy(*keys).orderBy(_AT).rangeBetween(-(span - 1), 0)
 
 
-# approx_distinct's two sums over a key's registers: how many are set, Σ 2^(max rank − rank).
-_SET, _POWERS = "_registers_set", "_rank_powers"
-
-
-def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
-                 feature: AggregateFeature, value: Column) -> DataFrame:
-    """approx_distinct without an anchor per register: a register's greatest rank in the
-    window changes only just after one of its events (``ts + 1``) and where a hop of its
-    events leaves the window (the hop's start + window + hop) — its value there comes from
-    the same two frames as the other operations' (whole hops, the own hop before ``t``).
-    Each change is a difference in the estimate's two sums (registers set, Σ 2^(max rank −
-    rank)); an anchor sums its key's differences up to its time. Rows: the events and those
-    change times, not each anchor once per register its key has (ten times the time at 1M
-    events, benchmarks/README.md)."""
-    register, rank = ApproxDistinct.register_columns(value.cast("string"))
+def _per_value_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
+                  feature: AggregateFeature, value: Column) -> DataFrame:
+    """The per-value plan (approx_distinct's): an operation whose partial is the greatest of
+    one field per value of another (``Operation.per``: a register and its rank), finished
+    from sums of each value's terms (``Operation.value_terms``). Without an anchor per value:
+    a value's greatest in the window changes only just after one of its events (``ts + 1``)
+    and where a hop of its events leaves the window (the hop's start + window + hop) — its
+    greatest there comes from the same two frames as the other operations' (whole hops, the
+    own hop before ``t``). Each change is a difference in the sums of terms; an anchor sums
+    its key's differences up to its time. Rows: the events and those change times, not each
+    anchor once per value its key has (ten times the time at 1M events,
+    benchmarks/README.md)."""
+    operation = feature.operation()
+    assert operation.per is not None
+    state = operation.state_columns(value, F.col(TS_MICROS))
+    register = state.pop(operation.per.name)
+    (rank,) = state.values()
     by_register = [*keys, _REGISTER]
     rows = kept.select(*keys, TS_MICROS, F.col(TS_MICROS).alias(_AT),
                        register.alias(_REGISTER), rank.alias(_RANK), F.lit(_EVENT).alias(_KIND))
     ranked = _ranks_at_changes(rows, by_register, feature.window)
-    # What the register adds to the two sums from each change on, less what it added before.
-    present = F.col(_RANK).isNotNull()
+    # What the value adds to the sums from each change on, less what it added before.
+    added = {f"_agg_terms_{name}": column
+             for name, column in operation.value_terms(F.col(_RANK)).items()}
     zero = F.lit(0).cast("long")
-    # 2^(max rank − rank): a power of two, exact as a double and as a long.
-    added = {_SET: F.when(present, 1).otherwise(0).cast("long"),
-             _POWERS: F.when(present, F.pow(F.lit(2.0), F.lit(HLL_MAX_RANK) - F.col(_RANK))
-                              .cast("long")).otherwise(zero)}
     in_order = Window.partitionBy(*by_register).orderBy(TS_MICROS)
     at_changes = ranked.where(F.col(_KIND) == _ANCHOR).select(
         *by_register, TS_MICROS, *(column.alias(name) for name, column in added.items()))
@@ -541,7 +532,7 @@ def _distinct_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     sums = union.select(*keys, TS_MICROS, _KIND,
                         *(F.sum(name).over(so_far).alias(name) for name in added))
     return sums.where(F.col(_KIND) == _ANCHOR).select(
-        *keys, TS_MICROS, ApproxDistinct.estimate_column(F.col(_SET), F.col(_POWERS))
+        *keys, TS_MICROS, operation.finish_terms(lambda name: F.col(f"_agg_terms_{name}"))
         .alias(feature.column_name))
 
 
@@ -576,17 +567,19 @@ def _ranks_at_changes(rows: DataFrame, by_register: list[str], window: TimeWindo
         F.max(_RANK).over(_before(by_register, hop_column)).alias(_RANK))
 
 
-def _latest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
+def _newest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
                feature: AggregateFeature, value: Column) -> DataFrame:
-    """last and last_k, in memory bounded by ``k`` (1 for last), not by the frame: each
+    """The newest-pairs plan (last's and last_k's): the ``k`` newest (ts, value) pairs
+    before an anchor in its window (``k``: the value's list length, 1 for one value), in
+    memory bounded by ``k``, not by the frame: each
     event carries its key's ``k`` latest (ts, value) pairs up to itself, newest first (its
     own pair and a lag per earlier one in (ts, value) order; last: its own pair), an anchor
     takes those of the latest event before it (the last non-null over its key's rows so
     far), and a window keeps the ones from its start. The ``k`` latest of ``[start, t)``
     are those of the ``k`` latest before ``t`` at or after ``start``: any later event is in
     the window too."""
-    k = feature.spec.k or 1
-    many = feature.operation().takes_k
+    length = feature.operation().list_length()
+    k, many = length or 1, length is not None
     paired = kept.select(*keys, TS_MICROS, pair_column(value, F.col(TS_MICROS)).alias(_PAIRS))
     # (ts, value) order, by plain columns (the RAPIDS Accelerator orders no window by a
     # struct): a value read as a struct (the raw value and its id) by its fields.
@@ -724,14 +717,15 @@ class Lifetime:
 def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before: int,
              prior: Lifetime | None = None) -> Lifetime:
     """The lifetime partials of ``events`` before ``before``, and of ``prior``'s where given
-    (``events`` then read from ``prior.before`` on). ValueError for a group an operation of
-    which has its own plan (last, last_k, approx_distinct): their partials stay in Spark's
-    frames only."""
+    (``events`` then read from ``prior.before`` on). ValueError for a group with an
+    operation the frames plan does not compute (last, last_k, approx_distinct): their
+    partials stay in Spark's frames only."""
     keys = list(group.keys)
     features = [f for f in group.outputs() if f.window.seconds is None]
-    if any(f.operation().plan != "frames" for f in group.outputs()):
+    others = sorted({f.spec.op for f in group.outputs() if f.operation().plan != "frames"})
+    if others:
         raise ValueError(f"{group.name}: lifetime partials of the operations the frames "
-                         "plan computes only (not last, last_k, approx_distinct)")
+                         f"plan computes only (not {', '.join(others)})")
     rows = events if prior is None else events.where(F.col(TS_MICROS) >= prior.before)
     # The events after ``before`` count for nothing (rather than filtered out: a log that
     # starts after ``before`` would leave the aggregate an empty input, which adaptive

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args
 from pydantic import Field, field_validator, model_validator
 
 from featureline.core.aggregations import LABEL as LABEL_COLUMN
-from featureline.core.aggregations import GroupSpec, check_groups
+from featureline.core.aggregations import GroupSpec, check_groups, operation_of
 from featureline.core.derive import DeriveSpec, references
 from featureline.core.drift import ChecksConfig
 from featureline.core.errors import ConfigError
@@ -33,7 +33,6 @@ from featureline.core.events import (
     parse_rule,
 )
 from featureline.core.metadata import DEFAULT_OUTPUT
-from featureline.core.operations import OPERATIONS
 from featureline.core.settings import Duration, Settings, duration_seconds, validate
 from featureline.etl.errors import LabelRuleError
 from featureline.etl.features import OP_SETTINGS
@@ -754,14 +753,16 @@ class EtlConfig(Settings):
 
 def output_fingerprints(config: EtlConfig) -> dict[str, str]:
     """Per aggregation output (``group:output``) and derived feature, a digest of its
-    definition: the group's keys, the operation and its version, the column, filter, ``k``,
-    window and hop; a derived feature's expression and the digests of the outputs it reads."""
+    definition: the group's keys, the operation and its version, the column, filter, the
+    operation's parameters, window and hop; a derived feature's expression and the digests
+    of the outputs it reads."""
     found: dict[str, str] = {}
     for group in config.aggregations:
         for feature in group.outputs():
             found[feature.qualified] = _digest({
                 "keys": group.keys, "version": feature.operation().version,
-                "spec": feature.spec.model_dump(mode="json", exclude={"windows", "name"}),
+                "spec": {**feature.spec.model_dump(mode="json", exclude={
+                    "windows", "name", "params"}), **feature.spec.parameters()},
                 "window": feature.window.text, "hop": feature.window.hop})
     for spec in config.derive:
         found[spec.name] = _digest({"expr": spec.expr, "reads": {
@@ -861,8 +862,8 @@ def check_aggregations(config: EtlConfig) -> None:
     for g, group in enumerate(config.aggregations):
         for f, feature in enumerate(group.features):
             column = feature.column
-            operation = OPERATIONS[feature.op]
-            if operation.takes_k and column in numeric:
+            operation = operation_of(feature.op, feature.params)
+            if operation.ordered and operation.list_length() is not None and column in numeric:
                 raise ConfigError(f"aggregations[{g}].features[{f}].column",
                                   f"{feature.op} keeps ids of a text column; a number's "
                                   "latest values are not an example feature")
@@ -885,7 +886,7 @@ def derive_inputs(config: EtlConfig) -> dict[str, str]:
     numeric = {*config.event_contract().numeric, LABEL_COLUMN}
     for group in config.aggregations:
         for feature in group.outputs():
-            if not feature.operation().takes_k and not (
+            if feature.operation().list_length() is None and not (
                     feature.operation().ordered and feature.spec.column not in numeric):
                 readable[feature.qualified] = feature.column_name
     return readable

@@ -467,8 +467,8 @@ def _show_aggregations(base: str, user: str, features: list[AggregateFeature],
                        echo: Callable[[str], None]) -> None:
     """The user's aggregations once the pushed events are in them, each with when they
     leave its window (the value at the request time: docs/features.md)."""
-    counted = next((f.qualified for f in features
-                    if f.spec.op == "count" and f.spec.filter is None), None)
+    counted = next((f.qualified for f in features if f.operation().counts
+                    and not f.operation().needs_column and f.spec.filter is None), None)
     while time.monotonic() - started < FRESH_TIMEOUT_S:
         after = _first_row(base, _aggregations_body(user, features))
         if counted is None or after[counted] == before[counted] + 3:

@@ -91,7 +91,7 @@ def reference(feature, events, t):
     if op == "last":
         return ordered[0][1] if ordered else None
     if op == "last_k":
-        return [v for _, v in ordered[: spec.k]]
+        return [v for _, v in ordered[: spec.params.k]]
     assert op == "approx_distinct"
     return len(set(values))
 

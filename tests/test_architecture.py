@@ -176,6 +176,53 @@ def test_a_spark_half_imports_spark_only_when_called(tmp_path):
     assert loads_spark(module)
 
 
+def operation_dispatches(path: Path) -> list[str]:
+    """Where a module tells operations apart: its ``op`` compared with an operation's name,
+    ``OPERATIONS`` indexed by one, or an operation's class imported (docs/ARCHITECTURE.md,
+    "Operations"). A spec that uses an operation (``op="count"``) is not one."""
+    import featureline.core.operations as operations
+
+    names = set(operations.OPERATIONS)
+    classes = {op.__name__ for op in operations.OPERATIONS.values()}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Attribute) and o.attr == "op" for o in operands):
+                found += [f"{node.lineno}: compares op with {c.value!r}" for o in operands
+                          for c in ast.walk(o) if isinstance(c, ast.Constant)
+                          and c.value in names]
+        elif (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+              and node.value.id == "OPERATIONS" and isinstance(node.slice, ast.Constant)):
+            found.append(f"{node.lineno}: OPERATIONS[{node.slice.value!r}]")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "featureline.core.operations"):
+            found += [f"{node.lineno}: imports {alias.name}" for alias in node.names
+                      if alias.name in classes]
+    return found
+
+
+def test_no_module_outside_the_operations_tells_operations_apart():
+    """Executors, configuration and features read an operation's flags and methods only."""
+    found = {str(path.relative_to(REPO)): dispatches for package in LAYERS
+             for path in sorted((REPO / package).rglob("*.py"))
+             if "operations" not in path.relative_to(REPO).parts
+             and (dispatches := operation_dispatches(path))}
+    assert found == {}
+
+
+def test_the_operations_check_finds_each_kind_of_dispatch(tmp_path):
+    module = tmp_path / "executor.py"
+    module.write_text("from featureline.core.operations import ApproxDistinct, Operation\n"
+                      "def f(spec, kind):\n"
+                      "    if spec.op in ('last', 'last_k') or kind == 'count':\n"
+                      "        return OPERATIONS['mean']\n"
+                      "    spec = dict(op='count')\n")
+    assert operation_dispatches(module) == [
+        "1: imports ApproxDistinct", "3: compares op with 'last'",
+        "3: compares op with 'last_k'", "4: OPERATIONS['mean']"]
+
+
 def test_the_serving_processes_never_load_pyspark():
     """The API app, its uvicorn factory and Feast's definitions file run without Spark."""
     code = ("import sys, featureline.api.app, featureline.serving; "

@@ -199,7 +199,7 @@ def _as_example(feature, value, ids, described):
     if op in ("last", "last_k") and column in ("item_id", "category"):
         if op == "last":
             return PADDING_ID if value is None else ids[column][value]
-        return [ids[column][v] for v in value] + [PADDING_ID] * (feature.spec.k - len(value))
+        return [ids[column][v] for v in value] + [PADDING_ID] * (feature.spec.params.k - len(value))
     return float(apply([math.nan if value is None else value], described["transform"])[0])
 
 

@@ -28,7 +28,13 @@ from featureline.core.operations.approx_distinct import (
     hll_estimate,
     hll_register,
 )
-from featureline.core.operations.base import Getter, Operation, Partial, PartialField
+from featureline.core.operations.base import (
+    Getter,
+    Operation,
+    Parameters,
+    Partial,
+    PartialField,
+)
 from featureline.core.operations.extremes import Latest, Max, Min
 from featureline.core.operations.last import PAIR_TS, PAIR_VALUE, Last, LastK, pair_column
 from featureline.core.operations.sums import Count, Mean, Sum, Variance
@@ -38,5 +44,5 @@ OPERATIONS: dict[str, type[Operation]] = {
                             ApproxDistinct)}
 
 __all__ = ["HLL_MAX_RANK", "OPERATIONS", "PAIR_TS", "PAIR_VALUE", "XXHASH_SEED",
-           "ApproxDistinct", "Getter", "Operation", "Partial", "PartialField", "hll_estimate",
-           "hll_register", "pair_column"]
+           "ApproxDistinct", "Getter", "Operation", "Parameters", "Partial", "PartialField",
+           "hll_estimate", "hll_register", "pair_column"]

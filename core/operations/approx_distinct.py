@@ -34,13 +34,13 @@ class ApproxDistinct(Operation):
     the batch and the online store agree to the bit in any order (Apache DataSketches'
     union depends on the order of its inputs), and Spark builds the same registers with
     built-in functions the GPU runs. A table of tiles holds a key's registers and their
-    ranks as two lists; the backfill has a plan of its own (a register's rank changes only
+    ranks as two lists; the backfill reads it by the per-value plan (a register's rank changes only
     at its events and where a hop of them leaves the window)."""
 
     name = "approx_distinct"
     fields = (REGISTERS, RANKS)
     reads = "text"
-    plan = "distinct"
+    plan = "per_value"
     counts = True
     per = REGISTERS
 
@@ -89,6 +89,18 @@ class ApproxDistinct(Operation):
 
     def merge_columns(self, partial: Getter) -> Merges:
         return {RANKS.name: (_spark().max(partial(RANKS.name)), _same)}
+
+    def value_terms(self, greatest: Column) -> dict[str, Column]:
+        """A register's terms: 1 for being set, and 2^(max rank − rank) (a power of two,
+        exact as a double and as a long); none without a rank."""
+        F = _spark()
+        present = greatest.isNotNull()
+        return {"set": F.when(present, 1).otherwise(0).cast("long"),
+                "powers": F.when(present, F.pow(F.lit(2.0), F.lit(HLL_MAX_RANK) - greatest)
+                                 .cast("long")).otherwise(F.lit(0).cast("long"))}
+
+    def finish_terms(self, sums: Getter) -> Column:
+        return self.estimate_column(sums("set"), sums("powers"))
 
     @staticmethod
     def register_columns(text: Column) -> tuple[Column, Column]:

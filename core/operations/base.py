@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -69,9 +70,17 @@ COUNT = PartialField("n", "long", pa.int64(), 0)
 SUM = PartialField("s", "double", pa.float64(), 0.0)
 
 
+class Parameters(BaseModel):
+    """An operation's parameters, written beside ``op`` in its feature's spec (last_k's
+    ``k``): none here; an operation that takes some declares their model (unknown keys are
+    errors, values are hashable)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
 class Operation(ABC):
     """One aggregation: its partial's life (init → add … → merge … → finish) in Python and
-    in Spark columns. ``k``: how many values last_k keeps."""
+    in Spark columns, given its :class:`Parameters`."""
 
     name: ClassVar[str]
     # The partial's fields.
@@ -79,16 +88,19 @@ class Operation(ABC):
     # Whether it reads a column (count without one counts events), and of which kind.
     needs_column: ClassVar[bool] = True
     reads: ClassVar[Literal["any", "number", "text"]] = "any"
-    # The backfill's plan: frames over the events and tiles, or a plan of its own.
-    plan: ClassVar[Literal["frames", "latest", "distinct"]] = "frames"
+    # The backfill's plan (etl/aggregations.py): frames over the events and tiles; the
+    # newest (ts, value) pairs before each anchor (``ordered``, a list of ``list_length()``);
+    # or, with ``per``, the greatest of one field per value of the other, finished from sums
+    # of each value's terms (``value_terms``, ``finish_terms``).
+    plan: ClassVar[Literal["frames", "newest", "per_value"]] = "frames"
     # A row standing for w equal events counts w times (count, sums); else any one counts.
     additive: ClassVar[bool] = False
     # It reads values in (ts, value) order: the value read may be a struct that orders first.
     ordered: ClassVar[bool] = False
     # It reads each event: rows that stand for several equal events cannot feed it.
     reads_each_event: ClassVar[bool] = False
-    # It keeps the ``k`` latest values read: its value is a list of ``k`` (its spec's ``k``).
-    takes_k: ClassVar[bool] = False
+    # Its parameters' model.
+    parameters: ClassVar[type[Parameters]] = Parameters
     # Its value counts something (a log1p transform fits it), and it has none without events.
     counts: ClassVar[bool] = False
     may_be_missing: ClassVar[bool] = False
@@ -99,8 +111,12 @@ class Operation(ABC):
     # outputs computed before are told apart (``etl.config.output_fingerprints``).
     version: ClassVar[int] = 1
 
-    def __init__(self, k: int | None = None) -> None:
-        self.k = k
+    def __init__(self, params: Parameters | None = None) -> None:
+        self.params = self.parameters() if params is None else params
+
+    def list_length(self) -> int | None:
+        """The length of its value where that is a list (last_k's ``k``); None: one value."""
+        return None
 
     # --- the Python half ------------------------------------------------------------------
 
@@ -156,6 +172,16 @@ class Operation(ABC):
 
     def finish_column(self, partial: Getter) -> Column:
         """The feature value: the frames plan's."""
+        raise NotImplementedError(f"{self.name}: the backfill's {self.plan} plan")
+
+    def value_terms(self, greatest: Column) -> dict[str, Column]:
+        """What one value of ``per`` adds to the sums its partial is finished from, given its
+        greatest other field (null: none in the window): the per-value plan's."""
+        raise NotImplementedError(f"{self.name}: the backfill's {self.plan} plan")
+
+    def finish_terms(self, sums: Getter) -> Column:
+        """The feature value from the sums of :meth:`value_terms` over the values: the
+        per-value plan's."""
         raise NotImplementedError(f"{self.name}: the backfill's {self.plan} plan")
 
     def exact_in_any_order(self, whole_numbers: bool) -> bool:

@@ -5,7 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from featureline.core.operations.base import Getter, Merges, Operation, PartialField, _spark
+from pydantic import Field
+
+from featureline.core.operations.base import (
+    Getter,
+    Merges,
+    Operation,
+    Parameters,
+    PartialField,
+    _spark,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -25,7 +34,7 @@ class Last(Operation):
 
     name = "last"
     fields = (PAIRS,)
-    plan = "latest"
+    plan = "newest"
     ordered = True
     may_be_missing = True
 
@@ -58,17 +67,33 @@ class Last(Operation):
                              lambda pairs: F.sort_array(pairs, asc=False)[0])}
 
 
+class KeepK(Parameters):
+    """last_k's parameters."""
+
+    # How many values it keeps.
+    k: int = Field(ge=1)
+
+
 class LastK(Operation):
     """Partial: the latest ``k`` [ts, value] pairs, newest first (equal times: the greater
     value first); finished: their values. It reads every event: a row standing for several
     would be each of them."""
 
     name = "last_k"
-    takes_k = True
+    parameters = KeepK
     fields = (PAIRS,)
-    plan = "latest"
+    plan = "newest"
     ordered = True
     reads_each_event = True
+
+    @property
+    def k(self) -> int:
+        """How many values it keeps."""
+        assert isinstance(self.params, KeepK)
+        return self.params.k
+
+    def list_length(self) -> int:
+        return self.k
 
     def init(self) -> list[list[Any]]:
         return []
@@ -97,6 +122,6 @@ class LastK(Operation):
     def latest_column(self, pairs: Column) -> Column:
         """The ``k`` latest of a list of pairs, newest first."""
         F = _spark()
-        return F.slice(F.sort_array(pairs, asc=False), 1, self.k or 1)
+        return F.slice(F.sort_array(pairs, asc=False), 1, self.k)
 
 

@@ -178,9 +178,10 @@ class Aggregations(FeatureOp):
     def _column(self, feature: AggregateFeature) -> Column:
         value = F.col(feature.column_name)
         padding = F.lit(PADDING_ID).cast("long")
-        if feature.operation().takes_k:
+        length = feature.operation().list_length()
+        if length is not None:
             ids = F.transform(value, lambda pair: pair["id"])
-            return F.concat(ids, F.array_repeat(padding, F.lit(feature.spec.k) - F.size(ids)))
+            return F.concat(ids, F.array_repeat(padding, F.lit(length) - F.size(ids)))
         if self._as_ids(feature):
             return F.coalesce(value["id"], padding)
         return value.cast("double")
@@ -197,14 +198,16 @@ class Aggregations(FeatureOp):
             ids = self._as_ids(feature)
             features[feature.column_name] = Source(
                 kind="ids" if ids else "value", group=feature.group, output=feature.output,
-                column=spec.column if ids else None, width=spec.k if ids else None)
+                column=spec.column if ids else None,
+                width=feature.operation().list_length() if ids else None)
         return Served(features)
 
     def _spec(self, feature: AggregateFeature) -> FeatureSpec:
         spec = feature.spec
         described = _description(feature)
-        if feature.operation().takes_k:
-            return FeatureSpec(feature.column_name, "multi_hot", "int64", width=spec.k or 1,
+        length = feature.operation().list_length()
+        if length is not None:
+            return FeatureSpec(feature.column_name, "multi_hot", "int64", width=length,
                                shares=encoded_name(spec.column or ""), aggregation=described)
         if self._as_ids(feature):
             return FeatureSpec(feature.column_name, "categorical", "int64",
@@ -236,5 +239,5 @@ def _description(feature: AggregateFeature) -> dict[str, Any]:
     spec, window = feature.spec, feature.window
     return {"group": feature.group, "keys": list(feature.keys), "feature": feature.output,
             "op": spec.op,
-            "column": spec.column, "filter": spec.filter, "k": spec.k,
+            "column": spec.column, "filter": spec.filter, **spec.parameters(),
             "window": window.text, "window_s": window.seconds, "hop_s": window.hop}

@@ -82,8 +82,9 @@ class History(FeatureOp):
         """The engine's last K items of the user, as ids."""
         return Served({HISTORY: Source(kind="ids", group=USER_INPUTS, output=HISTORY,
                                        column="item_id", width=self.k)},
-                      {USER_INPUTS: [AggregateSpec(op="last_k", column="item_id", k=self.k,
-                                                   name=HISTORY)]})
+                      {USER_INPUTS: [AggregateSpec.model_validate(
+                          {"op": "last_k", "column": "item_id", "k": self.k,
+                           "name": HISTORY})]})
 
     def lookback(self) -> Lookback:
         # The 2K rows before the event's, whichever formulation reads them: their items.
