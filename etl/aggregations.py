@@ -146,7 +146,7 @@ def group_values(events: DataFrame, anchors: DataFrame | None, group: GroupSpec,
     at its day's start (``outputs`` then on days only, :func:`on_days`)."""
     keys = list(group.keys)
     outputs = list(group.outputs() if outputs is None else outputs)
-    own_plan = {"per_value": _per_value_at, "newest": _newest_at}
+    own_plan = {"per_value": _per_value_at, "newest": _newest_at, "oldest": _oldest_at}
     framed = [f for f in outputs if f.operation().plan not in own_plan]
     if anchors is None and not (aligned and framed):
         raise ValueError("group_values: anchors are needed without aligned framed outputs")
@@ -567,6 +567,54 @@ def _ranks_at_changes(rows: DataFrame, by_register: list[str], window: TimeWindo
         F.max(_RANK).over(_before(by_register, hop_column)).alias(_RANK))
 
 
+def _paired(kept: DataFrame, keys: list[str], value: Column) -> tuple[DataFrame, WindowSpec]:
+    """Each event's keys, time and (ts, value) pair, and the key's events in (ts, value)
+    order — by plain columns (the RAPIDS Accelerator orders no window by a struct): a value
+    read as a struct (the raw value and its id) by its fields."""
+    paired = kept.select(*keys, TS_MICROS, pair_column(value, F.col(TS_MICROS)).alias(_PAIRS))
+    pair_type = paired.schema[_PAIRS].dataType
+    assert isinstance(pair_type, StructType)
+    read = pair_type[PAIR_VALUE].dataType
+    fields = ([F.col(f"{_PAIRS}.{PAIR_VALUE}.{name}") for name in read.fieldNames()]
+              if isinstance(read, StructType) else [F.col(f"{_PAIRS}.{PAIR_VALUE}")])
+    return paired, Window.partitionBy(*keys).orderBy(TS_MICROS, *fields)
+
+
+# The oldest-pair plan's window starts: a row per key and start, ``_START`` (µs) holding it.
+_START = "_agg_start"
+# Before every event time: the lifetime's start.
+_NO_START = -(1 << 63)
+
+
+def _oldest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
+               feature: AggregateFeature, value: Column) -> DataFrame:
+    """The oldest-pair plan (first's): the oldest (ts, value) pair of an anchor's window
+    ``[start, t)``. Each distinct window start of a key is a row among its events; in
+    descending (ts, value) order, with the events at its time before it, the last event so
+    far is the oldest at or after it. An anchor takes its start's pair where that is before
+    ``t``. Rows: the events and the distinct starts (one per key and hop), no frame."""
+    paired, ordered = _paired(kept, keys, value)
+    start = feature.window.start(F.col(TS_MICROS))
+    starts = anchors.select(*keys, (F.lit(_NO_START) if start is None else start)
+                            .cast("long").alias(_START)).distinct()
+    rows = paired.select(*keys, F.col(TS_MICROS).alias(_AT), F.lit(_EVENT).alias(_KIND),
+                         _PAIRS, F.row_number().over(ordered).alias(_SEQ)).unionByName(
+        starts.select(*keys, F.col(_START).alias(_AT), F.lit(_ANCHOR).alias(_KIND)),
+        allowMissingColumns=True)
+    newest_first = Window.partitionBy(*keys).orderBy(
+        F.col(_AT).desc(), F.col(_KIND).asc(), F.col(_SEQ).desc()).rowsBetween(
+        Window.unboundedPreceding, 0)
+    oldest = rows.select(*keys, F.col(_AT).alias(_START), _KIND,
+                         F.last(_PAIRS, ignorenulls=True).over(newest_first).alias(_PAIRS))
+    oldest = oldest.where(F.col(_KIND) == _ANCHOR).drop(_KIND)
+    at = anchors.select(*keys, TS_MICROS, (F.lit(_NO_START) if start is None else start)
+                        .cast("long").alias(_START))
+    pair = F.col(_PAIRS)
+    return at.join(oldest, on=[*keys, _START], how="left").select(
+        *keys, TS_MICROS, F.when(pair[PAIR_TS] < F.col(TS_MICROS), pair[PAIR_VALUE])
+        .alias(feature.column_name))
+
+
 def _newest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
                feature: AggregateFeature, value: Column) -> DataFrame:
     """The newest-pairs plan (last's and last_k's): the ``k`` newest (ts, value) pairs
@@ -580,15 +628,7 @@ def _newest_at(kept: DataFrame, anchors: DataFrame, keys: list[str],
     the window too."""
     length = feature.operation().list_length()
     k, many = length or 1, length is not None
-    paired = kept.select(*keys, TS_MICROS, pair_column(value, F.col(TS_MICROS)).alias(_PAIRS))
-    # (ts, value) order, by plain columns (the RAPIDS Accelerator orders no window by a
-    # struct): a value read as a struct (the raw value and its id) by its fields.
-    pair_type = paired.schema[_PAIRS].dataType
-    assert isinstance(pair_type, StructType)
-    read = pair_type[PAIR_VALUE].dataType
-    fields = ([F.col(f"{_PAIRS}.{PAIR_VALUE}.{name}") for name in read.fieldNames()]
-              if isinstance(read, StructType) else [F.col(f"{_PAIRS}.{PAIR_VALUE}")])
-    ordered = Window.partitionBy(*keys).orderBy(TS_MICROS, *fields)
+    paired, ordered = _paired(kept, keys, value)
     if many and k <= LAGGED_UP_TO_K:
         # Newest first: the event's pair, then the k − 1 before it (one lag each; none
         # before the key's first event).

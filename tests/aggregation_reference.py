@@ -45,6 +45,9 @@ SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "
     {"op": "variance", "column": "value", "windows": ["1d", "all"]},
     # Of whole numbers: the running sums less exits, as the windowed counts.
     {"op": "variance", "column": "label", "name": "label_variance", "windows": ["1h"]},
+    # The earliest value: a window's start moves past it; equal times take the smaller.
+    {"op": "first", "column": "category", "windows": ["1h", "all"]},
+    {"op": "first", "column": "value", "windows": ["7d"], "hop": "1d"},
 ]})
 OUTPUTS = SPEC.outputs()
 LABEL = matcher(CONTRACT.label, CONTRACT)
@@ -90,6 +93,8 @@ def reference(feature, events, t):
     ordered = sorted(((ts, v) for ts, v in pairs if v is not None), reverse=True)
     if op == "last":
         return ordered[0][1] if ordered else None
+    if op == "first":
+        return ordered[-1][1] if ordered else None
     if op == "last_k":
         return [v for _, v in ordered[: spec.params.k]]
     assert op == "approx_distinct"

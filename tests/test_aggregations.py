@@ -43,9 +43,9 @@ def test_output_names_follow_the_spec():
         "count_30m", "count_1h", "count_1d", "count_7d", "purchases_1d", "purchases_30d",
         "positives_all", "value_sum_1h", "value_sum_7d", "value_sum_all", "price_mean_30d",
         "positive_rate"]
-    assert [f.output for f in OUTPUTS][-4:] == [
-        "item_id_approx_distinct", "value_variance_1d", "value_variance_all",
-        "label_variance_1h"]
+    assert [f.output for f in OUTPUTS][-6:] == [
+        "value_variance_1d", "value_variance_all", "label_variance_1h", "category_first_1h",
+        "category_first_all", "value_first_7d"]
     assert OUTPUTS[0].qualified == "user_activity:count_30m"
     assert OUTPUTS[0].column_name == "user_activity__count_30m"
 
@@ -272,3 +272,4 @@ def test_the_spec_reaches_the_etl():
     config = parse_config({"aggregations": [_group(op="count", windows=["1h"])]})
     assert [f.column_name for g in config.etl.aggregations for f in g.outputs()] == [
         "g__count_1h"]
+

@@ -154,6 +154,8 @@ aggregations:
       - {op: max, column: value, windows: [10m], hop: 1m}
       - {op: approx_distinct, column: category, windows: [7d]}
       - {op: last, column: category, windows: [1d]}
+      - {op: first, column: category, windows: [1d]}
+      - {op: first, column: price, windows: [30d]}
       - {op: last_k, column: item_id, k: 3}
       - {op: last_k, column: item_id, k: 2, windows: [1d]}
       - {op: latest, windows: [7d]}

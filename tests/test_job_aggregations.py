@@ -38,6 +38,7 @@ aggregations:
       - {op: mean, column: price, windows: [1d]}
       - {op: last_k, column: item_id, k: 3}
       - {op: last, column: category, windows: [1d]}
+      - {op: first, column: category, windows: [1d]}
       - {op: approx_distinct, column: category, windows: [7d]}
       - {op: latest, windows: [7d]}
   - name: user_category
@@ -196,8 +197,8 @@ def _as_example(feature, value, ids, described):
     """The reference's value as the examples hold it: ids for last_k (padded) and a text
     last, the model-ready transform of the number for the rest."""
     op, column = feature.spec.op, feature.spec.column
-    if op in ("last", "last_k") and column in ("item_id", "category"):
-        if op == "last":
+    if op in ("first", "last", "last_k") and column in ("item_id", "category"):
+        if op != "last_k":
             return PADDING_ID if value is None else ids[column][value]
         return [ids[column][v] for v in value] + [PADDING_ID] * (feature.spec.params.k - len(value))
     return float(apply([math.nan if value is None else value], described["transform"])[0])
@@ -207,7 +208,7 @@ def test_metadata_and_tfrecords_describe_every_aggregation(aggregated):
     result, config = aggregated
     features = {f["name"]: f for f in result.metadata["features"]}
     outputs = [f for group in config.aggregations for f in group.outputs()]
-    assert len(outputs) == 14
+    assert len(outputs) == 15
     described = features["user_category__price_max_7d"]["aggregation"]
     assert described == {"group": "user_category", "keys": ["user_id", "category"],
                          "feature": "price_max_7d", "op": "max", "column": "price",
@@ -504,7 +505,7 @@ def _plain(value):
 
 def test_bench_api_aggregations_smoke(aggregated):
     """bench_api --aggregations on the job's output (no ETL run of its own): both request
-    kinds answered without an error, the user group's 11 values in each aggregation answer,
+    kinds answered without an error, the user group's 12 values in each aggregation answer,
     each step's CPU per request read for the API process and Redis; 100 users' features
     and ranking inputs with the aggregations answered too."""
     from tests.test_benchmarks import _load
@@ -513,11 +514,11 @@ def test_bench_api_aggregations_smoke(aggregated):
     report = _load("bench_api").aggregations_cost(result.output, rate=20, seconds=0.5,
                                                   rounds=1)
     json.dumps(report)
-    assert report["aggregation_values_per_request"] == 11
+    assert report["aggregation_values_per_request"] == 12
     assert report["tile_keys"] > 20  # the users, and the (user, category) pairs
     memory = report["tiles_memory"]["user_activity"]
     assert memory["keys_sampled"] == 20 and memory["bytes_per_key"] > 100
-    assert memory["bytes_per_aggregation"] == round(memory["bytes_per_key"] / 11)
+    assert memory["bytes_per_aggregation"] == round(memory["bytes_per_key"] / 12)
     for name, steps in report["steps"].items():
         assert len(steps) == 2, name
         for step in steps:

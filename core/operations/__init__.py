@@ -36,12 +36,13 @@ from featureline.core.operations.base import (
     PartialField,
 )
 from featureline.core.operations.extremes import Latest, Max, Min
+from featureline.core.operations.first import First
 from featureline.core.operations.last import PAIR_TS, PAIR_VALUE, Last, LastK, pair_column
 from featureline.core.operations.sums import Count, Mean, Sum, Variance
 
 OPERATIONS: dict[str, type[Operation]] = {
     op.name: op for op in (Count, Sum, Mean, Variance, Min, Max, Latest, Last, LastK,
-                            ApproxDistinct)}
+                            ApproxDistinct, First)}
 
 __all__ = ["HLL_MAX_RANK", "OPERATIONS", "PAIR_TS", "PAIR_VALUE", "XXHASH_SEED",
            "ApproxDistinct", "Getter", "Operation", "Parameters", "Partial", "PartialField",

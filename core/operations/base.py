@@ -90,9 +90,10 @@ class Operation(ABC):
     reads: ClassVar[Literal["any", "number", "text"]] = "any"
     # The backfill's plan (etl/aggregations.py): frames over the events and tiles; the
     # newest (ts, value) pairs before each anchor (``ordered``, a list of ``list_length()``);
-    # or, with ``per``, the greatest of one field per value of the other, finished from sums
-    # of each value's terms (``value_terms``, ``finish_terms``).
-    plan: ClassVar[Literal["frames", "newest", "per_value"]] = "frames"
+    # the oldest pair in its window (``ordered``); or, with ``per``, the greatest of one
+    # field per value of the other, finished from sums of each value's terms
+    # (``value_terms``, ``finish_terms``).
+    plan: ClassVar[Literal["frames", "newest", "oldest", "per_value"]] = "frames"
     # A row standing for w equal events counts w times (count, sums); else any one counts.
     additive: ClassVar[bool] = False
     # It reads values in (ts, value) order: the value read may be a struct that orders first.
