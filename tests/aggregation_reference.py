@@ -48,6 +48,11 @@ SPEC = GroupSpec.model_validate({"name": "user_activity", "keys": ["user_id"], "
     # The earliest value: a window's start moves past it; equal times take the smaller.
     {"op": "first", "column": "category", "windows": ["1h", "all"]},
     {"op": "first", "column": "value", "windows": ["7d"], "hop": "1d"},
+    # Percentiles over declared edges: inside a bucket, and in either outer one.
+    {"op": "approx_percentile", "column": "value", "name": "value_median",
+     "edges": [-1, 0.75, 1.5], "q": 0.5, "windows": ["1d"]},
+    {"op": "approx_percentile", "column": "price", "edges": [0, 5, 50, 200], "q": 0.9,
+     "windows": ["7d", "all"]},
 ]})
 OUTPUTS = SPEC.outputs()
 LABEL = matcher(CONTRACT.label, CONTRACT)
@@ -97,14 +102,35 @@ def reference(feature, events, t):
         return ordered[-1][1] if ordered else None
     if op == "last_k":
         return [v for _, v in ordered[: spec.params.k]]
+    if op == "approx_percentile":
+        return _percentile(values, spec.params.edges, spec.params.q)
     assert op == "approx_distinct"
     return len(set(values))
 
 
+def _percentile(values, edges, q):
+    """The ``q`` percentile over the buckets of ``edges``: the value at rank q·n, linear
+    inside its bucket, an outer bucket's edge in an outer bucket; None without values."""
+    if not values:
+        return None
+    buckets = [0] * (len(edges) + 1)
+    for value in values:
+        buckets[sum(edge <= value for edge in edges)] += 1
+    rank, below = q * len(values), 0
+    for index, count in enumerate(buckets):
+        if count and below + count >= rank:
+            if index in (0, len(edges)):
+                return edges[min(index, len(edges) - 1)]
+            low, high = edges[index - 1], edges[index]
+            return low + (high - low) * (rank - below) / count
+        below += count
+    raise AssertionError("the buckets hold every value")
+
+
 def same_value(feature, got, expected):
-    """Whether an executor's value is the reference's: sums to 1e-12, a variance (a difference
-    of sums) to 1e-9, the rest exactly."""
-    if expected is not None and feature.spec.op in ("sum", "mean"):
+    """Whether an executor's value is the reference's: sums and percentiles to 1e-12, a
+    variance (a difference of sums) to 1e-9, the rest exactly."""
+    if expected is not None and feature.spec.op in ("sum", "mean", "approx_percentile"):
         return got == pytest.approx(expected, rel=1e-12, abs=1e-12)
     if expected is not None and feature.spec.op == "variance":
         return got == pytest.approx(expected, rel=1e-9, abs=1e-9)

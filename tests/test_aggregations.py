@@ -44,8 +44,8 @@ def test_output_names_follow_the_spec():
         "positives_all", "value_sum_1h", "value_sum_7d", "value_sum_all", "price_mean_30d",
         "positive_rate"]
     assert [f.output for f in OUTPUTS][-6:] == [
-        "value_variance_1d", "value_variance_all", "label_variance_1h", "category_first_1h",
-        "category_first_all", "value_first_7d"]
+        "category_first_1h", "category_first_all", "value_first_7d", "value_median_1d",
+        "price_approx_percentile_7d", "price_approx_percentile_all"]
     assert OUTPUTS[0].qualified == "user_activity:count_30m"
     assert OUTPUTS[0].column_name == "user_activity__count_30m"
 
@@ -273,3 +273,37 @@ def test_the_spec_reaches_the_etl():
     assert [f.column_name for g in config.etl.aggregations for f in g.outputs()] == [
         "g__count_1h"]
 
+
+def test_a_percentile_is_within_a_bucket_of_numpys():
+    """approx_percentile's value lies in the bucket of the exact percentile: off by less
+    than the bucket's width, in any merge order."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    values = rng.gamma(2.0, 3.0, size=5_000)
+    edges = [float(edge) for edge in range(0, 31)]
+    for q in (0.1, 0.5, 0.9):
+        spec = GroupSpec.model_validate({"name": "g", "keys": ["user_id"], "features": [
+            {"op": "approx_percentile", "column": "x", "edges": edges, "q": q}]})
+        operation = spec.outputs()[0].operation()
+        halves = [fold(operation, ((0, float(v)) for v in part)) for part in
+                  (values[:1_700], values[1_700:])]
+        got = operation.finish(operation.merge(halves[1], halves[0]))
+        exact = float(np.percentile(values, q * 100))
+        assert abs(got - exact) < 1.0, (q, got, exact)
+        assert got == operation.finish(fold(operation, ((0, float(v)) for v in values)))
+
+
+@pytest.mark.parametrize(("feature", "key", "message"), [
+    ({"op": "approx_percentile", "column": "value", "q": 0.5}, "edges", "needs edges"),
+    ({"op": "approx_percentile", "column": "value", "edges": [1, 1], "q": 0.5}, "edges",
+     "edges must increase: [1.0, 1.0]"),
+    ({"op": "approx_percentile", "column": "value", "edges": [1], "q": 1.5}, "q",
+     "less than 1"),
+    ({"op": "mean", "column": "value", "q": 0.5}, "q", "mean takes no q (approx_percentile"),
+])
+def test_bad_percentile_parameters_name_the_key(feature, key, message):
+    with pytest.raises(ConfigError) as raised:
+        validate(_Spec, {"aggregations": [_group(**feature)]}, origin="test")
+    assert raised.value.key == f"aggregations[0].features[0].{key}"
+    assert message in raised.value.message

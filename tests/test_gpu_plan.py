@@ -156,6 +156,7 @@ aggregations:
       - {op: last, column: category, windows: [1d]}
       - {op: first, column: category, windows: [1d]}
       - {op: first, column: price, windows: [30d]}
+      - {op: approx_percentile, column: price, edges: [5, 20, 100], q: 0.5, windows: [7d]}
       - {op: last_k, column: item_id, k: 3}
       - {op: last_k, column: item_id, k: 2, windows: [1d]}
       - {op: latest, windows: [7d]}

@@ -47,6 +47,7 @@ aggregations:
       - {op: count, windows: [1d]}
       - {op: count, name: positives, filter: label, windows: [1d]}
       - {op: max, column: price, windows: [7d]}
+      - {op: approx_percentile, column: price, edges: [10, 50, 200], q: 0.5, windows: [7d]}
 derive:
   - {name: category_rate, expr: "ratio(user_category:positives_1d, user_category:count_1d,
                                        prior=0.2, weight=4)"}
@@ -208,7 +209,7 @@ def test_metadata_and_tfrecords_describe_every_aggregation(aggregated):
     result, config = aggregated
     features = {f["name"]: f for f in result.metadata["features"]}
     outputs = [f for group in config.aggregations for f in group.outputs()]
-    assert len(outputs) == 15
+    assert len(outputs) == 16
     described = features["user_category__price_max_7d"]["aggregation"]
     assert described == {"group": "user_category", "keys": ["user_id", "category"],
                          "feature": "price_max_7d", "op": "max", "column": "price",

@@ -38,11 +38,12 @@ from featureline.core.operations.base import (
 from featureline.core.operations.extremes import Latest, Max, Min
 from featureline.core.operations.first import First
 from featureline.core.operations.last import PAIR_TS, PAIR_VALUE, Last, LastK, pair_column
+from featureline.core.operations.percentile import ApproxPercentile
 from featureline.core.operations.sums import Count, Mean, Sum, Variance
 
 OPERATIONS: dict[str, type[Operation]] = {
     op.name: op for op in (Count, Sum, Mean, Variance, Min, Max, Latest, Last, LastK,
-                            ApproxDistinct, First)}
+                            ApproxDistinct, First, ApproxPercentile)}
 
 __all__ = ["HLL_MAX_RANK", "OPERATIONS", "PAIR_TS", "PAIR_VALUE", "XXHASH_SEED",
            "ApproxDistinct", "Getter", "Operation", "Parameters", "Partial", "PartialField",

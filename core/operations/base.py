@@ -83,8 +83,8 @@ class Operation(ABC):
     in Spark columns, given its :class:`Parameters`."""
 
     name: ClassVar[str]
-    # The partial's fields.
-    fields: ClassVar[tuple[PartialField, ...]]
+    # The partial's fields (set per object where its parameters make them).
+    fields: tuple[PartialField, ...]
     # Whether it reads a column (count without one counts events), and of which kind.
     needs_column: ClassVar[bool] = True
     reads: ClassVar[Literal["any", "number", "text"]] = "any"
