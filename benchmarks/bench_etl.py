@@ -62,7 +62,7 @@ import yaml
 from pyspark.sql import DataFrame, SparkSession
 
 from featureline.core.aggregations import GroupSpec
-from featureline.etl import datagen, job, spec_change
+from featureline.etl import datagen, job, job_writes, spec_change
 from featureline.etl.aggregations import on_days
 from featureline.etl.config import EtlConfig, SparkSettings, with_overrides
 from featureline.etl.datagen import log_day
@@ -317,9 +317,9 @@ def measure_label_join(spark: SparkSession, events: int, workdir: Path,
 
 def _skip_profile(spark: SparkSession, events: DataFrame, specs: Any, rows: Any,
                   config: EtlConfig, staging: Path, output: Path, counts: Any = None
-                  ) -> job.Checked:
+                  ) -> job_writes.Checked:
     """The profile stage left out: what the job costs without the validation gate."""
-    return job.Checked([], None, enabled=False)
+    return job_writes.Checked([], None, enabled=False)
 
 
 def _measure_without(spark: SparkSession, events: int, workdir: Path, owner: Any, name: str,

@@ -78,20 +78,15 @@ from featureline.etl.incremental import (
     stored_events,
     values_hash,
 )
-from featureline.etl.job import (
+from featureline.etl.job import JobResult, StageTimer, run, run_id
+from featureline.etl.job_features import day_partials_read, state_columns, write_partial_days
+from featureline.etl.job_inputs import split_column
+from featureline.etl.job_writes import (
     KEYS,
     SPARK_TYPES,
-    JobResult,
-    StageTimer,
-    day_partials_read,
     newest_profiles,
-    run,
-    run_id,
-    split_column,
-    state_columns,
     table_schema,
     write_examples,
-    write_partial_days,
     write_tfrecords,
 )
 from featureline.etl.outputs import (

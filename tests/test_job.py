@@ -19,7 +19,7 @@ from featureline.core.errors import ConfigError
 from featureline.core.ids import OOV_ID, PADDING_ID
 from featureline.core.metadata import VOCABULARY_DIR
 from featureline.core.model_inputs import Candidates, Fitted, Source, raw_value
-from featureline.etl import job
+from featureline.etl import job, job_inputs, job_writes
 from featureline.etl.config import EtlConfig
 from featureline.etl.datagen import BAD_KINDS_TEXT
 from featureline.etl.errors import MostlyQuarantinedError, NoInputError
@@ -215,7 +215,7 @@ def test_failed_job_leaves_no_partial_output(spark, small_log, tmp_path, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(job, "entity_snapshots", broken)
+    monkeypatch.setattr(job_writes, "entity_snapshots", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         job.run(config, spark, progress=lambda _: None)
     # The previous output is untouched and no staging folder is left behind.
@@ -346,7 +346,7 @@ def test_the_split_boundary_does_not_depend_on_the_machine_time_zone(spark, zone
     monkeypatch.setenv("TZ", zone)
     time.tzset()
     try:
-        boundary = job._valid_from(events, valid_days=1)
+        boundary = job_inputs.valid_from_day(events, valid_days=1)
     finally:
         monkeypatch.undo()
         time.tzset()
