@@ -23,6 +23,7 @@ both against a brute-force reference.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -80,7 +81,26 @@ def _state(feature: AggregateFeature, value: Column, frame: DataFrame) -> Column
     _reads_rows_as_events(feature, frame)
     if WEIGHT not in frame.columns or not operation.additive:
         return state
-    return {name: column * F.col(WEIGHT) for name, column in state.items()}
+    reference = operation.reference_field()
+    return {name: column if reference and name == reference.name else column * F.col(WEIGHT)
+            for name, column in state.items()}
+
+
+def _rebased(frame: DataFrame, group: Sequence[str],
+             partials: Sequence[tuple[Operation, Callable[[str], str]]]) -> DataFrame:
+    """``frame`` with each partial that has a reference field (variance's shift: each
+    (operation, its field's column by field name)) measured from one reference per ``group``
+    (its columns' values): the least of its rows'. Adding their other fields then merges
+    them, in a group or over a frame (``Operation.rebase_columns``)."""
+    moved: dict[str, Column] = {}
+    for operation, column in partials:
+        field = operation.reference_field()
+        if field is None:
+            continue
+        reference = F.min(column(field.name)).over(Window.partitionBy(*group))
+        moved.update({column(name): value for name, value in operation.rebase_columns(
+            lambda name, named=column: F.col(named(name)), reference).items()})
+    return frame.withColumns(moved) if moved else frame
 
 
 def _reads_rows_as_events(feature: AggregateFeature, frame: DataFrame) -> None:
@@ -211,6 +231,14 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
     state = {name: column for plan in plans
              for name, column in plan.state(numeric, values, events).items()}
     hops = sorted({plan.hop for plan in plans if isinstance(plan, TilesAndHead)})
+    # A key's rows measured from one reference where a partial has one (variance's shift):
+    # the events, then again once folded spans, a prior's or stored days' rows join them.
+    rebasing = [(plan.operation, functools.partial(plan.column, STATE)) for plan in plans
+                if plan.operation.reference_field() is not None]
+    if rebasing:
+        events = _rebased(events.select(*keys, TS_MICROS, *(
+            c.alias(n) for n, c in state.items())), keys, rebasing)
+        state = {name: F.col(name) for name in state}
     if aligned:
         events = _folded(events, keys, plans, state, aligned, prior)
         state = {name: F.col(name) for name in state}
@@ -220,6 +248,8 @@ def _framed_values(events: DataFrame, anchors: DataFrame | None, keys: list[str]
             F.col(_partial_column(plan.feature, field)).alias(plan.column(STATE, field))
             for plan in plans for field in plan.fields)))
         state = {name: F.col(name) for name in state}
+    if rebasing and (prior is not None or days is not None):
+        events = _rebased(events, keys, rebasing)
     rows, union, queried = _rows_and_anchors(events, anchors, keys, state, hops, aligned)
     union = _with_exits(union, rows, keys, [p for p in plans if isinstance(p, Exits)], aligned)
     # The frames ordered by time per key first; the exit rows are gone before the others.
@@ -304,9 +334,16 @@ def _with_exits(union: DataFrame, rows: DataFrame, keys: list[str], plans: Seque
             gone = expires(F.col(_AT), span, hop)  # a tile's start: its events'
             union = union.unionByName(tiles.select(
                 *keys, gone.alias(TS_MICROS), (gone - 1).alias(_AT), F.lit(_EXIT).alias(_KIND),
-                *((-F.col(plan.column(STATE, field))).alias(plan.column(STATE, field))
+                *(_negated(plan, field).alias(plan.column(STATE, field))
                   for plan in leaving for field in plan.fields)), allowMissingColumns=True)
     return union
+
+
+def _negated(plan: FramedPlan, field: str) -> Column:
+    """A plan's partial's field as an exit row holds it: negated, a reference kept."""
+    reference = plan.operation.reference_field()
+    column = F.col(plan.column(STATE, field))
+    return column if reference is not None and reference.name == field else -column
 
 
 def _whole_hop_rows(tiles: DataFrame, queried: DataFrame, keys: Sequence[str], hop: int,
@@ -716,6 +753,7 @@ def output_tiles(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
                 *(F.col(_partial_column(feature, name)).alias(name)
                   for name in _fields(operation))), allowMissingColumns=True)
         per = [] if operation.per is None else [operation.per.name]
+        state = _rebased(state, [*keys, TILE], [(operation, str)])
         frame = state.groupBy(*keys, TILE, *per).agg(*_merged(operation, F.col))
         if per:  # a partial per value of a field (approx_distinct's registers): listed
             frame = frame.groupBy(*keys, TILE).agg(*(
@@ -740,6 +778,7 @@ def _tiles_of_days(days: DataFrame, keys: list[str], feature: AggregateFeature,
         counted = counted | F.col(_partial_column(feature, field)).isNotNull()
     state = rows.where(counted).select(*keys, tile.alias(TILE), *(
         F.col(_partial_column(feature, field)).alias(field) for field in fields))
+    state = _rebased(state, [*keys, TILE], [(operation, str)])
     return state.groupBy(*keys, TILE).agg(*_merged(operation, F.col))
 
 
@@ -778,6 +817,8 @@ def lifetime(events: DataFrame, group: GroupSpec, numeric: Sequence[str], before
     rows = rows.select(*keys, earlier.cast("int").alias(_EARLIER), *state)
     if prior is not None:
         rows = rows.unionByName(prior.frame.withColumn(_EARLIER, F.lit(1)))
+    rows = _rebased(rows, keys, [(f.operation(), functools.partial(_partial_column, f))
+                                 for f in features])
     merged = [column for f in features for column in _merged(
         f.operation(), _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")]
     frame = rows.groupBy(*keys).agg(*merged, F.max(_EARLIER).alias(_EARLIER))
@@ -807,6 +848,8 @@ def day_partials(events: DataFrame, group: GroupSpec, numeric: Sequence[str],
              for f in features
              for name, column in _state(f, _read(f, values or {}), events).items()]
     rows = events.select(*keys, floor_to(F.col(TS_MICROS), DAY).alias(TS_MICROS), *state)
+    rows = _rebased(rows, [*keys, TS_MICROS], [(f.operation(), functools.partial(
+        _partial_column, f)) for f in features])
     return rows.groupBy(*keys, TS_MICROS).agg(*(
         column for f in features for column in _merged(
             f.operation(), _named(f"{f.column_name}__"), prefix=f"{f.column_name}__")))

@@ -307,3 +307,23 @@ def test_bad_percentile_parameters_name_the_key(feature, key, message):
         validate(_Spec, {"aggregations": [_group(**feature)]}, origin="test")
     assert raised.value.key == f"aggregations[0].features[0].{key}"
     assert message in raised.value.message
+
+
+def test_a_variance_of_values_far_from_zero_is_numpys_in_any_merge_order():
+    """2,000 values 1e9 + N(0, 1) added to two partials, merged either way and through the
+    online store's JSON: NumPy's variance to 1e-6 (plain sums of squares gave 0.0)."""
+    import numpy as np
+
+    values = 1e9 + np.random.default_rng(4).normal(size=2_000)
+    spec = GroupSpec.model_validate({"name": "g", "keys": ["user_id"], "features": [
+        {"op": "variance", "column": "x"}]})
+    operation = spec.outputs()[0].operation()
+    left = fold(operation, ((0, float(v)) for v in values[:700]))
+    right = fold(operation, ((0, float(v)) for v in values[700:]))
+    stored = operation.from_json(operation.to_json(right))
+    exact = float(np.var(values))
+    for merged in (operation.merge(left, right), operation.merge(stored, left)):
+        assert operation.finish(merged) == pytest.approx(exact, rel=1e-6)
+    empty = operation.init()
+    assert operation.merge(empty, left) == left == operation.merge(left, empty)
+    assert operation.finish(left) == pytest.approx(float(np.var(values[:700])), rel=1e-6)

@@ -332,3 +332,92 @@ def test_the_days_partials_and_the_later_events_give_the_definition_after_them(s
             output_tiles(events, ON_DAYS, NUMERIC, cut), strict=True):
         assert sorted(map(str, tiles.collect())) == sorted(map(str, expected.collect())), \
             feature.output
+
+
+# Variance of values far from 0: a double column (frames of tiles and the anchor's hop, the
+# lifetime's frame) and a whole-number one (the running sums less exits), on days too.
+FAR = GroupSpec.model_validate({"name": "far", "keys": ["user_id"], "features": [
+    {"op": "variance", "column": "value", "windows": ["1d", "all"]},
+    {"op": "variance", "column": "value", "name": "value_week", "windows": ["7d"], "hop": "1d"},
+    {"op": "variance", "column": "price", "windows": ["1h", "all"]},
+    {"op": "variance", "column": "clicks", "windows": ["1d"]}]})
+
+
+def test_a_variance_of_values_far_from_zero_is_numpys_in_every_plan(spark):
+    """2,000 values 1e9 + N(0, 1) over four days: a partial's sums are measured from one
+    of its key's values, so every plan — tiles with the anchor's hop, the lifetime's frame,
+    exits over whole numbers, folded days, stored day partials, a prior's lifetime partials,
+    the online tiles merged in Python — gives NumPy's variance of the window to 1e-6
+    (plain sums of squares gave 384 for the double column's 1-day variance of 1.05)."""
+    import numpy as np
+
+    from featureline.etl.aggregations import lifetime, output_tiles
+    from featureline.feature_store.tiles import OutputTiles, key_tiles
+
+    rng = np.random.default_rng(3)
+    size = 2_000
+    times = ORIGIN + np.sort(rng.integers(0, 4 * DAY, size))
+    noise = rng.normal(size=size)
+    log = [{"user_id": "u1", TS_MICROS: int(t), "value": 1e9 + float(x),
+            "price": -5e8 + float(x), "clicks": 10**9 + int(np.rint(3 * x))}
+           for t, x in zip(times, noise, strict=True)]
+    events = spark.createDataFrame(log, "user_id string, _ts_us long, value double, "
+                                        "price double, clicks long")
+
+    def expected(feature, t):
+        values = [e[feature.spec.column] for e in log
+                  if feature.window.covers(e[TS_MICROS], t)]
+        return float(np.var(np.array(values, dtype=np.float64))) if values else None
+
+    def check(rows, outputs, plan):
+        checked = 0
+        for row in rows:
+            for feature in outputs:
+                want = expected(feature, row[TS_MICROS])
+                got = row[feature.column_name]
+                assert (got is None) == (want is None), (plan, feature.output, row)
+                if want is not None:
+                    assert got == pytest.approx(want, rel=1e-6), (plan, feature.output, got,
+                                                                  want)
+                    checked += want > 0.5
+        assert checked > 0
+
+    numeric = ["value", "price", "clicks"]
+    end = int(times[-1]) + 1
+    anchors = spark.createDataFrame(
+        [("u1", t) for t in (int(times[500]), int(times[1500]), end, end + 2 * DAY)],
+        "user_id string, _ts_us long")
+    check(group_values(events, anchors, FAR, numeric).collect(), FAR.outputs(), "events")
+    daily = [f for f in FAR.outputs() if f.output != "price_variance_1h"]
+    midnights = group_values(events, None, FAR, numeric, aligned=DAY, outputs=daily).collect()
+    assert len(midnights) == 4
+    check(midnights, daily, "folded days")
+    # A day's run: the days before ``since`` as their partials, the later events as events.
+    since = ORIGIN + 2 * DAY
+    on = [f for f in FAR.outputs() if on_days(f)]
+    assert [f.output for f in on] == ["value_variance_all", "value_week_7d",
+                                      "price_variance_all"]
+    days = day_partials(events.where(F.col(TS_MICROS) < since), FAR, numeric)
+    later = events.where(F.col(TS_MICROS) >= since)
+    from_since = anchors.where(F.col(TS_MICROS) >= since)
+    assert from_since.count() == 3
+    check(group_values(later, from_since, FAR, numeric, outputs=on, days=days).collect(), on,
+          "day partials")
+    # A prior: the lifetime outputs' partials of the first two days, folded in as their span.
+    lifetimes = FAR.model_copy(update={"features": [
+        f.model_copy(update={"windows": ["all"]}) for f in FAR.features]})
+    prior = lifetime(events, lifetimes, numeric, since)
+    at_midnights = spark.createDataFrame([("u1", since + d * DAY) for d in (1, 2, 3)],
+                                         "user_id string, _ts_us long")
+    check(group_values(later, at_midnights, lifetimes, numeric, aligned=DAY,
+                       prior=prior).collect(), lifetimes.outputs(), "prior")
+    # The online tiles as of the last event, merged in Python at and after it.
+    served = OutputTiles(end)
+    for feature, frame in output_tiles(events, FAR, numeric, end):
+        served.features[feature.qualified] = feature
+        served.by_output[feature.qualified] = key_tiles(
+            feature, [row.asDict() for row in frame.collect()])
+    for t in (end, end + 3 * HOUR):
+        values = served.values_at("far", ["u1"], t)
+        check([{TS_MICROS: t, **{f.column_name: values[f.output] for f in FAR.outputs()}}],
+              FAR.outputs(), "tiles")

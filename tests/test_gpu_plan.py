@@ -150,6 +150,7 @@ aggregations:
       - {op: count, name: purchases, filter: "event_type in (purchase)", windows: [1d]}
       - {op: sum, column: value, windows: [7d, all]}
       - {op: mean, column: price, windows: [1d]}
+      - {op: variance, column: price, windows: [1d, all]}
       - {op: min, column: price, windows: [1d]}
       - {op: max, column: value, windows: [10m], hop: 1m}
       - {op: approx_distinct, column: category, windows: [7d]}

@@ -38,12 +38,16 @@ def _same(column: Column) -> Column:
 @dataclass(frozen=True)
 class PartialField:
     """One field of a partial: its column's name (in tables of tiles and Spark frames), its
-    Spark and Arrow types (None: the read value's own) and its value for no events."""
+    Spark and Arrow types (None: the read value's own) and its value for no events.
+    ``reference``: a value the other fields are measured from (variance's shift), carried
+    rather than added; the executors move a key's partials to one reference before adding
+    them (``Operation.rebase_columns``)."""
 
     name: str
     spark_type: str | None = None
     arrow_type: pa.DataType | None = None
     empty: Any = None
+    reference: bool = False
 
     def typed(self, column: Column) -> Column:
         """``column`` cast to the field's Spark type (where it has one)."""
@@ -185,6 +189,15 @@ class Operation(ABC):
         per-value plan's."""
         raise NotImplementedError(f"{self.name}: the backfill's {self.plan} plan")
 
+    def reference_field(self) -> PartialField | None:
+        """The partial's reference field, if it has one (:class:`PartialField`)."""
+        return next((field for field in self.fields if field.reference), None)
+
+    def rebase_columns(self, partial: Getter, reference: Column) -> dict[str, Column]:
+        """The partial measured from ``reference`` instead of its own reference field: what
+        the executors add once a key's partials share one."""
+        raise NotImplementedError(f"{self.name} has no reference field")
+
     def exact_in_any_order(self, whole_numbers: bool) -> bool:
         """Whether partials can be subtracted exactly (a window's value is then the running
         partial less the events that left it) — ``whole_numbers``: the column read holds
@@ -193,18 +206,22 @@ class Operation(ABC):
 
 
 class _Sums(Operation):
-    """An operation whose partial's fields are all sums: partials merge by adding them (in
-    Spark, a sum per field), and a row standing for several equal events counts that many
-    times. Exact in any order over whole numbers."""
+    """An operation whose partial's fields are sums: partials merge by adding them (in Spark,
+    a sum per field; a reference field, which the executors made one per key, is kept), and a
+    row standing for several equal events counts that many times. Exact in any order over
+    whole numbers."""
 
     additive = True
 
     def merge_columns(self, partial: Getter) -> Merges:
         F = _spark()
-        return {field.name: (F.sum(partial(field.name)), _same) for field in self.fields}
+        return {field.name: ((F.min if field.reference else F.sum)(partial(field.name)), _same)
+                for field in self.fields}
 
     def combine_columns(self, left: Getter, right: Getter) -> dict[str, Column]:
-        return {field.name: _plus(field, left, right) for field in self.fields}
+        F = _spark()
+        return {field.name: F.coalesce(left(field.name), right(field.name)) if field.reference
+                else _plus(field, left, right) for field in self.fields}
 
     def exact_in_any_order(self, whole_numbers: bool) -> bool:
         return whole_numbers

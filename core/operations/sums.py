@@ -13,6 +13,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column
 
 SQUARES = PartialField("q", "double", pa.float64(), 0.0)
+# variance's: the value its sums are measured from, and the sum of the deviations from it.
+SHIFT = PartialField("c", "double", pa.float64(), 0.0, reference=True)
+DEVIATIONS = PartialField("d", "double", pa.float64(), 0.0)
 
 
 class Count(_Sums):
@@ -118,47 +121,74 @@ class Mean(_Sums):
 
 class Variance(_Sums):
     """The population variance of the values (the mean of the squared deviations from their
-    mean). Partial: [count, sum, sum of squares], merged by adding; finished as
-    ``q / n − (s / n)²`` (never below 0); no events → None."""
+    mean). Partial: [count, reference, Σ (x − reference), Σ (x − reference)²], the reference
+    being one of the values (the first added), so the sums stay near the values' spread
+    however far they are from 0; two partials merge by moving the second to the first's
+    reference (Chan's update). Finished as ``q / n − (s / n)²`` (never below 0); no events →
+    None. In Spark the executors move a key's partials to one reference, then add them."""
 
     name = "variance"
-    fields = (COUNT, SUM, SQUARES)
+    fields = (COUNT, SHIFT, DEVIATIONS, SQUARES)
     reads = "number"
     may_be_missing = True
+    version = 2
 
     def init(self) -> list[float]:
-        return [0, 0.0, 0.0]
+        return [0, 0.0, 0.0, 0.0]
 
     def add(self, partial: list[float], ts: int, value: float) -> list[float]:
-        return [partial[0] + 1, partial[1] + value, partial[2] + value * value]
+        count, shift, total, squares = partial
+        if not count:
+            return [1, float(value), 0.0, 0.0]
+        deviation = value - shift
+        return [count + 1, shift, total + deviation, squares + deviation * deviation]
 
     def merge(self, left: list[float], right: list[float]) -> list[float]:
-        return [left[0] + right[0], left[1] + right[1], left[2] + right[2]]
+        if not right[0]:
+            return left
+        if not left[0]:
+            return right
+        count, total, squares = _moved(right, left[1])
+        return [left[0] + count, left[1], left[2] + total, left[3] + squares]
 
     def finish(self, partial: list[float]) -> float | None:
-        count, total, squares = partial
+        count, _, total, squares = partial
         if not count:
             return None
-        return max(squares / count - (total / count) ** 2, 0.0)
+        mean = total / count
+        return max(squares / count - mean * mean, 0.0)
 
     def from_fields(self, fields: Mapping[str, Any]) -> list[float]:
-        return [int(COUNT.read(fields)), float(SUM.read(fields)), float(SQUARES.read(fields))]
+        return [int(COUNT.read(fields)), float(SHIFT.read(fields)),
+                float(DEVIATIONS.read(fields)), float(SQUARES.read(fields))]
 
     def json_column(self, fields: pa.Table) -> list[Any]:
         return [list(row) for row in zip(*(field.column(fields) for field in self.fields),
                                          strict=True)]
 
     def state_columns(self, value: Column, ts: Column) -> dict[str, Column]:
-        number = SUM.typed(value)
-        return {COUNT.name: COUNT.typed(_spark().lit(1)), SUM.name: number,
-                SQUARES.name: number * number}
+        F = _spark()
+        return {COUNT.name: COUNT.typed(F.lit(1)), SHIFT.name: SHIFT.typed(value),
+                DEVIATIONS.name: F.lit(0.0), SQUARES.name: F.lit(0.0)}
 
+    def rebase_columns(self, partial: Getter, reference: Column) -> dict[str, Column]:
+        count, total = partial(COUNT.name), partial(DEVIATIONS.name)
+        moved = partial(SHIFT.name) - reference
+        return {SHIFT.name: reference, DEVIATIONS.name: total + count * moved,
+                SQUARES.name: partial(SQUARES.name) + 2 * moved * total
+                + count * moved * moved}
 
     def finish_column(self, partial: Getter) -> Column:
         F = _spark()
         count = partial(COUNT.name)
-        mean = partial(SUM.name) / count
+        mean = partial(DEVIATIONS.name) / count
         return F.when(count > 0, F.greatest(partial(SQUARES.name) / count - mean * mean,
                                             F.lit(0.0)))
 
 
+def _moved(partial: list[float], reference: float) -> tuple[float, float, float]:
+    """A variance partial's count and sums measured from ``reference`` instead of its own."""
+    count, shift, total, squares = partial
+    moved = shift - reference
+    return (count, total + count * moved,
+            squares + 2 * moved * total + count * moved * moved)
