@@ -150,13 +150,12 @@ aggregations:
       - {op: count, name: purchases, filter: "event_type in (purchase)", windows: [1d]}
       - {op: sum, column: value, windows: [7d, all]}
       - {op: mean, column: price, windows: [1d]}
-      - {op: variance, column: price, windows: [1d, all]}
+      - {op: variance, column: price, windows: [1d]}
       - {op: min, column: price, windows: [1d]}
       - {op: max, column: value, windows: [10m], hop: 1m}
       - {op: approx_distinct, column: category, windows: [7d]}
       - {op: last, column: category, windows: [1d]}
       - {op: first, column: category, windows: [1d]}
-      - {op: first, column: price, windows: [30d]}
       - {op: approx_percentile, column: price, edges: [5, 20, 100], q: 0.5, windows: [7d]}
       - {op: last_k, column: item_id, k: 3}
       - {op: last_k, column: item_id, k: 2, windows: [1d]}
