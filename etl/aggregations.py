@@ -98,9 +98,15 @@ def _rebased(frame: DataFrame, group: Sequence[str],
         if field is None:
             continue
         reference = F.min(column(field.name)).over(Window.partitionBy(*group))
-        moved.update({column(name): value for name, value in operation.rebase_columns(
-            lambda name, named=column: F.col(named(name)), reference).items()})
+        read: Getter = functools.partial(_column_of, column)
+        moved.update({column(name): value for name, value
+                      in operation.rebase_columns(read, reference).items()})
     return frame.withColumns(moved) if moved else frame
+
+
+def _column_of(column: Callable[[str], str], name: str) -> Column:
+    """The column holding a partial's field ``name``."""
+    return F.col(column(name))
 
 
 def _reads_rows_as_events(feature: AggregateFeature, frame: DataFrame) -> None:
