@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field
 
@@ -29,14 +29,14 @@ def pair_column(value: Column, ts: Column) -> Column:
     return _spark().struct(ts.alias(PAIR_TS), value.alias(PAIR_VALUE))
 
 
-class Last(Operation):
-    """Partial: [ts, value] of the latest event (equal times: the greater value), or None."""
+class OnePair(Operation):
+    """Partial: the [ts, value] pair of one event, or None: the latest (equal times: the
+    greater value) where ``newest``, else the earliest (equal times: the smaller value)."""
 
-    name = "last"
     fields = (PAIRS,)
-    plan = "newest"
     ordered = True
     may_be_missing = True
+    newest: ClassVar[bool]
 
     def init(self) -> list[Any] | None:
         return None
@@ -47,7 +47,7 @@ class Last(Operation):
     def merge(self, left: list[Any] | None, right: list[Any] | None) -> list[Any] | None:
         if left is None or right is None:
             return right if left is None else left
-        return max(left, right)
+        return max(left, right) if self.newest else min(left, right)
 
     def finish(self, partial: list[Any] | None) -> Any:
         return None if partial is None else partial[1]
@@ -60,11 +60,19 @@ class Last(Operation):
         return {PAIRS.name: pair_column(value, ts)}
 
     def merge_columns(self, partial: Getter) -> Merges:
-        # The greatest pair of a group (never empty): the RAPIDS Accelerator runs no maximum
-        # of a struct, but sorts a list of them.
+        # The group's pair (never empty) from a sorted list: the RAPIDS Accelerator runs no
+        # maximum or minimum of a struct, but sorts a list of them.
         F = _spark()
         return {PAIRS.name: (F.collect_list(partial(PAIRS.name)),
-                             lambda pairs: F.sort_array(pairs, asc=False)[0])}
+                             lambda pairs: F.sort_array(pairs, asc=not self.newest)[0])}
+
+
+class Last(OnePair):
+    """The latest event's value."""
+
+    name = "last"
+    plan = "newest"
+    newest = True
 
 
 class KeepK(Parameters):
